@@ -1,0 +1,57 @@
+# vlp — run `make help` for the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+CONSTRAINTS := requirements/constraints.txt
+STAMP := $(VENV)/.installed
+
+# Main job knobs (override on the command line: make data OUT=s3://bucket/run1 N=200)
+OUT ?= runs/local
+N ?= 40
+SEED ?= 0
+CONFIG ?= configs/default.yaml
+
+.PHONY: help install test test-fast lint format data bench clean
+
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@printf "\nVariables: OUT=$(OUT) N=$(N) SEED=$(SEED) CONFIG=$(CONFIG)\n"
+
+$(STAMP): pyproject.toml $(CONSTRAINTS)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## Create .venv and install vlp + dev tools from the pinned constraints (idempotent)
+
+test: $(STAMP) ## Run the test suite (installs first when needed)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP) ## Run the tests not marked slow
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP) ## ruff check + format check
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+format: $(STAMP) ## Apply ruff fixes and formatting
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
+
+data: $(STAMP) ## Main job: synth -> ingest -> extract-frames -> mine-entities into OUT (local dir or s3://)
+	$(VENV)/bin/vlp data synth --out $(OUT)/raw --num-videos $(N) --seed $(SEED) --config $(CONFIG)
+	$(VENV)/bin/vlp ingest --source $(OUT)/raw --out $(OUT)/dataset --config $(CONFIG)
+	$(VENV)/bin/vlp extract-frames --dataset $(OUT)/dataset --out $(OUT)/frames --config $(CONFIG)
+	$(VENV)/bin/vlp mine-entities --dataset $(OUT)/dataset --out $(OUT)/entities --config $(CONFIG)
+
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining
+	$(PY) benchmarks/bench_extract.py
+	$(PY) benchmarks/bench_entities.py
+
+clean: ## Remove caches and local run outputs (keeps .venv)
+	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

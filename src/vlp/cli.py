@@ -1,0 +1,115 @@
+"""``vlp <step>``: the command line and the container entrypoint, one subcommand per pipeline step.
+
+Every step takes input/output URIs (local paths or ``s3://bucket/prefix``), ``--config FILE``
+and trailing ``section.key=value`` overrides, prints a JSON summary on stdout and exits 0 on
+success, 2 on bad usage or bad input, 1 on an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from vlp import __version__
+
+EPILOG = "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vlp", description="Video-language pre-training pipeline steps.", epilog=EPILOG)
+    parser.add_argument("--version", action="version", version=f"vlp {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
+
+    data = sub.add_parser("data", help="dataset utilities (synth)")
+    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
+    p = data_sub.add_parser("synth", help="write the synthetic video world (mp4 + images + manifests)", epilog=EPILOG)
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    p.add_argument("--num-videos", type=int, default=None, help="number of clips (default: synth.num_videos)")
+    p.add_argument("--seed", type=int, default=None, help="random seed (default: synth.seed)")
+    _common(p)
+
+    p = sub.add_parser("ingest", help="validate + probe a dataset into the manifest schema, with rejects", epilog=EPILOG)
+    p.add_argument("--source", required=True, help="dataset directory, or an annotation file (jsonl/json/csv)")
+    p.add_argument("--out", required=True, help="output dataset directory or s3:// prefix")
+    p.add_argument("--format", default=None, help="auto|synth|alpro|lavis|webvid|msrvtt (default: ingest.format)")
+    p.add_argument("--video-root", default=None, help="where relative video paths of an annotation file live")
+    _common(p)
+
+    p = sub.add_parser("extract-frames", help="sparse frames -> Parquet shards of JPEGs + index", epilog=EPILOG)
+    p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+    p.add_argument("--out", required=True, help="output frames directory or s3:// prefix")
+    _common(p)
+
+    p = sub.add_parser("mine-entities", help="top-M caption nouns (spaCy) -> entity vocabulary", epilog=EPILOG)
+    p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    _common(p)
+    return parser
+
+
+def _cli_overrides(args: argparse.Namespace) -> list[str]:
+    """Flags that are shortcuts for config keys, turned into overrides (they win over the file)."""
+    pairs = {
+        "synth.num_videos": getattr(args, "num_videos", None),
+        "synth.seed": getattr(args, "seed", None),
+        "ingest.format": getattr(args, "format", None),
+        "ingest.video_root": getattr(args, "video_root", None),
+    }
+    return [f"{k}={json.dumps(v)}" for k, v in pairs.items() if v is not None]
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    from vlp.config import load_config
+
+    cfg = load_config(args.config, [*args.overrides, *_cli_overrides(args)])
+    if args.command == "data":
+        from vlp.steps.synth import synth
+
+        return synth(args.out, cfg)
+    if args.command == "ingest":
+        from vlp.steps.ingest import ingest
+
+        return ingest(args.source, args.out, cfg)
+    if args.command == "extract-frames":
+        from vlp.steps.extract_frames import extract_frames
+
+        return extract_frames(args.dataset, args.out, cfg)
+    if args.command == "mine-entities":
+        from vlp.steps.mine_entities import mine_entities
+
+        return mine_entities(args.dataset, args.out, cfg)
+    raise AssertionError(f"unhandled command {args.command}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from vlp.config import ConfigError
+    from vlp.data.manifest import ManifestError
+
+    try:
+        summary = run(args)
+    except (ConfigError, ManifestError, FileNotFoundError, ValueError) as exc:
+        print(f"vlp {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    summary.pop("config", None)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

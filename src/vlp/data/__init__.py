@@ -1,0 +1,1 @@
+"""Data: manifests, video decoding, the synthetic world, ingest, frame extraction, entity mining."""

@@ -1,0 +1,153 @@
+"""The project's manifest schema: the contract between the data steps.
+
+A *dataset directory* (local path or ``s3://`` prefix) holds Parquet tables named below, next
+to (or pointing at) the media. Every step reads and writes these tables through
+:mod:`vlp.storage`, and validates them with :func:`check_schema` so a wrong column fails at
+the boundary with a clear message instead of deep inside a later step.
+
+Tables
+------
+``videos.parquet``   one row per clip or still image
+``captions.parquet`` one row per caption (several per video)
+``qa.parquet``       one row per question/answer pair
+``boxes.parquet``    ground truth (synthetic world only): one row per entity per frame
+``rejects.parquet``  one row per rejected input record, with the reason
+
+``path`` in ``videos`` is either absolute (``/...``, ``s3://...``) or relative to the dataset
+directory; :func:`resolve` turns it into a URI.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+from vlp import storage
+
+VIDEOS = "videos.parquet"
+CAPTIONS = "captions.parquet"
+QA = "qa.parquet"
+BOXES = "boxes.parquet"
+REJECTS = "rejects.parquet"
+SUMMARY = "summary.json"
+
+SPLITS = ("train", "val", "test")
+MEDIA = ("video", "image")
+ANSWER_TYPES = ("color", "shape", "direction", "count", "scene")
+
+# Raw (un-probed) videos: what the synthetic world and the importers produce.
+RAW_VIDEO_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False),
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+        pa.field("media", pa.string(), nullable=False),  # "video" | "image"
+        pa.field("source", pa.string(), nullable=False),  # "synth" | "alpro" | "lavis" | "webvid" | "msrvtt"
+    ]
+)
+
+# Ingested videos: raw columns + what the probe measured.
+VIDEO_SCHEMA = pa.schema(
+    [
+        *RAW_VIDEO_SCHEMA,
+        pa.field("num_frames", pa.int64(), nullable=False),  # 1 for still images
+        pa.field("fps", pa.float64(), nullable=False),  # 0.0 for still images
+        pa.field("duration_s", pa.float64(), nullable=False),  # 0.0 for still images
+        pa.field("width", pa.int64(), nullable=False),
+        pa.field("height", pa.int64(), nullable=False),
+        pa.field("size_bytes", pa.int64(), nullable=False),
+    ]
+)
+
+CAPTION_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False),
+        pa.field("caption_id", pa.string(), nullable=False),
+        pa.field("caption", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),
+    ]
+)
+
+QA_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False),
+        pa.field("qa_id", pa.string(), nullable=False),
+        pa.field("question", pa.string(), nullable=False),
+        pa.field("answer", pa.string(), nullable=False),
+        pa.field("answer_type", pa.string(), nullable=False),  # ANSWER_TYPES, or "other" for imports
+        pa.field("split", pa.string(), nullable=False),
+    ]
+)
+
+# Boxes are normalised to [0, 1] image coordinates, (x0, y0) top-left, (x1, y1) bottom-right.
+BOX_SCHEMA = pa.schema(
+    [
+        pa.field("video_id", pa.string(), nullable=False),
+        pa.field("frame_index", pa.int64(), nullable=False),
+        pa.field("entity_id", pa.int64(), nullable=False),  # index of the object within the clip
+        pa.field("name", pa.string(), nullable=False),  # noun phrase, e.g. "red circle"
+        pa.field("shape", pa.string(), nullable=False),
+        pa.field("color", pa.string(), nullable=False),
+        pa.field("size", pa.string(), nullable=False),
+        pa.field("x0", pa.float32(), nullable=False),
+        pa.field("y0", pa.float32(), nullable=False),
+        pa.field("x1", pa.float32(), nullable=False),
+        pa.field("y1", pa.float32(), nullable=False),
+    ]
+)
+
+REJECT_SCHEMA = pa.schema(
+    [
+        pa.field("stage", pa.string(), nullable=False),  # "ingest" | "extract_frames" | ...
+        pa.field("kind", pa.string(), nullable=False),  # "video" | "caption" | "qa"
+        pa.field("record_id", pa.string(), nullable=False),  # video_id / caption_id / qa_id / line number
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+
+class ManifestError(ValueError):
+    """A manifest table is missing or does not have the expected columns."""
+
+
+def check_schema(table: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
+    """Return ``table`` cast to ``schema`` (column order too), or raise naming what is wrong."""
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise ManifestError(f"{name}: missing column(s) {missing}; has {table.column_names}")
+    table = table.select(schema.names)
+    try:
+        return table.cast(schema)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, ValueError) as exc:
+        raise ManifestError(f"{name}: columns do not match the expected schema: {exc}") from exc
+
+
+def read(dataset: str, name: str, schema: pa.Schema) -> pa.Table:
+    """Read and validate table ``name`` of dataset directory ``dataset``."""
+    uri = storage.join(dataset, name)
+    if not storage.exists(uri):
+        raise ManifestError(f"{uri} does not exist: is {dataset!r} a dataset directory?")
+    return check_schema(storage.read_parquet(uri), schema, uri)
+
+
+def write(dataset: str, name: str, table: pa.Table, schema: pa.Schema) -> str:
+    """Validate and atomically write table ``name`` into ``dataset``; returns its URI."""
+    uri = storage.join(dataset, name)
+    storage.write_parquet(uri, check_schema(table, schema, uri))
+    return uri
+
+
+def empty(schema: pa.Schema) -> pa.Table:
+    return schema.empty_table()
+
+
+def from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
+    """Build a table from row dicts (an empty list gives an empty table of ``schema``)."""
+    return pa.Table.from_pylist(rows, schema=schema)
+
+
+def resolve(dataset: str, path: str) -> str:
+    """URI of a ``videos.path`` value: absolute paths and URIs as they are, else under ``dataset``."""
+    if storage.is_s3(path) or path.startswith("/"):
+        return path
+    return storage.join(dataset, path)

@@ -1,0 +1,11 @@
+"""Step: mine the entity vocabulary (top-M caption nouns) of an ingested dataset."""
+
+from __future__ import annotations
+
+from vlp.config import Config
+from vlp.data.entities import mine
+from vlp.steps.common import StepResult, run_step
+
+
+def mine_entities(dataset: str, out: str, cfg: Config) -> StepResult:
+    return run_step("mine_entities", out, cfg, lambda: mine(dataset, out, cfg.entities))

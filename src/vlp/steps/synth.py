@@ -1,0 +1,11 @@
+"""Step: write the synthetic video world (media + manifests) to ``out``."""
+
+from __future__ import annotations
+
+from vlp.config import Config
+from vlp.data.synth import generate
+from vlp.steps.common import StepResult, run_step
+
+
+def synth(out: str, cfg: Config) -> StepResult:
+    return run_step("synth", out, cfg, lambda: generate(out, cfg.synth))

@@ -1,0 +1,353 @@
+"""One small interface over local paths and ``s3://bucket/key`` URIs.
+
+Everything in vlp that touches data goes through these functions, so every step works the
+same on a laptop directory and on any S3-compatible object store (AWS S3, Ceph RGW, MinIO,
+SeaweedFS). Connection settings come from :class:`StorageConfig` or, when unset there, from
+the standard AWS environment variables (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ...).
+
+Writes are atomic on both backends: a local write goes to a temporary file in the target
+directory and is renamed into place; an S3 object (single PUT or multipart) becomes visible
+only when it is complete. A reader therefore never sees half a file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import tempfile
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+@dataclass
+class StorageConfig:
+    """Object-store connection. Empty strings mean: use the AWS environment / defaults."""
+
+    endpoint_url: str = ""  # e.g. http://127.0.0.1:9000; else AWS_ENDPOINT_URL[_S3] or AWS
+    region: str = ""  # else AWS_REGION / AWS_DEFAULT_REGION, else us-east-1
+    access_key_id: str = ""  # prefer the environment or an IAM role over putting keys in files
+    secret_access_key: str = ""
+    addressing_style: str = "path"  # "path" works on every S3-compatible server; "virtual" for AWS
+    multipart_threshold_mb: int = 64  # files larger than this go through multipart upload
+    multipart_chunk_mb: int = 16
+    max_concurrency: int = 4
+
+
+class StorageError(OSError):
+    """A storage operation failed; the message names the URI."""
+
+
+_config = StorageConfig()
+_clients: dict[tuple[Any, ...], Any] = {}
+_lock = threading.Lock()
+
+
+def configure(cfg: StorageConfig) -> None:
+    """Set the process-wide storage settings (call once at step start-up)."""
+    global _config
+    with _lock:
+        _config = cfg
+        _clients.clear()
+
+
+def is_s3(uri: str | os.PathLike[str]) -> bool:
+    return str(uri).startswith("s3://")
+
+
+def join(base: str | os.PathLike[str], *parts: str) -> str:
+    """Join URI parts with ``/`` (``s3://b/a`` + ``x`` -> ``s3://b/a/x``; local paths likewise)."""
+    out = str(base)
+    for part in parts:
+        part = str(part).strip("/")
+        if not part:
+            continue
+        out = out.rstrip("/") + "/" + part if out else part
+    return out
+
+
+def split_s3(uri: str) -> tuple[str, str]:
+    """``s3://bucket/a/b`` -> ``("bucket", "a/b")``."""
+    if not is_s3(uri):
+        raise StorageError(f"not an s3:// URI: {uri!r}")
+    bucket, _, key = uri[len("s3://") :].partition("/")
+    if not bucket:
+        raise StorageError(f"s3 URI without a bucket: {uri!r}")
+    return bucket, key
+
+
+def client() -> Any:
+    """The boto3 S3 client for the current settings (cached per process and thread)."""
+    import boto3
+    from botocore.config import Config as BotoConfig
+
+    cfg = _config
+    key = (os.getpid(), threading.get_ident(), cfg.endpoint_url, cfg.region, cfg.access_key_id, cfg.addressing_style)
+    with _lock:
+        if key not in _clients:
+            kwargs: dict[str, Any] = {}
+            endpoint = cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            if endpoint:
+                kwargs["endpoint_url"] = endpoint
+            region = cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            if cfg.access_key_id:
+                kwargs["aws_access_key_id"] = cfg.access_key_id
+                kwargs["aws_secret_access_key"] = cfg.secret_access_key
+            boto_cfg = BotoConfig(
+                s3={"addressing_style": cfg.addressing_style},
+                retries={"max_attempts": 5, "mode": "standard"},
+                max_pool_connections=max(10, cfg.max_concurrency * 2),
+            )
+            _clients[key] = boto3.session.Session().client("s3", region_name=region, config=boto_cfg, **kwargs)
+        return _clients[key]
+
+
+def _transfer_config() -> Any:
+    from boto3.s3.transfer import TransferConfig
+
+    mb = 1024 * 1024
+    return TransferConfig(
+        multipart_threshold=_config.multipart_threshold_mb * mb,
+        multipart_chunksize=_config.multipart_chunk_mb * mb,
+        max_concurrency=_config.max_concurrency,
+    )
+
+
+def _is_missing(exc: Exception) -> bool:
+    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    return code in {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
+
+
+# --------------------------------------------------------------------------- queries
+
+
+def exists(uri: str | os.PathLike[str]) -> bool:
+    """True when ``uri`` is an existing file/object, or a non-empty directory/prefix."""
+    uri = str(uri)
+    if not is_s3(uri):
+        return os.path.exists(uri)
+    bucket, key = split_s3(uri)
+    s3 = client()
+    if key:
+        try:
+            s3.head_object(Bucket=bucket, Key=key)
+            return True
+        except Exception as exc:
+            if not _is_missing(exc):
+                raise StorageError(f"cannot stat {uri}: {exc}") from exc
+    prefix = key.rstrip("/") + "/" if key else ""
+    resp = s3.list_objects_v2(Bucket=bucket, Prefix=prefix, MaxKeys=1)
+    return resp.get("KeyCount", 0) > 0
+
+
+def list_files(uri: str | os.PathLike[str], suffix: str = "", recursive: bool = True) -> list[str]:
+    """Sorted URIs of the files under directory/prefix ``uri`` (ending in ``suffix``)."""
+    uri = str(uri)
+    if not is_s3(uri):
+        root = Path(uri)
+        if not root.is_dir():
+            return []
+        paths = root.rglob("*") if recursive else root.iterdir()
+        return sorted(str(p) for p in paths if p.is_file() and p.name.endswith(suffix) and not _is_tmp(p.name))
+    bucket, key = split_s3(uri)
+    prefix = key.rstrip("/") + "/" if key else ""
+    out = []
+    paginator = client().get_paginator("list_objects_v2")
+    kwargs = {"Bucket": bucket, "Prefix": prefix} | ({} if recursive else {"Delimiter": "/"})
+    for page in paginator.paginate(**kwargs):
+        for obj in page.get("Contents", []):
+            if obj["Key"].endswith(suffix) and not obj["Key"].endswith("/"):
+                out.append(f"s3://{bucket}/{obj['Key']}")
+    return sorted(out)
+
+
+def size(uri: str | os.PathLike[str]) -> int:
+    """Size in bytes of a file/object."""
+    uri = str(uri)
+    if not is_s3(uri):
+        return os.path.getsize(uri)
+    bucket, key = split_s3(uri)
+    try:
+        return int(client().head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except Exception as exc:
+        raise StorageError(f"cannot stat {uri}: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- bytes
+
+
+def read_bytes(uri: str | os.PathLike[str]) -> bytes:
+    uri = str(uri)
+    if not is_s3(uri):
+        try:
+            return Path(uri).read_bytes()
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"no such file: {uri}") from exc
+    bucket, key = split_s3(uri)
+    try:
+        return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+    except Exception as exc:
+        if _is_missing(exc):
+            raise FileNotFoundError(f"no such object: {uri}") from exc
+        raise StorageError(f"cannot read {uri}: {exc}") from exc
+
+
+def read_text(uri: str | os.PathLike[str], encoding: str = "utf-8") -> str:
+    return read_bytes(uri).decode(encoding)
+
+
+def write_bytes(uri: str | os.PathLike[str], data: bytes) -> None:
+    """Write ``data`` to ``uri`` atomically (parent directories are created)."""
+    uri = str(uri)
+    if is_s3(uri):
+        if len(data) > _config.multipart_threshold_mb * 1024 * 1024:
+            _upload_fileobj(io.BytesIO(data), uri)
+            return
+        bucket, key = split_s3(uri)
+        try:
+            client().put_object(Bucket=bucket, Key=key, Body=data)
+        except Exception as exc:
+            raise StorageError(f"cannot write {uri}: {exc}") from exc
+        return
+    with _atomic_local(uri) as tmp:
+        Path(tmp).write_bytes(data)
+
+
+def write_text(uri: str | os.PathLike[str], text: str, encoding: str = "utf-8") -> None:
+    write_bytes(uri, text.encode(encoding))
+
+
+def delete(uri: str | os.PathLike[str]) -> None:
+    """Delete a file/object if it exists."""
+    uri = str(uri)
+    if not is_s3(uri):
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(uri)
+        return
+    bucket, key = split_s3(uri)
+    client().delete_object(Bucket=bucket, Key=key)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def upload(local_path: str | os.PathLike[str], uri: str | os.PathLike[str]) -> None:
+    """Copy a local file to ``uri`` atomically (S3: transfer manager, multipart when large)."""
+    local_path, uri = str(local_path), str(uri)
+    if not is_s3(uri):
+        if os.path.abspath(local_path) == os.path.abspath(uri):
+            return
+        with _atomic_local(uri) as tmp:
+            shutil.copyfile(local_path, tmp)
+        return
+    with open(local_path, "rb") as fh:
+        _upload_fileobj(fh, uri)
+
+
+def _upload_fileobj(fh: Any, uri: str) -> None:
+    bucket, key = split_s3(uri)
+    try:
+        client().upload_fileobj(fh, bucket, key, Config=_transfer_config())
+    except Exception as exc:
+        raise StorageError(f"cannot upload to {uri}: {exc}") from exc
+
+
+def download(uri: str | os.PathLike[str], local_path: str | os.PathLike[str]) -> str:
+    """Copy ``uri`` to ``local_path`` atomically; returns ``local_path``."""
+    uri, local_path = str(uri), str(local_path)
+    with _atomic_local(local_path) as tmp:
+        if is_s3(uri):
+            bucket, key = split_s3(uri)
+            try:
+                client().download_file(bucket, key, tmp, Config=_transfer_config())
+            except Exception as exc:
+                if _is_missing(exc):
+                    raise FileNotFoundError(f"no such object: {uri}") from exc
+                raise StorageError(f"cannot download {uri}: {exc}") from exc
+        else:
+            try:
+                shutil.copyfile(uri, tmp)
+            except FileNotFoundError as exc:
+                raise FileNotFoundError(f"no such file: {uri}") from exc
+    return local_path
+
+
+@contextlib.contextmanager
+def local_copy(uri: str | os.PathLike[str], suffix: str = "") -> Iterator[str]:
+    """A local path holding ``uri``'s bytes for the duration of the block.
+
+    Local files are used in place (no copy); S3 objects are downloaded to a temporary file
+    that is removed afterwards. Use this for libraries that need a real file (decord, PyAV).
+    """
+    uri = str(uri)
+    if not is_s3(uri):
+        yield uri
+        return
+    fd, tmp = tempfile.mkstemp(suffix=suffix or Path(uri).suffix, prefix="vlp-")
+    os.close(fd)
+    try:
+        download(uri, tmp)
+        yield tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+
+
+# --------------------------------------------------------------------------- parquet
+
+
+def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) -> pa.Table:
+    uri = str(uri)
+    if not is_s3(uri):
+        if not os.path.exists(uri):
+            raise FileNotFoundError(f"no such file: {uri}")
+        return pq.read_table(uri, columns=columns)
+    return pq.read_table(io.BytesIO(read_bytes(uri)), columns=columns)
+
+
+def read_parquet_metadata(uri: str | os.PathLike[str]) -> dict[bytes, bytes]:
+    """The key-value metadata of a Parquet file's schema."""
+    uri = str(uri)
+    source: Any = uri if not is_s3(uri) else io.BytesIO(read_bytes(uri))
+    return dict(pq.read_schema(source).metadata or {})
+
+
+def write_parquet(uri: str | os.PathLike[str], table: pa.Table, **kwargs: Any) -> None:
+    """Write ``table`` as Parquet to ``uri`` atomically (deterministic bytes for equal tables)."""
+    buf = io.BytesIO()
+    kwargs.setdefault("compression", "zstd")
+    pq.write_table(table, buf, **kwargs)
+    write_bytes(uri, buf.getvalue())
+
+
+# --------------------------------------------------------------------------- internals
+
+_TMP_MARK = ".vlp-tmp-"
+
+
+def _is_tmp(name: str) -> bool:
+    return _TMP_MARK in name
+
+
+@contextlib.contextmanager
+def _atomic_local(path: str) -> Iterator[str]:
+    """Yield a temporary path next to ``path``; rename it over ``path`` on success."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}{_TMP_MARK}")
+    os.close(fd)
+    try:
+        yield tmp
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        raise

@@ -1,0 +1,127 @@
+"""Shared fixtures: a real S3-speaking server on loopback, real mp4 files, a small synthetic world."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from vlp import storage
+
+ACCESS_KEY = "vlp-test-access"
+SECRET_KEY = "vlp-test-secret"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """URL of an S3 server process on 127.0.0.1 for the whole session.
+
+    ``VLP_TEST_S3_ENDPOINT`` points the tests at an already running server (e.g. Ceph RGW);
+    otherwise moto's standalone server is started as a separate process and stopped afterwards.
+    """
+    external = os.environ.get("VLP_TEST_S3_ENDPOINT")
+    if external:
+        yield external
+        return
+    exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=fh, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+        except OSError:
+            if proc.poll() is not None:
+                raise RuntimeError(f"moto_server exited: {log.read_text()}") from None
+            time.sleep(0.1)
+    else:
+        proc.kill()
+        raise RuntimeError("moto_server did not start within 30 s")
+    try:
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+@pytest.fixture
+def s3_config(s3_endpoint: str) -> Iterator[storage.StorageConfig]:
+    """Storage configured for the test server (restored to defaults afterwards)."""
+    cfg = storage.StorageConfig(endpoint_url=s3_endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+    storage.configure(cfg)
+    yield cfg
+    storage.configure(storage.StorageConfig())
+
+
+@pytest.fixture
+def s3_bucket(s3_config: storage.StorageConfig) -> str:
+    """A fresh, empty bucket; returns ``s3://<bucket>``."""
+    name = f"vlp-{uuid.uuid4().hex[:12]}"
+    storage.client().create_bucket(Bucket=name)
+    return f"s3://{name}"
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
+    """AWS_* environment for subprocesses (the CLI) talking to the test server."""
+    env = {
+        "AWS_ENDPOINT_URL": s3_endpoint,
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    return env
+
+
+def write_mp4(path: str | Path, num_frames: int = 24, fps: int = 12, size: tuple[int, int] = (64, 48)) -> Path:
+    """Write a real h264 mp4 whose frame ``i`` is filled with grey level ``(i * 10) % 250``.
+
+    The constant grey level makes decoded frames identifiable: ``frame.mean() ~= (i * 10) % 250``.
+    """
+    import av
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    width, height = size
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("h264", rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        stream.options = {"g": "6"}  # a keyframe every 6 frames, so sparse reads really seek
+        for i in range(num_frames):
+            img = np.full((height, width, 3), (i * 10) % 250, np.uint8)
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+@pytest.fixture
+def mp4_factory(tmp_path: Path):
+    """``mp4_factory(name, **kw)`` -> path of a real mp4 under ``tmp_path`` (see :func:`write_mp4`)."""
+
+    def make(name: str = "clip.mp4", **kwargs) -> Path:
+        return write_mp4(tmp_path / name, **kwargs)
+
+    return make
