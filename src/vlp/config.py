@@ -110,7 +110,7 @@ def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: PLR0911 - one branch per supported type
+def _coerce(tp: Any, value: Any, key: str) -> Any:
     origin = get_origin(tp)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, key)
@@ -118,12 +118,11 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:  # noqa: PLR0911 - one branch
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
                 return _coerce(arg, value, key)
-            except ConfigError as exc:
-                errors.append(str(exc))
+            except ConfigError:
+                continue
         raise ConfigError(f"{key}: {value!r} does not match {tp}")
     if origin is Literal:
         if value not in get_args(tp):

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import pytest
+
+from vlp.config import Config, ConfigError, from_dict, load_config, parse_override
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Inner:
+    size: int = 224
+    ratio: float = 0.5
+    mode: Literal["stretch", "crop"] = "stretch"
+    names: list[str] = field(default_factory=lambda: ["a"])
+    maybe: int | None = None
+    flag: bool = False
+
+
+@dataclass
+class Outer:
+    inner: Inner = field(default_factory=Inner)
+    name: str = "x"
+
+
+def test_defaults_and_nested_values():
+    cfg = from_dict(Outer, {"inner": {"size": 64, "ratio": 1, "names": ["b", "c"], "maybe": 3}, "name": "y"})
+    assert cfg == Outer(Inner(size=64, ratio=1.0, names=["b", "c"], maybe=3), "y")
+    assert isinstance(cfg.inner.ratio, float)  # ints are accepted for floats and converted
+
+
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        ({"inner": {"sise": 3}}, "inner.sise"),
+        ({"nmae": "x"}, "'nmae'"),
+        ({"inner": {"size": "big"}}, "inner.size: expected an integer"),
+        ({"inner": {"size": 2.5}}, "inner.size: expected an integer"),
+        ({"inner": {"size": True}}, "inner.size: expected an integer"),
+        ({"inner": {"ratio": "half"}}, "inner.ratio: expected a number"),
+        ({"inner": {"mode": "zoom"}}, "inner.mode: 'zoom' is not one of"),
+        ({"inner": {"names": "a"}}, "inner.names: expected a list"),
+        ({"inner": {"names": ["a", 1]}}, "inner.names[1]: expected a string"),
+        ({"inner": {"flag": "yes"}}, "inner.flag: expected true/false"),
+        ({"inner": {"maybe": "x"}}, "inner.maybe"),
+        ({"inner": 5}, "inner: expected a mapping"),
+    ],
+)
+def test_bad_keys_and_types_name_the_key(data, fragment):
+    with pytest.raises(ConfigError, match=None) as info:
+        from_dict(Outer, data)
+    assert fragment in str(info.value)
+
+
+def test_optional_accepts_none():
+    assert from_dict(Outer, {"inner": {"maybe": None}}).inner.maybe is None
+
+
+def test_parse_override_uses_yaml_scalars():
+    assert parse_override("a.b=3") == ("a.b", 3)
+    assert parse_override("a.b=0.5") == ("a.b", 0.5)
+    assert parse_override("a.b=true") == ("a.b", True)
+    assert parse_override("a.b=[x, y]") == ("a.b", ["x", "y"])
+    assert parse_override("a.b=http://h:1/x") == ("a.b", "http://h:1/x")
+    assert parse_override("a.b=") == ("a.b", "")
+    with pytest.raises(ConfigError, match=r"section\.key=value"):
+        parse_override("no-equals-sign")
+
+
+def test_load_config_file_then_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("frames:\n  num_frames: 4\nstorage:\n  region: eu-west-1\n")
+    cfg = load_config(path, ["frames.num_frames=8", "storage.endpoint_url=http://127.0.0.1:1"])
+    assert cfg.frames.num_frames == 8  # the override wins over the file
+    assert cfg.storage.region == "eu-west-1"
+    assert cfg.storage.endpoint_url == "http://127.0.0.1:1"
+
+
+def test_load_config_rejects_unknown_override_and_bad_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"frames\.num_framez"):
+        load_config(None, ["frames.num_framez=3"])
+    with pytest.raises(ConfigError, match="unknown config key 'bogus'"):
+        load_config(None, ["bogus.x=1"])
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("- just\n- a list\n")
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(bad)
+
+
+@pytest.mark.parametrize("name", ["tiny.yaml", "default.yaml"])
+def test_shipped_configs_load(name):
+    cfg = load_config(REPO / "configs" / name)
+    assert isinstance(cfg, Config)
