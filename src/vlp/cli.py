@@ -16,7 +16,9 @@ from typing import Any
 
 from vlp import __version__
 
-EPILOG = "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
+EPILOG = (
+    "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
+)
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -25,7 +27,9 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlp", description="Video-language pre-training pipeline steps.", epilog=EPILOG)
+    parser = argparse.ArgumentParser(
+        prog="vlp", description="Video-language pre-training pipeline steps.", epilog=EPILOG
+    )
     parser.add_argument("--version", action="version", version=f"vlp {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
@@ -38,7 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=None, help="random seed (default: synth.seed)")
     _common(p)
 
-    p = sub.add_parser("ingest", help="validate + probe a dataset into the manifest schema, with rejects", epilog=EPILOG)
+    p = sub.add_parser(
+        "ingest", help="validate + probe a dataset into the manifest schema, with rejects", epilog=EPILOG
+    )
     p.add_argument("--source", required=True, help="dataset directory, or an annotation file (jsonl/json/csv)")
     p.add_argument("--out", required=True, help="output dataset directory or s3:// prefix")
     p.add_argument("--format", default=None, help="auto|synth|alpro|lavis|webvid|msrvtt (default: ingest.format)")
