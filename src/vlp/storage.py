@@ -58,6 +58,11 @@ def configure(cfg: StorageConfig) -> None:
         _clients.clear()
 
 
+def current_config() -> StorageConfig:
+    """The process-wide storage settings (pass them to worker processes' ``configure``)."""
+    return _config
+
+
 def is_s3(uri: str | os.PathLike[str]) -> bool:
     return str(uri).startswith("s3://")
 

@@ -1,14 +1,660 @@
-"""Ingest (to be implemented)."""
+"""Ingest: validate a dataset into the manifest schema, probing every video; bad inputs become rejects.
+
+Sources (``IngestConfig.format``; ``auto`` picks one from the source URI):
+
+- ``synth``: a directory (local or ``s3://``) already in the raw manifest schema, as ``vlp data synth``
+  writes it: ``videos.parquet`` (RAW_VIDEO_SCHEMA, paths relative to the directory or absolute),
+  ``captions.parquet`` and/or ``qa.parquet``, optional ``boxes.parquet``. Auto: a directory with
+  ``videos.parquet``.
+- ``alpro`` (``*.jsonl``): ALPRO annotations, one JSON object per line: retrieval
+  ``{"caption", "clip_name"}`` or QA ``{"question", "answer", "video_id", "answer_type"}``.
+  Videos are ``<video_root>/<id><video_ext>``.
+- ``lavis`` (``*.json``): a list of ``{"video": "<file>", "caption": str | [str, ...]}`` (retrieval)
+  or ``{"video", "question", "answer"}`` (QA). The video id is the file name without its extension.
+- ``msrvtt`` (``*.json`` whose first record has ``video_id``): a list of ``{"video_id", "video",
+  "caption"}`` (``video`` optional, ``caption`` a string or a list), or the official
+  ``{"videos": [...], "sentences": [...]}`` file.
+- ``webvid`` (``*.csv``): columns ``videoid,contentUrl,duration,page_dir,name``; videos are
+  ``<video_root>/<page_dir>/<videoid><video_ext>`` (``<videoid><video_ext>`` when ``page_dir`` is empty).
+
+Rules. Every input record ends up either in the output tables or in ``rejects.parquet`` with a
+reason ``"<category>: <detail>"``, and ``input == accepted + rejected`` is asserted for videos,
+captions and QA. Annotation files are read as bytes and decoded record by record, so one line
+that is not UTF-8 or not JSON rejects that record only. A caption/QA is rejected when its text is
+empty or not UTF-8, when its video is unknown, or (``"video rejected: ..."``) when its video is.
+A video is rejected when a duplicate of an earlier ``video_id``, when its row is inconsistent
+(split, media), when it has no valid caption or QA left (``require_text``; such a clip is useless
+for training, and the check runs before probing to save the decode), when the probe fails, or when
+its duration is outside the configured limits. Annotation formats list one video per distinct id
+(many records per video are normal there); the first record's path and split win.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import csv
+import io
+import json
+import logging
+import os
+import posixpath
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from tqdm import tqdm
+
+from vlp import storage
+from vlp.data import manifest, video
+
+log = logging.getLogger(__name__)
+
+FORMATS = ("synth", "alpro", "lavis", "webvid", "msrvtt")
+STAGE = "ingest"
+NO_TEXT = "no valid caption or QA"
+KINDS = ("video", "caption", "qa")  # reject kinds, in the order rejects.parquet lists them
+KINDS_SUMMARY = ("videos", "captions", "qa")  # the matching summary keys
+_SPLIT_ALIASES = {"training": "train", "valid": "val", "validate": "val", "validation": "val", "dev": "val"}
+_WINDOW = 1024  # probe tasks handed to the pool at a time (bounds the futures held in memory)
 
 
 @dataclass
 class IngestConfig:
-    format: str = "auto"
+    """How ``vlp ingest`` reads, validates and probes a dataset."""
+
+    format: Literal["auto", "synth", "alpro", "lavis", "webvid", "msrvtt"] = "auto"  # source layout; auto = detect
+    video_root: str = ""  # where an annotation file's relative video paths live; "" = the file's directory
+    split: Literal["train", "val", "test"] = "train"  # split of records whose source names none
+    video_ext: str = ".mp4"  # appended to ids by formats that name videos by id (alpro, webvid, msrvtt)
+    workers: int = 2  # probe processes; 0 or 1 probes in this process
+    min_duration_s: float = 0.0  # reject clips shorter than this (still images are exempt)
+    max_duration_s: float = 3600.0  # reject clips longer than this; 0 = no upper limit
+    require_text: bool = True  # reject a video left without any valid caption or QA
+    progress: bool = True  # tqdm progress bar on stderr while probing
 
 
-def ingest(source: str, out: str, cfg: IngestConfig) -> dict:
-    raise NotImplementedError
+@dataclass
+class _Raw:
+    """What a format reader produces. Rows carry a ``_reject`` reason (None = still accepted)."""
+
+    fmt: str
+    origin: str  # the source URI, named by rejects that have no video path
+    videos: list[dict[str, Any]] = field(default_factory=list)  # RAW_VIDEO_SCHEMA rows, path = URI
+    captions: list[dict[str, Any]] = field(default_factory=list)  # CAPTION_SCHEMA rows
+    qa: list[dict[str, Any]] = field(default_factory=list)  # QA_SCHEMA rows
+    rejects: list[dict[str, str]] = field(default_factory=list)  # records that never became a row
+    boxes: pa.Table | None = None
+    inputs: Counter[str] = field(default_factory=Counter)  # records read, per kind
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
+    """Validate and probe dataset ``source`` into the manifest tables under ``out``.
+
+    Args:
+        source: a raw dataset directory (``synth``) or an annotation file; local path or ``s3://``.
+        out: output dataset directory or ``s3://`` prefix.
+        cfg: the ``ingest`` config section.
+
+    Returns:
+        The summary: ``{"format", "videos"|"captions"|"qa": {"input", "accepted", "rejected"},
+        "reject_reasons": {category: count}}``.
+
+    Raises:
+        FileNotFoundError: ``source`` does not exist.
+        ValueError: bad config, undetectable format, or an annotation file that cannot be read at all
+            (``manifest.ManifestError`` for a raw directory whose tables lack columns).
+    """
+    _check_config(cfg)
+    source = _absolute(source)
+    out = _absolute(out)
+    if not storage.exists(source):
+        raise FileNotFoundError(f"ingest source {source} does not exist")
+    fmt = detect_format(source) if cfg.format == "auto" else cfg.format
+    if fmt == "synth" and source.rstrip("/") == out.rstrip("/"):
+        raise ValueError(f"ingest would overwrite its source {source}: pass a different --out")
+    log.info("ingest: reading %s as %s", source, fmt)
+    raw = _READERS[fmt](source, cfg)
+    _validate(raw, cfg)
+    rejects = _reject_rows(raw)
+    tables = _tables(raw)
+    summary = _summary(raw, tables, rejects)
+    _write(out, tables, rejects, raw.boxes)
+    log.info("ingest: %s", json.dumps({k: summary[k] for k in KINDS_SUMMARY}))
+    return summary
+
+
+def detect_format(source: str) -> str:
+    """The format ``auto`` resolves to for ``source`` (reads a ``.json`` file to tell lavis from msrvtt)."""
+    if storage.exists(storage.join(source, manifest.VIDEOS)):
+        return "synth"
+    lower = source.lower()
+    if lower.endswith(".jsonl"):
+        return "alpro"
+    if lower.endswith(".csv"):
+        return "webvid"
+    if lower.endswith(".json"):
+        return _json_flavour(_load_json(source), source)
+    raise ValueError(
+        f"cannot detect the format of {source}: expected a directory with {manifest.VIDEOS} or a "
+        f".jsonl/.json/.csv annotation file; pass --format (one of {', '.join(FORMATS)})"
+    )
+
+
+def _check_config(cfg: IngestConfig) -> None:
+    if cfg.format not in ("auto", *FORMATS):
+        raise ValueError(f"ingest.format={cfg.format!r} is not one of auto, {', '.join(FORMATS)}")
+    if cfg.split not in manifest.SPLITS:
+        raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)}")
+    if cfg.workers < 0:
+        raise ValueError(f"ingest.workers={cfg.workers} must be >= 0 (0 or 1 = probe in this process)")
+    if cfg.min_duration_s < 0 or cfg.max_duration_s < 0:
+        raise ValueError("ingest.min_duration_s and ingest.max_duration_s must be >= 0")
+    if cfg.max_duration_s and cfg.max_duration_s < cfg.min_duration_s:
+        raise ValueError(f"ingest.max_duration_s={cfg.max_duration_s} is below min_duration_s={cfg.min_duration_s}")
+    if cfg.video_ext and not cfg.video_ext.startswith("."):
+        raise ValueError(f"ingest.video_ext={cfg.video_ext!r} must start with a dot, e.g. '.mp4'")
+
+
+def _absolute(uri: str) -> str:
+    return uri.rstrip("/") if storage.is_s3(uri) else os.path.abspath(uri)
+
+
+# --------------------------------------------------------------------------- readers: raw schema directory
+
+
+def _read_synth(source: str, cfg: IngestConfig) -> _Raw:
+    raw = _Raw("synth", source)
+    videos = manifest.read(source, manifest.VIDEOS, manifest.RAW_VIDEO_SCHEMA).to_pylist()
+    for row in videos:
+        row["path"] = manifest.resolve(source, row["path"]) if row["path"] else ""
+        row["_reject"] = None
+    raw.videos = videos
+    captions = _read_text_table(source, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
+    qa = _read_text_table(source, manifest.QA, manifest.QA_SCHEMA)
+    if captions is None and qa is None:
+        raise manifest.ManifestError(f"{source} has neither {manifest.CAPTIONS} nor {manifest.QA}")
+    raw.captions, raw.qa = captions or [], qa or []
+    if storage.exists(storage.join(source, manifest.BOXES)):
+        raw.boxes = manifest.read(source, manifest.BOXES, manifest.BOX_SCHEMA)
+    raw.inputs.update(video=len(raw.videos), caption=len(raw.captions), qa=len(raw.qa))
+    return raw
+
+
+def _read_text_table(source: str, name: str, schema: pa.Schema) -> list[dict[str, Any]] | None:
+    """Rows of an optional text table, decoded value by value so one bad string rejects one row."""
+    uri = storage.join(source, name)
+    if not storage.exists(uri):
+        return None
+    table = storage.read_parquet(uri)
+    missing = [f.name for f in schema if f.name not in table.column_names]
+    if missing:
+        raise manifest.ManifestError(f"{uri}: missing column(s) {missing}; has {table.column_names}")
+    columns = {f.name: _decoded(table.column(f.name), uri) for f in schema}
+    return [dict(zip(columns, values, strict=True), _reject=None) for values in zip(*columns.values(), strict=True)]
+
+
+def _decoded(column: pa.ChunkedArray, uri: str) -> list[str | None]:
+    kind = column.type
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_binary(kind):
+        values = column.cast(pa.large_binary()).to_pylist()  # zero-copy; no UTF-8 validation yet
+        return [None if v is None else _decode(v) for v in values]
+    try:
+        return column.cast(pa.string()).to_pylist()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise manifest.ManifestError(f"{uri}: column of type {kind} cannot be read as text: {exc}") from exc
+
+
+# --------------------------------------------------------------------------- readers: annotation files
+
+
+class _Annotations:
+    """Turns the records of an annotation file into video, caption and QA rows with stable ids."""
+
+    def __init__(self, fmt: str, origin: str, cfg: IngestConfig) -> None:
+        self.raw = _Raw(fmt, origin)
+        self.cfg = cfg
+        self.root = _absolute(cfg.video_root) if cfg.video_root else _parent(origin)
+        self._videos: dict[str, dict[str, Any]] = {}
+        self._numbers: Counter[str] = Counter()
+
+    def video(self, video_id: str, rel_path: str | None, split: Any) -> None:
+        """Register a video once; later records of the same id only add text."""
+        if video_id in self._videos:
+            return
+        path = manifest.resolve(self.root, rel_path or f"{video_id}{self.cfg.video_ext}")
+        media = "image" if video.is_image(path) else "video"
+        row = {"video_id": video_id, "path": path, "split": self.split(split), "media": media, "source": self.raw.fmt}
+        self._videos[video_id] = row | {"_reject": None}
+        self.raw.videos.append(self._videos[video_id])
+        self.raw.inputs["video"] += 1
+
+    def caption(self, video_id: str, text: Any, split: Any, where: str) -> None:
+        if not self._known(video_id, "caption", where):
+            return
+        caption_id = f"{video_id}#{self._next(video_id)}"
+        row = {"video_id": video_id, "caption_id": caption_id, "caption": _clean(text), "split": self.split(split)}
+        self.raw.captions.append(row | {"_reject": None})
+        self.raw.inputs["caption"] += 1
+
+    def qa(self, video_id: str, question: Any, answer: Any, answer_type: Any, split: Any, where: str) -> None:
+        if not self._known(video_id, "qa", where):
+            return
+        qa_id = f"{video_id}#q{self._next(video_id)}"
+        if isinstance(answer, list):  # several annotators: keep the most common answer
+            answer = Counter(map(_clean, answer)).most_common(1)[0][0] if answer else None
+        row = {"video_id": video_id, "qa_id": qa_id, "question": _clean(question), "answer": _clean(answer)}
+        row |= {"answer_type": _clean(answer_type) or "other", "split": self.split(split), "_reject": None}
+        self.raw.qa.append(row)
+        self.raw.inputs["qa"] += 1
+
+    def reject(self, kind: str, where: str, reason: str) -> None:
+        """A record that could not become a row (malformed, no id): counted as input and rejected."""
+        self.raw.rejects.append(_reject_row(kind, where, self.raw.origin, reason))
+        self.raw.inputs[kind] += 1
+
+    def split(self, value: Any) -> str:
+        text = _clean(value)
+        if not text:
+            return self.cfg.split
+        return _SPLIT_ALIASES.get(text.lower(), text.lower())
+
+    def _known(self, video_id: str, kind: str, where: str) -> bool:
+        if video_id not in self._videos:
+            self.reject(kind, where, f"unknown video_id: {_safe(video_id)!r} is not listed among the videos")
+        return video_id in self._videos
+
+    def _next(self, video_id: str) -> int:
+        self._numbers[video_id] += 1
+        return self._numbers[video_id] - 1
+
+
+def _add_record(
+    b: _Annotations, rec: Any, where: str, default_kind: str, id_keys: Sequence[str], path_key: str
+) -> None:
+    """One record of alpro/lavis/msrvtt: a caption (str or list) or a QA pair, plus its video."""
+    if not isinstance(rec, dict):
+        b.reject(default_kind, where, f"malformed record: expected a JSON object, got {type(rec).__name__}")
+        return
+    kind = "qa" if "question" in rec else "caption"
+    if kind == "caption" and "caption" not in rec:
+        b.reject(default_kind, where, "malformed record: no 'caption' or 'question' field")
+        return
+    rel_path = _clean(rec.get(path_key)) if path_key else None
+    video_id = next((_clean(rec[k]) for k in id_keys if _clean(rec.get(k))), None) or _id_from_path(rel_path)
+    if not video_id:
+        fields = ", ".join(k for k in (*id_keys, path_key) if k)
+        b.reject(kind, where, f"malformed record: no video id (fields {fields})")
+        return
+    if _bad_utf8(video_id) or (rel_path and _bad_utf8(rel_path)):
+        b.reject(kind, where, "invalid UTF-8: the video id or path is not valid UTF-8")
+        return
+    b.video(video_id, rel_path, rec.get("split"))
+    if kind == "qa":
+        b.qa(video_id, rec["question"], rec.get("answer"), rec.get("answer_type"), rec.get("split"), where)
+        return
+    captions = rec["caption"] if isinstance(rec["caption"], list) else [rec["caption"]]
+    for text in captions or [None]:  # an empty list is still one (empty) caption record
+        b.caption(video_id, text, rec.get("split"), where)
+
+
+def _read_alpro(source: str, cfg: IngestConfig) -> _Raw:
+    b = _Annotations("alpro", source, cfg)
+    records = list(_jsonl_records(storage.read_bytes(source)))
+    is_qa = any(isinstance(r, dict) and "question" in r for _, r, _ in records)
+    default_kind = "qa" if is_qa else "caption"
+    for line, rec, error in records:
+        if error:
+            b.reject(default_kind, f"line {line}", f"malformed record: {error}")
+        else:
+            _add_record(b, rec, f"line {line}", default_kind, ("clip_name", "video_id"), "")
+    return b.raw
+
+
+def _read_json(source: str, cfg: IngestConfig, fmt: str) -> _Raw:
+    data = _load_json(source)
+    _json_flavour(data, source)  # raises on a shape that is neither lavis nor msrvtt
+    b = _Annotations(fmt, source, cfg)
+    if isinstance(data, dict):  # official MSRVTT: {"videos": [...], "sentences": [...]}
+        for i, rec in enumerate(data["videos"]):
+            vid = _clean(rec.get("video_id")) if isinstance(rec, dict) else None
+            if vid and not _bad_utf8(vid):
+                b.video(vid, _clean(rec.get("video")), rec.get("split"))
+            else:
+                b.reject("video", f"videos[{i}]", "malformed record: no valid 'video_id'")
+        for i, rec in enumerate(data["sentences"]):
+            if isinstance(rec, dict) and _clean(rec.get("video_id")):
+                b.caption(_clean(rec["video_id"]), rec.get("caption"), None, f"sentences[{i}]")
+            else:
+                b.reject("caption", f"sentences[{i}]", "malformed record: no 'video_id'")
+        return b.raw
+    is_qa = any(isinstance(r, dict) and "question" in r for r in data)
+    id_keys, path_key = (("video_id",), "video") if fmt == "msrvtt" else ((), "video")
+    for i, rec in enumerate(data):
+        _add_record(b, rec, f"record {i}", "qa" if is_qa else "caption", id_keys, path_key)
+    return b.raw
+
+
+def _read_webvid(source: str, cfg: IngestConfig) -> _Raw:
+    b = _Annotations("webvid", source, cfg)
+    reader = csv.DictReader(io.StringIO(_decode(storage.read_bytes(source)).lstrip("\ufeff"), newline=""))
+    missing = {"videoid", "name"} - set(reader.fieldnames or [])
+    if missing:
+        raise ValueError(
+            f"{source}: WebVid csv needs columns videoid,name (has {reader.fieldnames}); missing {missing}"
+        )
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:
+            b.reject("caption", f"line {reader.line_num}", f"malformed record: {exc}")
+            continue
+        where = f"line {reader.line_num}"
+        vid, page_dir = _clean(row.get("videoid")), _clean(row.get("page_dir"))
+        if not vid or _bad_utf8(vid) or (page_dir and _bad_utf8(page_dir)):
+            b.reject("caption", where, "malformed record: no valid 'videoid'")
+            continue
+        b.video(vid, f"{page_dir}/{vid}{cfg.video_ext}" if page_dir else None, row.get("split"))
+        b.caption(vid, row.get("name"), row.get("split"), where)
+    return b.raw
+
+
+_READERS: dict[str, Callable[[str, IngestConfig], _Raw]] = {
+    "synth": _read_synth,
+    "alpro": _read_alpro,
+    "lavis": lambda source, cfg: _read_json(source, cfg, "lavis"),
+    "msrvtt": lambda source, cfg: _read_json(source, cfg, "msrvtt"),
+    "webvid": _read_webvid,
+}
+
+
+def _jsonl_records(data: bytes) -> Iterator[tuple[int, Any, str]]:
+    """``(line number, record, "")`` per non-blank line, or ``(line, None, error)`` when it is not JSON."""
+    for number, line in enumerate(data.split(b"\n"), 1):
+        text = _decode(line).strip().lstrip("\ufeff")
+        if not text:
+            continue
+        try:
+            yield number, json.loads(text), ""
+        except json.JSONDecodeError as exc:
+            yield number, None, f"not JSON: {exc}"
+
+
+def _load_json(source: str) -> Any:
+    try:
+        return json.loads(_decode(storage.read_bytes(source)).lstrip("\ufeff"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{source} is not a JSON file: {exc}; (one record per line? use a .jsonl name)") from exc
+
+
+def _json_flavour(data: Any, source: str) -> str:
+    if isinstance(data, dict) and isinstance(data.get("videos"), list) and isinstance(data.get("sentences"), list):
+        return "msrvtt"
+    if not isinstance(data, list):
+        raise ValueError(f"{source}: expected a JSON list of records (LAVIS/MSRVTT), got {type(data).__name__}")
+    first = next((r for r in data if isinstance(r, dict)), {})
+    return "msrvtt" if "video_id" in first else "lavis"
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def _validate(raw: _Raw, cfg: IngestConfig) -> None:
+    """Fill ``_reject`` on every row, cheapest checks first; probing runs only on survivors."""
+    winners = _check_videos(raw.videos)
+    _check_texts(raw.captions, winners, "caption_id", manifest.CAPTION_SCHEMA)
+    _check_texts(raw.qa, winners, "qa_id", manifest.QA_SCHEMA)
+    if cfg.require_text:
+        with_text = {r["video_id"] for r in raw.captions + raw.qa if r["_reject"] is None}
+        for vid, row in winners.items():
+            if row["_reject"] is None and vid not in with_text:
+                row["_reject"] = NO_TEXT
+    survivors = [row for row in raw.videos if row["_reject"] is None]
+    for row, (info, reason) in zip(survivors, _probe_all([r["path"] for r in survivors], cfg), strict=True):
+        row["_reject"] = reason or _duration_problem(row["media"], info, cfg)
+        row.update(info or {})
+    for row in raw.captions + raw.qa:
+        owner = winners.get(row["video_id"])
+        if row["_reject"] is None and owner is not None and owner["_reject"]:
+            row["_reject"] = f"video rejected: {owner['_reject']}"
+
+
+def _check_videos(videos: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Row problems and duplicates (first wins); returns ``video_id -> winning row``."""
+    winners: dict[str, dict[str, Any]] = {}
+    first_row: dict[str, int] = {}
+    for i, row in enumerate(videos):
+        vid = row["video_id"]
+        if row["_reject"]:
+            continue
+        if not vid:
+            row["_reject"] = "malformed record: empty video_id"
+        elif vid in winners:
+            row["_reject"] = f"duplicate video_id: first defined by row {first_row[vid]}"
+        else:
+            winners[vid], first_row[vid] = row, i
+            row["_reject"] = _video_row_problem(row)
+    return winners
+
+
+def _video_row_problem(row: dict[str, Any]) -> str | None:
+    path, media, split = row["path"], row["media"], row["split"]
+    name = posixpath.basename(path)
+    if not path:
+        return "malformed record: empty path"
+    if split not in manifest.SPLITS:
+        return f"unknown split: {_safe(split)!r} (expected one of {', '.join(manifest.SPLITS)})"
+    if media not in manifest.MEDIA:
+        return f"unknown media: {_safe(media)!r} (expected one of {', '.join(manifest.MEDIA)})"
+    if media == "image" and not video.is_image(path):
+        return f"media mismatch: media is 'image' but {name} has no image suffix {video.IMAGE_SUFFIXES}"
+    if media == "video" and video.is_image(path):
+        return f"media mismatch: media is 'video' but {name} is an image file"
+    return None
+
+
+def _check_texts(rows: list[dict[str, Any]], winners: dict[str, Any], id_field: str, schema: pa.Schema) -> None:
+    seen: set[str] = set()
+    text_fields = [n for n in ("caption", "question", "answer") if n in schema.names]
+    for row in rows:
+        bad = [n for n in schema.names if isinstance(row[n], str) and _bad_utf8(row[n])]
+        empty = [n for n in [id_field, "video_id", *text_fields] if not (row[n] or "").strip()]
+        if bad:
+            row["_reject"] = f"invalid UTF-8: {', '.join(bad)} not valid UTF-8 text"
+        elif empty:
+            row["_reject"] = f"empty {empty[0]}" if empty[0] in text_fields else f"malformed record: empty {empty[0]}"
+        elif row[id_field] in seen:
+            row["_reject"] = f"duplicate {id_field}: {row[id_field]!r} appeared before"
+        elif row["video_id"] not in winners:
+            row["_reject"] = f"unknown video_id: {row['video_id']!r} is not in {manifest.VIDEOS}"
+        elif row["split"] not in manifest.SPLITS:
+            row["_reject"] = f"unknown split: {row['split']!r} (expected one of {', '.join(manifest.SPLITS)})"
+        if not bad and row[id_field]:
+            seen.add(row[id_field])
+
+
+def _duration_problem(media: str, info: dict[str, Any] | None, cfg: IngestConfig) -> str | None:
+    if info is None or media != "video":
+        return None
+    duration = info["duration_s"]
+    if duration < cfg.min_duration_s:
+        return f"too short: {duration:.3f} s < ingest.min_duration_s={cfg.min_duration_s}"
+    if cfg.max_duration_s and duration > cfg.max_duration_s:
+        return f"too long: {duration:.3f} s > ingest.max_duration_s={cfg.max_duration_s}"
+    return None
+
+
+# --------------------------------------------------------------------------- probing
+
+
+def _probe_one(uri: str) -> tuple[dict[str, Any] | None, str]:
+    """Probe one video/image URI (runs in a worker): ``(measurements, "")`` or ``(None, reason)``."""
+    try:
+        with storage.local_copy(uri) as local:
+            try:
+                info = video.probe(local)
+            except video.VideoError as exc:
+                reason = str(exc)
+                return None, reason if local == uri else reason.replace(local, uri)
+            size = os.path.getsize(local)
+    except FileNotFoundError:
+        return None, f"missing file: {uri}"
+    except Exception as exc:  # a worker answers for every file, whatever the decoder or the store did
+        return None, f"probe failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+    fields = {"num_frames": info.num_frames, "fps": info.fps, "duration_s": info.duration_s}
+    return fields | {"width": info.width, "height": info.height, "size_bytes": size}, ""
+
+
+def _probe_all(uris: list[str], cfg: IngestConfig) -> list[tuple[dict[str, Any] | None, str]]:
+    """Probe ``uris`` with ``cfg.workers`` processes and a progress bar; results in input order."""
+    with tqdm(
+        total=len(uris), desc="ingest: probe", unit="file", mininterval=1.0, disable=not cfg.progress or not uris
+    ) as bar:
+        if cfg.workers <= 1 or len(uris) <= 1:
+            results = []
+            for uri in uris:
+                results.append(_probe_one(uri))
+                bar.update()
+            return results
+        return _run_pool(_probe_one, uris, cfg.workers, bar.update)
+
+
+def _run_pool(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, tick: Callable[[], Any]) -> list[Any]:
+    """``[fn(x) for x in items]`` in a process pool that survives workers killed by a decoder crash.
+
+    When the pool breaks, the earliest unfinished item is re-run alone in a fresh process (its
+    crash there becomes a ``probe crashed`` result) and a new pool takes the rest, so every break
+    settles at least one item and the loop ends.
+    """
+    results: dict[int, Any] = {}
+    pending = list(range(len(items)))
+    init = (storage.configure, (storage.current_config(),))  # workers use the step's object-store settings
+    while pending:
+        try:
+            with ProcessPoolExecutor(min(workers, len(pending)), initializer=init[0], initargs=init[1]) as pool:
+                for start in range(0, len(pending), _WINDOW):
+                    window = pending[start : start + _WINDOW]
+                    for i, result in zip(window, pool.map(fn, [items[i] for i in window]), strict=True):
+                        results[i] = result
+                        tick()
+            pending = []
+        except BrokenProcessPool:
+            pending = [i for i in pending if i not in results]
+            first = pending.pop(0)
+            results[first] = _run_alone(fn, items[first])
+            tick()
+    return [results[i] for i in range(len(items))]
+
+
+def _run_alone(fn: Callable[[Any], Any], item: Any) -> Any:
+    try:
+        with ProcessPoolExecutor(1, initializer=storage.configure, initargs=(storage.current_config(),)) as pool:
+            return pool.submit(fn, item).result()
+    except BrokenProcessPool:
+        return None, "probe crashed: the decoder killed its worker process"
+
+
+# --------------------------------------------------------------------------- outputs
+
+
+def _reject_row(kind: str, record_id: str, path: str, reason: str) -> dict[str, str]:
+    return {"stage": STAGE, "kind": kind, "record_id": _safe(record_id), "path": _safe(path), "reason": _safe(reason)}
+
+
+def _reject_rows(raw: _Raw) -> list[dict[str, str]]:
+    """Rejected videos, captions, QA (input order within each kind), then records that never became rows."""
+    first_path = {}
+    for row in raw.videos:
+        first_path.setdefault(row["video_id"], row["path"])
+    rows = [_reject_row("video", v["video_id"] or "", v["path"], v["_reject"]) for v in raw.videos if v["_reject"]]
+    for kind, items, id_field in (("caption", raw.captions, "caption_id"), ("qa", raw.qa, "qa_id")):
+        for r in items:
+            if r["_reject"]:
+                path = first_path.get(r["video_id"], raw.origin)
+                rows.append(_reject_row(kind, r[id_field] or "", path, r["_reject"]))
+    rows.extend(raw.rejects)
+    rows.sort(key=lambda r: KINDS.index(r["kind"]))  # stable: keeps input order within a kind
+    return rows
+
+
+def _tables(raw: _Raw) -> dict[str, pa.Table]:
+    def accepted(rows: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+        return manifest.from_rows([{k: r[k] for k in schema.names} for r in rows if r["_reject"] is None], schema)
+
+    return {
+        manifest.VIDEOS: accepted(raw.videos, manifest.VIDEO_SCHEMA),
+        manifest.CAPTIONS: accepted(raw.captions, manifest.CAPTION_SCHEMA),
+        manifest.QA: accepted(raw.qa, manifest.QA_SCHEMA),
+    }
+
+
+def _summary(raw: _Raw, tables: dict[str, pa.Table], rejects: list[dict[str, str]]) -> dict[str, Any]:
+    """Counts per kind; asserts that every record read is either written or rejected."""
+    rejected = Counter(r["kind"] for r in rejects)
+    summary: dict[str, Any] = {"format": raw.fmt, "source": raw.origin}
+    for kind, key, name in zip(KINDS, KINDS_SUMMARY, (manifest.VIDEOS, manifest.CAPTIONS, manifest.QA), strict=True):
+        counts = {"input": raw.inputs[kind], "accepted": tables[name].num_rows, "rejected": rejected[kind]}
+        assert counts["input"] == counts["accepted"] + counts["rejected"], f"ingest lost {kind} records: {counts}"
+        summary[key] = counts
+    summary["reject_reasons"] = dict(sorted(Counter(r["reason"].split(":", 1)[0] for r in rejects).items()))
+    return summary
+
+
+def _write(out: str, tables: dict[str, pa.Table], rejects: list[dict[str, str]], boxes: pa.Table | None) -> None:
+    schemas = {manifest.VIDEOS: manifest.VIDEO_SCHEMA, manifest.CAPTIONS: manifest.CAPTION_SCHEMA}
+    for name, table in tables.items():
+        manifest.write(out, name, table, schemas.get(name, manifest.QA_SCHEMA))
+    if boxes is None:
+        storage.delete(storage.join(out, manifest.BOXES))  # never leave a stale table from an earlier run
+    else:
+        keep = pc.is_in(boxes["video_id"], value_set=tables[manifest.VIDEOS]["video_id"].combine_chunks())
+        manifest.write(out, manifest.BOXES, boxes.filter(keep), manifest.BOX_SCHEMA)
+    manifest.write(out, manifest.REJECTS, manifest.from_rows(rejects, manifest.REJECT_SCHEMA), manifest.REJECT_SCHEMA)
+
+
+# --------------------------------------------------------------------------- text helpers
+
+
+def _decode(data: bytes) -> str:
+    """UTF-8 that never fails: undecodable bytes become lone surrogates, found later by :func:`_bad_utf8`."""
+    return data.decode("utf-8", errors="surrogateescape")
+
+
+def _bad_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _safe(text: Any) -> str:
+    """``text`` as writable UTF-8 (bad bytes shown as escapes), for reject rows."""
+    return str(text).encode("utf-8", errors="backslashreplace").decode("utf-8")
+
+
+def _clean(value: Any) -> str | None:
+    """A record field as stripped text (numbers become text; None, lists and dicts stay None)."""
+    if value is None or isinstance(value, (list, dict)):
+        return None
+    return str(value).strip()
+
+
+def _id_from_path(path: str | None) -> str | None:
+    if not path:
+        return None
+    if storage.is_s3(path) or path.startswith("/"):
+        path = posixpath.basename(path)
+    return posixpath.splitext(path)[0] or None
+
+
+def _parent(uri: str) -> str:
+    return uri.rsplit("/", 1)[0] if storage.is_s3(uri) else os.path.dirname(uri)

@@ -73,7 +73,7 @@ QA_SCHEMA = pa.schema(
         pa.field("qa_id", pa.string(), nullable=False),
         pa.field("question", pa.string(), nullable=False),
         pa.field("answer", pa.string(), nullable=False),
-        pa.field("answer_type", pa.string(), nullable=False),  # ANSWER_TYPES, or "other" for imports
+        pa.field("answer_type", pa.string(), nullable=False),  # synth: ANSWER_TYPES; imports: as given, else "other"
         pa.field("split", pa.string(), nullable=False),
     ]
 )
