@@ -9,6 +9,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from conftest import ACCESS_KEY, SECRET_KEY
 from vlp import storage
 
 
@@ -141,7 +142,7 @@ def test_failed_local_write_leaves_old_file_and_no_temp(tmp_path):
 def test_env_endpoint_is_used_when_config_is_empty(s3_bucket, s3_endpoint, monkeypatch):
     storage.write_bytes(f"{s3_bucket}/env.txt", b"via config")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "k")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
     storage.configure(storage.StorageConfig())
     assert storage.read_bytes(f"{s3_bucket}/env.txt") == b"via config"

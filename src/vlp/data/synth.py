@@ -83,8 +83,8 @@ DIRECTIONS: dict[str, tuple[float, float]] = {
     "down-right": (_D, _D),
 }
 DIRECTION_PHRASES: dict[str, tuple[str, ...]] = {
-    "left": ("to the left", "leftward", "towards the left"),
-    "right": ("to the right", "rightward", "towards the right"),
+    "left": ("to the left", "off to the left", "towards the left"),
+    "right": ("to the right", "off to the right", "towards the right"),
     "up": ("upward", "up", "towards the top"),
     "down": ("downward", "down", "towards the bottom"),
     "up-left": ("up and to the left", "diagonally up and left", "towards the upper left"),
