@@ -11,15 +11,16 @@ STAMP := $(VENV)/.installed
 
 # Main job knobs (override on the command line: make data OUT=s3://bucket/run1 N=200)
 OUT ?= runs/local
-N ?= 40
-SEED ?= 0
 CONFIG ?= configs/default.yaml
+N ?=
+SEED ?= 0
+SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
 .PHONY: help install test test-fast lint format data bench clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
-	@printf "\nVariables: OUT=$(OUT) N=$(N) SEED=$(SEED) CONFIG=$(CONFIG)\n"
+	@printf "\nVariables (make data): OUT=$(OUT) CONFIG=$(CONFIG) N=<clips, default from CONFIG> SEED=$(SEED)\n"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +44,7 @@ format: $(STAMP) ## Apply ruff fixes and formatting
 	$(VENV)/bin/ruff format src tests benchmarks
 
 data: $(STAMP) ## Main job: synth -> ingest -> extract-frames -> mine-entities into OUT (local dir or s3://)
-	$(VENV)/bin/vlp data synth --out $(OUT)/raw --num-videos $(N) --seed $(SEED) --config $(CONFIG)
+	$(VENV)/bin/vlp data synth --out $(OUT)/raw $(SYNTH_ARGS) --config $(CONFIG)
 	$(VENV)/bin/vlp ingest --source $(OUT)/raw --out $(OUT)/dataset --config $(CONFIG)
 	$(VENV)/bin/vlp extract-frames --dataset $(OUT)/dataset --out $(OUT)/frames --config $(CONFIG)
 	$(VENV)/bin/vlp mine-entities --dataset $(OUT)/dataset --out $(OUT)/entities --config $(CONFIG)
