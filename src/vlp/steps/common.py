@@ -16,14 +16,17 @@ StepResult = dict[str, Any]
 log = logging.getLogger("vlp")
 
 
-def run_step(name: str, out: str, cfg: Config, work: Callable[[], StepResult]) -> StepResult:
-    """Configure storage, run ``work``, write ``<out>/summary.json``; return the summary."""
+def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], StepResult]) -> StepResult:
+    """Configure storage, run ``work``, write ``<out>/summary.json``; return the summary.
+
+    The summary records the step's own config ``section`` (never ``storage``: it may hold keys).
+    """
     storage.configure(cfg.storage)
     start = time.perf_counter()
     log.info("%s -> %s", name, out)
     result = work()
     summary = {"step": name, "vlp_version": __version__, "out": out, **result}
     summary["seconds"] = round(time.perf_counter() - start, 3)
-    summary["config"] = {k: v for k, v in to_dict(cfg).items() if k != "storage"}
+    summary["config"] = {section: to_dict(getattr(cfg, section))}
     storage.write_text(storage.join(out, manifest.SUMMARY), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

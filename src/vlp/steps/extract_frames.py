@@ -8,4 +8,4 @@ from vlp.steps.common import StepResult, run_step
 
 
 def extract_frames(dataset: str, out: str, cfg: Config) -> StepResult:
-    return run_step("extract_frames", out, cfg, lambda: extract(dataset, out, cfg.frames))
+    return run_step("extract_frames", out, cfg, "frames", lambda: extract(dataset, out, cfg.frames))

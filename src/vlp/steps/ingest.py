@@ -8,4 +8,4 @@ from vlp.steps.common import StepResult, run_step
 
 
 def ingest(source: str, out: str, cfg: Config) -> StepResult:
-    return run_step("ingest", out, cfg, lambda: _ingest(source, out, cfg.ingest))
+    return run_step("ingest", out, cfg, "ingest", lambda: _ingest(source, out, cfg.ingest))

@@ -8,4 +8,4 @@ from vlp.steps.common import StepResult, run_step
 
 
 def mine_entities(dataset: str, out: str, cfg: Config) -> StepResult:
-    return run_step("mine_entities", out, cfg, lambda: mine(dataset, out, cfg.entities))
+    return run_step("mine_entities", out, cfg, "entities", lambda: mine(dataset, out, cfg.entities))

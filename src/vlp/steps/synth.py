@@ -8,4 +8,4 @@ from vlp.steps.common import StepResult, run_step
 
 
 def synth(out: str, cfg: Config) -> StepResult:
-    return run_step("synth", out, cfg, lambda: generate(out, cfg.synth))
+    return run_step("synth", out, cfg, "synth", lambda: generate(out, cfg.synth))
