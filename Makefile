@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast lint format data bench clean
+.PHONY: help install test test-fast test-s3 lint format data bench clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -34,6 +34,13 @@ test: $(STAMP) ## Run the test suite (installs first when needed)
 
 test-fast: $(STAMP) ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
+
+RGW_DIR ?= /tmp/vlp-rgw
+test-s3: $(STAMP) ## Rerun every S3 test against a real Ceph RGW (scripts/s3-server.sh installs + starts it)
+	@set -euo pipefail; \
+	eval "$$(scripts/s3-server.sh start $(RGW_DIR) 0)"; \
+	trap 'scripts/s3-server.sh stop $(RGW_DIR) >&2' EXIT; \
+	VLP_TEST_S3_ENDPOINT=$$AWS_ENDPOINT_URL $(PY) -m pytest -q -m s3
 
 lint: $(STAMP) ## ruff check + format check
 	$(VENV)/bin/ruff check src tests benchmarks

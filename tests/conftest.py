@@ -125,3 +125,11 @@ def mp4_factory(tmp_path: Path):
         return write_mp4(tmp_path / name, **kwargs)
 
     return make
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark every test that talks to the S3 server ``s3`` (``make test-s3`` reruns them on Ceph RGW)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if "s3_endpoint" in getattr(item, "fixturenames", ()) or params.get("root") == "s3":
+            item.add_marker(pytest.mark.s3)
