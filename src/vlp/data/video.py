@@ -143,7 +143,7 @@ def _read_pyav(path: str, indices: Sequence[int]) -> np.ndarray:
     got: dict[int, np.ndarray] = {}
     with av.open(path) as container:
         stream = container.streams.video[0]
-        stream.thread_type = "SLICE"
+        stream.thread_count = 1  # single-threaded, so worker processes scale
         for i, frame in enumerate(container.decode(stream)):
             if i in wanted:
                 got[i] = frame.to_ndarray(format="rgb24")
