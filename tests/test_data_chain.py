@@ -133,3 +133,16 @@ def test_bad_override_is_a_clear_error_exit_2(tmp_path, override):
     )
     assert proc.returncode == 2
     assert override.split("=")[0] in proc.stderr
+
+
+def test_missing_bucket_is_a_clear_storage_error(s3_env, s3_endpoint, tmp_path):
+    proc = subprocess.run(
+        [VLP, "data", "synth", "--out", "s3://no-such-bucket-vlp/x", "--num-videos", "1", "--config", TINY],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **s3_env},
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "storage error" in proc.stderr and "no-such-bucket-vlp" in proc.stderr
+    assert "Traceback" not in proc.stderr

@@ -106,12 +106,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     from vlp.config import ConfigError
     from vlp.data.manifest import ManifestError
+    from vlp.storage import StorageError
 
     try:
         summary = run(args)
     except (ConfigError, ManifestError, FileNotFoundError, ValueError) as exc:
         print(f"vlp {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except StorageError as exc:  # e.g. a missing bucket, bad credentials, an unreachable endpoint
+        if args.verbose:
+            logging.exception("storage error")
+        print(f"vlp {args.command}: storage error: {exc}", file=sys.stderr)
+        return 1
     summary.pop("config", None)
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
