@@ -89,6 +89,21 @@ def test_load_config_rejects_unknown_override_and_bad_file(tmp_path):
     bad.write_text("- just\n- a list\n")
     with pytest.raises(ConfigError, match="mapping"):
         load_config(bad)
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("frames: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken\.yaml: not valid YAML"):
+        load_config(broken)
+
+
+def test_cli_reports_a_broken_config_file_in_one_line(tmp_path, capsys):
+    from vlp.cli import main
+
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("frames: [1, 2\n")
+    args = ["extract-frames", "--dataset", str(tmp_path), "--out", str(tmp_path / "o"), "--config", str(broken)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "not valid YAML" in err and len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("name", ["tiny.yaml", "default.yaml"])

@@ -163,6 +163,8 @@ def test_corrupt_and_missing_videos_go_to_rejects_and_the_rest_is_stored(dataset
     assert [r["record_id"] for r in rejects] == ["bad_garbage", "bad_missing", "bad_truncated"]
     assert {r["stage"] for r in rejects} == {"extract_frames"} and all(r["reason"] for r in rejects)
     assert rejects[1]["reason"].startswith("missing file")
+    assert rejects[0]["reason"].startswith("sparse: ") and "; decord: " in rejects[0]["reason"]  # every decoder tried
+    assert len(rejects[0]["reason"]) <= 200
     store = FrameStore(out)
     assert store.video_ids == ["a", "b", "c", "d_img"]
     with pytest.raises(KeyError, match="bad_garbage"):
@@ -275,6 +277,15 @@ def test_bad_settings_are_rejected_up_front(dataset, tmp_path, field, value, mes
         extract(dataset, str(tmp_path / "frames"), FramesConfig(**{field: value}))
 
 
+def test_a_dataset_with_no_videos_gives_an_empty_index(tmp_path):
+    dataset = write_videos(str(tmp_path / "ds"), [])
+    out = str(tmp_path / "frames")
+    summary = extract(dataset, out, FramesConfig(**TINY))
+    assert (summary["videos"], summary["stored_frames"], summary["shards"], summary["rejected"]) == (0, 0, 0, 0)
+    assert len(FrameStore(out)) == 0
+    assert manifest.read(out, manifest.REJECTS, manifest.REJECT_SCHEMA).num_rows == 0
+
+
 def test_duplicate_video_ids_are_an_input_error(dataset, tmp_path):
     rows = manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA).to_pylist()
     write_videos(dataset, [*rows, rows[0]])
@@ -293,7 +304,8 @@ def test_sparse_decoder_needs_no_fallback_on_good_files(dataset, tmp_path, monke
     def no_fallback(*args, **kwargs):
         raise AssertionError("fallback decoder used")
 
-    monkeypatch.setattr(video, "read_frames", no_fallback)
+    for name in video.BACKENDS:  # the fallbacks decode_frames tries after read_sparse
+        monkeypatch.setitem(video.BACKENDS, name, no_fallback)
     assert extract(dataset, str(tmp_path / "frames"), FramesConfig(num_frames=4, **TINY))["rejected"] == 0
 
 

@@ -392,6 +392,27 @@ def test_webvid_csv_with_page_dirs_and_a_non_utf8_name(tmp_path, clip_bytes):
     assert summary["captions"] == {"input": 4, "accepted": 2, "rejected": 2}
 
 
+def test_an_auto_detected_json_file_is_read_once(tmp_path, clip_bytes, monkeypatch):
+    put(tmp_path / "video9.mp4", clip_bytes)
+    ann = put(tmp_path / "ann.json", json.dumps([{"video": "video9.mp4", "caption": "a cat sleeps"}]))
+    reads: list[str] = []
+    real_read = storage.read_bytes
+    monkeypatch.setattr(storage, "read_bytes", lambda uri: reads.append(str(uri)) or real_read(uri))
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+    assert summary["format"] == "lavis" and summary["captions"]["accepted"] == 1
+    assert reads.count(str(ann)) == 1
+
+
+def test_an_empty_dataset_gives_empty_tables(tmp_path):
+    from vlp.data.synth import SynthConfig, generate
+
+    generate(str(tmp_path / "raw"), SynthConfig(num_videos=0, workers=1))
+    summary = ingest(str(tmp_path / "raw"), str(tmp_path / "out"), CFG)
+    assert [summary[k] for k in ("videos", "captions", "qa")] == [{"input": 0, "accepted": 0, "rejected": 0}] * 3
+    assert read(tmp_path / "out", manifest.VIDEOS) == read(tmp_path / "out", manifest.REJECTS) == []
+    assert read(tmp_path / "out", manifest.BOXES) == []
+
+
 def test_bad_sources_and_config_are_clear_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         ingest(str(tmp_path / "nope"), str(tmp_path / "out"), CFG)
@@ -446,9 +467,9 @@ def test_ingest_from_and_to_s3(tmp_path, clip_bytes, s3_bucket):
     assert reasons["missing"] == f"missing file: {source}/videos/missing.mp4"
     assert reasons["zero"] == "empty file (0 bytes)"
     assert reasons["text"].startswith("not decodable:") and "/tmp/" not in reasons["text"]
-    before = storage.read_bytes(storage.join(out, manifest.REJECTS))
-    ingest(source, out, IngestConfig(workers=1, progress=False))
-    assert storage.read_bytes(storage.join(out, manifest.REJECTS)) == before
+    before = {name: storage.read_bytes(storage.join(out, name)) for name in (manifest.VIDEOS, manifest.REJECTS)}
+    ingest(source + "/", out + "/", IngestConfig(workers=1, progress=False))  # trailing slashes change nothing
+    assert {name: storage.read_bytes(storage.join(out, name)) for name in before} == before
 
 
 def _exit_on_crash(item: str) -> tuple[str | None, str]:

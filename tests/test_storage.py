@@ -146,3 +146,9 @@ def test_env_endpoint_is_used_when_config_is_empty(s3_bucket, s3_endpoint, monke
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
     storage.configure(storage.StorageConfig())
     assert storage.read_bytes(f"{s3_bucket}/env.txt") == b"via config"
+
+
+def test_a_missing_bucket_is_a_storage_error_not_a_botocore_traceback(s3_config):
+    for call in (storage.exists, storage.list_files, storage.delete):
+        with pytest.raises(storage.StorageError, match="no-such-bucket-vlp"):
+            call("s3://no-such-bucket-vlp/some/prefix")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from vlp.data.video import VideoError, probe, read_frames
+from vlp.data.video import VideoError, probe, read_frames, short_reason
 
 
 def grey_levels(frames: np.ndarray) -> list[int]:
@@ -72,3 +72,22 @@ def test_still_image_is_one_frame(tmp_path):
     info = probe(str(path))
     assert (info.num_frames, info.width, info.height, info.backend) == (1, 30, 20, "pil")
     assert read_frames(str(path), [0, 0]).shape == (2, 20, 30, 3)
+
+
+def test_a_file_no_backend_decodes_names_every_backend_tried(tmp_path):
+    path = tmp_path / "noise.mp4"
+    path.write_bytes(bytes(range(256)) * 16)
+    with pytest.raises(VideoError) as info:
+        read_frames(str(path), [0])
+    assert str(info.value).startswith("decord: ") and "; pyav: " in str(info.value)
+    with pytest.raises(VideoError, match=r"^pyav: "):
+        read_frames(str(path), [0], backend="pyav")
+    with pytest.raises(ValueError, match="unknown video backend 'opencv'"):
+        read_frames(str(path), [0], backend="opencv")
+
+
+def test_short_reason_is_one_bounded_line():
+    assert short_reason(RuntimeError("a\n  b\tc")) == "a b c"
+    assert short_reason(KeyError()) == "KeyError"
+    long = short_reason(ValueError("x" * 500), limit=50)
+    assert len(long) == 50 and long.endswith("...")

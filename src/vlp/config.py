@@ -51,7 +51,10 @@ def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -
     data: dict[str, Any] = {}
     if path is not None:
         text = Path(path).read_text(encoding="utf-8")
-        loaded = yaml.safe_load(text)
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
         data = loaded or {}

@@ -40,9 +40,9 @@ non-reference frames that are not wanted are discarded by the decoder unread (``
 and only wanted frames are converted to RGB (through one shared SwsContext). It returns the same
 pixels as decord (checked in the tests); in ``benchmarks/bench_extract.py`` (10 s, 30 fps clips) it
 used ~2x less CPU than decord ``get_batch``, which cost about as much as decoding every frame. When it
-fails on a file, decord then sequential PyAV are
-tried (:func:`vlp.data.video.read_frames`); a file all of them fail on becomes a reject. Decoders
-run single-threaded so that worker processes scale.
+fails on a file, decord then sequential PyAV are tried (:func:`decode_frames`, through
+:func:`vlp.data.video.read_with_fallbacks`); a file all of them fail on becomes a reject whose reason
+names each decoder's error. Decoders run single-threaded so that worker processes scale.
 """
 
 from __future__ import annotations
@@ -56,10 +56,8 @@ import io
 import itertools
 import json
 import logging
-import multiprocessing
 import os
 import re
-import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -269,7 +267,7 @@ def _run_shards(plans: list[_ShardPlan], out: str, cfg: FramesConfig) -> dict[st
     with contextlib.ExitStack() as stack:
         results: Iterator[_VideoResult] = map(fn, tasks)
         if workers > 1:
-            pool = stack.enter_context(_process_pool(workers))
+            pool = stack.enter_context(storage.process_pool(workers))  # fork: see storage.process_pool
             stack.callback(pool.shutdown, wait=True, cancel_futures=True)
             results = _OrderedMap(pool, fn, tasks, window=4 * workers)  # forks now, before tqdm starts a thread
         bar = stack.enter_context(
@@ -298,20 +296,6 @@ def _write_in_order(
         written[plan.name] = _write_shard(out, plan, got, cfg)
         log.debug("wrote %s", plan.name)
     return written
-
-
-def _process_pool(workers: int) -> cf.ProcessPoolExecutor:
-    """A pool of ``workers`` processes that use this process's storage settings.
-
-    ``fork`` on Linux: a worker starts in milliseconds, where ``spawn`` re-imports numpy, pyarrow, PyAV
-    and decord (~0.7 s CPU each - a third of the work of a 24-clip run). The parent holds no decoder
-    state and has started no threads of its own when the pool forks (see :func:`_run_shards`).
-    """
-    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    # Spawned workers need the storage settings passed on; storage has no public getter for them.
-    return cf.ProcessPoolExecutor(
-        workers, mp_context=ctx, initializer=storage.configure, initargs=(storage.current_config(),)
-    )
 
 
 class _OrderedMap:
@@ -415,25 +399,20 @@ def _extract_video(task: _VideoTask, cfg: FramesConfig) -> _VideoResult:
         with storage.local_copy(task.uri) as local:
             if not os.path.exists(local):
                 raise FileNotFoundError(local)
-            frames = _read_image(local) if task.media == "image" else decode_frames(local, indices, cfg.decoder)
+            frames = (
+                video.read_image(local)[None] if task.media == "image" else decode_frames(local, indices, cfg.decoder)
+            )
         rows = []
         for slot, (index, frame) in enumerate(zip(indices, frames, strict=True)):
             jpeg, width, height = encode_frame(frame, cfg.size, cfg.resize, cfg.jpeg_quality)
             rows.append((slot, index, index / fps if fps else 0.0, width, height, jpeg))
     except FileNotFoundError as exc:
-        return _VideoResult(task.video_id, reject=f"missing file: {_short(exc)}")
+        return _VideoResult(task.video_id, reject=f"missing file: {video.short_reason(exc, 200)}")
     except storage.StorageError:
         raise
     except Exception as exc:  # decord, PyAV and PIL raise many types; all mean "this file is bad"
-        return _VideoResult(task.video_id, reject=_short(exc))
+        return _VideoResult(task.video_id, reject=video.short_reason(exc, 200))
     return _VideoResult(task.video_id, rows=rows)
-
-
-def _read_image(path: str) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))[None]  # (1, H, W, 3)
 
 
 def encode_frame(frame: np.ndarray, size: int, resize: str, quality: int) -> tuple[bytes, int, int]:
@@ -464,15 +443,11 @@ def decode_frames(path: str, indices: Sequence[int], decoder: str = "sparse") ->
     ``decoder="sparse"`` tries :func:`read_sparse` first, then decord, then sequential PyAV;
     ``"decord"`` starts at decord; ``"pyav"`` uses sequential PyAV only.
     """
-    if decoder == "sparse":
-        try:
-            return read_sparse(path, indices)
-        except Exception as exc:
-            try:
-                return video.read_frames(path, indices, backend="auto")
-            except Exception as fallback_exc:
-                raise video.VideoError(f"sparse: {_short(exc)}; {_short(fallback_exc, 320)}") from fallback_exc
-    return video.read_frames(path, indices, backend="auto" if decoder == "decord" else "pyav")
+    readers = {"sparse": read_sparse, **video.BACKENDS}
+    return video.read_with_fallbacks(path, indices, [(name, readers[name]) for name in _DECODER_CHAINS[decoder]])
+
+
+_DECODER_CHAINS = {"sparse": ("sparse", "decord", "pyav"), "decord": ("decord", "pyav"), "pyav": ("pyav",)}
 
 
 # --------------------------------------------------------------------------- the sparse PyAV reader
@@ -570,11 +545,6 @@ def _decode_planned(
                 return got
     keep(codec.decode(None))  # flush the frames the decoder still holds back for reordering
     return got
-
-
-def _short(exc: BaseException, limit: int = 200) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 # --------------------------------------------------------------------------- reading the frames back

@@ -39,7 +39,6 @@ import os
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -116,11 +115,11 @@ def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
     out = _absolute(out)
     if not storage.exists(source):
         raise FileNotFoundError(f"ingest source {source} does not exist")
-    fmt = detect_format(source) if cfg.format == "auto" else cfg.format
-    if fmt == "synth" and source.rstrip("/") == out.rstrip("/"):
+    fmt, data = _detect(source) if cfg.format == "auto" else (cfg.format, None)
+    if fmt == "synth" and source == out:
         raise ValueError(f"ingest would overwrite its source {source}: pass a different --out")
     log.info("ingest: reading %s as %s", source, fmt)
-    raw = _READERS[fmt](source, cfg)
+    raw = _read_json(source, cfg, fmt, data) if fmt in ("lavis", "msrvtt") else _READERS[fmt](source, cfg)
     _validate(raw, cfg)
     rejects = _reject_rows(raw)
     tables = _tables(raw)
@@ -132,15 +131,21 @@ def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
 
 def detect_format(source: str) -> str:
     """The format ``auto`` resolves to for ``source`` (reads a ``.json`` file to tell lavis from msrvtt)."""
+    return _detect(source)[0]
+
+
+def _detect(source: str) -> tuple[str, Any]:
+    """``(format, parsed JSON)``; the JSON (``None`` for other formats) is kept so it is read only once."""
     if storage.exists(storage.join(source, manifest.VIDEOS)):
-        return "synth"
+        return "synth", None
     lower = source.lower()
     if lower.endswith(".jsonl"):
-        return "alpro"
+        return "alpro", None
     if lower.endswith(".csv"):
-        return "webvid"
+        return "webvid", None
     if lower.endswith(".json"):
-        return _json_flavour(_load_json(source), source)
+        data = _load_json(source)
+        return _json_flavour(data, source), data
     raise ValueError(
         f"cannot detect the format of {source}: expected a directory with {manifest.VIDEOS} or a "
         f".jsonl/.json/.csv annotation file; pass --format (one of {', '.join(FORMATS)})"
@@ -317,8 +322,10 @@ def _read_alpro(source: str, cfg: IngestConfig) -> _Raw:
     return b.raw
 
 
-def _read_json(source: str, cfg: IngestConfig, fmt: str) -> _Raw:
-    data = _load_json(source)
+def _read_json(source: str, cfg: IngestConfig, fmt: str, data: Any = None) -> _Raw:
+    """Read a lavis/msrvtt file (``data``: its parsed JSON when the caller has it already)."""
+    if data is None:
+        data = _load_json(source)
     _json_flavour(data, source)  # raises on a shape that is neither lavis nor msrvtt
     b = _Annotations(fmt, source, cfg)
     if isinstance(data, dict):  # official MSRVTT: {"videos": [...], "sentences": [...]}
@@ -370,10 +377,8 @@ def _read_webvid(source: str, cfg: IngestConfig) -> _Raw:
 _READERS: dict[str, Callable[[str, IngestConfig], _Raw]] = {
     "synth": _read_synth,
     "alpro": _read_alpro,
-    "lavis": lambda source, cfg: _read_json(source, cfg, "lavis"),
-    "msrvtt": lambda source, cfg: _read_json(source, cfg, "msrvtt"),
     "webvid": _read_webvid,
-}
+}  # lavis and msrvtt: _read_json
 
 
 def _jsonl_records(data: bytes) -> Iterator[tuple[int, Any, str]]:
@@ -508,7 +513,7 @@ def _probe_one(uri: str) -> tuple[dict[str, Any] | None, str]:
     except FileNotFoundError:
         return None, f"missing file: {uri}"
     except Exception as exc:  # a worker answers for every file, whatever the decoder or the store did
-        return None, f"probe failed: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+        return None, f"probe failed: {type(exc).__name__}: {video.short_reason(exc, 200)}"
     fields = {"num_frames": info.num_frames, "fps": info.fps, "duration_s": info.duration_s}
     return fields | {"width": info.width, "height": info.height, "size_bytes": size}, ""
 
@@ -536,10 +541,9 @@ def _run_pool(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, tick
     """
     results: dict[int, Any] = {}
     pending = list(range(len(items)))
-    init = (storage.configure, (storage.current_config(),))  # workers use the step's object-store settings
     while pending:
         try:
-            with ProcessPoolExecutor(min(workers, len(pending)), initializer=init[0], initargs=init[1]) as pool:
+            with storage.process_pool(min(workers, len(pending))) as pool:
                 for start in range(0, len(pending), _WINDOW):
                     window = pending[start : start + _WINDOW]
                     for i, result in zip(window, pool.map(fn, [items[i] for i in window]), strict=True):
@@ -556,7 +560,7 @@ def _run_pool(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, tick
 
 def _run_alone(fn: Callable[[Any], Any], item: Any) -> Any:
     try:
-        with ProcessPoolExecutor(1, initializer=storage.configure, initargs=(storage.current_config(),)) as pool:
+        with storage.process_pool(1) as pool:
             return pool.submit(fn, item).result()
     except BrokenProcessPool:
         return None, "probe crashed: the decoder killed its worker process"

@@ -1,13 +1,13 @@
 """Video probing and sparse frame reading: decord first, PyAV when decord fails on a file.
 
-Both functions take a *local* path (use :func:`vlp.storage.local_copy` for ``s3://``).
+Every function takes a *local* path (use :func:`vlp.storage.local_copy` for ``s3://``).
 Errors are :class:`VideoError` with a short reason that ends up in a rejects manifest.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -47,7 +47,9 @@ def probe(path: str) -> VideoInfo:
         try:
             return _probe_pyav(path)
         except Exception as av_exc:
-            raise VideoError(f"not decodable: decord: {_short(decord_exc)}; pyav: {_short(av_exc)}") from av_exc
+            raise VideoError(
+                f"not decodable: decord: {short_reason(decord_exc)}; pyav: {short_reason(av_exc)}"
+            ) from av_exc
 
 
 def read_frames(path: str, indices: Sequence[int], *, backend: str = "auto") -> np.ndarray:
@@ -57,21 +59,43 @@ def read_frames(path: str, indices: Sequence[int], *, backend: str = "auto") -> 
     """
     if not len(indices):
         raise ValueError("read_frames needs at least one frame index")
+    if backend not in _CHAINS:
+        raise ValueError(f"unknown video backend {backend!r}; use one of {list(_CHAINS)}")
     if is_image(path):
-        img = _read_image(path)
+        img = read_image(path)
         return np.stack([img for _ in indices])
-    if backend in ("auto", "decord"):
+    return read_with_fallbacks(path, indices, [(name, BACKENDS[name]) for name in _CHAINS[backend]])
+
+
+def read_with_fallbacks(path: str, indices: Sequence[int], readers: Sequence[tuple[str, Reader]]) -> np.ndarray:
+    """The frames from the first of ``readers`` (``(name, reader)`` pairs) that succeeds.
+
+    Raises:
+        VideoError: every reader failed; the message is ``"<name>: <reason>; <name>: <reason>..."``.
+    """
+    errors: list[str] = []
+    last: Exception | None = None
+    for name, reader in readers:
         try:
-            return _read_decord(path, indices)
-        except Exception as exc:
-            if backend == "decord":
-                raise VideoError(f"decord: {_short(exc)}") from exc
-            decord_error = exc
-    try:
-        return _read_pyav(path, indices)
-    except Exception as exc:
-        prefix = f"decord: {_short(decord_error)}; " if backend == "auto" else ""
-        raise VideoError(f"{prefix}pyav: {_short(exc)}") from exc
+            return reader(path, indices)
+        except Exception as exc:  # decord, PyAV and PIL raise many types; all mean "try the next one"
+            errors.append(f"{name}: {short_reason(exc)}")
+            last = exc
+    raise VideoError("; ".join(errors)) from last
+
+
+def short_reason(exc: BaseException, limit: int = 160) -> str:
+    """``exc`` as one line of at most ``limit`` characters (its type name when it has no message)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def read_image(path: str) -> np.ndarray:
+    """A still image as uint8 ``(H, W, 3)`` RGB."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        return np.asarray(img.convert("RGB"))
 
 
 # --------------------------------------------------------------------------- backends
@@ -111,17 +135,10 @@ def _probe_pyav(path: str) -> VideoInfo:
 
 def _probe_image(path: str) -> VideoInfo:
     try:
-        img = _read_image(path)
+        img = read_image(path)
     except Exception as exc:
-        raise VideoError(f"not a decodable image: {_short(exc)}") from exc
+        raise VideoError(f"not a decodable image: {short_reason(exc)}") from exc
     return VideoInfo(1, 0.0, 0.0, img.shape[1], img.shape[0], "pil")
-
-
-def _read_image(path: str) -> np.ndarray:
-    from PIL import Image
-
-    with Image.open(path) as img:
-        return np.asarray(img.convert("RGB"))
 
 
 def _read_decord(path: str, indices: Sequence[int]) -> np.ndarray:
@@ -139,7 +156,7 @@ def _read_pyav(path: str, indices: Sequence[int]) -> np.ndarray:
     """Sequential decode that converts only the wanted frames (PyAV seeks are not frame-exact)."""
     import av
 
-    wanted = sorted(set(int(i) for i in indices))
+    wanted = {int(i) for i in indices}
     got: dict[int, np.ndarray] = {}
     with av.open(path) as container:
         stream = container.streams.video[0]
@@ -149,12 +166,12 @@ def _read_pyav(path: str, indices: Sequence[int]) -> np.ndarray:
                 got[i] = frame.to_ndarray(format="rgb24")
                 if len(got) == len(wanted):
                     break
-    missing = [i for i in wanted if i not in got]
+    missing = sorted(wanted - got.keys())
     if missing:
         raise VideoError(f"frames {missing[:5]} not found (video has fewer frames)")
     return np.stack([got[int(i)] for i in indices])
 
 
-def _short(exc: BaseException, limit: int = 160) -> str:
-    text = " ".join(str(exc).split()) or type(exc).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+Reader = Callable[[str, Sequence[int]], np.ndarray]  # (local path, frame indices) -> (N, H, W, 3) uint8 RGB
+BACKENDS: dict[str, Reader] = {"decord": _read_decord, "pyav": _read_pyav}
+_CHAINS = {"auto": ("decord", "pyav"), "decord": ("decord",), "pyav": ("pyav",)}  # backend -> readers tried
