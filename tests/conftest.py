@@ -133,3 +133,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "s3_endpoint" in getattr(item, "fixturenames", ()) or params.get("root") == "s3":
             item.add_marker(pytest.mark.s3)
+
+
+@pytest.fixture(scope="session")
+def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The synthetic world at tests/../configs/tiny.yaml sizes, ingested and frame-extracted, built once.
+
+    Returns the URIs ``{"raw", "dataset", "frames"}`` (local directories; treat them as read-only).
+    """
+    from vlp.config import load_config
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest
+    from vlp.steps.synth import synth
+
+    root = tmp_path_factory.mktemp("tiny_world")
+    cfg = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    uris = {name: str(root / name) for name in ("raw", "dataset", "frames")}
+    synth(uris["raw"], cfg)
+    ingest(uris["raw"], uris["dataset"], cfg)
+    extract_frames(uris["dataset"], uris["frames"], cfg)
+    return uris

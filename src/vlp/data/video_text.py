@@ -1,0 +1,152 @@
+"""Training-time video-text pairs: stored frames -> sampled, augmented, normalised clip tensors.
+
+One item is one (clip, caption) pair of a split. Its randomness (which stored frames the ``rand`` /
+``headtail`` samplers pick, the augmentation) comes from a generator seeded by
+``(seed, epoch, index)``, so an item is the same whichever data-loader worker builds it and a resumed
+run sees exactly the batches it would have seen.
+
+Augmentation follows ALPRO's *temporally consistent* RandAugment (ALPRO code:
+``TemporalConsistentRandomAugment(N=2, M=5, ...)`` in ``src/datasets/randaugment.py``): the same ops
+with the same magnitudes are applied to every frame of a clip. We build it from timm's RandAugment
+and replay one seeded random state per frame. ALPRO's op list includes ``HorizontalFlip`` and our
+default leaves it out, like every colour-changing op: captions of the synthetic world (and of real
+data) say "to the left" and "red", which a flip or a hue shift would make false.
+
+Still images (``media == "image"``) are repeated into static clips, as ALPRO does with CC3M.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow.compute as pc
+import torch
+from PIL import Image
+
+from vlp.data import manifest
+from vlp.data.frames import FrameStore
+from vlp.data.sampling import MODES, sample_indices
+
+# ALPRO's op list without HorizontalFlip/Identity (timm has no Identity op; p=0.5 per op already
+# leaves some frames untouched). TranslateX/Y are timm's relative-translation ops.
+ALPRO_RANDAUG_OPS = (
+    "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate",
+)  # fmt: skip
+IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's ImageNet-21k ViT-B/16 (the paper's visual init)
+IMAGENET_INCEPTION_STD = (0.5, 0.5, 0.5)
+
+
+class ClipRandAugment:
+    """RandAugment with one random draw per clip, applied identically to every frame.
+
+    Args:
+        num_ops: ops per clip (ALPRO: N=2).
+        magnitude: op strength 0-10 (ALPRO: M=5).
+        ops: timm RandAugment op names.
+    """
+
+    def __init__(self, num_ops: int = 2, magnitude: int = 5, ops: Sequence[str] = ALPRO_RANDAUG_OPS) -> None:
+        from timm.data.auto_augment import rand_augment_transform
+
+        if num_ops < 1 or not 0 <= magnitude <= 10:
+            raise ValueError(f"RandAugment needs num_ops >= 1 and magnitude in 0..10, got {num_ops}, {magnitude}")
+        self.transform = rand_augment_transform(f"rand-m{magnitude}-n{num_ops}", transforms=list(ops))
+
+    def __call__(self, frames: Sequence[Image.Image], seed: int) -> list[Image.Image]:
+        """Augment ``frames`` (one clip) with the ops drawn from ``seed``; global RNG states are restored."""
+        py_state, np_state = random.getstate(), np.random.get_state()
+        try:
+            out = []
+            for frame in frames:
+                random.seed(seed)  # timm draws op probabilities/magnitudes from `random` ...
+                np.random.seed(seed % 2**32)  # ... and the op choice from numpy's global generator
+                out.append(self.transform(frame))
+            return out
+        finally:
+            random.setstate(py_state)
+            np.random.set_state(np_state)
+
+
+class VideoTextDataset(torch.utils.data.Dataset):
+    """(clip, caption) pairs of one split, read from an extract-frames output.
+
+    Args:
+        frames: the ``vlp extract-frames`` output (URI) or an open :class:`FrameStore`.
+        dataset: the ingested dataset directory (captions and videos manifests).
+        split: "train", "val" or "test".
+        num_frames: frames per clip given to the model (ALPRO: 4 in pre-training, 8/16 fine-tuning).
+        mode: temporal sampler over the stored frames: "rand", "uniform" or "headtail".
+        augment: a :class:`ClipRandAugment`, or None (evaluation).
+        mean, std: per-channel normalisation of pixel values in [0, 1].
+        seed: base seed of the per-item generators.
+    """
+
+    def __init__(
+        self,
+        frames: str | FrameStore,
+        dataset: str,
+        *,
+        split: str = "train",
+        num_frames: int = 4,
+        mode: str = "rand",
+        augment: ClipRandAugment | None = None,
+        mean: Sequence[float] = IMAGENET_INCEPTION_MEAN,
+        std: Sequence[float] = IMAGENET_INCEPTION_STD,
+        seed: int = 0,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"unknown sampling mode {mode!r}; use one of {list(MODES)}")
+        if num_frames < 1:
+            raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+        self.store = frames if isinstance(frames, FrameStore) else FrameStore(frames, cache_shards=64)
+        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
+        captions = captions.filter(pc.equal(captions["split"], split))
+        videos = manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA)
+        media = dict(zip(videos["video_id"].to_pylist(), videos["media"].to_pylist(), strict=True))
+        self.pairs = [
+            (row["video_id"], row["caption"])
+            for row in captions.to_pylist()
+            if row["video_id"] in self.store  # rejected by extract-frames -> no frames to train on
+        ]
+        if not self.pairs:
+            raise ValueError(f"no (clip, caption) pairs for split {split!r} in {dataset} with frames in {frames}")
+        self.media = media
+        self.num_frames, self.mode, self.augment, self.seed = num_frames, mode, augment, seed
+        self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        """Items of a new epoch draw new frames and augmentations (deterministically)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        video_id, caption = self.pairs[index]
+        rng = np.random.default_rng([self.seed, self.epoch, index])
+        if self.media.get(video_id) == "image":
+            slots = [0] * self.num_frames  # a still repeated into a static clip
+        else:
+            slots = sample_indices(self.store.info(video_id)["num_stored"], self.num_frames, self.mode, rng)
+        frames = self.store.load(video_id, slots)  # (T, H, W, 3) uint8
+        if self.augment is not None:
+            pil = self.augment([Image.fromarray(f) for f in frames], seed=int(rng.integers(2**31)))
+            frames = np.stack([np.asarray(p) for p in pil])
+        video = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)  # (T, 3, H, W)
+        video = (video - self.mean) / self.std
+        return {"video": video, "text": caption, "video_id": video_id, "index": index}
+
+
+def collate_video_text(items: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack clips to ``(B, T, 3, H, W)``; texts, ids and indices stay lists (tokenised by the model side)."""
+    return {
+        "video": torch.stack([it["video"] for it in items]),
+        "text": [it["text"] for it in items],
+        "video_id": [it["video_id"] for it in items],
+        "index": torch.tensor([it["index"] for it in items]),
+    }

@@ -1,0 +1,82 @@
+"""Training pairs from stored frames: sampling, temporally consistent augmentation, determinism."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+
+
+@pytest.fixture(scope="module")
+def train_set(tiny_world):
+    return VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="train", num_frames=4, mode="rand")
+
+
+def test_items_are_normalised_clips_with_their_caption(train_set, tiny_world):
+    item = train_set[0]
+    assert item["video"].shape == (4, 3, 32, 32) and item["video"].dtype == torch.float32
+    assert float(item["video"].min()) >= -1.0 and float(item["video"].max()) <= 1.0  # (x - 0.5) / 0.5
+    video_id, caption = train_set.pairs[0]
+    assert (item["video_id"], item["text"]) == (video_id, caption)
+    raw = train_set.store.load(video_id)  # (k, H, W, 3) uint8, all stored frames
+    as_pixels = ((item["video"] * 0.5 + 0.5) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).numpy()
+    for frame in as_pixels:  # every sampled frame is one of the stored frames (no augmentation here)
+        assert any(np.abs(frame.astype(int) - r.astype(int)).max() <= 1 for r in raw)
+
+
+def test_same_seed_epoch_index_gives_the_same_item_and_epochs_differ(tiny_world):
+    a = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=4, mode="rand", seed=7)
+    b = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=4, mode="rand", seed=7)
+    clips = [i for i, (v, _) in enumerate(a.pairs) if a.media[v] == "video"]
+    assert all(torch.equal(a[i]["video"], b[i]["video"]) for i in clips[:5])
+    first = [a[i]["video"] for i in clips]
+    a.set_epoch(1)
+    assert any(not torch.equal(x, a[i]["video"]) for x, i in zip(first, clips, strict=True)), "rand never resampled"
+
+
+def test_stills_repeat_into_static_clips(train_set):
+    i = next(i for i, (v, _) in enumerate(train_set.pairs) if train_set.media[v] == "image")
+    video = train_set[i]["video"]
+    assert all(torch.equal(video[0], video[t]) for t in range(1, 4))
+
+
+def test_augmentation_is_the_same_on_every_frame_and_restores_global_rng():
+    rng = np.random.default_rng(0)
+    frame = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
+    aug = ClipRandAugment(num_ops=2, magnitude=9)
+    random.seed(123)
+    np.random.seed(123)
+    expected_py, expected_np = random.random(), np.random.rand()
+    random.seed(123)
+    np.random.seed(123)
+    changed = 0
+    for seed in range(20):
+        out = [np.asarray(f) for f in aug([frame, frame, frame], seed=seed)]
+        assert all(np.array_equal(out[0], o) for o in out[1:]), "frames of one clip got different ops"
+        changed += not np.array_equal(out[0], np.asarray(frame))
+    assert changed >= 10, "RandAugment at magnitude 9 should change most clips"
+    assert (random.random(), np.random.rand()) == (expected_py, expected_np), "global RNG state leaked"
+
+
+def test_augmented_dataset_is_deterministic(tiny_world):
+    kw = dict(num_frames=4, mode="rand", augment=ClipRandAugment(), seed=3)
+    a = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
+    b = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
+    plain = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=4, mode="rand", seed=3)
+    assert all(torch.equal(a[i]["video"], b[i]["video"]) for i in range(6))
+    assert any(not torch.equal(a[i]["video"], plain[i]["video"]) for i in range(6)), "augmentation did nothing"
+
+
+def test_collate_and_errors(train_set, tiny_world):
+    batch = collate_video_text([train_set[0], train_set[1]])
+    assert batch["video"].shape == (2, 4, 3, 32, 32) and len(batch["text"]) == 2
+    assert batch["index"].tolist() == [0, 1]
+    with pytest.raises(ValueError, match="sampling mode"):
+        VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], mode="random")
+    with pytest.raises(ValueError, match="no \\(clip, caption\\) pairs"):
+        VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="nonexistent")
