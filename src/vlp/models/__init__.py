@@ -1,0 +1,1 @@
+"""Model families (ALPRO, ALBEF, TS2-Net); shared building blocks live in ``vlp.models.layers``."""
