@@ -1,0 +1,1 @@
+"""Training machinery: loop, optimiser/schedule, checkpoints and the distributed helpers."""

@@ -1,0 +1,430 @@
+"""Atomic, resumable training checkpoints that never need unpickling to load.
+
+A checkpoint is a directory ``<root>/step-000100/`` (local path or ``s3://`` URI) holding:
+
+``model.safetensors``        the model ``state_dict`` (parameters and persistent buffers).
+``optimizer.safetensors``    every tensor of the optimiser state (``state.<param id>.<key>``); the rest
+                             of ``optimizer.state_dict()`` (param groups, non-tensor state values) is
+                             JSON in the file's safetensors metadata under ``"structure"``.
+``rng-rank00000.safetensors`` one per rank: torch CPU (and current CUDA device) generator states (uint8);
+                             Python's ``random`` and NumPy's global state as JSON in the metadata.
+``state.json``               step, scheduler state, data position, world size, caller's ``extra``.
+
+Every file is written through :func:`vlp.storage.write_bytes` (atomic on both backends) and
+``state.json`` is written *last*: a directory counts as a checkpoint only when it has one, so a
+save interrupted half-way is invisible to :func:`latest_checkpoint`. Loading reads JSON and
+safetensors only (no ``torch.load``, no ``pickle``), so a checkpoint from an untrusted bucket
+cannot run code. Tuples survive the JSON round trip (encoded as ``{"__tuple__": [...]}``), so
+a restored optimiser state dict equals the saved one.
+
+Under DDP every rank calls :func:`save_rank_rng` for its own generator states, the ranks meet at
+a barrier, then rank 0 alone calls :func:`save_checkpoint` (model and optimiser are identical on
+every rank). The training loop in :mod:`vlp.train.loop` does exactly that.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+import struct
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as st_load
+from safetensors.torch import save as st_save
+from torch import Tensor, nn
+
+from vlp import storage
+
+FORMAT = "vlp-checkpoint-v1"
+STATE_FILE = "state.json"
+MODEL_FILE = "model.safetensors"
+OPTIM_FILE = "optimizer.safetensors"
+_STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, malformed or does not fit the objects it is loaded into."""
+
+
+@dataclass
+class RngState:
+    """Every global random generator a training step may draw from."""
+
+    python: Any  # random.getstate(): (version, tuple of 625 ints, gauss_next)
+    numpy: Any  # np.random.get_state(): ("MT19937", uint32 array (624,), pos, has_gauss, cached_gaussian)
+    torch_cpu: Tensor  # (N,) uint8
+    torch_cuda: list[Tensor] = field(default_factory=list)  # [] or [(N,) uint8] of the current CUDA device
+
+
+@dataclass
+class LoadedCheckpoint:
+    """What :func:`load_checkpoint` found besides the objects it restored in place."""
+
+    uri: str
+    step: int
+    data_state: Any
+    extra: dict[str, Any]
+    world_size: int
+
+
+def checkpoint_dir(root: str, step: int) -> str:
+    """``<root>/step-000123`` (zero-padded to 6 digits so names sort by step)."""
+    return storage.join(root, f"step-{step:06d}")
+
+
+def rng_file(rank: int) -> str:
+    """File name of rank ``rank``'s generator states inside a checkpoint directory."""
+    return f"rng-rank{rank:05d}.safetensors"
+
+
+# --------------------------------------------------------------------------- RNG
+
+
+def capture_rng_state() -> RngState:
+    """Snapshot Python's, NumPy's, torch's CPU and (when CUDA is in use) the current CUDA device's generators.
+
+    Only the current device is captured (under torchrun each rank drives ``cuda:local_rank``), and
+    only when CUDA is already initialised, so a CPU run never creates CUDA contexts.
+    """
+    cuda = [torch.cuda.get_rng_state()] if torch.cuda.is_available() and torch.cuda.is_initialized() else []
+    return RngState(random.getstate(), np.random.get_state(), torch.get_rng_state(), cuda)
+
+
+def restore_rng_state(state: RngState) -> None:
+    """Put every global generator back to ``state`` (the CUDA one into the current device, if any)."""
+    random.setstate(state.python)
+    np.random.set_state(state.numpy)
+    torch.set_rng_state(state.torch_cpu)
+    if state.torch_cuda:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state(state.torch_cuda[0])
+        else:
+            warnings.warn("the checkpoint holds a CUDA RNG state but CUDA is not available; not restored", stacklevel=2)
+
+
+def _encode_rng(state: RngState) -> bytes:
+    version, mt, gauss = state.python
+    name, keys, pos, has_gauss, cached = state.numpy
+    meta = {
+        "python": json.dumps([version, list(mt), gauss]),
+        "numpy": json.dumps([str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]),
+    }
+    tensors = {"torch_cpu": state.torch_cpu.cpu()} | {
+        f"torch_cuda.{i}": t.cpu() for i, t in enumerate(state.torch_cuda)
+    }
+    return st_save(tensors, metadata=meta)
+
+
+def _decode_rng(data: bytes, uri: str) -> RngState:
+    meta, tensors = _safetensors_metadata(data, uri), st_load(data)
+    version, mt, gauss = json.loads(meta["python"])
+    name, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
+    n_cuda = sum(k.startswith("torch_cuda.") for k in tensors)
+    return RngState(
+        python=(version, tuple(mt), gauss),
+        numpy=(name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached),
+        torch_cpu=tensors["torch_cpu"],
+        torch_cuda=[tensors[f"torch_cuda.{i}"] for i in range(n_cuda)],
+    )
+
+
+# --------------------------------------------------------------------------- JSON / safetensors helpers
+
+
+def _to_json(obj: Any, where: str) -> Any:
+    """JSON-able copy of ``obj``; tuples become ``{"__tuple__": [...]}``; anything else exotic is an error."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_to_json(v, where) for v in obj]}
+    if isinstance(obj, list):
+        return [_to_json(v, where) for v in obj]
+    if isinstance(obj, dict):
+        if not all(isinstance(k, str) for k in obj):
+            raise CheckpointError(f"{where}: dict keys must be strings to store as JSON, got {list(obj)[:5]}")
+        return {k: _to_json(v, where) for k, v in obj.items()}
+    if isinstance(obj, (np.integer, np.floating, np.bool_)):
+        return obj.item()
+    raise CheckpointError(f"{where}: cannot store a {type(obj).__name__} as JSON ({obj!r:.80})")
+
+
+def _from_json(obj: Any) -> Any:
+    if isinstance(obj, list):
+        return [_from_json(v) for v in obj]
+    if isinstance(obj, dict):
+        if set(obj) == {"__tuple__"}:
+            return tuple(_from_json(v) for v in obj["__tuple__"])
+        return {k: _from_json(v) for k, v in obj.items()}
+    return obj
+
+
+def _safetensors_metadata(data: bytes, uri: str) -> dict[str, str]:
+    """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, then JSON)."""
+    if len(data) < 8:
+        raise CheckpointError(f"{uri}: too short to be a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except ValueError as exc:
+        raise CheckpointError(f"{uri}: not a safetensors file ({exc})") from exc
+    return header.get("__metadata__", {})
+
+
+def _tensors_for_safetensors(state: dict[str, Any], where: str) -> dict[str, Tensor]:
+    """Detached CPU tensors; storages shared between entries (tied weights) or views are copied."""
+    out: dict[str, Tensor] = {}
+    seen: set[int] = set()
+    for name, t in state.items():
+        if not isinstance(t, Tensor):
+            raise CheckpointError(f"{where}: entry {name!r} is a {type(t).__name__}, not a tensor")
+        t = t.detach().cpu()
+        storage_ = t.untyped_storage()
+        ptr = storage_.data_ptr()
+        if ptr in seen or storage_.nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
+            t = t.contiguous().clone()
+        seen.add(ptr)
+        out[name] = t
+    return out
+
+
+# --------------------------------------------------------------------------- optimiser state
+
+
+def _encode_optimizer(state_dict: dict[str, Any]) -> bytes:
+    tensors: dict[str, Tensor] = {}
+    per_param = []
+    for pid, values in state_dict["state"].items():
+        entry: dict[str, Any] = {"id": int(pid), "tensors": {}, "values": {}}
+        for key, value in values.items():
+            if isinstance(value, Tensor):
+                name = f"state.{pid}.{key}"
+                tensors[name] = value
+                entry["tensors"][key] = name
+            else:
+                entry["values"][key] = value
+        per_param.append(entry)
+    structure = {"state": per_param, "param_groups": state_dict["param_groups"]}
+    meta = {"structure": json.dumps(_to_json(structure, "optimizer state"))}
+    return st_save(_tensors_for_safetensors(tensors, "optimizer state"), metadata=meta)
+
+
+def _decode_optimizer(data: bytes, uri: str) -> dict[str, Any]:
+    structure = _from_json(json.loads(_safetensors_metadata(data, uri)["structure"]))
+    tensors = st_load(data)
+    state: dict[int, dict[str, Any]] = {}
+    for entry in structure["state"]:
+        values = dict(entry["values"])
+        values.update({key: tensors[name] for key, name in entry["tensors"].items()})
+        state[entry["id"]] = values
+    return {"state": state, "param_groups": structure["param_groups"]}
+
+
+# --------------------------------------------------------------------------- save
+
+
+def _unwrap(model: nn.Module) -> nn.Module:
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def save_rank_rng(root: str, step: int, rank: int, rng_state: RngState | None = None) -> str:
+    """Write rank ``rank``'s generator states into the checkpoint directory of ``step``; returns the file URI."""
+    uri = storage.join(checkpoint_dir(root, step), rng_file(rank))
+    storage.write_bytes(uri, _encode_rng(rng_state if rng_state is not None else capture_rng_state()))
+    return uri
+
+
+def save_checkpoint(
+    root: str,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None,
+    rng_state: RngState | None = None,
+    data_state: Any = None,
+    extra: dict[str, Any] | None = None,
+    *,
+    world_size: int = 1,
+    keep_last: int | None = None,
+) -> str:
+    """Write the checkpoint of ``step`` under ``root`` (local or ``s3://``); ``state.json`` goes last.
+
+    Args:
+        root: Directory holding the ``step-NNNNNN/`` checkpoints.
+        step: Number of optimiser updates done.
+        model: The model (a DDP wrapper is unwrapped).
+        optimizer: Its optimiser, or None.
+        scheduler: Its LR scheduler, or None; the state must be JSON-able (true for LambdaLR over
+            :class:`vlp.train.optim.LinearWarmupDecay`).
+        rng_state: Rank 0's generator states; None captures them now.
+        data_state: JSON-able data position (e.g. ``ResumableSampler.state_dict()``).
+        extra: JSON-able caller data (config, metrics, ...).
+        world_size: Number of ranks whose ``rng-rank*`` files belong to this checkpoint (ranks > 0
+            write theirs with :func:`save_rank_rng` *before* this call).
+        keep_last: When set, delete all but the newest ``keep_last`` checkpoints afterwards.
+
+    Returns:
+        The checkpoint directory URI.
+    """
+    ckpt = checkpoint_dir(root, step)
+    state_dict = _unwrap(model).state_dict()
+    storage.write_bytes(storage.join(ckpt, MODEL_FILE), st_save(_tensors_for_safetensors(state_dict, "model")))
+    if optimizer is not None:
+        storage.write_bytes(storage.join(ckpt, OPTIM_FILE), _encode_optimizer(optimizer.state_dict()))
+    save_rank_rng(root, step, 0, rng_state)
+    state = {
+        "format": FORMAT,
+        "step": int(step),
+        "world_size": int(world_size),
+        "has_optimizer": optimizer is not None,
+        "scheduler": _to_json(scheduler.state_dict(), "scheduler state") if scheduler is not None else None,
+        "data": _to_json(data_state, "data state"),
+        "extra": _to_json(extra or {}, "extra"),
+    }
+    storage.write_text(storage.join(ckpt, STATE_FILE), json.dumps(state, indent=1))
+    if keep_last is not None:
+        prune_checkpoints(root, keep_last)
+    return ckpt
+
+
+# --------------------------------------------------------------------------- find / prune
+
+
+def _scan(root: str) -> dict[int, tuple[str, bool]]:
+    """``{step: (directory URI, complete)}`` for every ``step-N/`` directory directly under ``root``."""
+    root = str(root)
+    found: dict[int, tuple[str, bool]] = {}
+    prefix = root.rstrip("/") + "/"
+    for uri in storage.list_files(root):
+        rel = uri[len(prefix) :] if uri.startswith(prefix) else uri
+        parts = rel.split("/")
+        match = _STEP_DIR.match(parts[0]) if len(parts) == 2 else None
+        if match is None:
+            continue
+        step = int(match.group(1))
+        complete = found.get(step, ("", False))[1] or parts[1] == STATE_FILE
+        found[step] = (storage.join(root, parts[0]), complete)
+    return found
+
+
+def list_checkpoints(root: str) -> list[tuple[int, str]]:
+    """Complete checkpoints under ``root`` as ``(step, directory URI)``, oldest first."""
+    return sorted((step, uri) for step, (uri, complete) in _scan(root).items() if complete)
+
+
+def latest_checkpoint(root: str) -> str | None:
+    """URI of the newest *complete* checkpoint under ``root`` (one with ``state.json``), or None."""
+    found = list_checkpoints(root)
+    return found[-1][1] if found else None
+
+
+def _delete_dir(uri: str) -> None:
+    files = storage.list_files(uri)
+    state = [f for f in files if f.endswith("/" + STATE_FILE)]
+    for f in state + [f for f in files if f not in state]:  # state.json first: it stops counting at once
+        storage.delete(f)
+    if not storage.is_s3(uri):
+        shutil.rmtree(uri, ignore_errors=True)
+
+
+def prune_checkpoints(root: str, keep_last: int) -> list[str]:
+    """Delete all but the newest ``keep_last`` complete checkpoints, and incomplete ones older than them.
+
+    Returns:
+        The deleted directory URIs.
+    """
+    if keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1, got {keep_last}")
+    scanned = _scan(root)
+    complete = sorted(step for step, (_, ok) in scanned.items() if ok)
+    if not complete:
+        return []
+    kept = set(complete[-keep_last:])
+    oldest_kept = min(kept)
+    doomed = [uri for step, (uri, ok) in sorted(scanned.items()) if step not in kept and (ok or step < oldest_kept)]
+    for uri in doomed:
+        _delete_dir(uri)
+    return doomed
+
+
+# --------------------------------------------------------------------------- load
+
+
+def read_state(uri: str) -> dict[str, Any]:
+    """The parsed ``state.json`` of checkpoint directory ``uri``."""
+    try:
+        state = json.loads(storage.read_text(storage.join(uri, STATE_FILE)))
+    except FileNotFoundError as exc:
+        raise CheckpointError(f"{uri} is not a complete checkpoint (no {STATE_FILE})") from exc
+    if state.get("format") != FORMAT:
+        raise CheckpointError(f"{uri}: unknown checkpoint format {state.get('format')!r}, expected {FORMAT!r}")
+    return state
+
+
+def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> None:
+    """Load only the model weights of checkpoint directory ``uri`` (e.g. for evaluation or fine-tuning)."""
+    tensors = st_load(storage.read_bytes(storage.join(uri, MODEL_FILE)))
+    try:
+        _unwrap(model).load_state_dict(tensors, strict=strict)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
+
+
+def load_checkpoint(
+    uri: str,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
+    *,
+    rank: int = 0,
+    restore_rng: bool = True,
+) -> LoadedCheckpoint:
+    """Restore model, optimiser, scheduler and this rank's RNG from checkpoint directory ``uri``.
+
+    Only JSON and safetensors are read; nothing is unpickled. When the checkpoint has no RNG file
+    for ``rank`` (it was written by fewer ranks), rank 0's states are used and a warning is issued:
+    the run continues, but not bit-exactly.
+
+    Args:
+        uri: A checkpoint directory (see :func:`latest_checkpoint`).
+        model: Receives the weights (strict: every key must match; a DDP wrapper is unwrapped).
+        optimizer: Receives the optimiser state when given (same parameter groups as at save time).
+        scheduler: Receives the scheduler state when given.
+        rank: Whose ``rng-rank*`` file to restore.
+        restore_rng: Set the global generators (False: leave them, e.g. for evaluation).
+
+    Returns:
+        The step, data position and ``extra`` recorded at save time.
+
+    Raises:
+        CheckpointError: if ``uri`` is not a complete checkpoint or does not fit the objects.
+    """
+    state = read_state(uri)
+    load_model_weights(uri, model)
+    if optimizer is not None:
+        if not state.get("has_optimizer", True):
+            raise CheckpointError(f"{uri} holds no optimiser state")
+        try:
+            optimizer.load_state_dict(_decode_optimizer(storage.read_bytes(storage.join(uri, OPTIM_FILE)), uri))
+        except ValueError as exc:
+            raise CheckpointError(f"{uri}: optimiser state does not fit: {exc}") from exc
+    if scheduler is not None and state["scheduler"] is not None:
+        scheduler.load_state_dict(_from_json(state["scheduler"]))
+    if restore_rng:
+        restore_rng_state(_load_rng(uri, rank, int(state["world_size"])))
+    return LoadedCheckpoint(
+        uri, int(state["step"]), _from_json(state["data"]), _from_json(state["extra"]), state["world_size"]
+    )
+
+
+def _load_rng(uri: str, rank: int, world_size: int) -> RngState:
+    if rank >= world_size:
+        warnings.warn(f"{uri} was written by {world_size} rank(s); rank {rank} resumes with rank 0's RNG", stacklevel=3)
+        rank = 0
+    file_uri = storage.join(uri, rng_file(rank))
+    return _decode_rng(storage.read_bytes(file_uri), file_uri)

@@ -1,0 +1,487 @@
+"""The one training loop every model of vlp uses: generic over a model, a step function and a data source.
+
+``train(model, step_fn, data, cfg, optim_cfg)`` runs ``cfg.max_steps`` optimiser updates. Each update
+draws ``cfg.grad_accum`` micro-batches from ``data``, calls ``step_fn(model, batch)`` (which returns a
+mapping of named scalars that must include ``"loss"``), back-propagates ``loss / grad_accum``, clips
+the global gradient norm, steps AdamW and the LR schedule (:mod:`vlp.train.optim`). It checkpoints
+every ``cfg.ckpt_every`` updates and at the end (:mod:`vlp.train.checkpoint`) and, with
+``resume=True``, continues bit-exactly from the newest checkpoint in ``<out_dir>/checkpoints``:
+model, optimiser, schedule, every global RNG and the data position.
+
+Contract for ``step_fn``
+    * it must run the model through ``model(...)`` (the forward of the possibly DDP-wrapped module),
+      or DDP does not synchronise gradients; use :func:`unwrap` for other methods;
+    * only ``"loss"`` is differentiated; every entry (e.g. ``"loss_vtc"``, ``"temp"``) is logged as
+      ``train/<name>``, averaged over the micro-batches and steps since the last log and over ranks;
+    * ``loss`` should be a mean over the micro-batch: then ``k`` equal micro-batches accumulate to the
+      gradient of one ``k`` times larger batch.
+
+Contract for ``data``
+    An iterable of batches; iterating it again starts the next epoch. For exact resume it also has
+    ``state_dict()`` / ``load_state_dict()`` whose state is the position of the batches *handed out*
+    (:class:`SamplerBatches` over a :class:`ResumableSampler` does this). A prefetching loader must
+    report the consumer's position, not its workers'.
+
+Distributed: under ``torchrun`` (after :func:`vlp.train.distributed.init_from_env`) the model is wrapped
+in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over ranks and only rank 0
+logs, shows progress and writes model/optimiser (every rank writes its own RNG file). bf16 autocast
+is used on CUDA only (``cfg.bf16``); on CPU the flag is ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import random
+import resource
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from vlp import storage
+from vlp.train import distributed
+from vlp.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_rank_rng
+from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+
+StepFn = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
+
+
+# --------------------------------------------------------------------------- data position
+
+
+class ResumableSampler:
+    """Indices ``0..num_items-1`` in an epoch-seeded order, sharded over ranks, with a resumable position.
+
+    Epoch ``e``'s order is ``numpy.random.default_rng([seed, e]).permutation(num_items)`` (or
+    ``arange`` without shuffling): it depends only on ``(seed, e)``, never on global RNG state. With
+    ``world_size > 1`` the order is padded by wrapping around (or truncated with ``drop_last``) to a
+    multiple of ``world_size`` and rank ``r`` takes every ``world_size``-th index from ``r``, like
+    ``torch.utils.data.DistributedSampler``. Iterating yields the rest of the current epoch from
+    ``position`` and then moves to the next epoch; ``state_dict()`` at any moment describes exactly
+    the indices handed out so far.
+    """
+
+    def __init__(
+        self,
+        num_items: int,
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        rank: int | None = None,
+        world_size: int | None = None,
+        drop_last: bool = False,
+    ) -> None:
+        if num_items < 1:
+            raise ValueError(f"ResumableSampler needs num_items >= 1, got {num_items}")
+        self.num_items, self.seed, self.shuffle, self.drop_last = num_items, seed, shuffle, drop_last
+        self.rank = distributed.rank() if rank is None else rank
+        self.world_size = distributed.world_size() if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} is outside world_size {self.world_size}")
+        if drop_last and num_items < self.world_size:
+            raise ValueError(f"drop_last with {num_items} items and {self.world_size} ranks leaves every rank empty")
+        self.epoch, self.position = 0, 0
+
+    def __len__(self) -> int:
+        """Indices per rank per epoch."""
+        if self.drop_last:
+            return self.num_items // self.world_size
+        return math.ceil(self.num_items / self.world_size)
+
+    def epoch_indices(self, epoch: int) -> np.ndarray:
+        """This rank's indices for ``epoch``, in order: ``(len(self),)`` int64."""
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_items) if self.shuffle else None
+        order = np.arange(self.num_items) if order is None else order
+        total = len(self) * self.world_size
+        order = np.resize(order, total)  # wraps around when padding, truncates with drop_last
+        return order[self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        indices = self.epoch_indices(self.epoch)
+        while self.position < len(indices):
+            index = int(indices[self.position])
+            self.position += 1  # before the yield: the state counts what has been handed out
+            yield index
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def state_dict(self) -> dict[str, int]:
+        """JSON-able position: epoch, index within the epoch, and what it is valid for."""
+        return {
+            "epoch": self.epoch,
+            "position": self.position,
+            "seed": self.seed,
+            "num_items": self.num_items,
+            "world_size": self.world_size,
+        }
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        """Continue from ``state``. A different world size is mapped by items consumed (with a warning).
+
+        Raises:
+            ValueError: if ``state`` was recorded for another ``seed`` or ``num_items`` (the data changed).
+        """
+        if state["seed"] != self.seed or state["num_items"] != self.num_items:
+            raise ValueError(
+                f"sampler state is for seed={state['seed']}, num_items={state['num_items']} but this sampler has "
+                f"seed={self.seed}, num_items={self.num_items}; resume with the same data and seed"
+            )
+        position = int(state["position"])
+        if state["world_size"] != self.world_size:
+            warnings.warn(
+                f"resuming a sampler of world_size {state['world_size']} with {self.world_size}: position mapped "
+                "by items consumed, the sample order is not exact",
+                stacklevel=2,
+            )
+            position = min(len(self), position * int(state["world_size"]) // self.world_size)
+        self.epoch, self.position = int(state["epoch"]), position
+
+
+class SamplerBatches:
+    """Batches of ``fetch(indices)`` over a :class:`ResumableSampler`; its state is the sampler's.
+
+    Batches never straddle epochs; with ``drop_last`` the short tail of an epoch is skipped.
+    """
+
+    def __init__(
+        self, sampler: ResumableSampler, fetch: Callable[[list[int]], Any], batch_size: int, *, drop_last: bool = True
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.sampler, self.fetch, self.batch_size, self.drop_last = sampler, fetch, batch_size, drop_last
+
+    def __iter__(self) -> Iterator[Any]:
+        buf: list[int] = []
+        for index in self.sampler:
+            buf.append(index)
+            if len(buf) == self.batch_size:
+                yield self.fetch(buf)
+                buf = []
+        if buf and not self.drop_last:
+            yield self.fetch(buf)
+
+    def state_dict(self) -> dict[str, int]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, int]) -> None:
+        self.sampler.load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- metrics
+
+
+class MetricsLogger(Protocol):
+    """Where training metrics go (a JSONL file now; MLflow implements the same two methods)."""
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None: ...
+
+    def log_params(self, params: dict[str, Any]) -> None: ...
+
+
+class JsonlMetricsLogger:
+    """One JSON object per line: ``{"step": s, "train/loss": ...}`` or ``{"params": {...}}``.
+
+    Local files are appended to; on ``s3://`` (no appends) the whole file is rewritten atomically on
+    every call, which is fine for the few thousand lines of a run. After a resume, the steps between
+    the last checkpoint and the interruption appear twice; readers keep the last line of a step.
+    """
+
+    def __init__(self, uri: str) -> None:
+        self.uri = str(uri)
+        self._lines: list[str] = []
+        if storage.is_s3(self.uri) and storage.exists(self.uri):
+            self._lines = storage.read_text(self.uri).splitlines()
+
+    def _write(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True)
+        if storage.is_s3(self.uri):
+            self._lines.append(line)
+            storage.write_text(self.uri, "\n".join(self._lines) + "\n")
+            return
+        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        with open(self.uri, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self._write({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self._write({"params": json.loads(json.dumps(params, default=str))})
+
+
+# --------------------------------------------------------------------------- config and result
+
+
+@dataclass
+class TrainConfig:
+    """How long to train, how often to log and checkpoint, and where to write."""
+
+    out_dir: str = ""  # local path or s3:// URI; checkpoints go to <out_dir>/checkpoints
+    max_steps: int = 1000  # optimiser updates of the whole run (the LR schedule spans them)
+    grad_accum: int = 1  # micro-batches per update
+    log_every: int = 10  # updates between metric logs (the last update is always logged)
+    ckpt_every: int = 0  # updates between checkpoints; 0: only at the end
+    keep_last: int = 2  # complete checkpoints kept
+    seed: int = 0  # global RNGs are seeded with seed + rank at start
+    bf16: bool = True  # bf16 autocast; CUDA only, ignored on CPU
+    grad_checkpointing: bool = False  # asks the model (timm set_grad_checkpointing / HF gradient_checkpointing_enable)
+    progress: bool = True  # tqdm bar on rank 0
+
+    def __post_init__(self) -> None:
+        if not self.out_dir:
+            raise ValueError("TrainConfig.out_dir is required (a local directory or an s3:// URI)")
+        for name in ("max_steps", "grad_accum", "log_every", "keep_last"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
+        if self.ckpt_every < 0:
+            raise ValueError(f"TrainConfig.ckpt_every must be >= 0 (0 = only at the end), got {self.ckpt_every}")
+
+
+@dataclass
+class TrainResult:
+    """What a call of :func:`train` did."""
+
+    step: int  # optimiser updates done in total (== max_steps unless interrupted)
+    start_step: int  # where this call started (> 0 after a resume)
+    resumed_from: str | None  # checkpoint URI resumed from
+    checkpoint: str | None  # last checkpoint written
+    last_metrics: dict[str, float] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The module inside a DDP wrapper (or ``model`` itself)."""
+    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's (CPU and CUDA) global generators."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def move_to_device(batch: Any, device: torch.device) -> Any:
+    """``batch`` with every tensor (inside dicts, lists, tuples, dataclasses) moved to ``device``."""
+    if isinstance(batch, Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, Mapping):
+        return {k: move_to_device(v, device) for k, v in batch.items()}
+    if isinstance(batch, tuple) and hasattr(batch, "_fields"):  # namedtuple
+        return type(batch)(*(move_to_device(v, device) for v in batch))
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(move_to_device(v, device) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return dataclasses.replace(
+            batch,
+            **{f.name: move_to_device(getattr(batch, f.name), device) for f in dataclasses.fields(batch) if f.init},
+        )
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """Leading dimension of the first tensor found in ``batch`` (0 when there is none): the clip count."""
+    if isinstance(batch, Tensor):
+        return int(batch.shape[0]) if batch.ndim else 1
+    values: Any = ()
+    if isinstance(batch, Mapping):
+        values = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        values = batch
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        values = [getattr(batch, f.name) for f in dataclasses.fields(batch)]
+    for value in values:
+        n = batch_size_of(value)
+        if n:
+            return n
+    return 0
+
+
+def _memory_metrics(device: torch.device) -> dict[str, float]:
+    if device.type == "cuda":
+        return {"train/peak_mem_mb": torch.cuda.max_memory_allocated(device) / 2**20}
+    return {"train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
+
+
+def _enable_grad_checkpointing(model: nn.Module) -> None:
+    for name in ("set_grad_checkpointing", "gradient_checkpointing_enable"):
+        method = getattr(model, name, None)
+        if callable(method):
+            method()
+            return
+    warnings.warn(
+        f"grad_checkpointing requested but {type(model).__name__} has neither set_grad_checkpointing() nor "
+        "gradient_checkpointing_enable(); training without it",
+        stacklevel=3,
+    )
+
+
+# --------------------------------------------------------------------------- the loop
+
+
+class _Run:
+    """State of one :func:`train` call; each method is one phase of an update."""
+
+    def __init__(self, model: nn.Module, step_fn: StepFn, data: Any, cfg: TrainConfig, optim_cfg: OptimConfig) -> None:
+        self.model, self.step_fn, self.data, self.cfg, self.optim_cfg = model, step_fn, data, cfg, optim_cfg
+        self.rank, self.world = distributed.rank(), distributed.world_size()
+        self.device = next(model.parameters()).device
+        self.autocast = cfg.bf16 and self.device.type == "cuda"
+        self.optimizer = build_optimizer(model, optim_cfg)
+        self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
+        self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
+        self.step, self.iterator, self.last_lr = 0, None, float("nan")
+        self.sums: dict[str, Tensor] = {}
+        self.window_micro, self.window_clips, self.window_start = 0, 0, time.perf_counter()
+
+    def resume(self) -> str | None:
+        """Load the newest checkpoint (all ranks), if any; returns its URI."""
+        uri = latest_checkpoint(self.ckpt_root)
+        if uri is None:
+            return None
+        loaded = load_checkpoint(uri, self.model, self.optimizer, self.scheduler, rank=self.rank)
+        if loaded.data_state is not None:
+            if not hasattr(self.data, "load_state_dict"):
+                raise ValueError(f"{uri} records a data position but the data source has no load_state_dict()")
+            self.data.load_state_dict(loaded.data_state)
+        elif hasattr(self.data, "load_state_dict"):
+            warnings.warn(f"{uri} has no data position; the data restarts from its current state", stacklevel=3)
+        self.step = loaded.step
+        return uri
+
+    def next_batch(self) -> Any:
+        """Next batch; a finished pass over ``data`` starts the next epoch."""
+        for _ in range(2):
+            if self.iterator is None:
+                self.iterator = iter(self.data)
+            try:
+                return next(self.iterator)
+            except StopIteration:
+                self.iterator = None
+        raise ValueError("the data source yielded no batch for a whole epoch (empty dataset, or batch > dataset?)")
+
+    def update(self, ddp_model: nn.Module) -> Tensor:
+        """One optimiser update over ``grad_accum`` micro-batches; returns the pre-clip gradient norm."""
+        accum = self.cfg.grad_accum
+        for micro in range(accum):
+            batch = move_to_device(self.next_batch(), self.device)
+            self.window_clips += batch_size_of(batch)
+            sync = micro == accum - 1 or not isinstance(ddp_model, nn.parallel.DistributedDataParallel)
+            with contextlib.nullcontext() if sync else ddp_model.no_sync():
+                with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
+                    outputs = self.step_fn(ddp_model, batch)
+                if "loss" not in outputs:
+                    raise KeyError(f"step_fn must return a 'loss' entry; it returned {sorted(outputs)}")
+                (outputs["loss"] / accum).backward()
+            for key, value in outputs.items():
+                value = torch.as_tensor(value).detach().to(self.device, torch.float64)  # exact sums for logging
+                self.sums[key] = self.sums.get(key, 0) + value
+            self.window_micro += 1
+        grad_norm = clip_gradients(self.model.parameters(), self.optim_cfg.grad_clip)
+        self.last_lr = self.scheduler.get_last_lr()[0]  # the lr this update uses
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        return grad_norm
+
+    def metrics(self, grad_norm: Tensor) -> dict[str, float]:
+        """Window averages (over micro-batches and ranks), lr, grad norm, clips/s, memory; resets the window."""
+        means = {f"train/{k}": distributed.all_reduce_mean(v / self.window_micro).item() for k, v in self.sums.items()}
+        if not math.isfinite(means["train/loss"]):
+            raise FloatingPointError(f"non-finite training loss {means['train/loss']} at step {self.step}")
+        elapsed = max(time.perf_counter() - self.window_start, 1e-9)
+        means |= {
+            "train/lr": self.last_lr,
+            "train/grad_norm": float(grad_norm),
+            "train/clips_per_s": self.window_clips * self.world / elapsed,
+        } | _memory_metrics(self.device)
+        self.sums, self.window_micro, self.window_clips, self.window_start = {}, 0, 0, time.perf_counter()
+        return means
+
+    def checkpoint(self) -> str:
+        """Every rank saves its RNG, then rank 0 the rest (``state.json`` last)."""
+        if self.rank != 0:
+            save_rank_rng(self.ckpt_root, self.step, self.rank)
+        distributed.barrier()
+        data_state = self.data.state_dict() if hasattr(self.data, "state_dict") else None
+        extra = {"train_config": dataclasses.asdict(self.cfg), "optim_config": dataclasses.asdict(self.optim_cfg)}
+        uri = ""
+        if self.rank == 0:
+            uri = save_checkpoint(
+                self.ckpt_root, self.step, self.model, self.optimizer, self.scheduler, None, data_state, extra,
+                world_size=self.world, keep_last=self.cfg.keep_last,
+            )  # fmt: skip
+        distributed.barrier()
+        return uri
+
+
+def train(
+    model: nn.Module,
+    step_fn: StepFn,
+    data: Any,
+    cfg: TrainConfig,
+    optim_cfg: OptimConfig | None = None,
+    *,
+    metrics_logger: MetricsLogger | None = None,
+    resume: bool = True,
+) -> TrainResult:
+    """Train ``model`` for ``cfg.max_steps`` optimiser updates (see the module docstring for the contracts).
+
+    Args:
+        model: The unwrapped model, already on its device (``cuda:local_rank`` under torchrun).
+        step_fn: ``step_fn(model, batch) -> {"loss": ..., other named scalars}``.
+        data: Iterable of batches, ideally with ``state_dict()/load_state_dict()`` (exact resume).
+        cfg: Loop settings.
+        optim_cfg: AdamW / schedule / clipping settings (defaults: :class:`OptimConfig`).
+        metrics_logger: Receives metrics on rank 0; default: JSONL at ``<out_dir>/metrics.jsonl``.
+        resume: Continue from the newest complete checkpoint under ``<out_dir>/checkpoints`` if any.
+
+    Returns:
+        :class:`TrainResult` with the final step, the checkpoints involved and the last logged metrics.
+    """
+    optim_cfg = optim_cfg or OptimConfig()
+    seed_everything(cfg.seed + distributed.rank())
+    if cfg.grad_checkpointing:
+        _enable_grad_checkpointing(model)
+    run = _Run(model, step_fn, data, cfg, optim_cfg)
+    resumed_from = run.resume() if resume else None
+    start = run.step
+    logger = metrics_logger
+    if logger is None and run.rank == 0:
+        logger = JsonlMetricsLogger(storage.join(cfg.out_dir, "metrics.jsonl"))
+    if logger is not None and run.rank == 0 and resumed_from is None:
+        logger.log_params({"train": dataclasses.asdict(cfg), "optim": dataclasses.asdict(optim_cfg)})
+    ddp_model = distributed.wrap_ddp(model)
+    model.train()
+    result = TrainResult(step=start, start_step=start, resumed_from=resumed_from, checkpoint=resumed_from)
+    bar = _progress(cfg, start, run.rank)
+    while run.step < cfg.max_steps:
+        grad_norm = run.update(ddp_model)
+        if run.step % cfg.log_every == 0 or run.step == cfg.max_steps:
+            result.last_metrics = run.metrics(grad_norm)
+            if logger is not None and run.rank == 0:
+                logger.log_metrics(result.last_metrics, run.step)
+            bar.set_postfix(loss=f"{result.last_metrics['train/loss']:.4f}", refresh=False)
+        if (cfg.ckpt_every and run.step % cfg.ckpt_every == 0) or run.step == cfg.max_steps:
+            result.checkpoint = run.checkpoint() or result.checkpoint
+        bar.update(1)
+    bar.close()
+    result.step = run.step
+    return result
+
+
+def _progress(cfg: TrainConfig, start: int, rank: int) -> Any:
+    from tqdm.auto import tqdm
+
+    return tqdm(total=cfg.max_steps, initial=start, disable=not cfg.progress or rank != 0, desc="train", unit="step")

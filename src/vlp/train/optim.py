@@ -1,0 +1,210 @@
+"""AdamW with decoupled weight decay, linear warm-up then linear decay, and gradient clipping.
+
+Weight decay: paper vs released code
+------------------------------------
+The ALPRO paper trains with AdamW and weight decay 0.001 (§3.4), and the released configs set
+``"weight_decay": 0.001``. The released pre-training code never uses that value:
+``setup_e2e_optimizer`` in ``src/optimization/utils.py`` of salesforce/ALPRO builds
+``AdamW(model.parameters(), lr=opts.learning_rate, betas=opts.betas)`` without a
+``weight_decay`` argument, and its AdamW (``src/optimization/adamw.py``, the Hugging Face copy
+inherited from ClipBERT) defaults to ``weight_decay=0.0``. So every parameter, in one group, is
+trained with *no* weight decay. ``OptimConfig.alpro_code_weight_decay=True`` reproduces that;
+the default (``False``) applies the configured decay, as the paper says.
+
+Which parameters are decayed (default mode)
+--------------------------------------------
+Decayed: every trainable parameter with at least two dimensions (linear / conv / embedding
+matrices). Not decayed, following the usual BERT/ViT practice (timm, LAVIS, HF examples):
+
+* parameters with fewer than two dimensions: biases, normalisation scales, scalar temperatures;
+* every parameter of a normalisation module (``LayerNorm``, ``GroupNorm``, ``BatchNorm*``,
+  ``RMSNorm``, ``InstanceNorm*``), whatever its shape;
+* parameters whose name contains one of ``OptimConfig.no_decay_keywords`` (default: the
+  position / time embeddings and the class token of ViT/TimeSformer), and parameters a module
+  lists in a timm-style ``no_weight_decay()`` method (names relative to that module).
+
+Other differences from the released code's AdamW: it adds ``eps`` (default there 1e-6) to
+``sqrt(v)`` *before* bias correction, and decays with the already-updated weights; we use
+``torch.optim.AdamW`` (``eps`` added after bias correction, decay applied first). ``eps`` is a
+config value; the other two differences are of order ``eps`` and ``lr * wd`` and are left.
+
+Learning-rate schedule
+----------------------
+``f(s) = s / W`` for ``s < W``, else ``max(0, (T - s) / (T - W))`` with ``W`` warm-up steps and
+``T`` total optimiser steps (the ``warmup_linear`` of the ALPRO/ClipBERT code, ``W = int(ratio * T)``).
+``schedule_index`` says which ``s`` the ``u``-th update (``u = 1..T``) uses:
+
+* ``"one_based"`` (default; the ALPRO code sets the lr from its already incremented
+  ``global_step``): ``s = u``, so the first update already moves (lr ``1/W``) and the last has lr 0;
+* ``"zero_based"`` (Hugging Face ``get_linear_schedule_with_warmup``): ``s = u - 1``, so the first
+  update has lr 0 and the last ``1 / (T - W)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+_NORM_TYPES: tuple[type[nn.Module], ...] = (
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.RMSNorm,
+    nn.LocalResponseNorm,
+    nn.modules.batchnorm._BatchNorm,
+    nn.modules.instancenorm._InstanceNorm,
+)
+
+
+@dataclass
+class OptimConfig:
+    """AdamW, schedule and clipping settings (defaults: the ALPRO pre-training config)."""
+
+    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
+    weight_decay: float = 1e-3  # paper §3.4; applied unless alpro_code_weight_decay
+    betas: tuple[float, float] = (0.9, 0.98)  # ALPRO config_release (not stated in the paper)
+    eps: float = 1e-8  # torch default; the ALPRO code's AdamW defaults to 1e-6
+    warmup_ratio: float = 0.05  # ALPRO pre-training 0.05, fine-tuning 0.1; ignored when warmup_steps is set
+    warmup_steps: int | None = None  # absolute warm-up length; overrides warmup_ratio
+    schedule_index: Literal["one_based", "zero_based"] = "one_based"  # see module docstring
+    grad_clip: float | None = 20.0  # max global L2 norm (ALPRO grad_norm 20); None or <= 0: no clipping
+    no_decay_keywords: tuple[str, ...] = ("pos_embed", "time_embed", "cls_token")
+    alpro_code_weight_decay: bool = False  # True: one group, weight decay 0 (the released code)
+
+    def __post_init__(self) -> None:
+        if self.lr < 0:
+            raise ValueError(f"OptimConfig.lr must be >= 0, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ValueError(f"OptimConfig.betas must be two values in [0, 1), got {self.betas}")
+        if not 0.0 <= self.warmup_ratio <= 1.0:
+            raise ValueError(f"OptimConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"OptimConfig.warmup_steps must be >= 0 or None, got {self.warmup_steps}")
+        if self.schedule_index not in ("one_based", "zero_based"):
+            raise ValueError(
+                f"OptimConfig.schedule_index must be 'one_based' or 'zero_based', got {self.schedule_index!r}"
+            )
+
+
+def split_decay_params(model: nn.Module, no_decay_keywords: Iterable[str] = ()) -> tuple[list[str], list[str]]:
+    """Names of the trainable parameters that get weight decay and of those that do not.
+
+    Args:
+        model: The module whose ``named_parameters()`` are split (frozen ones are left out).
+        no_decay_keywords: Substrings of parameter names that exempt them from decay.
+
+    Returns:
+        ``(decay_names, no_decay_names)``, each in ``named_parameters()`` order.
+    """
+    keywords = tuple(no_decay_keywords)
+    exempt: set[str] = set()
+    for mod_name, module in model.named_modules():
+        prefix = f"{mod_name}." if mod_name else ""
+        if isinstance(module, _NORM_TYPES):
+            exempt.update(prefix + n for n, _ in module.named_parameters(recurse=False))
+        listed = getattr(module, "no_weight_decay", None)
+        if callable(listed):
+            exempt.update(prefix + n for n in listed())
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        if param.ndim < 2 or name in exempt or any(k in name for k in keywords):
+            no_decay.append(name)
+        else:
+            decay.append(name)
+    return decay, no_decay
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters of ``model`` (see the module docstring for the groups).
+
+    Args:
+        model: The (unwrapped) model.
+        cfg: Optimiser settings.
+
+    Returns:
+        ``torch.optim.AdamW`` with two groups (decay, no decay), or one group with weight decay 0
+        when ``cfg.alpro_code_weight_decay``. Empty groups are omitted.
+
+    Raises:
+        ValueError: if the model has no trainable parameter.
+    """
+    params = dict(model.named_parameters())
+    if cfg.alpro_code_weight_decay:
+        groups = [{"params": [p for p in params.values() if p.requires_grad], "weight_decay": 0.0}]
+    else:
+        decay, no_decay = split_decay_params(model, cfg.no_decay_keywords)
+        groups = [
+            {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
+            {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
+        ]
+    groups = [g for g in groups if g["params"]]
+    if not groups:
+        raise ValueError("build_optimizer: the model has no trainable parameter (all requires_grad=False?)")
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+
+
+def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
+    """Warm-up length in optimiser steps: ``cfg.warmup_steps`` or ``int(cfg.warmup_ratio * total_steps)``."""
+    return cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
+
+
+def linear_warmup_decay(step: int, warmup_steps: int, total_steps: int) -> float:
+    """Schedule factor ``f(step)``: ``step / W`` during warm-up, then linear decay to 0 at ``total_steps``."""
+    if step < warmup_steps:
+        return step / warmup_steps
+    if total_steps <= warmup_steps:
+        return 0.0
+    return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
+
+
+class LinearWarmupDecay:
+    """The schedule as a callable object, so ``LambdaLR.state_dict()`` stores its three ints, not a function."""
+
+    def __init__(self, warmup_steps: int, total_steps: int, offset: int) -> None:
+        self.warmup_steps, self.total_steps, self.offset = warmup_steps, total_steps, offset
+
+    def __call__(self, updates_done: int) -> float:
+        return linear_warmup_decay(updates_done + self.offset, self.warmup_steps, self.total_steps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
+    """Linear warm-up then linear decay to 0 over ``total_steps`` optimiser steps (call ``step()`` per update).
+
+    Args:
+        optimizer: The optimiser whose groups' ``lr`` is scaled.
+        cfg: Supplies the warm-up length and ``schedule_index``.
+        total_steps: Number of optimiser updates of the whole run (not micro-batches).
+
+    Raises:
+        ValueError: if ``total_steps < 1`` or the warm-up is longer than the run.
+    """
+    if total_steps < 1:
+        raise ValueError(f"build_scheduler: total_steps must be >= 1, got {total_steps}")
+    warmup = warmup_steps_for(cfg, total_steps)
+    if warmup > total_steps:
+        raise ValueError(f"warm-up ({warmup} steps) is longer than the run ({total_steps} steps); lower warmup_steps")
+    offset = 1 if cfg.schedule_index == "one_based" else 0
+    return LambdaLR(optimizer, LinearWarmupDecay(warmup, total_steps, offset))
+
+
+def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tensor:
+    """Clip the global L2 norm of the gradients in place to ``max_norm`` (no clipping when None or <= 0).
+
+    Returns:
+        The total gradient norm *before* clipping, a scalar tensor (for logging).
+    """
+    params = [p for p in parameters if p.grad is not None]
+    if max_norm is None or max_norm <= 0:
+        if not params:
+            return torch.zeros(())
+        norms = torch.stack([p.grad.detach().float().norm(2) for p in params])  # (P,)
+        return norms.norm(2)
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)

@@ -1,0 +1,446 @@
+"""ALPRO objectives: VTC, VTM hard negatives, MLM masking, PEM boxes/labels/pooling/loss."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vlp.losses.contrastive import clamp_temperature, vtc_logits, vtc_loss
+from vlp.losses.entity import (
+    Box,
+    box_token_mask,
+    crop_frames,
+    pem_keep_mask,
+    pem_loss,
+    pool_box_tokens,
+    pseudo_labels,
+    sample_pem_box,
+    sample_pem_boxes,
+)
+from vlp.losses.matching import (
+    hard_negative_weights,
+    sample_hard_negatives,
+    vtm_labels,
+    vtm_loss,
+    vtm_pair_indices,
+)
+from vlp.losses.mlm import IGNORE_INDEX, mask_tokens, mlm_loss
+
+# ----------------------------------------------------------------------------------------------- VTC
+
+
+def naive_vtc(video: torch.Tensor, text: torch.Tensor, temp: float) -> torch.Tensor:
+    """Eq. 2-3 written out with explicit sums over j, one row at a time."""
+    b = video.shape[0]
+    total_v2t, total_t2v = 0.0, 0.0
+    for i in range(b):
+        s_v = torch.stack([video[i] @ text[j] for j in range(b)]) / temp
+        s_t = torch.stack([text[i] @ video[j] for j in range(b)]) / temp
+        total_v2t = total_v2t - torch.log(torch.exp(s_v[i]) / torch.exp(s_v).sum())
+        total_t2v = total_t2v - torch.log(torch.exp(s_t[i]) / torch.exp(s_t).sum())
+    return (total_v2t / b + total_t2v / b) / 2
+
+
+def test_vtc_hand_computed_3x3() -> None:
+    # videos e1, e2, e3; texts e1, e2, (e2 + e3)/sqrt(2); temperature 0.5 doubles the cosines.
+    r = 1 / math.sqrt(2)
+    video = torch.eye(3, dtype=torch.float64)
+    text = torch.tensor([[1, 0, 0], [0, 1, 0], [0, r, r]], dtype=torch.float64)
+    e2, es = math.exp(2), math.exp(math.sqrt(2))
+    v2t = [math.log((e2 + 2) / e2), math.log((1 + e2 + es) / e2), math.log((2 + es) / es)]
+    t2v = [math.log((e2 + 2) / e2), math.log((e2 + 2) / e2), math.log((1 + 2 * es) / es)]
+    expected = (sum(v2t) / 3 + sum(t2v) / 3) / 2
+    assert vtc_loss(video, text, 0.5).item() == pytest.approx(expected, rel=1e-12)
+
+
+def test_vtc_matches_naive_reference_in_value_and_gradient() -> None:
+    g = torch.Generator().manual_seed(0)
+    v = F.normalize(torch.randn(5, 7, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    t = F.normalize(torch.randn(5, 7, generator=g, dtype=torch.float64), dim=-1).requires_grad_()
+    fast = vtc_loss(v, t, 0.07)
+    gv, gt = torch.autograd.grad(fast, (v, t))
+    ref = naive_vtc(v, t, 0.07)
+    rv, rt = torch.autograd.grad(ref, (v, t))
+    torch.testing.assert_close(fast, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(gv, rv, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(gt, rt, rtol=1e-10, atol=1e-12)
+
+
+def test_vtc_rank_offset_with_a_simulated_gather() -> None:
+    """Two 'ranks' each hold half the batch; their mean loss is the full-batch loss."""
+    g = torch.Generator().manual_seed(1)
+    v = F.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=-1)
+    t = F.normalize(torch.randn(6, 4, generator=g, dtype=torch.float64), dim=-1)
+    full = vtc_loss(v, t, 0.1)
+    halves = [slice(0, 3), slice(3, 6)]
+    losses = []
+    for rank, mine in enumerate(halves):
+        other = halves[1 - rank]
+
+        def gather(x, mine=mine, other=other):
+            parts = {mine.start: x, other.start: (v if x.data_ptr() == v[mine].data_ptr() else t)[other]}
+            return torch.cat([parts[0], parts[3]])
+
+        vm, tm = v[mine], t[mine]
+        logits_v2t, _ = vtc_logits(vm, tm, 0.1, gather=gather)
+        assert logits_v2t.shape == (3, 6)
+        losses.append(vtc_loss(vm, tm, 0.1, gather=gather, rank=rank))
+    torch.testing.assert_close((losses[0] + losses[1]) / 2, full)
+    # the wrong rank puts the positives at the other rank's columns and changes the loss
+    wrong = vtc_loss(v[3:], t[3:], 0.1, gather=gather, rank=0)
+    assert abs(wrong.item() - losses[1].item()) > 0.1
+    with pytest.raises(ValueError, match="rank=2"):
+        vtc_loss(v[:3], t[:3], 0.1, gather=lambda x: torch.cat([x, x]), rank=2)
+
+
+def test_vtc_rejects_mismatched_shapes() -> None:
+    with pytest.raises(ValueError, match=r"\(B, D\)"):
+        vtc_loss(torch.randn(3, 4), torch.randn(2, 4), 0.07)
+
+
+def test_clamp_temperature_in_place_and_still_learnable() -> None:
+    for start, expected in [(1e-5, 0.001), (0.9, 0.5), (0.07, 0.07)]:
+        temp = torch.nn.Parameter(torch.tensor(start))
+        out = clamp_temperature(temp)
+        assert out is temp and temp.requires_grad
+        assert temp.item() == pytest.approx(expected)
+    with pytest.raises(ValueError):
+        clamp_temperature(torch.tensor(0.1), 0.5, 0.1)
+
+
+# ----------------------------------------------------------------------------------------------- VTM
+
+
+@pytest.mark.parametrize("scale", [1.0, 1000.0])
+def test_hard_negatives_never_pick_the_positive(scale: float) -> None:
+    for seed in range(300):
+        g = torch.Generator().manual_seed(seed)
+        b = 2 + seed % 7
+        sim = torch.randn(b, b, generator=g) + 5 * torch.eye(b)  # the positive is the best match
+        neg_t, neg_v = sample_hard_negatives(sim * scale, sim.t() * scale, generator=g)
+        ar = torch.arange(b)
+        assert neg_t.shape == neg_v.shape == (b,) and neg_t.dtype == torch.long
+        assert (neg_t != ar).all() and (neg_v != ar).all()
+        assert ((neg_t >= 0) & (neg_t < b)).all()
+
+
+def test_hard_negatives_near_one_hot_pick_the_only_hard_one() -> None:
+    # Temperature 0.001 makes the softmax over negatives one-hot on the hardest one.
+    sim = torch.tensor([[1.0, 0.9, 0.1], [0.2, 1.0, 0.8], [0.7, 0.1, 1.0]]) / 0.001
+    for seed in range(20):
+        neg_t, neg_v = sample_hard_negatives(sim, sim.t(), generator=torch.Generator().manual_seed(seed))
+        assert neg_t.tolist() == [1, 2, 0]
+        assert neg_v.tolist() == [2, 0, 1]
+    w = hard_negative_weights(sim)
+    assert torch.isfinite(w).all() and (w.diagonal() == 0).all()
+    torch.testing.assert_close(w.sum(1), torch.ones(3))
+
+
+def test_hard_negative_frequencies_follow_the_softmax() -> None:
+    sim = torch.tensor(
+        [[3.0, 1.0, 0.0, -1.0], [0.5, 2.0, 1.5, 0.0], [0.0, 0.0, 0.0, 0.0], [2.0, -1.0, 0.3, 1.0]], dtype=torch.float64
+    )
+    expected = np.zeros((4, 4))
+    for i in range(4):
+        e = np.exp(sim[i].numpy())
+        e[i] = 0.0
+        expected[i] = e / e.sum()
+    g = torch.Generator().manual_seed(123)
+    n = 2500
+    counts_t, counts_v = np.zeros((4, 4)), np.zeros((4, 4))
+    for _ in range(n):
+        neg_t, neg_v = sample_hard_negatives(sim, sim, generator=g)
+        counts_t[np.arange(4), neg_t.numpy()] += 1
+        counts_v[np.arange(4), neg_v.numpy()] += 1
+    for counts in (counts_t, counts_v):
+        assert (counts.diagonal() == 0).all()
+        off = ~np.eye(4, dtype=bool)
+        chi2 = (((counts - n * expected) ** 2)[off] / (n * expected)[off]).sum()
+        assert chi2 < 26.1, f"chi-square {chi2:.1f} over 8 degrees of freedom (p=0.001 critical value 26.1)"
+
+
+def test_hard_negatives_reproducible_and_errors() -> None:
+    sim = torch.randn(6, 6, generator=torch.Generator().manual_seed(0))
+    a = sample_hard_negatives(sim, sim.t(), generator=torch.Generator().manual_seed(5))
+    b = sample_hard_negatives(sim, sim.t(), generator=torch.Generator().manual_seed(5))
+    assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    with pytest.raises(ValueError, match="at least 2"):
+        sample_hard_negatives(torch.zeros(1, 1), torch.zeros(1, 1))
+    with pytest.raises(ValueError, match="square"):
+        sample_hard_negatives(torch.zeros(2, 4), torch.zeros(2, 4))
+
+
+def test_vtm_labels_pairs_and_loss_value() -> None:
+    assert vtm_labels(3).tolist() == [1, 1, 1, 0, 0, 0, 0, 0, 0]
+    text_idx, video_idx = vtm_pair_indices(torch.tensor([1, 0]), torch.tensor([1, 0]))
+    assert text_idx.tolist() == [0, 1, 0, 1, 1, 0]
+    assert video_idx.tolist() == [0, 1, 1, 0, 0, 1]
+    ln3 = math.log(3)
+    logits = torch.tensor([[0.0, ln3], [ln3, 0.0], [0.0, 0.0]], requires_grad=True)
+    loss = vtm_loss(logits)
+    assert loss.item() == pytest.approx((2 * math.log(4 / 3) + math.log(2)) / 3, rel=1e-6)
+    loss.backward()
+    assert torch.isfinite(logits.grad).all() and logits.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="3B"):
+        vtm_loss(torch.zeros(4, 2))
+
+
+@pytest.mark.gpu
+def test_losses_do_not_sync_on_cuda() -> None:
+    """Sampling negatives and every loss (forward and backward) run without a device-to-host sync."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(0)
+    b, m = 64, 10
+    v = F.normalize(torch.randn(b, 16, device=dev), dim=-1).requires_grad_()
+    t = F.normalize(torch.randn(b, 16, device=dev), dim=-1).requires_grad_()
+    vtm_logits = torch.randn(3 * b, 2, device=dev, requires_grad=True)
+    mlm_logits = torch.randn(b, 8, 50, device=dev, requires_grad=True)
+    labels = torch.randint(0, 50, (b, 8), device=dev).masked_fill(torch.rand(b, 8, device=dev) > 0.15, IGNORE_INDEX)
+    tokens = torch.randn(b, 16, 32, device=dev, requires_grad=True)
+    token_mask = torch.rand(b, 16, device=dev) > 0.5
+    pem_logits = torch.randn(b, m, device=dev, requires_grad=True)
+    prompts = F.normalize(torch.randn(m, 16, device=dev), dim=-1)
+
+    def step() -> tuple[torch.Tensor, torch.Tensor]:
+        logits_v2t, logits_t2v = vtc_logits(v, t, 0.07)
+        neg_t, neg_v = sample_hard_negatives(logits_v2t, logits_t2v, generator=g)
+        q = pseudo_labels(v.detach(), prompts, 0.07)
+        keep = pem_keep_mask(q, "paper") | pem_keep_mask(q, "official_code")
+        pooled = pool_box_tokens(tokens, token_mask)
+        total = vtc_loss(v, t, 0.07) + vtm_loss(vtm_logits) + mlm_loss(mlm_logits, labels)
+        total = total + pem_loss(pem_logits + pooled.sum(), q, keep)
+        total.backward()
+        return neg_t, neg_v
+
+    step()  # warm-up: lazy initialisation may sync
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        neg_t, neg_v = step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    ar = torch.arange(b, device=dev)
+    assert neg_t.is_cuda and (neg_t != ar).all() and (neg_v != ar).all()
+    assert torch.isfinite(v.grad).all() and torch.isfinite(tokens.grad).all()
+
+
+# ----------------------------------------------------------------------------------------------- MLM
+
+CLS, SEP, PAD, MASK = 101, 102, 0, 103
+SPECIALS = (CLS, SEP, PAD, MASK)
+
+
+def _caption_batch(b: int, length: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, vocab, (b, length), generator=g)
+    lengths = torch.randint(length // 2, length - 1, (b,), generator=g)
+    ids[:, 0] = CLS
+    for i, n in enumerate(lengths.tolist()):
+        ids[i, n] = SEP
+        ids[i, n + 1 :] = PAD
+    return ids
+
+
+def test_mask_tokens_rates_specials_and_labels() -> None:
+    vocab = 30522
+    ids = _caption_batch(2000, 40, vocab)
+    before = ids.clone()
+    masked, labels = mask_tokens(
+        ids, vocab_size=vocab, mask_token_id=MASK, special_ids=SPECIALS, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(ids, before), "input must not be modified"
+    special = torch.isin(ids, torch.tensor(SPECIALS))
+    selected = labels != IGNORE_INDEX
+    # specials are never selected nor changed; labels hold the original id exactly where selected
+    assert not selected[special].any()
+    assert torch.equal(masked[special], ids[special])
+    assert torch.equal(labels[selected], ids[selected])
+    assert torch.equal(masked[~selected], ids[~selected])
+    rate = selected.sum().item() / (~special).sum().item()
+    assert abs(rate - 0.15) < 0.005
+    n_sel = selected.sum().item()
+    to_mask = (masked == MASK) & selected
+    changed = (masked != ids) & (masked != MASK) & selected
+    kept = (masked == ids) & selected
+    assert abs(to_mask.sum().item() / n_sel - 0.8) < 0.01
+    assert abs(changed.sum().item() / n_sel - 0.1) < 0.01
+    assert abs(kept.sum().item() / n_sel - 0.1) < 0.01
+
+
+def test_mask_tokens_special_mask_and_random_exclusion() -> None:
+    ids = torch.randint(5, 10, (400, 30), generator=torch.Generator().manual_seed(1))
+    pad_mask = torch.zeros_like(ids, dtype=torch.bool)
+    pad_mask[:, 20:] = True  # e.g. attention_mask == 0
+    _, labels = mask_tokens(ids, vocab_size=10, mask_token_id=4, special_mask=pad_mask, prob=0.5)
+    assert (labels[:, 20:] == IGNORE_INDEX).all() and (labels[:, :20] != IGNORE_INDEX).any()
+    # tiny vocabulary: the default random draw hits special ids, the excluding one never does
+    specials = (0, 1, 2, 3)
+    kw = dict(vocab_size=10, mask_token_id=4, special_ids=specials, prob=1.0, mask_frac=0.0, random_frac=1.0)
+    default, _ = mask_tokens(ids, generator=torch.Generator().manual_seed(2), **kw)
+    excl, _ = mask_tokens(ids, random_excludes_special=True, generator=torch.Generator().manual_seed(2), **kw)
+    assert torch.isin(default, torch.tensor([*specials, 4])).any()
+    assert not torch.isin(excl, torch.tensor([*specials, 4])).any()
+    with pytest.raises(ValueError):
+        mask_tokens(ids, vocab_size=10, mask_token_id=4, mask_frac=0.9, random_frac=0.2)
+    with pytest.raises(ValueError, match=r"\(B, L\)"):
+        mask_tokens(ids[0], vocab_size=10, mask_token_id=4)
+
+
+def test_mlm_loss_value_and_empty_selection() -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 5, 11, generator=g, requires_grad=True)
+    labels = torch.full((2, 5), IGNORE_INDEX)
+    labels[0, 1], labels[1, 3], labels[1, 4] = 7, 2, 0
+    loss = mlm_loss(logits, labels)
+    logp = F.log_softmax(logits, dim=-1)
+    expected = -(logp[0, 1, 7] + logp[1, 3, 2] + logp[1, 4, 0]) / 3
+    torch.testing.assert_close(loss, expected)
+    none = mlm_loss(logits, torch.full((2, 5), IGNORE_INDEX))
+    (grad,) = torch.autograd.grad(none, logits)
+    assert none.item() == 0.0 and torch.equal(grad, torch.zeros_like(grad))
+
+
+# ----------------------------------------------------------------------------------------------- PEM
+
+
+@pytest.mark.parametrize("grid", [(14, 14), (7, 7), (4, 4), (6, 10), (3, 3)])
+@pytest.mark.parametrize("ratio_dist", ["uniform", "log_uniform"])
+def test_pem_box_geometry(grid: tuple[int, int], ratio_dist: str) -> None:
+    gh, gw = grid
+    out = sample_pem_boxes(
+        3000, gh, gw, patch_size=16, ratio_dist=ratio_dist, generator=torch.Generator().manual_seed(0)
+    )
+    top, left, h, w = out.boxes.unbind(1)
+    frac = (h * w).double() / (gh * gw)
+    aspect = h.double() / w.double()
+    assert (frac >= 0.3 - 1e-9).all() and (frac <= 0.5 + 1e-9).all()
+    assert (aspect >= 0.3 - 1e-9).all() and (aspect <= 1 / 0.3 + 1e-9).all()
+    assert (top >= 0).all() and (left >= 0).all() and (top + h <= gh).all() and (left + w <= gw).all()
+    assert torch.equal(out.pixel_boxes, out.boxes * 16)
+    assert out.token_mask.shape == (3000, gh * gw) and out.token_mask.dtype == torch.bool
+    assert torch.equal(out.token_mask.sum(1), h * w)
+    # every placement is reachable: boxes touch all four borders somewhere in the sample
+    assert top.min() == 0 and left.min() == 0 and (top + h).max() == gh and (left + w).max() == gw
+
+
+def test_pem_box_ratio_distributions_differ_as_documented() -> None:
+    def tall_share(dist: str) -> float:
+        b = sample_pem_boxes(4000, 14, 14, ratio_dist=dist, generator=torch.Generator().manual_seed(3)).boxes
+        return (b[:, 2] > b[:, 3]).double().mean().item() / max((b[:, 2] < b[:, 3]).double().mean().item(), 1e-9)
+
+    assert tall_share("uniform") > 2.0  # uniform r = h/w in [0.3, 3.33] favours tall boxes
+    assert 0.75 < tall_share("log_uniform") < 1.33
+
+
+def test_pem_box_fallbacks_and_single_box() -> None:
+    # one try per clip on a 2x2 grid: many rows go through the fallback, all still valid (1x2 or 2x1)
+    out = sample_pem_boxes(500, 2, 2, max_tries=1, generator=torch.Generator().manual_seed(0))
+    assert set(map(tuple, out.boxes[:, 2:].tolist())) == {(1, 2), (2, 1)}
+    # a 1x1 grid cannot satisfy the area range; the nearest size (the whole frame) is returned
+    assert sample_pem_box(1, 1) == Box(0, 0, 1, 1)
+    box = sample_pem_box(14, 14, generator=torch.Generator().manual_seed(7))
+    assert isinstance(box, Box) and 0.3 <= box.area / 196 <= 0.5
+    assert box.to_pixels(16) == Box(box.top * 16, box.left * 16, box.height * 16, box.width * 16)
+    with pytest.raises(ValueError, match="area"):
+        sample_pem_boxes(2, 4, 4, area=(0.6, 0.5))
+    with pytest.raises(ValueError, match="ratio_dist"):
+        sample_pem_boxes(2, 4, 4, ratio_dist="gauss")
+
+
+def test_box_token_mask_row_major() -> None:
+    mask = box_token_mask(torch.tensor([[1, 2, 2, 1]]), 3, 4)
+    expected = torch.zeros(3, 4, dtype=torch.bool)
+    expected[1:3, 2:3] = True
+    assert torch.equal(mask[0], expected.reshape(-1))
+    assert mask[0].nonzero().squeeze(1).tolist() == [6, 10]
+
+
+def test_crop_frames_both_modes() -> None:
+    h, w = 32, 48
+    rows = torch.arange(h, dtype=torch.float32)[:, None].expand(h, w)
+    cols = torch.arange(w, dtype=torch.float32)[None, :].expand(h, w)
+    frames = torch.stack([rows, cols, rows * 100 + cols])[None, None].repeat(2, 3, 1, 1, 1)  # (2, 3, 3, H, W)
+    frames[1] += 7.0
+    boxes = torch.tensor([[8, 16, 16, 24], [0, 0, 32, 48]])
+    zeroed = crop_frames(frames, boxes, mode="zero_outside")
+    assert torch.equal(zeroed[0, :, :, 8:24, 16:40], frames[0, :, :, 8:24, 16:40])
+    assert zeroed[0].abs().sum() == zeroed[0, :, :, 8:24, 16:40].abs().sum()
+    assert torch.equal(zeroed[1], frames[1])
+    # resizing to the box's own size samples exactly the box pixels; the full box is the identity
+    same = crop_frames(frames[:1], boxes[:1], size=(16, 24))
+    torch.testing.assert_close(same[0], frames[0, :, :, 8:24, 16:40], atol=1e-3, rtol=1e-5)
+    full = crop_frames(frames[1:], boxes[1:])
+    torch.testing.assert_close(full, frames[1:], atol=1e-3, rtol=1e-5)
+    # stretched (16x24 box -> 32x48) or squeezed, it equals F.interpolate of the cropped pixels
+    for size in [(32, 48), (5, 7)]:
+        got = crop_frames(frames, boxes, size=size)
+        for i, (t0, l0, bh, bw) in enumerate(boxes.tolist()):
+            crop = frames[i, :, :, t0 : t0 + bh, l0 : l0 + bw]
+            ref = F.interpolate(crop, size=size, mode="bilinear", align_corners=False)
+            torch.testing.assert_close(got[i], ref, atol=1e-3, rtol=1e-5)
+    assert got.shape == (2, 3, 3, 5, 7)
+    with pytest.raises(ValueError, match="mode"):
+        crop_frames(frames, boxes, mode="blur")
+
+
+def test_pseudo_labels_hand_value_and_no_grad() -> None:
+    crop = torch.tensor([[1.0, 0.0]], requires_grad=True)
+    prompts = torch.tensor([[1.0, 0.0], [0.0, 1.0], [r := 1 / math.sqrt(2), r]])
+    q = pseudo_labels(crop, prompts, 0.5)
+    e = [math.exp(2), 1.0, math.exp(2 * r)]
+    torch.testing.assert_close(q, torch.tensor([[v / sum(e) for v in e]]))
+    assert not q.requires_grad
+
+
+def test_pem_keep_mask_both_rules() -> None:
+    pseudo = torch.tensor(
+        [
+            [0.90, 0.02, 0.02, 0.02, 0.02, 0.02],  # top idx 0, confident
+            [0.17, 0.17, 0.16, 0.18, 0.16, 0.16],  # top idx 3, unsure
+            [0.06, 0.06, 0.06, 0.06, 0.06, 0.70],  # top idx 5, confident
+            [0.18, 0.17, 0.17, 0.16, 0.16, 0.16],  # top idx 0, unsure
+        ]
+    )
+    assert pem_keep_mask(pseudo, "paper").tolist() == [True, False, True, False]
+    assert pem_keep_mask(pseudo, "official_code").tolist() == [False, True, True, False]
+    # official rule is literal: a threshold of 3.5 drops the crops whose argmax index is 0..3
+    assert pem_keep_mask(pseudo, "official_code", threshold=3.5).tolist() == [False, False, True, False]
+    with pytest.raises(ValueError, match="rule"):
+        pem_keep_mask(pseudo, "other")
+
+
+def test_pool_box_tokens_hand_mean() -> None:
+    tokens = torch.randn(3, 6, 4, generator=torch.Generator().manual_seed(0))
+    mask = torch.tensor([[1, 0, 1, 0, 0, 1], [0] * 6, [1] * 6], dtype=torch.bool)
+    pooled = pool_box_tokens(tokens, mask)
+    torch.testing.assert_close(pooled[0], (tokens[0, 0] + tokens[0, 2] + tokens[0, 5]) / 3)
+    torch.testing.assert_close(pooled[1], torch.zeros(4))
+    torch.testing.assert_close(pooled[2], tokens[2].mean(0))
+    with pytest.raises(ValueError):
+        pool_box_tokens(tokens, mask[:, :5])
+
+
+def test_pem_loss_hand_value_gradient_and_none_kept() -> None:
+    ln3 = math.log(3)
+    logits = torch.tensor([[0.0, ln3], [50.0, -50.0], [ln3, 0.0]], requires_grad=True)  # p0 = [1/4, 3/4]
+    pseudo = torch.tensor([[0.5, 0.5], [0.0, 1.0], [0.25, 0.75]])
+    keep = torch.tensor([True, False, True])
+    loss = pem_loss(logits, pseudo, keep)
+    ce0 = -(0.5 * math.log(0.25) + 0.5 * math.log(0.75))
+    ce2 = -(0.25 * math.log(0.75) + 0.75 * math.log(0.25))
+    assert loss.item() == pytest.approx((ce0 + ce2) / 2, rel=1e-6)
+    loss.backward()
+    p = torch.softmax(logits.detach(), 1)
+    expected_grad = (p - pseudo) / 2
+    expected_grad[1] = 0
+    torch.testing.assert_close(logits.grad, expected_grad)
+    logits.grad = None
+    none = pem_loss(logits, pseudo, torch.zeros(3, dtype=torch.bool))
+    none.backward()
+    assert none.item() == 0.0 and none.requires_grad and torch.equal(logits.grad, torch.zeros(3, 2))

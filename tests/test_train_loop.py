@@ -1,0 +1,522 @@
+"""Training machinery: AdamW groups and schedule, clipping, accumulation, checkpoints, exact resume."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import pickle
+import random
+import socket
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from vlp import storage
+from vlp.train import distributed
+from vlp.train.checkpoint import (
+    MODEL_FILE,
+    OPTIM_FILE,
+    STATE_FILE,
+    CheckpointError,
+    capture_rng_state,
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+)
+from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
+from vlp.train.optim import (
+    OptimConfig,
+    build_optimizer,
+    build_scheduler,
+    clip_gradients,
+    linear_warmup_decay,
+    split_decay_params,
+)
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Any:
+    """Tiny ops are 10x slower with intra-op threads competing for 2 busy cores."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.special = nn.Parameter(torch.randn(3, 3))
+        self.other = nn.Parameter(torch.randn(3, 3))
+
+    def no_weight_decay(self) -> set[str]:
+        return {"special"}
+
+
+class ZooModel(nn.Module):
+    """One parameter of every kind the decay split distinguishes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(5, 3)
+        self.pos_embed = nn.Parameter(torch.randn(1, 4, 3))
+        self.proj = nn.Linear(3, 3)
+        self.norm = nn.LayerNorm(3)
+        self.log_temp = nn.Parameter(torch.tensor(0.5))
+        self.block = Block()
+        self.frozen = nn.Linear(3, 3)
+        self.frozen.requires_grad_(False)
+
+
+class TinyMLP(nn.Module):
+    """Linear -> LayerNorm -> GELU -> Dropout -> Linear, plus a tied output head and a buffer."""
+
+    def __init__(self, dropout: float = 0.3, seed: int = 0) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.fc1 = nn.Linear(4, 16)
+        self.norm = nn.LayerNorm(16)
+        self.drop = nn.Dropout(dropout)
+        self.fc2 = nn.Linear(16, 16)
+        self.head = nn.Linear(16, 3, bias=False)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x: Tensor) -> Tensor:  # (B, 4) -> (B, 3)
+        self.calls += 1
+        h = self.drop(torch.nn.functional.gelu(self.norm(self.fc1(x))))  # (B, 16)
+        return self.head(torch.tanh(self.fc2(h)))
+
+
+def make_data(n: int = 10, seed: int = 0, dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=g, dtype=dtype), torch.randint(0, 3, (n,), generator=g)
+
+
+def make_loader(x: Tensor, y: Tensor, batch_size: int, seed: int = 7, shuffle: bool = True) -> SamplerBatches:
+    sampler = ResumableSampler(len(x), seed=seed, shuffle=shuffle, rank=0, world_size=1)
+    return SamplerBatches(sampler, lambda idx: {"x": x[idx], "y": y[idx]}, batch_size, drop_last=True)
+
+
+def ce_step(model: nn.Module, batch: dict[str, Tensor]) -> dict[str, Tensor]:
+    logits = model(batch["x"])  # (B, 3)
+    loss = nn.functional.cross_entropy(logits, batch["y"])
+    return {"loss": loss, "loss_ce": loss.detach(), "temp": torch.tensor(0.07)}
+
+
+class ListLogger:
+    def __init__(self) -> None:
+        self.metrics: list[tuple[int, dict[str, float]]] = []
+        self.params: list[dict[str, Any]] = []
+
+    def log_metrics(self, metrics: dict[str, float], step: int) -> None:
+        self.metrics.append((step, dict(metrics)))
+
+    def log_params(self, params: dict[str, Any]) -> None:
+        self.params.append(params)
+
+
+def cfg_for(out_dir: Path | str, **kw: Any) -> TrainConfig:
+    base = dict(out_dir=str(out_dir), max_steps=8, grad_accum=2, log_every=1, ckpt_every=3, keep_last=2, seed=3)
+    return TrainConfig(**(base | kw | {"progress": False}))
+
+
+OPT = OptimConfig(lr=1e-2, weight_decay=0.1, warmup_steps=2, grad_clip=1.0)
+
+# --------------------------------------------------------------------------- schedule
+
+
+@pytest.mark.parametrize(
+    ("index", "expected"),
+    [
+        ("one_based", [0.5, 1.0, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8, 0.0]),
+        ("zero_based", [0.0, 0.5, 1.0, 7 / 8, 6 / 8, 5 / 8, 4 / 8, 3 / 8, 2 / 8, 1 / 8]),
+    ],
+)
+def test_lr_schedule_hand_values(index: str, expected: list[float]) -> None:
+    # T = 10 updates, W = int(0.2 * 10) = 2; f(s) = s / 2 for s < 2 else (10 - s) / 8
+    opt = torch.optim.AdamW([nn.Parameter(torch.zeros(2))], lr=2.0)
+    sched = build_scheduler(opt, OptimConfig(lr=2.0, warmup_ratio=0.2, schedule_index=index), total_steps=10)
+    used = []
+    for _ in range(10):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert used == pytest.approx([2.0 * e for e in expected])
+
+
+def test_warmup_length_truncates_like_the_alpro_code_and_is_validated() -> None:
+    assert linear_warmup_decay(1, int(0.05 * 30), 30) == pytest.approx(1.0)  # W = int(1.5) = 1
+    assert linear_warmup_decay(0, 0, 4) == 1.0 and linear_warmup_decay(4, 0, 4) == 0.0
+    opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))])
+    with pytest.raises(ValueError, match="longer than the run"):
+        build_scheduler(opt, OptimConfig(warmup_steps=11), total_steps=10)
+    with pytest.raises(ValueError, match="betas"):
+        OptimConfig(betas=(0.9, 1.0))
+
+
+# --------------------------------------------------------------------------- weight decay
+
+
+def test_decay_split_by_kind() -> None:
+    decay, no_decay = split_decay_params(ZooModel(), OptimConfig().no_decay_keywords)
+    assert decay == ["embed.weight", "proj.weight", "block.other"]
+    assert set(no_decay) == {"pos_embed", "proj.bias", "norm.weight", "norm.bias", "log_temp", "block.special"}
+
+
+def _zero_grad_step(model: nn.Module, cfg: OptimConfig) -> dict[str, Tensor]:
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, cfg)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)  # Adam part of the update is exactly 0: only decay moves weights
+    opt.step()
+    return before
+
+
+def test_weight_decay_applied_only_to_decay_params() -> None:
+    model = ZooModel()
+    before = _zero_grad_step(model, OptimConfig(lr=0.1, weight_decay=0.5))
+    decay, _ = split_decay_params(model, OptimConfig().no_decay_keywords)
+    for name, p in model.named_parameters():
+        factor = 1 - 0.1 * 0.5 if name in decay else 1.0  # decoupled decay: p <- p (1 - lr wd)
+        torch.testing.assert_close(p.detach(), before[name] * factor, rtol=0, atol=1e-7, msg=name)
+
+
+def test_alpro_code_flag_drops_weight_decay_everywhere() -> None:
+    model = ZooModel()
+    cfg = OptimConfig(lr=0.1, weight_decay=0.5, alpro_code_weight_decay=True)
+    opt = build_optimizer(model, cfg)
+    assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 0.0
+    assert opt.param_groups[0]["betas"] == (0.9, 0.98)
+    trainable = {id(p) for p in model.parameters() if p.requires_grad}
+    assert {id(p) for p in opt.param_groups[0]["params"]} == trainable  # frozen ones left out, all others in
+    before = _zero_grad_step(model, cfg)
+    for name, p in model.named_parameters():
+        assert torch.equal(p.detach(), before[name]), name
+
+
+# --------------------------------------------------------------------------- clipping and accumulation
+
+
+def test_clip_gradients_caps_the_global_norm() -> None:
+    a, b = nn.Parameter(torch.zeros(2)), nn.Parameter(torch.zeros(1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([4.0])  # global norm 5
+    assert clip_gradients([a, b], None).item() == pytest.approx(5.0)
+    assert torch.equal(a.grad, torch.tensor([3.0, 0.0]))
+    assert clip_gradients([a, b], 1.0).item() == pytest.approx(5.0)
+    assert torch.cat([a.grad, b.grad]).norm().item() == pytest.approx(1.0, rel=1e-5)
+    torch.testing.assert_close(a.grad, torch.tensor([0.6, 0.0]), rtol=1e-5, atol=0)
+
+
+def test_loop_clips_before_the_optimizer_sees_the_gradient(tmp_path: Path) -> None:
+    x, y = make_data(8)
+    model, logger = TinyMLP(dropout=0.0), ListLogger()
+    cfg = cfg_for(tmp_path, max_steps=1, grad_accum=1)
+    train(model, ce_step, make_loader(x, y, 4), cfg, OptimConfig(grad_clip=1e-3), metrics_logger=logger)
+    assert logger.metrics[0][1]["train/grad_norm"] > 1e-2  # pre-clip norm is logged
+    fresh = TinyMLP(dropout=0.0, seed=1)
+    opt = build_optimizer(fresh, OptimConfig())
+    load_checkpoint(latest_checkpoint(str(tmp_path / "checkpoints")), fresh, opt, restore_rng=False)
+    # after one update exp_avg = (1 - beta1) * clipped grad, so its global norm is (1 - 0.9) * 1e-3
+    norm = torch.stack([s["exp_avg"].norm() for s in opt.state.values()]).norm()
+    assert norm.item() == pytest.approx(0.1 * 1e-3, rel=1e-4)
+
+
+def test_grad_accumulation_equals_one_big_batch(tmp_path: Path) -> None:
+    x, y = make_data(12, dtype=torch.float64)
+    results = {}
+    for accum, batch in [(1, 6), (3, 2)]:
+        model, logger = TinyMLP(dropout=0.0).double(), ListLogger()
+        cfg = cfg_for(tmp_path / f"a{accum}", max_steps=3, grad_accum=accum, ckpt_every=0)
+        train(model, ce_step, make_loader(x, y, batch), cfg, OPT, metrics_logger=logger)
+        results[accum] = (model, logger.metrics)
+    (big, big_log), (small, small_log) = results[1], results[3]
+    for (name, p), q in zip(big.named_parameters(), small.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=1e-12, msg=name)
+    for (_, m_big), (_, m_small) in zip(big_log, small_log, strict=True):
+        assert m_small["train/grad_norm"] == pytest.approx(m_big["train/grad_norm"], rel=1e-12)
+        assert m_small["train/loss"] == pytest.approx(m_big["train/loss"], rel=1e-12)
+    assert big_log[0][1]["train/grad_norm"] != pytest.approx(big_log[1][1]["train/grad_norm"])  # not trivial
+
+
+def test_loop_logs_scheduled_lr_and_every_named_value(tmp_path: Path) -> None:
+    x, y = make_data(10)
+    logger = ListLogger()
+    cfg = cfg_for(tmp_path, max_steps=4, grad_accum=1, log_every=2)
+    train(TinyMLP(), ce_step, make_loader(x, y, 3), cfg, OptimConfig(lr=1.0, warmup_steps=2), metrics_logger=logger)
+    assert [s for s, _ in logger.metrics] == [2, 4]
+    # one_based: update u uses f(u): u=2 -> (4-2)/2 = 1.0, u=4 -> 0.0
+    assert [m["train/lr"] for _, m in logger.metrics] == pytest.approx([1.0, 0.0])
+    m = logger.metrics[0][1]
+    assert m["train/temp"] == pytest.approx(0.07) and m["train/loss"] == pytest.approx(m["train/loss_ce"])
+    assert m["train/clips_per_s"] > 0 and m["train/peak_rss_mb"] > 0
+    assert logger.params and logger.params[0]["optim"]["lr"] == 1.0
+
+
+def test_step_fn_without_loss_and_bad_config_fail_clearly(tmp_path: Path) -> None:
+    x, y = make_data(6)
+    with pytest.raises(KeyError, match="'loss' entry"):
+        train(TinyMLP(), lambda m, b: {"ce": m(b["x"]).sum()}, make_loader(x, y, 2), cfg_for(tmp_path))
+    with pytest.raises(ValueError, match="out_dir is required"):
+        TrainConfig()
+    with pytest.raises(ValueError, match="grad_accum must be >= 1"):
+        TrainConfig(out_dir="x", grad_accum=0)
+
+
+# --------------------------------------------------------------------------- sampler
+
+
+def test_sampler_epochs_shards_and_resume() -> None:
+    s = ResumableSampler(10, seed=5, rank=0, world_size=1)
+    e0, e1 = list(s), list(s)
+    assert sorted(e0) == list(range(10)) and sorted(e1) == list(range(10)) and e0 != e1
+    assert e0 == list(ResumableSampler(10, seed=5, rank=0, world_size=1))  # seeded, not global-RNG driven
+    shards = [list(ResumableSampler(10, seed=5, rank=r, world_size=3)) for r in range(3)]
+    assert all(len(sh) == 4 for sh in shards)
+    padded = [*s.epoch_indices(0), *s.epoch_indices(0)[:2]]  # 10 -> 12 by wrapping around, DistributedSampler-style
+    assert shards == [[int(i) for i in padded[r::3]] for r in range(3)]
+    it = iter(s)  # epoch 2
+    head = [next(it) for _ in range(4)]
+    state = json.loads(json.dumps(s.state_dict()))
+    rest = list(it) + list(s)
+    t = ResumableSampler(10, seed=5, rank=0, world_size=1)
+    t.load_state_dict(state)
+    assert state["epoch"] == 2 and state["position"] == 4 and len(head) == 4
+    assert list(t) + list(t) == rest
+    with pytest.raises(ValueError, match="same data and seed"):
+        ResumableSampler(11, seed=5, rank=0, world_size=1).load_state_dict(state)
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def _trained(tmp_path: Path, steps: int = 2) -> tuple[nn.Module, torch.optim.Optimizer, Any]:
+    model = TinyMLP()
+    opt = build_optimizer(model, OPT)
+    sched = build_scheduler(opt, OPT, total_steps=10)
+    x, y = make_data(6)
+    for _ in range(steps):
+        ce_step(model, {"x": x, "y": y})["loss"].backward()
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+    return model, opt, sched
+
+
+def _assert_state_equal(a: Any, b: Any) -> None:
+    if isinstance(a, Tensor):
+        assert isinstance(b, Tensor) and a.dtype == b.dtype and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert set(a) == set(b)
+        for k in a:
+            _assert_state_equal(a[k], b[k])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b)
+        for u, v in zip(a, b, strict=True):
+            _assert_state_equal(u, v)
+    else:
+        assert a == b
+
+
+def test_checkpoint_round_trip_is_bit_identical(tmp_path: Path) -> None:
+    model, opt, sched = _trained(tmp_path)
+    root = str(tmp_path / "ckpt")
+    rng = capture_rng_state()
+    uri = save_checkpoint(root, 2, model, opt, sched, rng, {"epoch": 1, "pos": (3, 4)}, {"note": "x"})
+    after_save = (torch.rand(3), np.random.rand(3), random.random())
+    fresh = TinyMLP(seed=9)
+    opt2 = build_optimizer(fresh, OPT)
+    sched2 = build_scheduler(opt2, OPT, total_steps=10)
+    torch.manual_seed(1234)
+    loaded = load_checkpoint(uri, fresh, opt2, sched2)
+    after_load = (torch.rand(3), np.random.rand(3), random.random())
+    assert torch.equal(after_save[0], after_load[0]) and np.array_equal(after_save[1], after_load[1])
+    assert after_save[2] == after_load[2]
+    _assert_state_equal(model.state_dict(), fresh.state_dict())
+    _assert_state_equal(opt.state_dict(), opt2.state_dict())
+    _assert_state_equal(sched.state_dict(), sched2.state_dict())
+    assert loaded.step == 2 and loaded.data_state == {"epoch": 1, "pos": (3, 4)} and loaded.extra == {"note": "x"}
+
+
+def test_tied_weights_are_saved(tmp_path: Path) -> None:
+    model = TinyMLP()
+    model.head.weight = model.fc2.weight  # (16, 16) tied; head now maps 16 -> 16
+    uri = save_checkpoint(str(tmp_path), 1, model, None, None)
+    fresh = TinyMLP(seed=4)
+    fresh.head.weight = fresh.fc2.weight
+    load_checkpoint(uri, fresh, restore_rng=False)
+    assert torch.equal(fresh.fc2.weight, model.fc2.weight) and fresh.head.weight is fresh.fc2.weight
+
+
+def test_partial_checkpoints_are_ignored_and_old_ones_pruned(tmp_path: Path) -> None:
+    model = TinyMLP()
+    root = str(tmp_path)
+    for step in (1, 2, 3):
+        save_checkpoint(root, step, model, None, None, keep_last=2)
+    assert [s for s, _ in list_checkpoints(root)] == [2, 3]
+    assert not (tmp_path / "step-000001").exists()
+    save_checkpoint(root, 4, model, None, None)
+    (tmp_path / "step-000004" / STATE_FILE).unlink()  # killed before state.json was written
+    (tmp_path / "step-000005").mkdir()
+    (tmp_path / "step-000005" / MODEL_FILE).write_bytes(b"half")
+    assert latest_checkpoint(root) == str(tmp_path / "step-000003")
+    with pytest.raises(CheckpointError, match="not a complete checkpoint"):
+        load_checkpoint(str(tmp_path / "step-000004"), model)
+    assert latest_checkpoint(str(tmp_path / "nothing-here")) is None
+
+
+def test_checkpoints_hold_no_pickles(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    model, opt, sched = _trained(tmp_path)
+    uri = save_checkpoint(str(tmp_path / "c"), 2, model, opt, sched)
+    files = sorted(Path(uri).iterdir())
+    assert {f.name for f in files} == {MODEL_FILE, OPTIM_FILE, STATE_FILE, "rng-rank00000.safetensors"}
+    for f in files:
+        data = f.read_bytes()
+        assert not data.startswith((b"\x80", b"PK")), f"{f.name} looks like a pickle / torch zip"
+        if f.suffix == ".safetensors":
+            (n,) = struct.unpack("<Q", data[:8])
+            assert isinstance(json.loads(data[8 : 8 + n]), dict)
+        else:
+            json.loads(data)
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("checkpoint loading must not unpickle")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    monkeypatch.setattr(torch, "load", refuse)
+    fresh = TinyMLP(seed=2)
+    opt2 = build_optimizer(fresh, OPT)
+    load_checkpoint(uri, fresh, opt2, build_scheduler(opt2, OPT, 10))
+    assert torch.equal(fresh.fc1.weight, model.fc1.weight)
+
+
+# --------------------------------------------------------------------------- kill and resume
+
+
+class Killed(RuntimeError):
+    pass
+
+
+def killing(step_fn: Any, at_call: int) -> Any:
+    calls = {"n": 0}
+
+    def wrapped(model: nn.Module, batch: Any) -> Any:
+        if calls["n"] == at_call:
+            raise Killed(f"killed at micro-step {at_call}")
+        calls["n"] += 1
+        return step_fn(model, batch)
+
+    return wrapped
+
+
+def run_straight(out_dir: str | Path, seed: int = 3) -> nn.Module:
+    x, y = make_data(10)
+    model = TinyMLP()
+    train(model, ce_step, make_loader(x, y, 3), cfg_for(out_dir, seed=seed), OPT, metrics_logger=ListLogger())
+    return model
+
+
+def run_killed_then_resumed(out_dir: str, kill_at: int) -> tuple[nn.Module, Any]:
+    x, y = make_data(10)
+    with pytest.raises(Killed):
+        train(TinyMLP(), killing(ce_step, kill_at), make_loader(x, y, 3), cfg_for(out_dir), OPT)
+    torch.manual_seed(999)  # a "new process": different global RNG, fresh model, sampler and optimiser
+    model = TinyMLP(seed=5)
+    result = train(model, ce_step, make_loader(x, y, 3), cfg_for(out_dir), OPT)
+    return model, result
+
+
+@pytest.fixture(scope="module")
+def straight_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[int, nn.Module]:
+    """8 uninterrupted updates, for seed 3 (the reference) and seed 4 (to show dropout RNG matters)."""
+    return {seed: run_straight(tmp_path_factory.mktemp(f"straight{seed}"), seed=seed) for seed in (3, 4)}
+
+
+@pytest.mark.parametrize(("kill_at", "resumed_step"), [(7, 3), (12, 6)])
+def test_kill_and_resume_matches_straight_run(
+    tmp_path: Path, straight_runs: dict[int, nn.Module], kill_at: int, resumed_step: int
+) -> None:
+    # 8 updates x 2 micro-batches of 3 over 10 items (3 batches/epoch): 5+ shuffled epochs, dropout 0.3
+    straight = straight_runs[3]
+    resumed, result = run_killed_then_resumed(str(tmp_path / "killed"), kill_at)
+    assert result.start_step == resumed_step and result.resumed_from.endswith(f"step-{resumed_step:06d}")
+    assert result.step == 8
+    for (name, p), q in zip(straight.state_dict().items(), resumed.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+    assert not torch.equal(straight.fc1.weight, straight_runs[4].fc1.weight)  # the dropout RNG matters
+    assert [s for s, _ in list_checkpoints(str(tmp_path / "killed" / "checkpoints"))] == [6, 8]
+
+
+def test_kill_and_resume_on_s3(s3_bucket: str, straight_runs: dict[int, nn.Module]) -> None:
+    out = f"{s3_bucket}/runs/r1"
+    resumed, result = run_killed_then_resumed(out, kill_at=12)
+    assert result.resumed_from == f"{out}/checkpoints/step-000006"
+    for p, q in zip(straight_runs[3].parameters(), resumed.parameters(), strict=True):
+        assert torch.equal(p, q)
+    assert [s for s, _ in list_checkpoints(f"{out}/checkpoints")] == [6, 8]
+    storage.delete(f"{out}/checkpoints/step-000008/{STATE_FILE}")
+    assert latest_checkpoint(f"{out}/checkpoints") == f"{out}/checkpoints/step-000006"
+    lines = [json.loads(s) for s in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
+    assert lines[0]["params"]["train"]["max_steps"] == 8 and lines[-1]["step"] == 8
+
+
+# --------------------------------------------------------------------------- two ranks (gloo)
+
+
+def _ddp_worker(rank: int, port: int, root: str, kill: bool) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2"
+    )
+    torch.set_num_threads(1)
+    distributed.init_from_env("gloo")
+    try:
+        x, y = make_data(10)
+
+        def loader() -> SamplerBatches:  # each rank reads its half of every epoch
+            return SamplerBatches(ResumableSampler(10, seed=7), lambda idx: {"x": x[idx], "y": y[idx]}, 2)
+
+        if kill:
+            with contextlib.suppress(Killed):
+                train(TinyMLP(), killing(ce_step, 12), loader(), cfg_for(root), OPT, metrics_logger=ListLogger())
+            torch.manual_seed(99)
+        model = TinyMLP(seed=5 if kill else 0)
+        result = train(model, ce_step, loader(), cfg_for(root), OPT, metrics_logger=ListLogger())
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, os.path.join(root, f"final-{rank}-start{result.start_step}.safetensors"))
+    finally:
+        distributed.cleanup()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_rank_gloo_kill_and_resume(tmp_path: Path) -> None:
+    import torch._dynamo  # DDP imports it lazily (~7 s): once here, not in every forked child
+
+    # fork is fast, but once autograd has run where CUDA is available it refuses to fork: spawn there
+    method = "spawn" if torch.cuda.is_available() else "fork"
+    for name, kill in (("straight", False), ("killed", True)):
+        root = str(tmp_path / name)
+        mp.start_processes(_ddp_worker, args=(_free_port(), root, kill), nprocs=2, join=True, start_method=method)
+    files = {f.name for f in (tmp_path / "killed" / "checkpoints" / "step-000008").iterdir()}
+    assert {"rng-rank00000.safetensors", "rng-rank00001.safetensors", STATE_FILE} <= files
+    for rank in range(2):
+        straight = load_file(str(tmp_path / "straight" / f"final-{rank}-start0.safetensors"))
+        resumed = load_file(str(tmp_path / "killed" / f"final-{rank}-start6.safetensors"))
+        assert all(torch.equal(straight[k], resumed[k]) for k in straight), f"rank {rank} diverged after resume"
+    other = load_file(str(tmp_path / "straight" / "final-1-start0.safetensors"))
+    assert all(torch.equal(straight[k], other[k]) for k in straight)  # DDP kept the ranks in step
