@@ -1,0 +1,264 @@
+"""ALPRO (Align and Prompt, arXiv 2112.09583): unimodal towers, fusion, heads, and the pre-training losses.
+
+Modules return named outputs; the objectives live in :mod:`vlp.losses` and are combined by
+:func:`alpro_pretrain_losses`, the step function the training loop calls.
+
+- :class:`DualEncoder`: TimeSformer video tower + 6-layer BERT text tower, each projected to a shared
+  normalised ``embed_dim`` space, with a learnable temperature (init 0.07, clamped to [0.001, 0.5]).
+  It is both the *prompter* (trained with VTC only, then frozen) and the unimodal half of ALPRO.
+- :class:`Alpro`: a :class:`DualEncoder` + the multimodal encoder (last 6 BERT layers over
+  ``[text; video]`` tokens) + the MLM head (tied to the word embeddings), the binary VTM head on the
+  fused text [CLS], and the PEM MLP ``width -> 2*width -> M`` on box-pooled fused video tokens.
+
+One pre-training step (eq. 6, the unweighted sum of the enabled terms):
+
+1. unimodal features -> **VTC** over the gathered global batch;
+2. **VTM**: one hard negative text per video and one video per text from the in-batch similarity
+   softmax, positive excluded; the ``3B`` pairs are fused once; labels ``[1]*B + [0]*2B``;
+3. **PEM**: a random box (30-50% of the frame, snapped to the patch grid, same in every frame); the
+   frozen prompter embeds the crop and scores it against the prompt bank -> soft pseudo-label; the
+   fused video tokens of the *positive* pairs inside the box are mean-pooled -> MLP -> soft CE;
+4. **MLM**: 15% of the text tokens masked (80/10/10), fused with the unmasked video, predicted.
+
+The PEM fused tokens are those of the positive VTM pairs (the first ``B`` rows), so PEM costs no
+extra fusion pass; MLM needs one (its text is corrupted).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlp import losses
+from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
+from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput
+
+LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
+
+
+@dataclass(frozen=True)
+class AlproConfig:
+    """Sizes and objective switches of an ALPRO model (and of its prompter)."""
+
+    video: TimeSformerConfig = field(default_factory=TimeSformerConfig.tiny)
+    text: TextConfig = field(default_factory=TextConfig.tiny)
+    embed_dim: int = 256  # VTC projection size (paper: 256)
+    init_temp: float = 0.07  # learnable VTC temperature, clamped to [0.001, 0.5] (ALPRO code)
+    num_entities: int = 0  # M, the prompt-bank size; 0 = no PEM head
+    losses: tuple[str, ...] = LOSS_TERMS  # enabled terms of eq. 6 (Table 1 ablations switch them off)
+    mlm_prob: float = 0.15  # share of non-special text tokens masked for MLM
+    pem_area: tuple[float, float] = (0.3, 0.5)  # PEM box area, fraction of the frame (paper §3.4)
+    pem_ratio: tuple[float, float] = (0.3, 1 / 0.3)  # PEM box aspect ratio h/w (ALPRO code)
+    pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
+    pem_threshold: float = 0.2  # discard threshold of the rule
+    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or frame with outside zeroed
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.losses) - set(LOSS_TERMS))
+        if unknown or not self.losses:
+            raise ValueError(f"losses must be a non-empty subset of {LOSS_TERMS}, got {list(self.losses)}")
+        if "pem" in self.losses and self.num_entities < 1:
+            raise ValueError("PEM needs num_entities >= 1 (the prompt-bank size); set it or drop 'pem' from losses")
+
+    @classmethod
+    def tiny(cls, vocab_size: int, **overrides: Any) -> AlproConfig:
+        """2+2 text layers of width 64, a 2-layer width-64 TimeSformer on 32 px frames: seconds on a CPU."""
+        base = {"video": TimeSformerConfig.tiny(), "text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32}
+        return cls(**(base | overrides))
+
+
+class DualEncoder(nn.Module):
+    """Video and text towers projected to one normalised space (the prompter, and ALPRO's unimodal half)."""
+
+    def __init__(self, video: TimeSformerConfig, text: TextConfig, *, embed_dim: int, init_temp: float) -> None:
+        super().__init__()
+        self.video = TimeSformer(video)
+        self.text = TextEncoder(text)
+        self.video_proj = nn.Linear(self.video.width, embed_dim)
+        self.text_proj = nn.Linear(self.text.width, embed_dim)
+        self.temp = nn.Parameter(torch.tensor(float(init_temp)))
+
+    def temperature(self) -> Tensor:
+        """The clamped temperature (0-d)."""
+        return losses.clamp_temperature(self.temp)
+
+    def encode_video(self, video: Tensor) -> tuple[Tensor, VideoEncoderOutput]:
+        """``(B, T, 3, H, W)`` -> (unit-norm ``(B, D)`` feature, encoder output)."""
+        out = self.video(video)
+        return F.normalize(self.video_proj(out.tokens[:, 0]), dim=-1), out
+
+    def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, TextOutput]:
+        """``(B, L)`` ids + mask -> (unit-norm ``(B, D)`` feature, encoder output)."""
+        out = self.text(input_ids, attention_mask)
+        return F.normalize(self.text_proj(out.tokens[:, 0]), dim=-1), out
+
+
+class Alpro(nn.Module):
+    """ALPRO: :class:`DualEncoder` + multimodal encoder + MLM, VTM and PEM heads."""
+
+    def __init__(self, cfg: AlproConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
+        width = cfg.text.width
+        self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
+        self.mlm_head = MLMHead(cfg.text, self.dual.text.word_embeddings)
+        self.vtm_head = nn.Linear(width, 2)
+        self.pem_head = (
+            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, cfg.num_entities))
+            if cfg.num_entities
+            else None
+        )
+
+    def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
+        """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
+        return self.fusion(text_tokens, text_mask, video_tokens)
+
+
+@dataclass
+class PretrainBatch:
+    """One tokenised pre-training batch."""
+
+    video: Tensor  # (B, T, 3, H, W) normalised frames
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor  # (B, L)
+    is_image: Tensor | None = None  # (B,) bool: still images repeated into clips (image prompt templates)
+
+
+@dataclass
+class PemContext:
+    """What PEM needs besides the model: the frozen prompter and its prompt bank."""
+
+    prompter: DualEncoder
+    bank_video: Tensor  # (M, D) video-template entity embeddings
+    bank_image: Tensor | None = None  # (M, D) image-template entity embeddings, for still images
+
+
+def alpro_pretrain_losses(
+    model: Alpro,
+    batch: PretrainBatch,
+    *,
+    tokenizer: Any,
+    pem: PemContext | None = None,
+    gather: Callable[[Tensor], Tensor] = losses.contrastive.identity,
+    rank: int = 0,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
+    """The enabled ALPRO objectives for one batch; ``"loss"`` is their unweighted sum (eq. 6).
+
+    Args:
+        model: the ALPRO model (unwrapped, or its DDP ``.module``).
+        batch: the tokenised batch.
+        tokenizer: the text tokenizer (mask/special token ids, vocabulary size for MLM).
+        pem: the frozen prompter and prompt bank; required when "pem" is enabled.
+        gather: all-gather with gradient over ranks (identity on one process) for VTC negatives.
+        rank: this process's rank (where its VTC positives sit in the gathered batch).
+        generator: CPU generator for masks, boxes and negatives (reproducible steps).
+
+    Returns:
+        ``{"loss", "loss_vtc", "loss_vtm", "loss_mlm", "loss_pem", "temp", "pem_kept"}`` (enabled terms only).
+    """
+    cfg, out = model.cfg, {}
+    video_feat, video_out = model.dual.encode_video(batch.video)  # (B, D), tokens (B, 1+N, C)
+    text_feat, text_out = model.dual.encode_text(batch.input_ids, batch.attention_mask)  # (B, D), (B, L, C)
+    temp = model.dual.temperature()
+    out["temp"] = temp.detach()
+    if "vtc" in cfg.losses:
+        out["loss_vtc"] = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank)
+    positive = None
+    if "vtm" in cfg.losses or "pem" in cfg.losses:
+        positive, vtm = _vtm(model, video_feat, text_feat, temp, video_out, text_out, generator)
+        if vtm is not None:
+            out["loss_vtm"] = vtm
+    if "pem" in cfg.losses:
+        if pem is None:
+            raise ValueError("PEM is enabled but no prompter/prompt bank was given (pem=PemContext(...))")
+        out["loss_pem"], out["pem_kept"] = _pem(model, batch, positive, video_out, pem, generator)
+    if "mlm" in cfg.losses:
+        out["loss_mlm"] = _mlm(model, batch, video_out, tokenizer, generator)
+    out["loss"] = sum(out[f"loss_{term}"] for term in cfg.losses)
+    return out
+
+
+def _vtm(
+    model: Alpro,
+    video_feat: Tensor,
+    text_feat: Tensor,
+    temp: Tensor,
+    video_out: VideoEncoderOutput,
+    text_out: TextOutput,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor | None]:
+    """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM loss)."""
+    b = video_feat.shape[0]
+    if "vtm" not in model.cfg.losses or b < 2:
+        fused = model.fuse(text_out.tokens, text_out.attention_mask, video_out.tokens)
+        return fused.video, None
+    with torch.no_grad():
+        sim = video_feat @ text_feat.t() / temp  # (B, B) local similarities
+        neg_t, neg_v = losses.sample_hard_negatives(sim, sim.t(), generator=_on(generator, sim))
+    t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
+    fused = model.fuse(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
+    logits = model.vtm_head(fused.cls)  # (3B, 2)
+    return fused.video[:b], losses.vtm_loss(logits)
+
+
+def _pem(
+    model: Alpro,
+    batch: PretrainBatch,
+    fused_video: Tensor,
+    video_out: VideoEncoderOutput,
+    pem: PemContext,
+    generator: torch.Generator | None,
+) -> tuple[Tensor, Tensor]:
+    """Prompting entity modeling on the positive pairs' fused video tokens."""
+    cfg = model.cfg
+    b = batch.video.shape[0]
+    gh, gw = video_out.grid
+    boxes = losses.sample_pem_boxes(
+        b, gh, gw, patch_size=cfg.video.patch_size, area=cfg.pem_area, ratio=cfg.pem_ratio, generator=generator
+    )
+    crops = losses.entity.crop_frames(batch.video, boxes.pixel_boxes, mode=cfg.pem_crop)  # (B, T, 3, H, W)
+    with torch.no_grad():
+        crop_feat, _ = pem.prompter.encode_video(crops)  # (B, D)
+        bank = pem.bank_video.to(crop_feat)
+        if pem.bank_image is not None and batch.is_image is not None:
+            bank = torch.where(batch.is_image[:, None, None], pem.bank_image.to(crop_feat), bank)  # (B, M, D)
+            sims = torch.einsum("bd,bmd->bm", crop_feat, bank)
+            pseudo = F.softmax(sims / pem.prompter.temperature(), dim=-1)  # (B, M)
+        else:
+            pseudo = losses.pseudo_labels(crop_feat, bank, pem.prompter.temperature())  # (B, M)
+        keep = losses.pem_keep_mask(pseudo, rule=cfg.pem_rule, threshold=cfg.pem_threshold)  # (B,)
+    patch_tokens = fused_video[:, 1:]  # (B, N, C): drop the video [CLS]
+    pooled = losses.pool_box_tokens(patch_tokens, boxes.token_mask.to(patch_tokens.device))  # (B, C)
+    logits = model.pem_head(pooled)  # (B, M)
+    return losses.pem_loss(logits, pseudo, keep), keep.float().mean().detach()
+
+
+def _mlm(
+    model: Alpro, batch: PretrainBatch, video_out: VideoEncoderOutput, tokenizer: Any, gen: torch.Generator | None
+) -> Tensor:
+    """Masked language modeling from the fused sequence with the unmasked video."""
+    special = (batch.input_ids.unsqueeze(-1) == torch.tensor(tokenizer.all_special_ids)).any(-1)  # (B, L)
+    masked_ids, labels = losses.mask_tokens(
+        batch.input_ids.cpu(),
+        vocab_size=len(tokenizer),
+        mask_token_id=tokenizer.mask_token_id,
+        special_mask=special.cpu() | ~batch.attention_mask.bool().cpu(),
+        prob=model.cfg.mlm_prob,
+        generator=gen,
+    )
+    masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
+    text_out = model.dual.text(masked_ids, batch.attention_mask)
+    fused = model.fuse(text_out.tokens, batch.attention_mask, video_out.tokens)
+    return losses.mlm_loss(model.mlm_head(fused.text), labels)
+
+
+def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:
+    """The generator if it lives on ``like``'s device, else None (CUDA tensors need a CUDA generator)."""
+    return generator if generator is None or generator.device == like.device else None
