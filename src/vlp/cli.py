@@ -56,6 +56,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output frames directory or s3:// prefix")
     _common(p)
 
+    p = sub.add_parser(
+        "pretrain-prompter", help="train the prompter (video-text dual encoder, VTC only)", epilog=EPILOG
+    )
+    p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+    p.add_argument("--frames", required=True, help="extract-frames output")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    _common(p)
+
+    p = sub.add_parser(
+        "build-prompt-bank", help="12 templates x mined entities through the frozen prompter", epilog=EPILOG
+    )
+    p.add_argument("--prompter", required=True, help="pretrain-prompter output")
+    p.add_argument("--entities", required=True, help="mine-entities output")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    _common(p)
+
+    p = sub.add_parser("pretrain", help="pre-train ALPRO (VTC + PEM + MLM + VTM)", epilog=EPILOG)
+    p.add_argument("--model", default="alpro", choices=["alpro"], help="model family")
+    p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+    p.add_argument("--frames", required=True, help="extract-frames output")
+    p.add_argument("--prompter", required=True, help="pretrain-prompter output")
+    p.add_argument("--prompt-bank", required=True, help="build-prompt-bank output")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+    _common(p)
+
     p = sub.add_parser("mine-entities", help="top-M caption nouns (spaCy) -> entity vocabulary", epilog=EPILOG)
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
@@ -94,6 +119,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from vlp.steps.mine_entities import mine_entities
 
         return mine_entities(args.dataset, args.out, cfg)
+    if args.command == "pretrain-prompter":
+        from vlp.steps.pretrain import pretrain_prompter
+
+        return pretrain_prompter(args.dataset, args.frames, args.out, cfg)
+    if args.command == "build-prompt-bank":
+        from vlp.steps.pretrain import build_prompt_bank
+
+        return build_prompt_bank(args.prompter, args.entities, args.out, cfg)
+    if args.command == "pretrain":
+        from vlp.steps.pretrain import pretrain
+
+        return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -27,6 +27,7 @@ from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.storage import StorageConfig
+from vlp.train.settings import ModelConfig, PretrainConfig
 
 T = TypeVar("T")
 
@@ -44,6 +45,8 @@ class Config:
     ingest: IngestConfig = field(default_factory=IngestConfig)
     frames: FramesConfig = field(default_factory=FramesConfig)
     entities: EntitiesConfig = field(default_factory=EntitiesConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    pretrain: PretrainConfig = field(default_factory=PretrainConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

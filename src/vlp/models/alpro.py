@@ -97,6 +97,20 @@ class DualEncoder(nn.Module):
         out = self.text(input_ids, attention_mask)
         return F.normalize(self.text_proj(out.tokens[:, 0]), dim=-1), out
 
+    def forward(
+        self,
+        batch: PretrainBatch,
+        *,
+        gather: Callable[[Tensor], Tensor] = losses.contrastive.identity,
+        rank: int = 0,
+    ) -> dict[str, Tensor]:
+        """Prompter pre-training: VTC only. Returns ``{"loss", "loss_vtc", "temp"}``."""
+        video_feat, _ = self.encode_video(batch.video)
+        text_feat, _ = self.encode_text(batch.input_ids, batch.attention_mask)
+        temp = self.temperature()
+        loss = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank)
+        return {"loss": loss, "loss_vtc": loss.detach(), "temp": temp.detach()}
+
 
 class Alpro(nn.Module):
     """ALPRO: :class:`DualEncoder` + multimodal encoder + MLM, VTM and PEM heads."""
@@ -118,6 +132,10 @@ class Alpro(nn.Module):
     def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
         """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
         return self.fusion(text_tokens, text_mask, video_tokens)
+
+    def forward(self, batch: PretrainBatch, **kwargs: Any) -> dict[str, Tensor]:
+        """The pre-training objectives (see :func:`alpro_pretrain_losses`; DDP needs them inside forward)."""
+        return alpro_pretrain_losses(self, batch, **kwargs)
 
 
 @dataclass
@@ -244,7 +262,8 @@ def _mlm(
     model: Alpro, batch: PretrainBatch, video_out: VideoEncoderOutput, tokenizer: Any, gen: torch.Generator | None
 ) -> Tensor:
     """Masked language modeling from the fused sequence with the unmasked video."""
-    special = (batch.input_ids.unsqueeze(-1) == torch.tensor(tokenizer.all_special_ids)).any(-1)  # (B, L)
+    specials = torch.tensor(tokenizer.all_special_ids, device=batch.input_ids.device)
+    special = (batch.input_ids.unsqueeze(-1) == specials).any(-1)  # (B, L)
     masked_ids, labels = losses.mask_tokens(
         batch.input_ids.cpu(),
         vocab_size=len(tokenizer),

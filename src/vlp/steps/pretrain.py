@@ -1,0 +1,252 @@
+"""Steps: ``pretrain_prompter`` -> ``build_prompt_bank`` -> ``pretrain`` (ALPRO).
+
+Every output directory holds ``model.json`` (the model config + the checkpoint that holds the final
+weights, relative to the directory) and, for the prompter, the tokenizer every later model shares.
+Weights are safetensors written by :mod:`vlp.train.checkpoint`; nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import torch
+
+from vlp import storage
+from vlp.config import Config
+from vlp.data import manifest
+from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+from vlp.steps.common import StepResult, run_step
+from vlp.train.settings import ModelConfig, PretrainConfig
+
+MODEL_JSON = "model.json"
+TOKENIZER_DIR = "tokenizer"
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def _model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
+    from vlp.models.alpro import AlproConfig
+    from vlp.models.layers.timesformer import TimeSformerConfig
+    from vlp.models.text import TextConfig
+
+    if model.preset == "tiny":
+        video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
+        text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
+    else:
+        video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
+        text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
+    return AlproConfig(
+        video,
+        text,
+        embed_dim=model.embed_dim,
+        num_entities=num_entities,
+        losses=tuple(losses),
+        pem_rule=model.pem_rule,
+        pem_crop=model.pem_crop,
+    )
+
+
+def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
+    """The configured tokenizer, or WordPiece trained on the training captions; saved under ``out``."""
+    from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+
+    if cfg.model.tokenizer:
+        tok = load_tokenizer(cfg.model.tokenizer)
+    else:
+        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
+        pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)
+        train = [caption for caption, split in pairs if split == "train"]
+        tok = train_wordpiece(train, vocab_size=cfg.model.vocab_size, max_len=cfg.model.max_len)
+    save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+    return tok
+
+
+def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
+    """Resumable batches of :class:`PretrainBatch` over the training pairs."""
+    from vlp.models.alpro import PretrainBatch
+    from vlp.train.loop import ResumableSampler, SamplerBatches
+
+    p = cfg.pretrain
+    data = VideoTextDataset(
+        frames,
+        dataset,
+        split="train",
+        num_frames=cfg.model.num_frames,
+        mode=p.sample_mode,
+        augment=ClipRandAugment() if p.randaug else None,
+        seed=p.seed,
+    )
+
+    def fetch(indices: list[int]) -> PretrainBatch:
+        items = collate_video_text([data[i] for i in indices])
+        video = items["video"]  # (B, T, 3, H, W)
+        if video.shape[-1] != cfg.model.img_size or video.shape[-2] != cfg.model.img_size:
+            b, t = video.shape[:2]
+            size = (cfg.model.img_size, cfg.model.img_size)
+            video = torch.nn.functional.interpolate(video.flatten(0, 1), size=size, mode="bilinear", antialias=True)
+            video = video.view(b, t, 3, *size)
+        enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
+        is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
+        ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
+        return PretrainBatch(video, ids, mask, is_image)
+
+    sampler = ResumableSampler(len(data), seed=p.seed)
+    return SamplerBatches(sampler, fetch, min(p.batch_size, len(sampler)), drop_last=True)
+
+
+def _train(model: torch.nn.Module, step_fn: Any, data: Any, cfg: PretrainConfig, out: str) -> Any:
+    from vlp.train.loop import TrainConfig, train
+    from vlp.train.optim import OptimConfig
+
+    train_cfg = TrainConfig(
+        out_dir=out,
+        max_steps=cfg.max_steps,
+        grad_accum=cfg.grad_accum,
+        log_every=cfg.log_every,
+        ckpt_every=cfg.ckpt_every,
+        seed=cfg.seed,
+        bf16=cfg.bf16,
+        progress=cfg.progress,
+    )
+    optim = OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_ratio=cfg.warmup_ratio,
+        grad_clip=cfg.grad_clip,
+        alpro_code_weight_decay=cfg.alpro_code_weight_decay,
+    )
+    return train(model, step_fn, data, train_cfg, optim)
+
+
+def _device() -> torch.device:
+    """``cuda:<local rank>`` when a GPU is visible (torchrun sets the rank), else the CPU."""
+    from vlp.train import distributed
+
+    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _write_model_json(out: str, kind: str, model_cfg: Any, checkpoint: str, extra: dict[str, Any]) -> None:
+    rel = checkpoint[len(out.rstrip("/")) + 1 :] if checkpoint.startswith(out.rstrip("/") + "/") else checkpoint
+    doc = {"kind": kind, "config": _to_jsonable(dataclasses.asdict(model_cfg)), "checkpoint": rel, **extra}
+    storage.write_text(storage.join(out, MODEL_JSON), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def _to_jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_jsonable(v) for v in obj]
+    return obj
+
+
+def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
+    """(frozen :class:`DualEncoder` in eval mode, its tokenizer, its AlproConfig) from a prompter output."""
+    from vlp.models.alpro import DualEncoder
+    from vlp.models.tokenizer import load_tokenizer
+    from vlp.train.checkpoint import load_model_weights
+
+    doc = json.loads(storage.read_text(storage.join(prompter_dir, MODEL_JSON)))
+    model_cfg = _config_from_json(doc["config"])
+    prompter = DualEncoder(
+        model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=model_cfg.init_temp
+    )
+    ckpt = manifest.resolve(prompter_dir, doc["checkpoint"])
+    load_model_weights(ckpt, prompter)
+    prompter.eval().requires_grad_(False)
+    return prompter, load_tokenizer(storage.join(prompter_dir, TOKENIZER_DIR)), model_cfg
+
+
+def _config_from_json(data: dict[str, Any]) -> Any:
+    from vlp.models.alpro import AlproConfig
+    from vlp.models.layers.timesformer import TimeSformerConfig
+    from vlp.models.text import TextConfig
+
+    fields = dict(data)
+    video = TimeSformerConfig(**data["video"])
+    text_fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data["text"].items()}
+    text = TextConfig(**text_fields)
+    fields.update(video=video, text=text, losses=tuple(data["losses"]))
+    for key in ("pem_area", "pem_ratio"):
+        fields[key] = tuple(data[key])
+    return AlproConfig(**fields)
+
+
+# --------------------------------------------------------------------------- steps
+
+
+def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepResult:
+    """Train the prompter: a video-text dual encoder with VTC only (ALPRO §3.2.2)."""
+
+    def work() -> StepResult:
+        from vlp.models.alpro import DualEncoder
+        from vlp.train import distributed
+
+        distributed.init_from_env()
+        tok = _tokenizer(cfg, dataset, out)
+        model_cfg = _model_config(cfg.model, len(tok), 0, ["vtc"])
+        model = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
+        model.to(_device())
+        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+        data = _batches(cfg, dataset, frames, tok)
+        result = _train(model, lambda m, b: m(b, gather=gather, rank=rank), data, cfg.pretrain, out)
+        _write_model_json(out, "prompter", model_cfg, result.checkpoint, {"steps": result.step})
+        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+
+    return run_step("pretrain_prompter", out, cfg, "pretrain", work)
+
+
+def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Config) -> StepResult:
+    """Embed 12 video + 12 image templates x the top-M mined entities with the frozen prompter."""
+
+    def work() -> StepResult:
+        from vlp.models.prompts import build_prompt_bank as build
+
+        prompter, tok, _ = load_prompter(prompter_dir)
+        table = storage.read_parquet(storage.join(entities_dir, "entities.parquet"))
+        entities = table.sort_by("rank")["entity"].to_pylist()[: cfg.model.num_entities]
+        if not entities:
+            raise ValueError(f"{entities_dir}/entities.parquet lists no entities: run `vlp mine-entities` first")
+
+        def encode(prompts: list[str]) -> torch.Tensor:
+            enc = tok(prompts, padding=True, truncation=True, max_length=cfg.model.max_len, return_tensors="pt")
+            return prompter.encode_text(enc["input_ids"], enc["attention_mask"])[0]
+
+        bank = build(encode, entities, renormalize=cfg.model.bank_renormalize)
+        bank.save(out)
+        return {"entities": len(entities), "renormalize": bank.renormalize, "dim": int(bank.video.shape[1])}
+
+    return run_step("build_prompt_bank", out, cfg, "model", work)
+
+
+def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: str, cfg: Config) -> StepResult:
+    """ALPRO pre-training with VTC + PEM + MLM + VTM (the enabled ``model.losses``)."""
+
+    def work() -> StepResult:
+        from vlp.models.alpro import Alpro, PemContext
+        from vlp.models.prompts import PromptBank
+        from vlp.models.tokenizer import save_tokenizer
+        from vlp.train import distributed
+
+        distributed.init_from_env()
+        prompter, tok, _ = load_prompter(prompter_dir)
+        bank = PromptBank.load(bank_dir) if "pem" in cfg.model.losses else None
+        num_entities = len(bank.entities) if bank is not None else 0
+        model_cfg = _model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
+        device = _device()
+        model = Alpro(model_cfg).to(device)
+        pem = PemContext(prompter.to(device), bank.video, bank.image) if bank is not None else None
+        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+
+        def step_fn(m: torch.nn.Module, batch: Any) -> Any:
+            return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank)
+
+        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg.pretrain, out)
+        save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+        extra = {"steps": result.step, "entities": bank.entities if bank is not None else []}
+        _write_model_json(out, "alpro", model_cfg, result.checkpoint, extra)
+        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+
+    return run_step("pretrain", out, cfg, "pretrain", work)

@@ -1,0 +1,77 @@
+"""pretrain-prompter -> build-prompt-bank -> pretrain on the tiny synthetic world, local and s3://."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp import storage
+from vlp.cli import main
+from vlp.config import load_config
+from vlp.models.prompts import PromptBank
+from vlp.steps.mine_entities import mine_entities
+from vlp.steps.pretrain import build_prompt_bank, load_prompter, pretrain, pretrain_prompter
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("pretrain")
+    cfg = load_config(TINY)
+    uris = dict(tiny_world, entities=str(root / "entities"), prompter=str(root / "prompter"), bank=str(root / "bank"))
+    mine_entities(uris["dataset"], uris["entities"], cfg)
+    uris["prompter_summary"] = pretrain_prompter(uris["dataset"], uris["frames"], uris["prompter"], cfg)
+    uris["bank_summary"] = build_prompt_bank(uris["prompter"], uris["entities"], uris["bank"], cfg)
+    return uris
+
+
+def metrics(out: str) -> list[dict]:
+    return [json.loads(line) for line in storage.read_text(storage.join(out, "metrics.jsonl")).splitlines()]
+
+
+def test_prompter_trains_with_vtc_and_reloads(trained):
+    assert trained["prompter_summary"]["steps"] == 3
+    steps = [m for m in metrics(trained["prompter"]) if "step" in m]
+    assert [m["step"] for m in steps] == [1, 2, 3]
+    assert all(m["train/loss"] == pytest.approx(m["train/loss_vtc"]) for m in steps)
+    prompter, tok, cfg = load_prompter(trained["prompter"])
+    assert not any(p.requires_grad for p in prompter.parameters())
+    enc = tok(["a red circle on the grass"], return_tensors="pt")
+    feat, _ = prompter.encode_text(enc["input_ids"], enc["attention_mask"])
+    assert feat.shape == (1, cfg.embed_dim) and torch.allclose(feat.norm(dim=-1), torch.ones(1))
+
+
+def test_prompt_bank_matches_the_mined_entities(trained):
+    bank = PromptBank.load(trained["bank"])
+    mined = storage.read_parquet(storage.join(trained["entities"], "entities.parquet")).sort_by("rank")
+    assert bank.entities == mined["entity"].to_pylist()[:20]
+    assert bank.video.shape == (len(bank.entities), 32) and not torch.equal(bank.video, bank.image)
+
+
+def test_pretrain_all_four_objectives_then_resume_is_a_no_op(trained, tmp_path):
+    out = str(tmp_path / "alpro")
+    cfg = load_config(TINY)
+    summary = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
+    assert summary["steps"] == 3
+    last = summary["metrics"]
+    for term in ("vtc", "pem", "mlm", "vtm"):
+        assert torch.isfinite(torch.tensor(last[f"train/loss_{term}"])), last
+    doc = json.loads(storage.read_text(storage.join(out, "model.json")))
+    assert doc["kind"] == "alpro" and len(doc["entities"]) == 20
+    assert storage.exists(storage.join(out, doc["checkpoint"], "model.safetensors"))
+    again = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
+    assert again["steps"] == 3, "a finished run resumes at its last step and trains no more"
+
+
+def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
+    out = f"{s3_bucket}/prompter"
+    code = main(["pretrain-prompter", "--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"],
+                 "--out", out, "--config", str(TINY), "pretrain.max_steps=2"])  # fmt: skip
+    assert code == 0
+    assert storage.exists(f"{out}/model.json") and storage.exists(f"{out}/tokenizer/tokenizer.json")
+    prompter, _, _ = load_prompter(out)
+    assert sum(p.numel() for p in prompter.parameters()) > 0
