@@ -1,0 +1,140 @@
+"""Benchmark: one ALPRO pre-training step (VTC + PEM + MLM + VTM), clips/s and where the time goes.
+
+Random-init models and random data (no hub, no dataset): the cost of a step does not depend on the
+weights. Prints clips/s of the whole step (forward + backward + AdamW) and, timed separately with the
+same inputs, the prompter forward (PEM pseudo-labels), the VTM hard-negative sampling, and one fusion
+pass of the multimodal encoder.
+
+    python benchmarks/bench_alpro_step.py --preset tiny --batch 8           # CPU, seconds
+    python benchmarks/bench_alpro_step.py --preset paper --batch 32 --bf16  # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+
+import torch
+
+from vlp import losses
+from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, PretrainBatch, alpro_pretrain_losses
+from vlp.models.layers.timesformer import TimeSformerConfig
+from vlp.models.text import TextConfig
+from vlp.models.tokenizer import train_wordpiece
+
+WORDS = [
+    "red",
+    "blue",
+    "green",
+    "circle",
+    "square",
+    "star",
+    "moving",
+    "left",
+    "right",
+    "over",
+    "the",
+    "grass",
+    "sand",
+    "water",
+    "snow",
+    "sky",
+    "road",
+]
+
+
+def build(preset: str, frames: int, entities: int, vocab: int) -> AlproConfig:
+    if preset == "tiny":
+        video, text, dim = TimeSformerConfig.tiny(num_frames=frames), TextConfig.tiny(vocab_size=vocab), 32
+    else:
+        video = TimeSformerConfig.paper(num_frames=frames, init="", drop_path=0.1)
+        text, dim = TextConfig.paper(vocab_size=vocab, init=""), 256
+    return AlproConfig(video, text, embed_dim=dim, num_entities=entities)
+
+
+def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
+    """Mean seconds of ``fn`` over ``repeat`` calls after one warm-up."""
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeat
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=["tiny", "paper"], default="tiny")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--text-len", type=int, default=30)
+    parser.add_argument("--entities", type=int, default=1000)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
+    args = parser.parse_args()
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    captions = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(8)) for i in range(200)]
+    tok = train_wordpiece(captions, vocab_size=200 if args.preset == "tiny" else 30522, max_len=args.text_len)
+    cfg = build(args.preset, args.frames, args.entities, len(tok))
+    model = Alpro(cfg).to(device)
+    prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07).to(device).eval()
+    bank = torch.nn.functional.normalize(torch.randn(args.entities, cfg.embed_dim, device=device), dim=-1)
+    pem = PemContext(prompter.requires_grad_(False), bank)
+    size = cfg.video.img_size
+    enc = tok([captions[i % 200] for i in range(args.batch)], padding="max_length", max_length=args.text_len,
+              truncation=True, return_tensors="pt")  # fmt: skip
+    batch = PretrainBatch(
+        torch.randn(args.batch, args.frames, 3, size, size, device=device),
+        enc["input_ids"].to(device),
+        enc["attention_mask"].to(device),
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16 and device.type == "cuda")
+
+    def step() -> None:
+        with autocast:
+            out = alpro_pretrain_losses(model, batch, tokenizer=tok, pem=pem)
+        opt.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        opt.step()
+
+    def prompter_forward() -> None:
+        with torch.no_grad(), autocast:
+            prompter.encode_video(batch.video)
+
+    def negatives() -> None:
+        with torch.no_grad():
+            sim = torch.randn(args.batch, args.batch, device=device)
+            losses.sample_hard_negatives(sim, sim.t())
+
+    with torch.no_grad(), autocast:
+        video_tokens = model.dual.video(batch.video).tokens
+        text_out = model.dual.text(batch.input_ids, batch.attention_mask)
+
+    def fusion() -> None:
+        with torch.no_grad(), autocast:
+            model.fuse(text_out.tokens, text_out.attention_mask, video_tokens)
+
+    step_s = timed(step, device, args.steps)
+    parts = {
+        "prompter forward (PEM)": timed(prompter_forward, device, args.steps),
+        "VTM negative sampling": timed(negatives, device, args.steps),
+        "one fusion pass (B pairs, no grad)": timed(fusion, device, args.steps),
+    }
+    params = sum(p.numel() for p in model.parameters()) / 1e6
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(f"{args.preset}: {params:.1f}M params, batch {args.batch} x {args.frames} frames at {size}px, {name}")
+    print(f"full step (fwd+bwd+AdamW): {step_s * 1000:8.1f} ms   {args.batch / step_s:8.1f} clips/s")
+    for label, seconds in parts.items():
+        print(f"  {label:<36} {seconds * 1000:8.1f} ms  ({100 * seconds / step_s:4.1f}% of a step)")
+    if device.type == "cuda":
+        print(f"peak memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    main()
