@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data bench clean
+.PHONY: help install test test-fast test-s3 lint format data pretrain bench clean
 
 help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,9 +56,16 @@ data: $(STAMP) ## Main job: synth -> ingest -> extract-frames -> mine-entities i
 	$(VENV)/bin/vlp extract-frames --dataset $(OUT)/dataset --out $(OUT)/frames --config $(CONFIG)
 	$(VENV)/bin/vlp mine-entities --dataset $(OUT)/dataset --out $(OUT)/entities --config $(CONFIG)
 
-bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining
+pretrain: $(STAMP) ## After `make data`: pretrain-prompter -> build-prompt-bank -> pretrain (ALPRO) into OUT
+	$(VENV)/bin/vlp pretrain-prompter --dataset $(OUT)/dataset --frames $(OUT)/frames --out $(OUT)/prompter --config $(CONFIG)
+	$(VENV)/bin/vlp build-prompt-bank --prompter $(OUT)/prompter --entities $(OUT)/entities --out $(OUT)/prompt_bank --config $(CONFIG)
+	$(VENV)/bin/vlp pretrain --model alpro --dataset $(OUT)/dataset --frames $(OUT)/frames --prompter $(OUT)/prompter \
+	    --prompt-bank $(OUT)/prompt_bank --out $(OUT)/alpro --config $(CONFIG)
+
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step
 	$(PY) benchmarks/bench_extract.py
 	$(PY) benchmarks/bench_entities.py
+	$(PY) benchmarks/bench_alpro_step.py --preset tiny
 
 clean: ## Remove caches and local run outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info
