@@ -75,3 +75,14 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
     assert storage.exists(f"{out}/model.json") and storage.exists(f"{out}/tokenizer/tokenizer.json")
     prompter, _, _ = load_prompter(out)
     assert sum(p.numel() for p in prompter.parameters()) > 0
+
+
+@pytest.mark.parametrize("preset", ["tiny", "paper"])
+def test_model_json_config_round_trip(preset):
+    import dataclasses
+
+    from vlp.steps.pretrain import _config_from_json, _model_config
+    from vlp.train.settings import ModelConfig
+
+    cfg = _model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
+    assert _config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg

@@ -130,16 +130,8 @@ def _device() -> torch.device:
 
 def _write_model_json(out: str, kind: str, model_cfg: Any, checkpoint: str, extra: dict[str, Any]) -> None:
     rel = checkpoint[len(out.rstrip("/")) + 1 :] if checkpoint.startswith(out.rstrip("/") + "/") else checkpoint
-    doc = {"kind": kind, "config": _to_jsonable(dataclasses.asdict(model_cfg)), "checkpoint": rel, **extra}
+    doc = {"kind": kind, "config": dataclasses.asdict(model_cfg), "checkpoint": rel, **extra}
     storage.write_text(storage.join(out, MODEL_JSON), json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
-def _to_jsonable(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        return {k: _to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_to_jsonable(v) for v in obj]
-    return obj
 
 
 def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
