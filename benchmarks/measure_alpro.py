@@ -1,0 +1,171 @@
+"""Measure what pre-training learned, on the synthetic world's test split (a script that prints numbers).
+
+(a) Zero-shot text->video R@1 from the dual encoder's contrastive similarity, for a trained model
+    (a ``pretrain-prompter`` or ``pretrain`` output) and for an untrained one of the same shape.
+(b) PEM pseudo-label accuracy against the ground truth: random PEM boxes on test clips; for boxes
+    that hold at least half of an object's box (on the clip's middle stored frame), how often the
+    prompter's top-1 entity names that object (its shape, a caption synonym of it, or its colour);
+    separately, how often it names the clip's scene. Baseline: always the most frequent entity.
+
+    python benchmarks/measure_alpro.py --dataset runs/local/dataset --frames runs/local/frames \\
+        --prompter runs/local/prompter --bank runs/local/prompt_bank [--model runs/local/alpro]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from vlp import losses, storage
+from vlp.data import manifest
+from vlp.data.synth import SCENE_PHRASES, SHAPE_SYNONYMS
+from vlp.data.video_text import VideoTextDataset, collate_video_text
+from vlp.models.alpro import Alpro, DualEncoder
+from vlp.models.prompts import PromptBank
+from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, _config_from_json
+from vlp.train.checkpoint import load_model_weights
+
+
+def load_dual(out: str, trained: bool) -> tuple[DualEncoder, int]:
+    """The dual encoder of a prompter or ALPRO output (random init of the same shape when not ``trained``)."""
+    doc = json.loads(storage.read_text(storage.join(out, MODEL_JSON)))
+    cfg = _config_from_json(doc["config"])
+    torch.manual_seed(0)
+    model = (
+        Alpro(cfg)
+        if doc["kind"] == "alpro"
+        else DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07)
+    )
+    if trained:
+        load_model_weights(manifest.resolve(out, doc["checkpoint"]), model)
+    dual = model.dual if isinstance(model, Alpro) else model
+    return dual.eval(), cfg.video.img_size
+
+
+def resize(video: torch.Tensor, size: int) -> torch.Tensor:
+    b, t = video.shape[:2]
+    if video.shape[-1] == size:
+        return video
+    return F.interpolate(video.flatten(0, 1), size=(size, size), mode="bilinear", antialias=True).view(
+        b, t, 3, size, size
+    )
+
+
+@torch.no_grad()
+def recall_at_1(dual: DualEncoder, size: int, data: VideoTextDataset, tokenizer, frames: int) -> float:
+    videos = sorted({v for v, _ in data.pairs})
+    first = {v: next(i for i, (w, _) in enumerate(data.pairs) if w == v) for v in videos}
+    vfeat = torch.cat(
+        [dual.encode_video(resize(collate_video_text([data[first[v]]])["video"], size))[0] for v in videos]
+    )
+    texts = [t for _, t in data.pairs]
+    enc = tokenizer(texts, padding=True, truncation=True, max_length=30, return_tensors="pt")
+    tfeat = dual.encode_text(enc["input_ids"], enc["attention_mask"])[0]
+    best = (tfeat @ vfeat.t()).argmax(dim=1)  # (num_texts,)
+    truth = torch.tensor([videos.index(v) for v, _ in data.pairs])
+    return float((best == truth).float().mean())
+
+
+def object_words(shape: str, color: str) -> set[str]:
+    return {w for phrase in SHAPE_SYNONYMS[shape] for w in phrase.split()} | {color}
+
+
+def scene_words(scene: str) -> set[str]:
+    words = set(scene.split())
+    for phrase in SCENE_PHRASES[scene]:
+        words |= set(phrase.split()) - {"the", "a", "an", "of", "wall", "floor"} | set(scene.split())
+    return words
+
+
+@torch.no_grad()
+def pseudo_label_accuracy(args, prompter: DualEncoder, size: int, bank: PromptBank, data: VideoTextDataset) -> dict:
+    boxes = manifest.read(args.dataset, manifest.BOXES, manifest.BOX_SCHEMA).to_pylist()
+    by_frame: dict[tuple[str, int], list[dict]] = {}
+    for row in boxes:
+        by_frame.setdefault((row["video_id"], row["frame_index"]), []).append(row)
+    scenes = {}
+    for row in manifest.read(args.dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA).to_pylist():
+        for scene, phrases in SCENE_PHRASES.items():
+            if any(p in row["caption"] for p in phrases):
+                scenes.setdefault(row["video_id"], scene)
+    gen = torch.Generator().manual_seed(0)
+    stats = {"object_hits": 0, "object_base": 0, "object_n": 0, "scene_hits": 0, "scene_base": 0, "scene_n": 0}
+    top_entity = bank.entities[0]
+    clips = sorted({v for v, _ in data.pairs if data.media[v] == "video"})
+    for video_id in clips:
+        item = data[next(i for i, (w, _) in enumerate(data.pairs) if w == video_id)]
+        video = resize(item["video"][None], size)  # (1, T, 3, S, S)
+        grid = size // prompter.video.config.patch_size
+        for _ in range(args.crops):
+            pem = losses.sample_pem_boxes(1, grid, grid, patch_size=prompter.video.config.patch_size, generator=gen)
+            crop = losses.entity.crop_frames(video, pem.pixel_boxes)
+            feat = prompter.encode_video(crop)[0]
+            pseudo = losses.pseudo_labels(feat, bank.video, prompter.temperature())[0]
+            top = bank.entities[int(pseudo.argmax())]
+            top_, left, h, w = (int(x) / size for x in pem.pixel_boxes[0])
+            info = data.store.info(video_id)
+            middle = data.store.rows(video_id)["frame_index"].to_pylist()[info["num_stored"] // 2]
+            inside = [o for o in by_frame.get((video_id, middle), []) if _covered(o, top_, left, h, w) >= 0.5]
+            if inside:
+                words = set().union(*(object_words(o["shape"], o["color"]) for o in inside))
+                stats["object_n"] += 1
+                stats["object_hits"] += top in words
+                stats["object_base"] += top_entity in words
+            if video_id in scenes:
+                words = scene_words(scenes[video_id])
+                stats["scene_n"] += 1
+                stats["scene_hits"] += top in words
+                stats["scene_base"] += top_entity in words
+    return stats
+
+
+def _covered(obj: dict, top: float, left: float, h: float, w: float) -> float:
+    """Share of the object's box inside the crop (normalised coordinates)."""
+    ix = max(0.0, min(obj["x1"], left + w) - max(obj["x0"], left))
+    iy = max(0.0, min(obj["y1"], top + h) - max(obj["y0"], top))
+    area = max(1e-9, (obj["x1"] - obj["x0"]) * (obj["y1"] - obj["y0"]))
+    return ix * iy / area
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--frames", required=True)
+    parser.add_argument("--prompter", required=True)
+    parser.add_argument("--bank", required=True)
+    parser.add_argument("--model", default="", help="a pretrain output (default: measure the prompter only)")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--num-frames", type=int, default=4)
+    parser.add_argument("--crops", type=int, default=4, help="PEM boxes per test clip")
+    args = parser.parse_args()
+    from vlp.models.tokenizer import load_tokenizer
+
+    torch.set_grad_enabled(False)
+    tok = load_tokenizer(storage.join(args.prompter, TOKENIZER_DIR))
+    data = VideoTextDataset(args.frames, args.dataset, split=args.split, num_frames=args.num_frames, mode="uniform")
+    print(f"{args.split}: {len({v for v, _ in data.pairs})} clips/stills, {len(data.pairs)} captions")
+    for name, out in [("prompter", args.prompter)] + ([("alpro", args.model)] if args.model else []):
+        for trained in (False, True):
+            dual, size = load_dual(out, trained)
+            r1 = recall_at_1(dual, size, data, tok, args.num_frames)
+            print(f"zero-shot t2v R@1  {name:8s} {'trained' if trained else 'untrained':9s}: {100 * r1:5.1f}%")
+    print(f"chance R@1: {100 / len({v for v, _ in data.pairs}):.1f}%")
+    bank = PromptBank.load(args.bank)
+    prompter, size = load_dual(args.prompter, True)
+    s = pseudo_label_accuracy(args, prompter, size, bank, data)
+    pct = lambda a, n: 100 * a / max(n, 1)  # noqa: E731
+    print(
+        f"pseudo-label names an object in the crop: {pct(s['object_hits'], s['object_n']):5.1f}% "
+        f"(baseline '{bank.entities[0]}': {pct(s['object_base'], s['object_n']):5.1f}%, n={s['object_n']})"
+    )
+    print(f"pseudo-label names the scene:             {pct(s['scene_hits'], s['scene_n']):5.1f}% "
+          f"(baseline '{bank.entities[0]}': {pct(s['scene_base'], s['scene_n']):5.1f}%, n={s['scene_n']})")  # fmt: skip
+    np.set_printoptions(precision=3)
+
+
+if __name__ == "__main__":
+    main()
