@@ -86,3 +86,17 @@ def test_model_json_config_round_trip(preset):
 
     cfg = _model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
     assert _config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
+
+
+def test_metrics_and_params_reach_mlflow(tiny_world, tmp_path):
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = load_config(TINY, [f"tracking.tracking_uri={uri}", "tracking.experiment=vlp-test", "pretrain.max_steps=2"])
+    pretrain_prompter(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / "p"), cfg)
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("vlp-test").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["vlp.step"] == "pretrain_prompter"
+    history = client.get_metric_history(run.info.run_id, "train/loss_vtc")
+    assert [m.step for m in history] == [1, 2] and all(m.value > 0 for m in history)
+    assert run.data.params["optim.lr"] == str(cfg.pretrain.lr) and run.data.params["train.max_steps"] == "2"

@@ -27,6 +27,7 @@ from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.storage import StorageConfig
+from vlp.tracking import TrackingConfig
 from vlp.train.settings import ModelConfig, PretrainConfig
 
 T = TypeVar("T")
@@ -47,6 +48,7 @@ class Config:
     entities: EntitiesConfig = field(default_factory=EntitiesConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
 def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:

@@ -18,7 +18,7 @@ from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
 from vlp.steps.common import StepResult, run_step
-from vlp.train.settings import ModelConfig, PretrainConfig
+from vlp.train.settings import ModelConfig
 
 MODEL_JSON = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -97,10 +97,14 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
     return SamplerBatches(sampler, fetch, min(p.batch_size, len(sampler)), drop_last=True)
 
 
-def _train(model: torch.nn.Module, step_fn: Any, data: Any, cfg: PretrainConfig, out: str) -> Any:
-    from vlp.train.loop import TrainConfig, train
+def _train(model: torch.nn.Module, step_fn: Any, data: Any, config: Config, out: str, name: str) -> Any:
+    """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0)."""
+    from vlp.tracking import MlflowLogger, MultiLogger
+    from vlp.train import distributed
+    from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
     from vlp.train.optim import OptimConfig
 
+    cfg = config.pretrain
     train_cfg = TrainConfig(
         out_dir=out,
         max_steps=cfg.max_steps,
@@ -118,7 +122,22 @@ def _train(model: torch.nn.Module, step_fn: Any, data: Any, cfg: PretrainConfig,
         grad_clip=cfg.grad_clip,
         alpro_code_weight_decay=cfg.alpro_code_weight_decay,
     )
-    return train(model, step_fn, data, train_cfg, optim)
+    logger, mlflow_run = None, None
+    if distributed.rank() == 0:
+        loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]
+        if config.tracking.tracking_uri:
+            mlflow_run = MlflowLogger(config.tracking, run_name=name, tags={"vlp.step": name, "vlp.out": out})
+            loggers.append(mlflow_run)
+        logger = MultiLogger(loggers)
+    try:
+        result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger)
+    except BaseException:
+        if mlflow_run is not None:
+            mlflow_run.close("FAILED")
+        raise
+    if mlflow_run is not None:
+        mlflow_run.close()
+    return result
 
 
 def _device() -> torch.device:
@@ -183,7 +202,7 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         model.to(_device())
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
         data = _batches(cfg, dataset, frames, tok)
-        result = _train(model, lambda m, b: m(b, gather=gather, rank=rank), data, cfg.pretrain, out)
+        result = _train(model, lambda m, b: m(b, gather=gather, rank=rank), data, cfg, out, "pretrain_prompter")
         _write_model_json(out, "prompter", model_cfg, result.checkpoint, {"steps": result.step})
         return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
 
@@ -235,7 +254,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank)
 
-        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg.pretrain, out)
+        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain")
         save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
         extra = {"steps": result.step, "entities": bank.entities if bank is not None else []}
         _write_model_json(out, "alpro", model_cfg, result.checkpoint, extra)
