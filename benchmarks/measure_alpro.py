@@ -26,14 +26,14 @@ from vlp.data.synth import SCENE_PHRASES, SHAPE_SYNONYMS
 from vlp.data.video_text import VideoTextDataset, collate_video_text
 from vlp.models.alpro import Alpro, DualEncoder
 from vlp.models.prompts import PromptBank
-from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, _config_from_json
+from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, config_from_json
 from vlp.train.checkpoint import load_model_weights
 
 
 def load_dual(out: str, trained: bool) -> tuple[DualEncoder, int]:
     """The dual encoder of a prompter or ALPRO output (random init of the same shape when not ``trained``)."""
     doc = json.loads(storage.read_text(storage.join(out, MODEL_JSON)))
-    cfg = _config_from_json(doc["config"])
+    cfg = config_from_json(doc["config"])
     torch.manual_seed(0)
     model = (
         Alpro(cfg)

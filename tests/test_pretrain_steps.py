@@ -81,11 +81,11 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
 def test_model_json_config_round_trip(preset):
     import dataclasses
 
-    from vlp.steps.pretrain import _config_from_json, _model_config
+    from vlp.steps.pretrain import _model_config, config_from_json
     from vlp.train.settings import ModelConfig
 
     cfg = _model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
-    assert _config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
+    assert config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
 
 
 def test_metrics_and_params_reach_mlflow(tiny_world, tmp_path):

@@ -160,7 +160,7 @@ def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
     from vlp.train.checkpoint import load_model_weights
 
     doc = json.loads(storage.read_text(storage.join(prompter_dir, MODEL_JSON)))
-    model_cfg = _config_from_json(doc["config"])
+    model_cfg = config_from_json(doc["config"])
     prompter = DualEncoder(
         model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=model_cfg.init_temp
     )
@@ -170,7 +170,7 @@ def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
     return prompter, load_tokenizer(storage.join(prompter_dir, TOKENIZER_DIR)), model_cfg
 
 
-def _config_from_json(data: dict[str, Any]) -> Any:
+def config_from_json(data: dict[str, Any]) -> Any:
     from vlp.models.alpro import AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig
