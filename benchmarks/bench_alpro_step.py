@@ -22,6 +22,7 @@ from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, Pretra
 from vlp.models.layers.timesformer import TimeSformerConfig
 from vlp.models.text import TextConfig
 from vlp.models.tokenizer import train_wordpiece
+from vlp.steps.pretrain import small_towers
 
 WORDS = [
     "red",
@@ -47,6 +48,8 @@ WORDS = [
 def build(preset: str, frames: int, entities: int, vocab: int) -> AlproConfig:
     if preset == "tiny":
         video, text, dim = TimeSformerConfig.tiny(num_frames=frames), TextConfig.tiny(vocab_size=vocab), 32
+    elif preset == "small":
+        (video, text), dim = small_towers(112, frames, vocab, 30), 256
     else:
         video = TimeSformerConfig.paper(num_frames=frames, init="", drop_path=0.1)
         text, dim = TextConfig.paper(vocab_size=vocab, init=""), 256
@@ -68,7 +71,7 @@ def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=["tiny", "paper"], default="tiny")
+    parser.add_argument("--preset", choices=["tiny", "small", "paper"], default="tiny")
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--frames", type=int, default=4)
     parser.add_argument("--text-len", type=int, default=30)

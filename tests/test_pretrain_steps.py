@@ -77,7 +77,7 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
     assert sum(p.numel() for p in prompter.parameters()) > 0
 
 
-@pytest.mark.parametrize("preset", ["tiny", "paper"])
+@pytest.mark.parametrize("preset", ["tiny", "small", "paper"])
 def test_model_json_config_round_trip(preset):
     import dataclasses
 

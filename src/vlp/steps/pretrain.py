@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -35,6 +36,9 @@ def _model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses
     if model.preset == "tiny":
         video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
         text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
+    elif model.preset == "small":
+        video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
+        video, text = replace(video, init=model.video_init), replace(text, init=model.text_init)
     else:
         video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
         text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
@@ -47,6 +51,18 @@ def _model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses
         pem_rule=model.pem_rule,
         pem_crop=model.pem_crop,
     )
+
+
+def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) -> tuple[Any, Any]:
+    """The ``small`` preset: 4-layer width-256 TimeSformer (16 px patches) and 2+2-layer width-256 BERT."""
+    from vlp.models.layers.timesformer import TimeSformerConfig
+    from vlp.models.text import TextConfig
+
+    video = TimeSformerConfig(
+        img_size=img_size, patch_size=16, num_frames=num_frames, width=256, depth=4, heads=4, drop_path=0.0
+    )
+    text = TextConfig.tiny(vocab_size=vocab_size, max_len=max_len, width=256, heads=4, intermediate=1024)
+    return video, text
 
 
 def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:

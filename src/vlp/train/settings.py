@@ -14,7 +14,7 @@ from typing import Literal
 class ModelConfig:
     """Which ALPRO-family model to build, and from what."""
 
-    preset: Literal["tiny", "paper"] = "tiny"  # tiny: 2-layer width-64 towers (CPU tests); paper: ViT-B/16 + BERT-base
+    preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)
     max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
