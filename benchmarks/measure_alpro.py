@@ -16,9 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 
-import numpy as np
 import torch
-import torch.nn.functional as F
 
 from vlp import losses, storage
 from vlp.data import manifest
@@ -46,22 +44,11 @@ def load_dual(out: str, trained: bool) -> tuple[DualEncoder, int]:
     return dual.eval(), cfg.video.img_size
 
 
-def resize(video: torch.Tensor, size: int) -> torch.Tensor:
-    b, t = video.shape[:2]
-    if video.shape[-1] == size:
-        return video
-    return F.interpolate(video.flatten(0, 1), size=(size, size), mode="bilinear", antialias=True).view(
-        b, t, 3, size, size
-    )
-
-
 @torch.no_grad()
-def recall_at_1(dual: DualEncoder, size: int, data: VideoTextDataset, tokenizer, frames: int) -> float:
+def recall_at_1(dual: DualEncoder, data: VideoTextDataset, tokenizer) -> float:
     videos = sorted({v for v, _ in data.pairs})
     first = {v: next(i for i, (w, _) in enumerate(data.pairs) if w == v) for v in videos}
-    vfeat = torch.cat(
-        [dual.encode_video(resize(collate_video_text([data[first[v]]])["video"], size))[0] for v in videos]
-    )
+    vfeat = torch.cat([dual.encode_video(collate_video_text([data[first[v]]])["video"])[0] for v in videos])
     texts = [t for _, t in data.pairs]
     enc = tokenizer(texts, padding=True, truncation=True, max_length=30, return_tensors="pt")
     tfeat = dual.encode_text(enc["input_ids"], enc["attention_mask"])[0]
@@ -75,10 +62,7 @@ def object_words(shape: str, color: str) -> set[str]:
 
 
 def scene_words(scene: str) -> set[str]:
-    words = set(scene.split())
-    for phrase in SCENE_PHRASES[scene]:
-        words |= set(phrase.split()) - {"the", "a", "an", "of", "wall", "floor"} | set(scene.split())
-    return words
+    return {w for phrase in (scene, *SCENE_PHRASES[scene]) for w in phrase.split()} - {"the", "a", "an", "of"}
 
 
 @torch.no_grad()
@@ -98,7 +82,7 @@ def pseudo_label_accuracy(args, prompter: DualEncoder, size: int, bank: PromptBa
     clips = sorted({v for v, _ in data.pairs if data.media[v] == "video"})
     for video_id in clips:
         item = data[next(i for i, (w, _) in enumerate(data.pairs) if w == video_id)]
-        video = resize(item["video"][None], size)  # (1, T, 3, S, S)
+        video = item["video"][None]  # (1, T, 3, S, S), S = the model's img_size (the dataset resizes)
         grid = size // prompter.video.config.patch_size
         for _ in range(args.crops):
             pem = losses.sample_pem_boxes(1, grid, grid, patch_size=prompter.video.config.patch_size, generator=gen)
@@ -146,16 +130,20 @@ def main() -> None:
 
     torch.set_grad_enabled(False)
     tok = load_tokenizer(storage.join(args.prompter, TOKENIZER_DIR))
-    data = VideoTextDataset(args.frames, args.dataset, split=args.split, num_frames=args.num_frames, mode="uniform")
+    prompter, size = load_dual(args.prompter, True)
+    data = VideoTextDataset(
+        args.frames, args.dataset, split=args.split, num_frames=args.num_frames, mode="uniform", size=size
+    )
     print(f"{args.split}: {len({v for v, _ in data.pairs})} clips/stills, {len(data.pairs)} captions")
     for name, out in [("prompter", args.prompter)] + ([("alpro", args.model)] if args.model else []):
         for trained in (False, True):
-            dual, size = load_dual(out, trained)
-            r1 = recall_at_1(dual, size, data, tok, args.num_frames)
+            dual, model_size = load_dual(out, trained)
+            if model_size != size:
+                raise SystemExit(f"{out} takes {model_size} px frames, the prompter {size} px: measure them apart")
+            r1 = recall_at_1(dual, data, tok)
             print(f"zero-shot t2v R@1  {name:8s} {'trained' if trained else 'untrained':9s}: {100 * r1:5.1f}%")
     print(f"chance R@1: {100 / len({v for v, _ in data.pairs}):.1f}%")
     bank = PromptBank.load(args.bank)
-    prompter, size = load_dual(args.prompter, True)
     s = pseudo_label_accuracy(args, prompter, size, bank, data)
     pct = lambda a, n: 100 * a / max(n, 1)  # noqa: E731
     print(
@@ -164,7 +152,6 @@ def main() -> None:
     )
     print(f"pseudo-label names the scene:             {pct(s['scene_hits'], s['scene_n']):5.1f}% "
           f"(baseline '{bank.entities[0]}': {pct(s['scene_base'], s['scene_n']):5.1f}%, n={s['scene_n']})")  # fmt: skip
-    np.set_printoptions(precision=3)
 
 
 if __name__ == "__main__":

@@ -84,3 +84,12 @@ def test_a_few_steps_reduce_the_loss_on_one_batch(tokenizer, batch):
         opt.step()
         losses.append(float(out["loss_vtc"].detach()))
     assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_vtm_on_a_batch_of_one_is_a_clear_error(tokenizer, batch):
+    model, pem = make(tokenizer)
+    one = PretrainBatch(batch.video[:1], batch.input_ids[:1], batch.attention_mask[:1], batch.is_image[:1])
+    with pytest.raises(ValueError, match="at least 2"):
+        alpro_pretrain_losses(model, one, tokenizer=tokenizer, pem=pem)
+    model, pem = make(tokenizer, losses=("vtc", "mlm", "pem"))  # without VTM a single clip is fine
+    assert torch.isfinite(alpro_pretrain_losses(model, one, tokenizer=tokenizer, pem=pem)["loss"])

@@ -80,3 +80,14 @@ def test_collate_and_errors(train_set, tiny_world):
         VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], mode="random")
     with pytest.raises(ValueError, match="no \\(clip, caption\\) pairs"):
         VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="nonexistent")
+
+
+def test_size_resizes_clips_to_the_model_input(tiny_world):
+    data = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=2, mode="uniform", size=16)
+    full = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=2, mode="uniform")
+    small, big = data[0]["video"], full[0]["video"]
+    assert small.shape == (2, 3, 16, 16)
+    # resizing commutes with the per-channel affine normalisation, so it equals resizing the full item
+    expected = torch.nn.functional.interpolate(big, size=(16, 16), mode="bilinear", antialias=True)
+    assert torch.allclose(small, expected, atol=1e-5)
+    assert not torch.allclose(small, big[..., ::2, ::2], atol=1e-2), "must filter, not subsample"

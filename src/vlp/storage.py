@@ -61,11 +61,6 @@ def configure(cfg: StorageConfig) -> None:
         _clients.clear()
 
 
-def current_config() -> StorageConfig:
-    """The process-wide storage settings (pass them to worker processes' ``configure``)."""
-    return _config
-
-
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes that use this process's storage settings.
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pyarrow.compute as pc
 import torch
+import torch.nn.functional as F
 from PIL import Image
 
 from vlp.data import manifest
@@ -82,6 +83,8 @@ class VideoTextDataset(torch.utils.data.Dataset):
         augment: a :class:`ClipRandAugment`, or None (evaluation).
         mean, std: per-channel normalisation of pixel values in [0, 1].
         seed: base seed of the per-item generators.
+        size: resize clips to ``size x size`` (bilinear, antialiased) when the stored frames differ;
+            None keeps the stored size.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
         mean: Sequence[float] = IMAGENET_INCEPTION_MEAN,
         std: Sequence[float] = IMAGENET_INCEPTION_STD,
         seed: int = 0,
+        size: int | None = None,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown sampling mode {mode!r}; use one of {list(MODES)}")
@@ -114,7 +118,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if not self.pairs:
             raise ValueError(f"no (clip, caption) pairs for split {split!r} in {dataset} with frames in {frames}")
         self.media = media
-        self.num_frames, self.mode, self.augment, self.seed = num_frames, mode, augment, seed
+        self.num_frames, self.mode, self.augment, self.seed, self.size = num_frames, mode, augment, seed, size
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
         self.epoch = 0
@@ -138,6 +142,8 @@ class VideoTextDataset(torch.utils.data.Dataset):
             pil = self.augment([Image.fromarray(f) for f in frames], seed=int(rng.integers(2**31)))
             frames = np.stack([np.asarray(p) for p in pil])
         video = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)  # (T, 3, H, W)
+        if self.size is not None and tuple(video.shape[-2:]) != (self.size, self.size):
+            video = F.interpolate(video, size=(self.size, self.size), mode="bilinear", antialias=True)
         video = (video - self.mean) / self.std
         return {"video": video, "text": caption, "video_id": video_id, "index": index}
 

@@ -214,7 +214,7 @@ def _vtm(
 ) -> tuple[Tensor, Tensor | None]:
     """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM loss)."""
     b = video_feat.shape[0]
-    if "vtm" not in model.cfg.losses or b < 2:
+    if "vtm" not in model.cfg.losses:
         fused = model.fuse(text_out.tokens, text_out.attention_mask, video_out.tokens)
         return fused.video, None
     with torch.no_grad():

@@ -94,20 +94,15 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         mode=p.sample_mode,
         augment=ClipRandAugment() if p.randaug else None,
         seed=p.seed,
+        size=cfg.model.img_size,
     )
 
     def fetch(indices: list[int]) -> PretrainBatch:
         items = collate_video_text([data[i] for i in indices])
-        video = items["video"]  # (B, T, 3, H, W)
-        if video.shape[-1] != cfg.model.img_size or video.shape[-2] != cfg.model.img_size:
-            b, t = video.shape[:2]
-            size = (cfg.model.img_size, cfg.model.img_size)
-            video = torch.nn.functional.interpolate(video.flatten(0, 1), size=size, mode="bilinear", antialias=True)
-            video = video.view(b, t, 3, *size)
         enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
         is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
         ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
-        return PretrainBatch(video, ids, mask, is_image)
+        return PretrainBatch(items["video"], ids, mask, is_image)
 
     sampler = ResumableSampler(len(data), seed=p.seed)
     return SamplerBatches(sampler, fetch, min(p.batch_size, len(sampler)), drop_last=True)
