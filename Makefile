@@ -18,8 +18,12 @@ SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
 .PHONY: help install test test-fast test-s3 lint format data pretrain bench clean
 
+# Image names (one place for the Makefile and the KFP components) and the per-area target files.
+include docker/image.env
+-include mk/*.mk
+
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@printf "\nVariables (make data): OUT=$(OUT) CONFIG=$(CONFIG) N=<clips, default from CONFIG> SEED=$(SEED)\n"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
