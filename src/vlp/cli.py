@@ -22,7 +22,12 @@ EPILOG = (
 
 
 def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", default=None, help="YAML config file (default: built-in defaults)")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=None,
+        help="YAML config file (default: built-in defaults); repeat to layer files, later ones win key by key",
+    )
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
@@ -85,6 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     _common(p)
+
+    for name, what, source in (
+        ("finetune-retrieval", "fine-tune for text-video retrieval (VTC + VTM; section `retrieval`)", "pretrained"),
+        ("finetune-qa", "fine-tune for open-ended video QA (answer classifier; section `qa`)", "pretrained"),
+        ("evaluate-retrieval", "R@1/5/10, MdR, MnR both ways; top-k VTM re-ranking; zero-shot on a pretrain output",
+         "model"),
+        ("evaluate-qa", "QA accuracy overall and per answer type; predictions + report", "model"),
+    ):  # fmt: skip
+        p = sub.add_parser(name, help=what, epilog=EPILOG)
+        p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+        p.add_argument("--frames", required=True, help="extract-frames output")
+        if source == "pretrained":
+            p.add_argument("--pretrained", required=True, help="`vlp pretrain` output to start from")
+        else:
+            p.add_argument("--model", required=True, help="fine-tuned output (or, for zero-shot, a pretrain output)")
+        p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+        _common(p)
     return parser
 
 
@@ -131,6 +153,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from vlp.steps.pretrain import pretrain
 
         return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
+    if args.command in ("finetune-retrieval", "finetune-qa"):
+        from vlp.steps import finetune
+
+        fn = finetune.finetune_retrieval if args.command == "finetune-retrieval" else finetune.finetune_qa
+        return fn(args.dataset, args.frames, args.pretrained, args.out, cfg)
+    if args.command in ("evaluate-retrieval", "evaluate-qa"):
+        from vlp.steps import evaluate
+
+        fn = evaluate.evaluate_retrieval if args.command == "evaluate-retrieval" else evaluate.evaluate_qa
+        return fn(args.dataset, args.frames, args.model, args.out, cfg)
     raise AssertionError(f"unhandled command {args.command}")
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -28,7 +28,7 @@ from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.storage import StorageConfig
 from vlp.tracking import TrackingConfig
-from vlp.train.settings import ModelConfig, PretrainConfig
+from vlp.train.settings import ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
 
 T = TypeVar("T")
 
@@ -48,25 +48,42 @@ class Config:
     entities: EntitiesConfig = field(default_factory=EntitiesConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     pretrain: PretrainConfig = field(default_factory=PretrainConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    qa: QAConfig = field(default_factory=QAConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
 
-def load_config(path: str | Path | None = None, overrides: Iterable[str] = ()) -> Config:
-    """Load ``path`` (YAML; ``None`` = all defaults) and apply ``key=value`` overrides in order."""
+def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = ()) -> Config:
+    """Load YAML ``path`` (or several, later files overriding earlier ones key by key; ``None`` = defaults),
+    then apply ``key=value`` overrides in order."""
+    paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
     data: dict[str, Any] = {}
-    if path is not None:
-        text = Path(path).read_text(encoding="utf-8")
-        try:
-            loaded = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
-        data = loaded or {}
+    for one in paths:
+        _merge(data, _read_yaml(one))
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(data, key, value)
     return from_dict(Config, data)
+
+
+def _read_yaml(path: str | Path) -> dict[str, Any]:
+    text = Path(path).read_text(encoding="utf-8")
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    if loaded is not None and not isinstance(loaded, dict):
+        raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
+    return loaded or {}
+
+
+def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
+    """Deep-merge mappings: sections merge key by key, anything else is replaced."""
+    for key, value in other.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = dict(value) if isinstance(value, Mapping) else value
 
 
 def parse_override(item: str) -> tuple[str, Any]:

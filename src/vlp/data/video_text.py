@@ -106,22 +106,24 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
         self.store = frames if isinstance(frames, FrameStore) else FrameStore(frames, cache_shards=64)
-        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
-        captions = captions.filter(pc.equal(captions["split"], split))
         videos = manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA)
-        media = dict(zip(videos["video_id"].to_pylist(), videos["media"].to_pylist(), strict=True))
-        self.pairs = [
-            (row["video_id"], row["caption"])
-            for row in captions.to_pylist()
-            if row["video_id"] in self.store  # rejected by extract-frames -> no frames to train on
-        ]
-        if not self.pairs:
-            raise ValueError(f"no (clip, caption) pairs for split {split!r} in {dataset} with frames in {frames}")
-        self.media = media
+        self.media = dict(zip(videos["video_id"].to_pylist(), videos["media"].to_pylist(), strict=True))
+        self.pairs = self._read_pairs(dataset, split)
         self.num_frames, self.mode, self.augment, self.seed, self.size = num_frames, mode, augment, seed, size
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
         self.epoch = 0
+
+    def _read_pairs(self, dataset: str, split: str) -> list[tuple[str, str]]:
+        """(video_id, caption) of ``split`` for the clips that have frames (extract-frames may reject some)."""
+        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
+        rows = captions.filter(pc.equal(captions["split"], split)).to_pylist()
+        pairs = [(row["video_id"], row["caption"]) for row in rows if row["video_id"] in self.store]
+        if not pairs:
+            raise ValueError(
+                f"no (clip, caption) pairs for split {split!r} in {dataset} with frames in {self.store.out}"
+            )
+        return pairs
 
     def set_epoch(self, epoch: int) -> None:
         """Items of a new epoch draw new frames and augmentations (deterministically)."""
@@ -133,6 +135,10 @@ class VideoTextDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         video_id, caption = self.pairs[index]
         rng = np.random.default_rng([self.seed, self.epoch, index])
+        return {"video": self.clip(video_id, rng), "text": caption, "video_id": video_id, "index": index}
+
+    def clip(self, video_id: str, rng: np.random.Generator) -> torch.Tensor:
+        """``video_id``'s sampled, augmented, resized, normalised ``(T, 3, H, W)`` clip, drawn from ``rng``."""
         if self.media.get(video_id) == "image":
             slots = [0] * self.num_frames  # a still repeated into a static clip
         else:
@@ -144,8 +150,34 @@ class VideoTextDataset(torch.utils.data.Dataset):
         video = torch.from_numpy(frames).permute(0, 3, 1, 2).float().div_(255)  # (T, 3, H, W)
         if self.size is not None and tuple(video.shape[-2:]) != (self.size, self.size):
             video = F.interpolate(video, size=(self.size, self.size), mode="bilinear", antialias=True)
-        video = (video - self.mean) / self.std
-        return {"video": video, "text": caption, "video_id": video_id, "index": index}
+        return (video - self.mean) / self.std
+
+
+class VideoQADataset(VideoTextDataset):
+    """(clip, question, answer) triples of one split, read from the ingested ``qa.parquet``.
+
+    Takes the arguments of :class:`VideoTextDataset`. Items carry ``text`` (the question), ``answer``
+    (normalised: stripped, lower-case) and ``answer_type``; :attr:`pairs` lists ``(video_id, question)``.
+    """
+
+    def _read_pairs(self, dataset: str, split: str) -> list[tuple[str, str]]:
+        qa = manifest.read(dataset, manifest.QA, manifest.QA_SCHEMA)
+        rows = [r for r in qa.filter(pc.equal(qa["split"], split)).to_pylist() if r["video_id"] in self.store]
+        if not rows:
+            raise ValueError(f"no QA pairs for split {split!r} in {dataset} with frames in {self.store.out}")
+        self.qa = rows
+        return [(r["video_id"], r["question"]) for r in rows]
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        item = super().__getitem__(index)
+        row = self.qa[index]
+        item.update(answer=normalize_answer(row["answer"]), answer_type=row["answer_type"], qa_id=row["qa_id"])
+        return item
+
+
+def normalize_answer(answer: str) -> str:
+    """The answer as compared and classified: stripped and lower-cased."""
+    return answer.strip().lower()
 
 
 def collate_video_text(items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -121,7 +121,8 @@ class Alpro(nn.Module):
         self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
         width = cfg.text.width
         self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
-        self.mlm_head = MLMHead(cfg.text, self.dual.text.word_embeddings)
+        # Heads of disabled objectives are not built: DDP requires every parameter to get a gradient.
+        self.mlm_head = MLMHead(cfg.text, self.dual.text.word_embeddings) if "mlm" in cfg.losses else None
         self.vtm_head = nn.Linear(width, 2)
         self.pem_head = (
             nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, cfg.num_entities))
@@ -136,6 +137,37 @@ class Alpro(nn.Module):
     def forward(self, batch: PretrainBatch, **kwargs: Any) -> dict[str, Tensor]:
         """The pre-training objectives (see :func:`alpro_pretrain_losses`; DDP needs them inside forward)."""
         return alpro_pretrain_losses(self, batch, **kwargs)
+
+
+class AlproQA(nn.Module):
+    """ALPRO for open-ended video QA: the question and the clip fused, an MLP over the fused [CLS] -> answer logits.
+
+    The classifier follows the released code (``Linear(h, 2h), ReLU, Linear(2h, A)``). Parameter names of the
+    towers and the fusion match :class:`Alpro` (``dual.*``, ``fusion.*``), so a pre-trained ALPRO checkpoint loads
+    into it with only the classifier left at its initialisation.
+    """
+
+    def __init__(self, cfg: AlproConfig, num_answers: int) -> None:
+        super().__init__()
+        if num_answers < 1:
+            raise ValueError(f"AlproQA needs at least one answer class, got {num_answers}")
+        self.cfg = cfg
+        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
+        width = cfg.text.width
+        self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
+        self.classifier = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, num_answers))
+
+    def forward(self, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """``(B, T, 3, H, W)`` clips + ``(B, L)`` question ids/mask -> ``(B, A)`` answer logits."""
+        video_out = self.dual.video(video)
+        text_out = self.dual.text(input_ids, attention_mask)
+        fused = self.fusion(text_out.tokens, text_out.attention_mask, video_out.tokens)
+        return self.classifier(fused.cls)
+
+
+def vtm_logits(model: Alpro, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
+    """Fuse aligned rows of ``(P, L, C)`` text tokens and ``(P, 1+N, C)`` video tokens -> ``(P, 2)`` VTM logits."""
+    return model.vtm_head(model.fuse(text_tokens, text_mask, video_tokens).cls)
 
 
 @dataclass

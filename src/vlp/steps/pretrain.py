@@ -108,14 +108,19 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
     return SamplerBatches(sampler, fetch, min(p.batch_size, len(sampler)), drop_last=True)
 
 
-def _train(model: torch.nn.Module, step_fn: Any, data: Any, config: Config, out: str, name: str) -> Any:
-    """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0)."""
+def _train(
+    model: torch.nn.Module, step_fn: Any, data: Any, config: Config, out: str, name: str, section: Any = None
+) -> Any:
+    """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0).
+
+    ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
+    """
     from vlp.tracking import MlflowLogger, MultiLogger
     from vlp.train import distributed
     from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
     from vlp.train.optim import OptimConfig
 
-    cfg = config.pretrain
+    cfg = config.pretrain if section is None else section
     train_cfg = TrainConfig(
         out_dir=out,
         max_steps=cfg.max_steps,

@@ -375,6 +375,30 @@ def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> No
         raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
 
 
+def load_pretrained_weights(uri: str, model: nn.Module, *, allow_missing: tuple[str, ...] = ()) -> list[str]:
+    """Start ``model`` from checkpoint directory ``uri`` of a related model (pre-trained -> fine-tuned).
+
+    Every parameter/buffer of ``model`` must come from the checkpoint with the same shape, except those
+    under the ``allow_missing`` name prefixes (new heads), which keep their initialisation. Checkpoint
+    entries the model has no place for (heads of the pre-training objectives) are skipped.
+
+    Returns:
+        The skipped checkpoint entry names, sorted.
+    """
+    tensors = st_load(storage.read_bytes(storage.join(uri, MODEL_FILE)))
+    target = _unwrap(model).state_dict()
+    missing = [k for k in target if k not in tensors and not k.startswith(allow_missing)]
+    shapes = [f"{k}: {tuple(tensors[k].shape)} vs {tuple(v.shape)}" for k, v in target.items()
+              if k in tensors and tensors[k].shape != v.shape]  # fmt: skip
+    if missing or shapes:
+        raise CheckpointError(
+            f"{uri}: weights do not fit the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
+            f"shape mismatches {shapes[:8]}"
+        )
+    _unwrap(model).load_state_dict({k: v for k, v in tensors.items() if k in target}, strict=False)
+    return sorted(k for k in tensors if k not in target)
+
+
 def load_checkpoint(
     uri: str,
     model: nn.Module,

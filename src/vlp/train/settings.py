@@ -49,3 +49,55 @@ class PretrainConfig:
     seed: int = 0
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     progress: bool = True  # tqdm bar
+
+
+@dataclass
+class FinetuneConfig:
+    """What retrieval and QA fine-tuning share (field names match :class:`PretrainConfig` where they overlap).
+
+    Defaults are the paper's MSRVTT-retrieval row of ALPRO Table 9; ``configs/finetune/*.yaml`` hold the rows.
+    """
+
+    epochs: float = 5.0  # passes over the training pairs (paper: 5 / 10 / 10 / 15)
+    max_steps: int = 0  # optimiser updates; 0 = epochs x updates per epoch
+    batch_size: int = 8  # per process per micro-batch (paper: 64 / 96 global)
+    grad_accum: int = 1  # paper: 1 for retrieval, 2 for QA
+    lr: float = 2.5e-5  # paper: 2.5e-5 MSRVTT, 4e-5 DiDeMo, 5e-5 QA
+    weight_decay: float = 1e-3
+    alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
+    warmup_ratio: float = 0.1
+    grad_clip: float = 20.0  # ALPRO code (config_release/*.json: grad_norm 20.0)
+    num_frames: int = 8  # paper: 8 for retrieval, 16 for QA
+    max_len: int = 40  # text tokens (paper: 40; DiDeMo paragraphs 50)
+    sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
+    eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
+    randaug: bool = True  # temporally consistent RandAugment(2, 5)
+    eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
+    split: str = "test"  # the split the evaluate step scores
+    log_every: int = 10
+    ckpt_every: int = 0
+    seed: int = 42  # app. A.2
+    bf16: bool = True
+    progress: bool = True
+
+
+@dataclass
+class RetrievalConfig(FinetuneConfig):
+    """``finetune-retrieval`` (VTC + VTM, ALPRO §4.1) and ``evaluate-retrieval``."""
+
+    losses: list[str] = field(default_factory=lambda: ["vtc", "vtm"])  # fine-tuning objectives
+    paragraph: bool = False  # DiDeMo: one text per video = its captions concatenated in caption_id order
+    k: int = 16  # VTM re-ranks the top-k candidates per query; k >= #items = full N x N scoring (ALPRO code)
+    score_rule: Literal["itm", "itm_plus_sim"] = "itm"  # VTM probability (ALPRO code) or logit + sim (LAVIS)
+    report_examples: int = 4  # queries shown with their top-5 videos in the report
+
+
+@dataclass
+class QAConfig(FinetuneConfig):
+    """``finetune-qa`` and ``evaluate-qa`` (open-ended QA as classification over frequent answers, ALPRO §4.1)."""
+
+    epochs: float = 10.0
+    lr: float = 5e-5
+    grad_accum: int = 2
+    num_frames: int = 16
+    answer_vocab: int = 1500  # the most frequent training answers (released code: 1,500)

@@ -1,0 +1,262 @@
+"""Evaluation steps: ``evaluate-retrieval`` (fine-tuned or zero-shot) and ``evaluate-qa``.
+
+Retrieval scoring (ALPRO §4.1, made cheaper): unimodal features of every text and clip are computed
+once; the contrastive similarity picks each query's top-``retrieval.k`` candidates in both directions; the
+VTM head re-scores only the union of those pairs, each fused once (:func:`vlp.eval.retrieval.topk_rerank`).
+``k`` >= the number of items reproduces the released code's full N x N scoring exactly. Zero-shot
+evaluation is this step on a ``pretrain`` output.
+
+Outputs: ``metrics.json`` (flat floats), ``report.md`` + ``report.html``, and ``ranks.parquet``
+(retrieval) or ``predictions.parquet`` (QA).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import torch
+
+from vlp import storage
+from vlp.config import Config
+from vlp.steps.common import StepResult, run_step
+from vlp.steps.finetune import (
+    ANSWERS_FILE,
+    QA_KIND,
+    RETRIEVAL_KIND,
+    VideoQADataset,
+    _checkpoint,
+    _dataset,
+    read_model_doc,
+    retrieval_data,
+    text_length,
+)
+from vlp.steps.pretrain import _device, config_from_json
+
+log = logging.getLogger("vlp")
+METRICS_FILE = "metrics.json"
+RETRIEVAL_KINDS = ("alpro", RETRIEVAL_KIND)  # a pretrain output (zero-shot) or a fine-tuned one
+
+
+def _progress(cfg: Config, iterable: Any, desc: str, total: int) -> Any:
+    if not cfg.retrieval.progress:
+        return iterable
+    from tqdm import tqdm
+
+    return tqdm(iterable, desc=desc, total=total, unit="batch", leave=False)
+
+
+@torch.no_grad()
+def _encode_clips(model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> tuple[Any, Any]:
+    """(unit-norm ``(V, D)`` features, ``(V, 1+N, C)`` tokens) of each clip, sampled with the eval sampler."""
+    import numpy as np
+
+    feats, tokens, device = [], [], _device()
+    chunks = [video_ids[i : i + batch] for i in range(0, len(video_ids), batch)]
+    for chunk in _progress(cfg, chunks, "clips", len(chunks)):
+        clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(device)
+        feat, out = model.dual.encode_video(clips)
+        feats.append(feat.float().cpu())
+        tokens.append(out.tokens.float().cpu())
+    return torch.cat(feats), torch.cat(tokens)
+
+
+@torch.no_grad()
+def _encode_texts(model: Any, tok: Any, texts: list[str], length: int, batch: int) -> tuple[Any, Any, Any]:
+    """(unit-norm ``(T, D)`` features, ``(T, L, C)`` tokens, ``(T, L)`` masks)."""
+    feats, tokens, masks, device = [], [], [], _device()
+    for i in range(0, len(texts), batch):
+        enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+        feat, out = model.dual.encode_text(enc["input_ids"].to(device), enc["attention_mask"].to(device))
+        feats.append(feat.float().cpu())
+        tokens.append(out.tokens.float().cpu())
+        masks.append(out.attention_mask.cpu())
+    return torch.cat(feats), torch.cat(tokens), torch.cat(masks)
+
+
+def _pair_scorer(model: Any, text_tok: Any, text_mask: Any, video_tok: Any) -> Callable[[Any, Any], Any]:
+    from vlp.models.alpro import vtm_logits
+
+    device = _device()
+
+    @torch.no_grad()
+    def score(t_idx: torch.Tensor, v_idx: torch.Tensor) -> torch.Tensor:
+        t, m, v = text_tok[t_idx].to(device), text_mask[t_idx].to(device), video_tok[v_idx].to(device)
+        return vtm_logits(model, t, m, v).float().cpu()  # (P, 2)
+
+    return score
+
+
+def _load_alpro(model_dir: str, kinds: tuple[str, ...]) -> tuple[Any, Any, dict[str, Any]]:
+    from vlp.models.alpro import Alpro
+    from vlp.models.tokenizer import load_tokenizer
+    from vlp.steps.pretrain import TOKENIZER_DIR
+    from vlp.train.checkpoint import load_model_weights
+
+    doc = read_model_doc(model_dir)
+    if doc.get("kind") not in kinds:
+        raise ValueError(f"{model_dir} holds a {doc.get('kind')!r} model; this step needs one of {list(kinds)}")
+    model_cfg = config_from_json(doc["config"])
+    model = Alpro(model_cfg)
+    load_model_weights(_checkpoint(model_dir, doc), model)
+    return model.to(_device()).eval(), load_tokenizer(storage.join(model_dir, TOKENIZER_DIR)), doc
+
+
+def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_name: str, report: Callable) -> None:
+    """metrics.json + the Parquet table + report.md/.html (rendered locally, then copied to ``out``)."""
+    storage.write_text(storage.join(out, METRICS_FILE), json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+    storage.write_parquet(storage.join(out, table_name), table)
+    with tempfile.TemporaryDirectory(prefix="vlp-report-") as tmp:
+        for path in report(tmp):
+            storage.upload(str(path), storage.join(out, Path(path).relative_to(tmp).as_posix()))
+
+
+def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:
+    """Text->video and video->text retrieval metrics of a pre-trained (zero-shot) or fine-tuned ALPRO."""
+
+    def work() -> StepResult:
+        from vlp.eval.report import retrieval_report
+        from vlp.eval.retrieval import retrieval_metrics, topk_rerank
+
+        rc = cfg.retrieval
+        alpro, tok, doc = _load_alpro(model, RETRIEVAL_KINDS)
+        data = retrieval_data(cfg, dataset, frames, alpro.cfg.video.img_size, rc.split)
+        video_ids = sorted({v for v, _ in data.pairs})
+        position = {v: i for i, v in enumerate(video_ids)}
+        texts = [t for _, t in data.pairs]
+        text_video = torch.tensor([position[v] for v, _ in data.pairs])
+        video_feat, video_tok = _encode_clips(alpro, data, video_ids, rc.eval_batch_size, cfg)
+        text_feat, text_tok, text_mask = _encode_texts(
+            alpro, tok, texts, text_length(rc, alpro.cfg), rc.eval_batch_size
+        )
+        sim = text_feat @ video_feat.t()  # (T, V)
+        scorer = _pair_scorer(alpro, text_tok, text_mask, video_tok)
+        scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
+        metrics = retrieval_metrics(scores, text_video)
+        metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
+        metrics.update(num_texts=float(len(texts)), num_videos=float(len(video_ids)), pairs_scored=float(pairs))
+        table, examples = _ranks_table(data, scores, text_video, video_ids, rc.report_examples)
+
+        def report(tmp: str) -> list[str]:
+            from vlp.eval.retrieval import ranks_t2v
+
+            return retrieval_report(metrics, ranks_t2v(scores, text_video), examples, tmp)
+
+        _write_outputs(out, metrics, table, "ranks.parquet", report)
+        kind = "zero-shot" if doc["kind"] == "alpro" else "fine-tuned"
+        log.info("evaluate_retrieval (%s): t2v R@1 %.1f, v2t R@1 %.1f", kind, metrics["t2v_r1"], metrics["v2t_r1"])
+        return {"metrics": metrics, "model": model, "model_kind": doc["kind"], "split": rc.split}
+
+    return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
+
+
+def _ranks_table(data: Any, scores: Any, text_video: Any, video_ids: list[str], n_examples: int) -> tuple[Any, list]:
+    """Per-text rank table, and the report's example queries with their top-5 clips (middle-frame thumbnails)."""
+    from vlp.eval.retrieval import ranks_t2v
+
+    ranks = ranks_t2v(scores, text_video)
+    top5 = scores.topk(min(5, scores.shape[1]), dim=1)
+    table = pa.table(
+        {
+            "video_id": [v for v, _ in data.pairs],
+            "text": [t for _, t in data.pairs],
+            "t2v_rank": ranks.tolist(),
+            "top5": [[video_ids[j] for j in row] for row in top5.indices.tolist()],
+        }
+    )
+    examples = []
+    step = max(1, len(data.pairs) // max(1, n_examples))
+    for i in range(0, len(data.pairs), step)[:n_examples]:
+        row = [(video_ids[j], float(s), _thumbnail(data, video_ids[j])) for j, s in
+               zip(top5.indices[i].tolist(), top5.values[i].tolist(), strict=True)]  # fmt: skip
+        examples.append({"query": data.pairs[i][1], "correct_video": data.pairs[i][0], "top5": row})
+    return table, examples
+
+
+def _thumbnail(data: Any, video_id: str) -> bytes:
+    """The clip's middle stored frame as JPEG bytes."""
+    import io
+
+    from PIL import Image
+
+    n = data.store.info(video_id)["num_stored"]
+    frame = data.store.load(video_id, [n // 2])[0]
+    buf = io.BytesIO()
+    Image.fromarray(frame).save(buf, format="JPEG", quality=85)
+    return buf.getvalue()
+
+
+def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:
+    """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong)."""
+
+    def work() -> StepResult:
+        from vlp.eval.qa import qa_metrics
+        from vlp.eval.report import qa_report
+        from vlp.models.alpro import AlproQA
+        from vlp.models.tokenizer import load_tokenizer
+        from vlp.steps.pretrain import TOKENIZER_DIR
+        from vlp.train.checkpoint import load_model_weights
+
+        qc = cfg.qa
+        doc = read_model_doc(model)
+        if doc.get("kind") != QA_KIND:
+            raise ValueError(f"{model} holds a {doc.get('kind')!r} model; evaluate-qa needs a `vlp finetune-qa` output")
+        answers = json.loads(storage.read_text(storage.join(model, doc.get("answers", ANSWERS_FILE))))
+        model_cfg = config_from_json(doc["config"])
+        net = AlproQA(model_cfg, len(answers))
+        load_model_weights(_checkpoint(model, doc), net)
+        net.to(_device()).eval()
+        tok = load_tokenizer(storage.join(model, TOKENIZER_DIR))
+        data = _dataset(VideoQADataset, cfg, qc, dataset, frames, model_cfg.video.img_size, qc.split)
+        preds, confidence = _predict_qa(net, tok, data, text_length(qc, model_cfg), qc.eval_batch_size, cfg)
+        predicted = [answers[i] for i in preds]
+        gold = [_norm(r["answer"]) for r in data.qa]
+        types = [r["answer_type"] for r in data.qa]
+        metrics = qa_metrics(predicted, gold, types, answers)
+        vocab = set(answers)
+        table = pa.table(
+            {
+                "qa_id": [r["qa_id"] for r in data.qa],
+                "video_id": [r["video_id"] for r in data.qa],
+                "question": [r["question"] for r in data.qa],
+                "answer": gold,
+                "answer_type": types,
+                "prediction": predicted,
+                "confidence": confidence,
+                "correct": [p == g for p, g in zip(predicted, gold, strict=True)],
+                "in_vocab": [g in vocab for g in gold],
+            }
+        )
+        flat = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
+        _write_outputs(out, flat, table, "predictions.parquet", lambda tmp: qa_report(metrics, tmp))
+        log.info("evaluate_qa: accuracy %.1f%% on %d questions", 100 * flat.get("accuracy", 0.0), len(gold))
+        return {"metrics": flat, "model": model, "split": qc.split}
+
+    return run_step("evaluate_qa", out, cfg, "qa", work)
+
+
+def _norm(answer: str) -> str:
+    from vlp.data.video_text import normalize_answer
+
+    return normalize_answer(answer)
+
+
+@torch.no_grad()
+def _predict_qa(net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config) -> tuple[list[int], list[float]]:
+    device, preds, conf = _device(), [], []
+    chunks = [list(range(i, min(i + batch, len(data)))) for i in range(0, len(data), batch)]
+    for chunk in _progress(cfg, chunks, "questions", len(chunks)):
+        items = [data[i] for i in chunk]
+        enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
+                  return_tensors="pt")  # fmt: skip
+        video = torch.stack([it["video"] for it in items]).to(device)
+        probs = net(video, enc["input_ids"].to(device), enc["attention_mask"].to(device)).float().softmax(-1)
+        best = probs.max(-1)
+        preds += best.indices.tolist()
+        conf += best.values.tolist()
+    return preds, conf

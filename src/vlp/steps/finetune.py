@@ -1,0 +1,219 @@
+"""Fine-tuning steps: ``finetune-retrieval`` (VTC + VTM) and ``finetune-qa`` (answer classifier), ALPRO §4.1.
+
+Both start from a ``pretrain`` output (or a ``finetune-*`` output, to continue), use the shared training
+loop (AdamW, warm-up + linear decay, clipping, accumulation, DDP under ``torchrun``, exact resume) and write
+the same layout as pre-training: ``model.json`` + ``tokenizer/`` + ``checkpoints/`` + ``metrics.jsonl``.
+The video tower keeps the pre-trained frame count in its config; clips with another frame count (8 or 16
+here, 4 in pre-training) use the interpolated time embedding (:mod:`vlp.models.layers.timesformer`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vlp import storage
+from vlp.config import Config
+from vlp.data.video_text import (
+    ClipRandAugment,
+    VideoQADataset,
+    VideoTextDataset,
+    collate_video_text,
+    normalize_answer,
+)
+from vlp.steps.common import StepResult, run_step
+from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, _device, _train, _write_model_json, config_from_json
+from vlp.train.settings import FinetuneConfig
+
+log = logging.getLogger("vlp")
+RETRIEVAL_KIND, QA_KIND = "alpro_retrieval", "alpro_qa"
+ANSWERS_FILE = "answers.json"
+
+
+def read_model_doc(model_dir: str) -> dict[str, Any]:
+    """``model.json`` of a pretrain/finetune output, with a clear error when it is not one."""
+    uri = storage.join(model_dir, MODEL_JSON)
+    if not storage.exists(uri):
+        raise FileNotFoundError(f"{uri} does not exist: pass the output of `vlp pretrain` or `vlp finetune-*`")
+    return json.loads(storage.read_text(uri))
+
+
+def text_length(section: FinetuneConfig, model_cfg: Any) -> int:
+    """The configured text length, capped by the model's position embeddings (with a warning)."""
+    if section.max_len > model_cfg.text.max_len:
+        log.warning(
+            "max_len=%d exceeds the model's %d text positions; texts are cut to %d tokens",
+            section.max_len,
+            model_cfg.text.max_len,
+            model_cfg.text.max_len,
+        )
+    return min(section.max_len, model_cfg.text.max_len)
+
+
+def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
+    """``section`` with ``max_steps`` set from ``epochs`` when it is 0 (per-process items, drop-last batches)."""
+    if section.max_steps > 0:
+        return section
+    from vlp.train import distributed
+
+    per_rank = num_items // distributed.world_size()
+    updates_per_epoch = max(1, per_rank // section.batch_size // section.grad_accum)
+    return dataclasses.replace(section, max_steps=max(1, math.ceil(section.epochs * updates_per_epoch)))
+
+
+def _dataset(cls: type, cfg: Config, section: FinetuneConfig, dataset: str, frames: str, size: int, split: str) -> Any:
+    return cls(
+        frames,
+        dataset,
+        split=split,
+        num_frames=section.num_frames,
+        mode=section.sample_mode if split == "train" else section.eval_mode,
+        augment=ClipRandAugment() if section.randaug and split == "train" else None,
+        seed=section.seed,
+        size=size,
+    )
+
+
+def _paragraphs(data: VideoTextDataset) -> None:
+    """DiDeMo-style paragraph retrieval: one text per video, its captions joined in manifest order."""
+    texts: dict[str, list[str]] = {}
+    for video_id, caption in data.pairs:
+        texts.setdefault(video_id, []).append(caption.strip())
+    data.pairs = [(video_id, " ".join(parts)) for video_id, parts in texts.items()]
+
+
+def retrieval_data(cfg: Config, dataset: str, frames: str, size: int, split: str) -> VideoTextDataset:
+    """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
+    data = _dataset(VideoTextDataset, cfg, cfg.retrieval, dataset, frames, size, split)
+    if cfg.retrieval.paragraph:
+        _paragraphs(data)
+    return data
+
+
+def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
+    from vlp.train.loop import ResumableSampler, SamplerBatches
+
+    sampler = ResumableSampler(len(data), seed=section.seed)
+    return SamplerBatches(sampler, fetch, min(section.batch_size, len(sampler)), drop_last=True)
+
+
+def _copy_tokenizer(src_dir: str, out: str) -> Any:
+    from vlp.models.tokenizer import load_tokenizer, save_tokenizer
+
+    tok = load_tokenizer(storage.join(src_dir, TOKENIZER_DIR))
+    save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+    return tok
+
+
+def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
+    """Fine-tune a pre-trained ALPRO for text-video retrieval with the ``retrieval.losses`` (VTC + VTM)."""
+
+    def work() -> StepResult:
+        from vlp.models.alpro import Alpro, PretrainBatch
+        from vlp.train import distributed
+        from vlp.train.checkpoint import load_pretrained_weights
+
+        distributed.init_from_env()
+        doc = read_model_doc(pretrained)
+        base = config_from_json(doc["config"])
+        model_cfg = dataclasses.replace(base, num_entities=0, losses=tuple(cfg.retrieval.losses))
+        model = Alpro(model_cfg)
+        skipped = load_pretrained_weights(_checkpoint(pretrained, doc), model)
+        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+        model.to(_device())
+        tok = _copy_tokenizer(pretrained, out)
+        length = text_length(cfg.retrieval, model_cfg)
+        data = retrieval_data(cfg, dataset, frames, model_cfg.video.img_size, "train")
+
+        def fetch(indices: list[int]) -> PretrainBatch:
+            items = collate_video_text([data[i] for i in indices])
+            enc = tok(items["text"], padding="max_length", truncation=True, max_length=length)
+            return PretrainBatch(items["video"], torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"]))
+
+        section = with_max_steps(cfg.retrieval, len(data))
+        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+
+        def step_fn(m: torch.nn.Module, batch: Any) -> Any:
+            return m(batch, tokenizer=tok, gather=gather, rank=rank)
+
+        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_retrieval", section)
+        extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "task": "retrieval"}
+        _write_model_json(out, RETRIEVAL_KIND, model_cfg, result.checkpoint, extra)
+        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+
+    return run_step("finetune_retrieval", out, cfg, "retrieval", work)
+
+
+def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
+    """Fine-tune a pre-trained ALPRO for open-ended QA: cross-entropy over the ``qa.answer_vocab`` answers."""
+
+    def work() -> StepResult:
+        from vlp.eval.qa import build_answer_vocab
+        from vlp.models.alpro import AlproQA
+        from vlp.train import distributed
+        from vlp.train.checkpoint import load_pretrained_weights
+
+        distributed.init_from_env()
+        doc = read_model_doc(pretrained)
+        # AlproQA uses the towers and the fusion only: no pre-training heads, so no PEM entities
+        model_cfg = dataclasses.replace(config_from_json(doc["config"]), num_entities=0, losses=("vtc",))
+        data = _dataset(VideoQADataset, cfg, cfg.qa, dataset, frames, model_cfg.video.img_size, "train")
+        answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
+        index = {answer: i for i, answer in enumerate(answers)}
+        total = len(data.qa)
+        keep = [i for i, row in enumerate(data.qa) if normalize_answer(row["answer"]) in index]
+        if not keep:
+            raise ValueError(f"none of the {total} training answers is in the {len(answers)}-answer vocabulary")
+        data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
+        log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
+        model = AlproQA(model_cfg, len(answers))
+        load_pretrained_weights(_checkpoint(pretrained, doc), model, allow_missing=("classifier.",))
+        model.to(_device())
+        tok = _copy_tokenizer(pretrained, out)
+        length = text_length(cfg.qa, model_cfg)
+
+        def fetch(indices: list[int]) -> dict[str, torch.Tensor]:
+            items = [data[i] for i in indices]
+            enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length)
+            return {
+                "video": torch.stack([it["video"] for it in items]),
+                "input_ids": torch.tensor(enc["input_ids"]),
+                "attention_mask": torch.tensor(enc["attention_mask"]),
+                "label": torch.tensor([index[it["answer"]] for it in items]),
+            }
+
+        def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            logits = m(batch["video"], batch["input_ids"], batch["attention_mask"])
+            label = batch["label"].to(logits.device)
+            loss = F.cross_entropy(logits, label)
+            acc = (logits.argmax(-1) == label).float().mean()
+            return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
+
+        section = with_max_steps(cfg.qa, len(data))
+        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_qa", section)
+        storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
+        extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "answers": ANSWERS_FILE}
+        _write_model_json(out, QA_KIND, model_cfg, result.checkpoint, {**extra, "task": "qa"})
+        return {
+            "steps": result.step,
+            "checkpoint": result.checkpoint,
+            "metrics": result.last_metrics,
+            "answers": len(answers),
+            "train_answer_coverage": round(len(keep) / total, 4),
+        }
+
+    return run_step("finetune_qa", out, cfg, "qa", work)
+
+
+def _checkpoint(model_dir: str, doc: dict[str, Any]) -> str:
+    from vlp.data import manifest
+
+    if not doc.get("checkpoint"):
+        raise ValueError(f"{model_dir}/{MODEL_JSON} names no checkpoint: the step that wrote it did not finish")
+    return manifest.resolve(model_dir, doc["checkpoint"])

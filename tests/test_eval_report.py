@@ -1,0 +1,146 @@
+"""Report files: they exist, carry the metric values, the HTML parses and every image decodes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from vlp.eval.qa import qa_metrics
+from vlp.eval.report import pem_figure, qa_report, rank_histogram, retrieval_report
+from vlp.eval.retrieval import ranks_t2v, retrieval_metrics
+
+
+class _Collect(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[str] = []
+        self.images: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.append(tag)
+        if tag == "img":
+            self.images.append(dict(attrs)["src"] or "")
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _parse(path: Path) -> _Collect:
+    parser = _Collect()
+    parser.feed(path.read_text(encoding="utf-8"))
+    parser.close()
+    return parser
+
+
+def _decode(src: str) -> Image.Image:
+    match = re.fullmatch(r"data:image/(png|jpeg);base64,(.+)", src)
+    assert match, f"image is not an inline data URI: {src[:60]}"
+    img = Image.open(io.BytesIO(base64.b64decode(match.group(2))))
+    img.load()
+    return img
+
+
+def _jpeg(color: tuple[int, int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), color).save(buf, format="JPEG")
+    return buf.getvalue()
+
+
+def test_rank_histogram_bins() -> None:
+    _, counts = rank_histogram(torch.tensor([1, 1, 2, 3, 5, 6, 10, 11, 20, 21, 50, 51, 100, 101, 5000]))
+    assert counts == [("1", 2), ("2", 1), ("3-5", 2), ("6-10", 2), ("11-20", 2), ("21-50", 2), ("51-100", 2),
+                      (">100", 2)]  # fmt: skip
+
+
+def test_retrieval_report_files(tmp_path: Path) -> None:
+    scores = torch.tensor([[0.9, 0.1, 0.5], [0.4, 0.4, 0.2], [0.7, 0.8, 0.3]])
+    text_video = torch.tensor([0, 1, 2])
+    metrics = retrieval_metrics(scores, text_video) | {"num_pairs": 9}
+    metrics |= {f"vtc_{k}": v + 1 for k, v in retrieval_metrics(scores, text_video).items()}
+    examples = [
+        {"query": "a red <circle> moves left", "correct_video": "v0",
+         "top5": [("v0", 0.9, _jpeg((200, 0, 0))), ("v2", 0.5, _jpeg((0, 200, 0))), ("v1", 0.1, None)]},
+        {"query": "a blue square", "correct_video": "v9", "top5": [("v1", 0.4, _jpeg((0, 0, 200)))]},
+    ]  # fmt: skip
+    paths = retrieval_report(metrics, ranks_t2v(scores, text_video), examples, tmp_path / "out")
+    assert all(Path(p).is_file() for p in paths)
+    md = (tmp_path / "out" / "report.md").read_text(encoding="utf-8")
+    html_path = tmp_path / "out" / "report.html"
+    assert str(html_path) in paths
+    for key in ("t2v_r1", "t2v_medr", "t2v_meanr", "v2t_r5", "rsum"):
+        value = f"{metrics[key]:.2f}"
+        assert value in md, f"{key} = {value} missing from report.md"
+    assert "num_pairs" in md and "| 9 |" in md
+    assert f"| vtc text → video | {metrics['vtc_t2v_r1']:.2f} |" in md  # extra prefixes get their own rows
+    assert "| text → video | 33.33 | 100.00 | 100.00 | 2.00 | 2.00 |" in md  # t2v ranks [1, 2, 3]
+    assert "✓" in md and "not in the top 5" in md
+    assert "![rank histogram](rank_histogram.png)" in md
+    assert all((tmp_path / "out" / rel).is_file() for rel in re.findall(r"\]\(([^)]+\.png)\)", md))
+
+    page = _parse(html_path)
+    assert {"html", "table", "img", "figure"} <= set(page.tags)
+    text = "".join(page.text)
+    assert f"{metrics['t2v_r1']:.2f}" in text and f"{metrics['rsum']:.2f}" in text
+    assert "a red <circle> moves left" in text  # escaped in the HTML, intact once parsed
+    assert len(page.images) == 1 + 4  # histogram + 4 thumbnails, all inline
+    sizes = [_decode(src).size for src in page.images]
+    assert sizes[0] == Image.open(tmp_path / "out" / "rank_histogram.png").size
+    assert html_path.read_text(encoding="utf-8").count('class="ok"') == 1  # only v0 in example 1 is correct
+
+
+def test_reports_refuse_uris(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="local directory"):
+        qa_report({"accuracy": 1.0}, "s3://bucket/report")
+
+
+def test_qa_report_files(tmp_path: Path) -> None:
+    metrics = qa_metrics(
+        ["red", "circle", "two", "red"], ["red", "blue", "two", "purple"], ["color", "color", "count", "color"],
+        vocab=["red", "blue", "circle", "two"],
+    )  # fmt: skip
+    paths = qa_report(metrics, tmp_path)
+    assert [Path(p).name for p in paths] == ["report.md", "report.html"]
+    md = Path(paths[0]).read_text(encoding="utf-8")
+    # accuracy 2/4 = 50.00 %, color 1/3 = 33.33 %, count 100.00 %, OOV 25.00 %
+    for value in ("50.00", "33.33", "100.00", "25.00"):
+        assert value in md
+    assert "| color | 1 | 0 | 1 | 1 |" in md  # confusion row: columns color, count, then oov, unseen
+    page = _parse(Path(paths[1]))
+    assert page.tags.count("table") == 3
+    text = "".join(page.text)
+    assert "33.33" in text and "oov" in text
+
+
+@pytest.mark.parametrize("as_array", [True, False])
+def test_pem_figure_png(tmp_path: Path, as_array: bool) -> None:
+    frames = np.zeros((4, 60, 80, 3), dtype=np.uint8)
+    frames[..., 1] = 90
+    given = frames if as_array else [Image.fromarray(f) for f in frames]
+    top5 = [("circle", 0.61), ("square", 0.2), ("grass", 0.1), ("sky", 0.05), ("road", 0.04)]
+    path = pem_figure(given, (20, 15, 60, 45), top5, tmp_path / "fig" / "pem.png")
+    img = Image.open(path)
+    img.load()
+    assert img.format == "PNG"
+    scale = 128 / 60
+    assert img.width >= 4 * round(80 * scale)  # frames side by side
+    assert img.height > 128 + 5 * 20  # bars underneath
+    # the crop outline is drawn in red on the first frame at the scaled box corner
+    rgb = img.convert("RGB")
+    edge_x, mid_y = 4 + round(20 * scale), 4 + round(30 * scale)
+    window = [rgb.getpixel((x, mid_y)) for x in range(edge_x - 2, edge_x + 3)]
+    assert any(r > 200 and g < 80 and b < 80 for r, g, b in window), window
+    assert rgb.getpixel((edge_x + 10, mid_y)) == (0, 90, 0)  # inside the box: the frame itself
+
+
+def test_pem_figure_rejects_a_box_outside_the_frame(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="box"):
+        pem_figure(np.zeros((2, 10, 10, 3), np.uint8), (0, 0, 11, 5), [("a", 1.0)], tmp_path / "x.png")

@@ -1,0 +1,135 @@
+"""finetune-retrieval/-qa and evaluate-retrieval/-qa on the tiny synthetic world, local and s3://."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp import storage
+from vlp.cli import main
+from vlp.config import load_config
+from vlp.steps.evaluate import evaluate_qa, evaluate_retrieval
+from vlp.steps.finetune import finetune_qa, finetune_retrieval
+from vlp.steps.mine_entities import mine_entities
+from vlp.steps.pretrain import build_prompt_bank, pretrain, pretrain_prompter
+
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_world, tmp_path_factory) -> dict[str, str]:
+    """A 3-step ALPRO pre-training (all four objectives) on the tiny world."""
+    root = tmp_path_factory.mktemp("finetune")
+    cfg = load_config(TINY)
+    uris = dict(tiny_world, **{k: str(root / k) for k in ("entities", "prompter", "bank", "alpro")})
+    mine_entities(uris["dataset"], uris["entities"], cfg)
+    pretrain_prompter(uris["dataset"], uris["frames"], uris["prompter"], cfg)
+    build_prompt_bank(uris["prompter"], uris["entities"], uris["bank"], cfg)
+    pretrain(uris["dataset"], uris["frames"], uris["prompter"], uris["bank"], uris["alpro"], cfg)
+    return uris
+
+
+def _json(uri: str) -> dict:
+    return json.loads(storage.read_text(uri))
+
+
+def test_finetune_retrieval_then_evaluate(pretrained, tmp_path):
+    cfg = load_config(TINY)
+    ft = str(tmp_path / "ret")
+    summary = finetune_retrieval(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)
+    assert summary["steps"] == 2
+    assert set(summary["metrics"]) >= {"train/loss_vtc", "train/loss_vtm"}
+    assert "train/loss_pem" not in summary["metrics"] and "train/loss_mlm" not in summary["metrics"]
+    doc = _json(f"{ft}/model.json")
+    assert doc["kind"] == "alpro_retrieval" and doc["config"]["num_entities"] == 0
+    out = str(tmp_path / "ret_eval")
+    result = evaluate_retrieval(pretrained["dataset"], pretrained["frames"], ft, out, cfg)
+    m = _json(f"{out}/metrics.json")
+    assert m == pytest.approx(result["metrics"])
+    for direction in ("t2v", "v2t"):
+        assert 0 <= m[f"{direction}_r1"] <= m[f"{direction}_r5"] <= m[f"{direction}_r10"] <= 100
+        assert 1 <= m[f"{direction}_medr"] <= m["num_videos"] if direction == "t2v" else m["num_texts"]
+    ranks = storage.read_parquet(f"{out}/ranks.parquet")
+    assert ranks.num_rows == m["num_texts"]
+    assert m["t2v_r1"] == pytest.approx(100 * sum(r == 1 for r in ranks["t2v_rank"].to_pylist()) / ranks.num_rows)
+    report = Path(out, "report.md").read_text()
+    assert f"{m['t2v_r1']:.2f}" in report
+    assert Path(out, "report.html").stat().st_size > 0
+
+
+def _eval(pretrained: dict, model: str, out: Path, *overrides: str) -> dict:
+    cfg = load_config(TINY, overrides)
+    return evaluate_retrieval(pretrained["dataset"], pretrained["frames"], model, str(out), cfg)
+
+
+def test_topk_with_k_at_least_n_is_full_scoring(pretrained, tmp_path):
+    """k >= the number of items re-ranks every pair once: the full N x N scoring of the released code."""
+    full = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.k=1000")["metrics"]
+    assert full["pairs_scored"] == full["num_texts"] * full["num_videos"]
+    exact = _eval(pretrained, pretrained["alpro"], tmp_path / "b", f"retrieval.k={int(full['num_texts'])}")["metrics"]
+    assert exact == full
+    top1 = _eval(pretrained, pretrained["alpro"], tmp_path / "c", "retrieval.k=1")["metrics"]
+    assert top1["pairs_scored"] < full["pairs_scored"]
+    assert top1["vtc_t2v_r1"] == full["vtc_t2v_r1"], "the contrastive ranking does not depend on k"
+
+
+def test_zero_shot_is_evaluate_on_a_pretrain_output(pretrained, tmp_path):
+    result = _eval(pretrained, pretrained["alpro"], tmp_path / "zs")
+    assert result["model_kind"] == "alpro"
+    assert storage.exists(str(tmp_path / "zs" / "report.html"))
+
+
+def test_finetune_qa_then_evaluate_counts_oov_as_wrong(pretrained, tmp_path):
+    cfg = load_config(TINY, ["qa.answer_vocab=3"])  # a 3-answer vocabulary leaves most test answers out
+    ft = str(tmp_path / "qa")
+    summary = finetune_qa(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)
+    assert summary["answers"] == 3 and 0 < summary["train_answer_coverage"] < 1
+    answers = _json(f"{ft}/answers.json")
+    out = str(tmp_path / "qa_eval")
+    result = evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, out, cfg)
+    preds = storage.read_parquet(f"{out}/predictions.parquet").to_pylist()
+    assert all(p["prediction"] in answers for p in preds)
+    n_correct = sum(p["prediction"] == p["answer"] for p in preds)
+    assert not any(p["correct"] for p in preds if not p["in_vocab"]), "an OOV answer can never be right"
+    m = result["metrics"]
+    assert m["accuracy"] == pytest.approx(n_correct / len(preds))
+    assert m["oov_rate"] == pytest.approx(sum(not p["in_vocab"] for p in preds) / len(preds))
+    assert m["oov_rate"] > 0
+    types = {p["answer_type"] for p in preds}
+    assert all(f"acc_{t}" in m for t in types)
+    assert "accuracy" in Path(out, "report.md").read_text().lower()
+
+
+def test_qa_model_reloads_and_predicts_the_same(pretrained, tmp_path):
+    cfg = load_config(TINY)
+    ft = str(tmp_path / "qa")
+    finetune_qa(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)
+    a = evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e1"), cfg)
+    b = evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e2"), cfg)
+    assert a["metrics"] == b["metrics"]
+    p1 = storage.read_parquet(str(tmp_path / "e1" / "predictions.parquet"))
+    p2 = storage.read_parquet(str(tmp_path / "e2" / "predictions.parquet"))
+    assert p1.equals(p2)
+
+
+def test_wrong_model_kind_is_a_clear_error(pretrained, tmp_path):
+    with pytest.raises(ValueError, match="finetune-qa"):
+        evaluate_qa(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], str(tmp_path / "x"),
+                    load_config(TINY))  # fmt: skip
+    args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"], "--config", str(TINY)]
+    code = main(["evaluate-retrieval", *args, "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "y")])
+    assert code == 2
+
+
+def test_cli_chain_on_s3(pretrained, s3_bucket, s3_env):
+    """finetune-retrieval -> evaluate-retrieval through the CLI with every output on s3://."""
+    ft, ev = f"{s3_bucket}/ft", f"{s3_bucket}/ev"
+    args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"], "--config", str(TINY)]
+    assert main(["finetune-retrieval", *args, "--pretrained", pretrained["alpro"], "--out", ft]) == 0
+    assert main(["evaluate-retrieval", *args, "--model", ft, "--out", ev]) == 0
+    m = json.loads(storage.read_text(f"{ev}/metrics.json"))
+    assert m["num_texts"] > 0 and storage.exists(f"{ev}/report.html") and storage.exists(f"{ev}/ranks.parquet")
+    assert torch.isfinite(torch.tensor(m["t2v_meanr"]))
