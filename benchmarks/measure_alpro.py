@@ -20,7 +20,7 @@ import torch
 
 from vlp import losses, storage
 from vlp.data import manifest
-from vlp.data.synth import SCENE_PHRASES, SHAPE_SYNONYMS
+from vlp.data.synth import COLORS, SCENE_PHRASES, SHAPE_SYNONYMS
 from vlp.data.video_text import VideoTextDataset, collate_video_text
 from vlp.models.alpro import Alpro, DualEncoder
 from vlp.models.prompts import PromptBank
@@ -65,8 +65,35 @@ def scene_words(scene: str) -> set[str]:
     return {w for phrase in (scene, *SCENE_PHRASES[scene]) for w in phrase.split()} - {"the", "a", "an", "of"}
 
 
+def _object_vocab(bank: PromptBank) -> list[int]:
+    """Indices of the bank's entities that name some object (a shape, a caption synonym of one, a colour)."""
+    words = set().union(*(object_words(shape, color) for shape in SHAPE_SYNONYMS for color in COLORS))
+    return [i for i, e in enumerate(bank.entities) if e in words]
+
+
+def _centred_box(obj: dict, size: int, patch: int, area: float) -> torch.Tensor:
+    """A patch-aligned square ``[top, left, h, w]`` of ``area`` of the frame centred on ``obj`` (inside the frame)."""
+    side = max(patch, round((area**0.5) * size / patch) * patch)
+    cy, cx = (obj["y0"] + obj["y1"]) / 2 * size, (obj["x0"] + obj["x1"]) / 2 * size
+    top = min(max(0, round((cy - side / 2) / patch) * patch), size - side)
+    left = min(max(0, round((cx - side / 2) / patch) * patch), size - side)
+    return torch.tensor([[top, left, side, side]])
+
+
+class _Tally:
+    """Hits of the prompter and of a constant baseline, per measure."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, list[int]] = {}
+
+    def add(self, name: str, hit: bool, base: bool) -> None:
+        c = self.counts.setdefault(name, [0, 0, 0])
+        c[0], c[1], c[2] = c[0] + hit, c[1] + base, c[2] + 1
+
+
 @torch.no_grad()
-def pseudo_label_accuracy(args, prompter: DualEncoder, size: int, bank: PromptBank, data: VideoTextDataset) -> dict:
+def pseudo_label_accuracy(args, prompter: DualEncoder, size: int, bank: PromptBank, data: VideoTextDataset) -> _Tally:
+    """Four measures (see the module docstring); each against a constant most-frequent-entity baseline."""
     boxes = manifest.read(args.dataset, manifest.BOXES, manifest.BOX_SCHEMA).to_pylist()
     by_frame: dict[tuple[str, int], list[dict]] = {}
     for row in boxes:
@@ -77,34 +104,44 @@ def pseudo_label_accuracy(args, prompter: DualEncoder, size: int, bank: PromptBa
             if any(p in row["caption"] for p in phrases):
                 scenes.setdefault(row["video_id"], scene)
     gen = torch.Generator().manual_seed(0)
-    stats = {"object_hits": 0, "object_base": 0, "object_n": 0, "scene_hits": 0, "scene_base": 0, "scene_n": 0}
-    top_entity = bank.entities[0]
-    clips = sorted({v for v, _ in data.pairs if data.media[v] == "video"})
-    for video_id in clips:
+    tally = _Tally()
+    objects = _object_vocab(bank)
+    top_entity, top_object = bank.entities[0], bank.entities[objects[0]]
+    patch = prompter.video.config.patch_size
+    grid = size // patch
+
+    def scores(video: torch.Tensor, pixel_box: torch.Tensor) -> torch.Tensor:
+        feat = prompter.encode_video(losses.entity.crop_frames(video, pixel_box))[0]
+        return losses.pseudo_labels(feat, bank.video, prompter.temperature())[0]  # (M,)
+
+    for video_id in sorted({v for v, _ in data.pairs if data.media[v] == "video"}):
         item = data[next(i for i, (w, _) in enumerate(data.pairs) if w == video_id)]
         video = item["video"][None]  # (1, T, 3, S, S), S = the model's img_size (the dataset resizes)
-        grid = size // prompter.video.config.patch_size
+        middle = data.store.rows(video_id)["frame_index"].to_pylist()[data.store.info(video_id)["num_stored"] // 2]
+        truth = by_frame.get((video_id, middle), [])
         for _ in range(args.crops):
-            pem = losses.sample_pem_boxes(1, grid, grid, patch_size=prompter.video.config.patch_size, generator=gen)
-            crop = losses.entity.crop_frames(video, pem.pixel_boxes)
-            feat = prompter.encode_video(crop)[0]
-            pseudo = losses.pseudo_labels(feat, bank.video, prompter.temperature())[0]
+            pem = losses.sample_pem_boxes(1, grid, grid, patch_size=patch, generator=gen)
+            pseudo = scores(video, pem.pixel_boxes)
             top = bank.entities[int(pseudo.argmax())]
             top_, left, h, w = (int(x) / size for x in pem.pixel_boxes[0])
-            info = data.store.info(video_id)
-            middle = data.store.rows(video_id)["frame_index"].to_pylist()[info["num_stored"] // 2]
-            inside = [o for o in by_frame.get((video_id, middle), []) if _covered(o, top_, left, h, w) >= 0.5]
+            inside = [o for o in truth if _covered(o, top_, left, h, w) >= 0.5]
             if inside:
                 words = set().union(*(object_words(o["shape"], o["color"]) for o in inside))
-                stats["object_n"] += 1
-                stats["object_hits"] += top in words
-                stats["object_base"] += top_entity in words
+                tally.add("random crop, top-1 of all entities names an object in it", top in words, top_entity in words)
+                top_obj = bank.entities[objects[int(pseudo[objects].argmax())]]
+                tally.add("random crop, top-1 of object entities names an object in it", top_obj in words,
+                          top_object in words)  # fmt: skip
             if video_id in scenes:
                 words = scene_words(scenes[video_id])
-                stats["scene_n"] += 1
-                stats["scene_hits"] += top in words
-                stats["scene_base"] += top_entity in words
-    return stats
+                tally.add("random crop, top-1 of all entities names the scene", top in words, top_entity in words)
+        for obj in truth:  # a 30%-of-frame box centred on each object
+            pseudo = scores(video, _centred_box(obj, size, patch, 0.3))
+            words = object_words(obj["shape"], obj["color"])
+            top = bank.entities[int(pseudo.argmax())]
+            tally.add("object-centred crop, top-1 of all entities names it", top in words, top_entity in words)
+            top_obj = bank.entities[objects[int(pseudo[objects].argmax())]]
+            tally.add("object-centred crop, top-1 of object entities names it", top_obj in words, top_object in words)
+    return tally
 
 
 def _covered(obj: dict, top: float, left: float, h: float, w: float) -> float:
@@ -144,14 +181,13 @@ def main() -> None:
             print(f"zero-shot t2v R@1  {name:8s} {'trained' if trained else 'untrained':9s}: {100 * r1:5.1f}%")
     print(f"chance R@1: {100 / len({v for v, _ in data.pairs}):.1f}%")
     bank = PromptBank.load(args.bank)
-    s = pseudo_label_accuracy(args, prompter, size, bank, data)
-    pct = lambda a, n: 100 * a / max(n, 1)  # noqa: E731
-    print(
-        f"pseudo-label names an object in the crop: {pct(s['object_hits'], s['object_n']):5.1f}% "
-        f"(baseline '{bank.entities[0]}': {pct(s['object_base'], s['object_n']):5.1f}%, n={s['object_n']})"
-    )
-    print(f"pseudo-label names the scene:             {pct(s['scene_hits'], s['scene_n']):5.1f}% "
-          f"(baseline '{bank.entities[0]}': {pct(s['scene_base'], s['scene_n']):5.1f}%, n={s['scene_n']})")  # fmt: skip
+    tally = pseudo_label_accuracy(args, prompter, size, bank, data)
+    objects = _object_vocab(bank)
+    print(f"baselines: most frequent entity '{bank.entities[0]}', most frequent object entity "
+          f"'{bank.entities[objects[0]]}' ({len(objects)} of {len(bank.entities)} entities name objects)")  # fmt: skip
+    print(f"{'pseudo-label measure':62s} {'prompter':>9s} {'baseline':>9s} {'n':>5s}")
+    for name, (hits, base, n) in tally.counts.items():
+        print(f"{name:62s} {100 * hits / n:8.1f}% {100 * base / n:8.1f}% {n:5d}")
 
 
 if __name__ == "__main__":
