@@ -1,25 +1,50 @@
-"""Experiment tracking: training metrics and parameters to MLflow (and always to ``metrics.jsonl``).
+"""Experiment tracking: MLflow runs, nested step runs and the model registry (and always ``metrics.jsonl``).
 
 A training step logs through the :class:`vlp.train.loop.MetricsLogger` protocol. With
 ``tracking.tracking_uri`` set (``sqlite:///runs/mlflow.db``, ``http://mlflow:5000``, ...) the step opens
 one MLflow run in ``tracking.experiment`` and mirrors every metric and parameter there; the JSONL file
 next to the checkpoints is written either way, so nothing depends on a tracking server being up.
+
+A pipeline run adds two levels (the KFP components call these; the library itself never imports kfp):
+
+- one *parent* run per pipeline run, found or created by its KFP run id (tag ``vlp.kfp_run_id``) so every
+  step of the same run finds it without passing ids around (:func:`pipeline_run`);
+- one *nested* run per step (tag ``mlflow.parentRunId``) holding the step's params and summary numbers
+  (:func:`track_step`); a training step logs its curves into that same run (``tracking.run_id``).
+
+Fine-tuned models are registered with their evaluation metrics as version tags (``metric.<name>``), so a
+re-evaluation can pick them by ``name@alias``, ``name/version`` or ``name`` (latest) — :func:`resolve_model`.
 ``mlflow`` is imported only when tracking is on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import math
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+PARENT_RUN_TAG = "mlflow.parentRunId"
+KFP_RUN_TAG = "vlp.kfp_run_id"
+KIND_TAG = "vlp.kind"  # "pipeline" for parent runs, "step" for nested step runs
+METRIC_TAG_PREFIX = "metric."  # model version tags holding the eval metrics at registration
+LAST_EVAL_TAG_PREFIX = "last_eval."  # model version tags holding the newest re-evaluation metrics
+MODEL_ARTIFACT_PATH = "model"
 
 
 @dataclass
 class TrackingConfig:
-    """Where training metrics go besides ``<out>/metrics.jsonl``."""
+    """Where runs, metrics and models go besides ``<out>/metrics.jsonl``."""
 
     tracking_uri: str = ""  # "" = MLflow off; e.g. sqlite:///runs/mlflow.db or http://mlflow:5000
     experiment: str = "vlp"  # MLflow experiment name
+    artifact_location: str = ""  # artifacts of a newly created experiment ("" = next to a sqlite db / server default)
+    parent_run_id: str = ""  # new runs are nested under this run
+    run_id: str = ""  # log into this existing run instead of opening one (the pipeline's step run)
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -34,32 +59,182 @@ def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
     return out
 
 
+def numeric_leaves(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
+    """Finite int/float leaves of a nested mapping under dotted names (bools and strings are skipped)."""
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, Mapping):
+            out.update(numeric_leaves(value, name))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[name] = float(value)
+    return out
+
+
+def sqlite_uri(run_dir: str | Path) -> str:
+    """The local default store: ``sqlite:///<run_dir>/mlflow.db`` (absolute, so subprocesses agree)."""
+    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def client(cfg: TrackingConfig) -> Any:
+    """An ``mlflow.MlflowClient`` for ``cfg.tracking_uri`` (which must be set)."""
+    if not cfg.tracking_uri:
+        raise ValueError("tracking.tracking_uri is empty: set it (e.g. sqlite:///runs/mlflow.db) to use MLflow")
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=cfg.tracking_uri)
+
+
+def experiment_id(cfg: TrackingConfig) -> str:
+    """Id of ``cfg.experiment``, created when missing (artifacts next to a sqlite db unless configured)."""
+    mlflow_client = client(cfg)
+    experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
+    if experiment is not None:
+        return experiment.experiment_id
+    location = cfg.artifact_location
+    if not location and cfg.tracking_uri.startswith("sqlite:///"):
+        location = (Path(cfg.tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
+    try:
+        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location or None)
+    except Exception:  # created concurrently by another step: use that one
+        experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
+        if experiment is None:
+            raise
+        return experiment.experiment_id
+
+
+def start_run(
+    cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None, parent_run_id: str = ""
+) -> str:
+    """Open a run in ``cfg.experiment`` (nested under ``parent_run_id`` when given); returns its id."""
+    all_tags = dict(tags or {})
+    if parent_run_id:
+        all_tags[PARENT_RUN_TAG] = parent_run_id
+    run = client(cfg).create_run(experiment_id(cfg), run_name=run_name, tags=all_tags)
+    return run.info.run_id
+
+
+def end_run(cfg: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
+    """Mark ``run_id`` FINISHED / FAILED / KILLED."""
+    client(cfg).set_terminated(run_id, status=status)
+
+
+def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
+    """Log a dict of numbers to ``run_id`` in one batch."""
+    from mlflow.entities import Metric
+    from mlflow.utils.time import get_current_time_millis
+
+    now = get_current_time_millis()
+    batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
+    if batch:
+        client(cfg).log_batch(run_id, metrics=batch)
+
+
+def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> None:
+    """Log a (nested) dict of params to ``run_id``; keys already logged are skipped (MLflow params are immutable)."""
+    from mlflow.entities import Param
+
+    mlflow_client = client(cfg)
+    existing = mlflow_client.get_run(run_id).data.params
+    new = [Param(k, v) for k, v in flatten(params).items() if k not in existing]
+    for start in range(0, len(new), 100):  # MLflow takes at most 100 params per batch
+        mlflow_client.log_batch(run_id, params=new[start : start + 100])
+
+
+def set_tags(cfg: TrackingConfig, run_id: str, tags: Mapping[str, str]) -> None:
+    mlflow_client = client(cfg)
+    for key, value in tags.items():
+        mlflow_client.set_tag(run_id, key, str(value))
+
+
+def find_pipeline_run(cfg: TrackingConfig, kfp_run_id: str) -> str | None:
+    """Id of the parent run of KFP run ``kfp_run_id``, or None."""
+    runs = client(cfg).search_runs(
+        [experiment_id(cfg)],
+        filter_string=f"tags.`{KFP_RUN_TAG}` = '{kfp_run_id}' and tags.`{KIND_TAG}` = 'pipeline'",
+        order_by=["attributes.start_time ASC"],
+        max_results=1,
+    )
+    return runs[0].info.run_id if runs else None
+
+
+def pipeline_run(
+    cfg: TrackingConfig, kfp_run_id: str, run_name: str = "", tags: Mapping[str, str] | None = None
+) -> str:
+    """The parent run of KFP run ``kfp_run_id``: found by its tag, or created (tagged with ``tags``)."""
+    if not kfp_run_id:
+        raise ValueError("kfp_run_id is empty: pass the pipeline job id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+    found = find_pipeline_run(cfg, kfp_run_id)
+    if found:
+        return found
+    all_tags = {**dict(tags or {}), KFP_RUN_TAG: kfp_run_id, KIND_TAG: "pipeline"}
+    return start_run(cfg, run_name or f"pipeline-{kfp_run_id}", all_tags)
+
+
+def track_step(
+    cfg: TrackingConfig,
+    step: str,
+    work: Callable[[], dict[str, Any]],
+    kfp_run_id: str = "",
+    tags: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Run ``work`` (a step) inside a nested MLflow run; returns its summary.
+
+    With tracking off this is just ``work()``. Otherwise a run named ``step`` is opened under the pipeline's
+    parent run (``kfp_run_id``) or ``cfg.parent_run_id``; while ``work`` runs, ``cfg.run_id`` names it, so
+    a training step that builds an :class:`MlflowLogger` from the same ``cfg`` logs into it. The summary's
+    numbers become metrics and its ``config`` params; the run ends FINISHED, or FAILED if ``work`` raises.
+    """
+    if not cfg.tracking_uri:
+        return work()
+    parent = pipeline_run(cfg, kfp_run_id) if kfp_run_id else cfg.parent_run_id
+    run_tags = {**dict(tags or {}), KIND_TAG: "step", "vlp.step": step}
+    if kfp_run_id:
+        run_tags[KFP_RUN_TAG] = kfp_run_id
+    run_id = start_run(cfg, step, run_tags, parent_run_id=parent)
+    previous, cfg.run_id = cfg.run_id, run_id
+    try:
+        summary = work()
+    except BaseException:
+        end_run(cfg, run_id, "FAILED")
+        raise
+    finally:
+        cfg.run_id = previous
+    log_params(cfg, run_id, summary.get("config") or {})
+    log_metrics(cfg, run_id, numeric_leaves({k: v for k, v in summary.items() if k != "config"}))
+    end_run(cfg, run_id)
+    return summary
+
+
 class MlflowLogger:
-    """One MLflow run; :meth:`log_metrics` / :meth:`log_params` as the training loop calls them."""
+    """One MLflow run; :meth:`log_metrics` / :meth:`log_params` as the training loop calls them.
+
+    Opens a new run (nested under ``cfg.parent_run_id`` when set), or attaches to ``cfg.run_id`` when set;
+    an attached run is left open by :meth:`close` (its owner ends it).
+    """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None) -> None:
-        import mlflow
-
-        self._mlflow = mlflow
-        self._client = mlflow.MlflowClient(tracking_uri=cfg.tracking_uri)
-        experiment = self._client.get_experiment_by_name(cfg.experiment)
-        experiment_id = experiment.experiment_id if experiment else self._client.create_experiment(cfg.experiment)
-        self.run_id = self._client.create_run(experiment_id, run_name=run_name, tags=dict(tags or {})).info.run_id
+        self._cfg = cfg
+        self._owned = not cfg.run_id
+        if cfg.run_id:
+            self.run_id = cfg.run_id
+            if tags:
+                set_tags(cfg, self.run_id, tags)
+        else:
+            self.run_id = start_run(cfg, run_name, tags, parent_run_id=cfg.parent_run_id)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        from mlflow.entities import Metric
-
-        now = self._mlflow.utils.time.get_current_time_millis()
-        batch = [Metric(k, float(v), now, step) for k, v in metrics.items()]
-        self._client.log_batch(self.run_id, metrics=batch)
+        log_metrics(self._cfg, self.run_id, metrics, step)
 
     def log_params(self, params: dict[str, Any]) -> None:
-        from mlflow.entities import Param
-
-        self._client.log_batch(self.run_id, params=[Param(k, v) for k, v in flatten(params).items()])
+        log_params(self._cfg, self.run_id, params)
 
     def close(self, status: str = "FINISHED") -> None:
-        self._client.set_terminated(self.run_id, status=status)
+        if self._owned or status != "FINISHED":
+            end_run(self._cfg, self.run_id, status)
 
 
 class MultiLogger:
@@ -75,3 +250,111 @@ class MultiLogger:
     def log_params(self, params: dict[str, Any]) -> None:
         for logger in self.loggers:
             logger.log_params(params)
+
+
+# --------------------------------------------------------------------------- model registry
+
+
+def register_model(
+    cfg: TrackingConfig,
+    name: str,
+    model_dir: str,
+    run_id: str,
+    metrics: Mapping[str, float],
+    alias: str = "",
+    tags: Mapping[str, str] | None = None,
+    artifact_path: str = MODEL_ARTIFACT_PATH,
+) -> str:
+    """Copy ``model_dir`` (local or ``s3://``) into ``run_id``'s artifacts (under ``artifact_path``) and register
+    it as a new version of ``name`` tagged ``metric.<k>`` with ``metrics``; point ``alias`` at it.
+
+    Returns:
+        The new version number.
+    """
+    mlflow_client = client(cfg)
+    with tempfile.TemporaryDirectory(prefix="vlp-register-") as tmp:
+        mlflow_client.log_artifacts(run_id, _local_dir(model_dir, tmp), artifact_path)
+    source = f"{mlflow_client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
+    try:
+        mlflow_client.create_registered_model(name)
+    except Exception:  # already registered
+        mlflow_client.get_registered_model(name)
+    version_tags = {**dict(tags or {}), **{f"{METRIC_TAG_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()}}
+    version = mlflow_client.create_model_version(name, source, run_id=run_id, tags=version_tags).version
+    if alias:
+        mlflow_client.set_registered_model_alias(name, alias, version)
+    return str(version)
+
+
+def _local_dir(uri: str, tmp: str) -> str:
+    """``uri`` itself when local, else its files downloaded under ``tmp``."""
+    from vlp import storage
+
+    if not storage.is_s3(uri):
+        return uri
+    root = uri.rstrip("/")
+    for file_uri in storage.list_files(root):
+        storage.download(file_uri, str(Path(tmp) / file_uri[len(root) + 1 :]))
+    return tmp
+
+
+def parse_model_ref(ref: str) -> tuple[str, str, str]:
+    """``name@alias`` -> (name, "", alias); ``name/3`` -> (name, "3", ""); ``name`` -> (name, "", "")."""
+    name, at, alias = ref.partition("@")
+    if at:
+        if not name or not alias:
+            raise ValueError(f"model reference {ref!r}: expected name@alias, name/version or name")
+        return name, "", alias
+    name, slash, version = ref.rpartition("/")
+    if slash and version.isdigit() and name:
+        return name, version, ""
+    if not ref or "/" in ref:
+        raise ValueError(f"model reference {ref!r}: expected name@alias, name/version or name")
+    return ref, "", ""
+
+
+def resolve_model(cfg: TrackingConfig, ref: str) -> Any:
+    """The ``ModelVersion`` that ``ref`` (``name@alias``, ``name/version`` or ``name`` = newest) names."""
+    name, version, alias = parse_model_ref(ref)
+    mlflow_client = client(cfg)
+    if alias:
+        return mlflow_client.get_model_version_by_alias(name, alias)
+    if version:
+        return mlflow_client.get_model_version(name, version)
+    versions = mlflow_client.search_model_versions(f"name = '{name}'")
+    if not versions:
+        raise ValueError(f"registered model {name!r} has no versions: run the pre-training pipeline first")
+    return max(versions, key=lambda v: int(v.version))
+
+
+def version_metrics(version: Any, prefix: str = METRIC_TAG_PREFIX) -> dict[str, float]:
+    """The metrics stored as ``<prefix><name>`` tags on a model version."""
+    return {k[len(prefix) :]: float(v) for k, v in (version.tags or {}).items() if k.startswith(prefix)}
+
+
+def download_model(cfg: TrackingConfig, ref: str, dst: str) -> dict[str, Any]:
+    """Download the model ``ref`` names into ``dst``; returns its name, version, run and stored metrics."""
+    import mlflow.artifacts
+
+    version = resolve_model(cfg, ref)
+    Path(dst).mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="vlp-download-") as tmp:
+        local = mlflow.artifacts.download_artifacts(version.source, dst_path=tmp, tracking_uri=cfg.tracking_uri)
+        for item in Path(local).iterdir():
+            shutil.move(str(item), str(Path(dst) / item.name))
+    info = {
+        "name": version.name,
+        "version": str(version.version),
+        "run_id": version.run_id,
+        "metrics": version_metrics(version),
+        "last_eval": version_metrics(version, LAST_EVAL_TAG_PREFIX),
+    }
+    (Path(dst) / "registry.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
+    return info
+
+
+def record_reevaluation(cfg: TrackingConfig, name: str, version: str, metrics: Mapping[str, float]) -> None:
+    """Store the newest re-evaluation metrics on a model version as ``last_eval.<k>`` tags."""
+    mlflow_client = client(cfg)
+    for key, value in metrics.items():
+        mlflow_client.set_model_version_tag(name, version, f"{LAST_EVAL_TAG_PREFIX}{key}", repr(float(value)))

@@ -1,0 +1,230 @@
+"""What every component body shares, imported *inside* the body at run time (never imports kfp).
+
+In the image the repo sits at /opt/vlp with ``components`` importable; under ``kfp.local`` the runner's
+working directory (the repo root) is on ``sys.path``. Artifacts are duck-typed: anything with ``.path``,
+``.uri`` and ``.metadata`` (a KFP artifact) works, so tests can pass plain stand-ins too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+POINTER = "LOCATION"  # file inside an artifact dir naming where its data really lives (an s3:// prefix)
+
+
+def config_file(config: str) -> str:
+    """A YAML file holding ``config``: an existing path (absolute, relative to the working directory or to the
+    repo root, e.g. ``configs/tiny.yaml``) is used as is; any other text is the YAML itself, written to a
+    temporary file."""
+    text = config.strip()
+    if "\n" not in text and text.endswith((".yaml", ".yml")):
+        for candidate in (Path(text), REPO_ROOT / text):
+            if candidate.is_file():
+                return str(candidate.resolve())
+        raise FileNotFoundError(f"config file {text!r} not found (looked in {Path.cwd()} and {REPO_ROOT})")
+    fd, path = tempfile.mkstemp(prefix="vlp-config-", suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(config)
+    return path
+
+
+def location(artifact: Any) -> str:
+    """The URI a step should read an input artifact from: its ``LOCATION`` pointer, else its local path."""
+    pointer = Path(artifact.path) / POINTER
+    if pointer.is_file():
+        return pointer.read_text(encoding="utf-8").strip()
+    return artifact.path
+
+
+def output_location(artifact: Any, data_root: str = "") -> str:
+    """Where a step writes an output artifact.
+
+    With ``data_root`` empty, the artifact's own directory (KFP uploads it to the pipeline root). With
+    ``data_root`` set (e.g. ``s3://bucket/vlp-data``), large data goes straight to
+    ``<data_root>/<run>/<task>/<output>``; the artifact keeps only a ``LOCATION`` pointer and ``metadata.uri``.
+    """
+    Path(artifact.path).mkdir(parents=True, exist_ok=True)
+    if not data_root:
+        return artifact.path
+    suffix = "/".join(artifact.uri.rstrip("/").split("/")[-3:])
+    uri = f"{data_root.rstrip('/')}/{suffix}"
+    (Path(artifact.path) / POINTER).write_text(uri + "\n", encoding="utf-8")
+    artifact.metadata["uri"] = uri
+    return uri
+
+
+class Step:
+    """One step run from a component: its config, an MLflow step run, and in-process or ``torchrun`` execution.
+
+    Args:
+        name: Step name (the MLflow run name and ``vlp.step`` tag).
+        config: YAML text or a path (see :func:`config_file`).
+        overrides: ``section.key=value`` overrides applied after the file.
+        kfp_run_id: The KFP run id; with tracking on, the step run is nested under that run's parent run.
+        nproc: Processes on this node; > 1 runs the step's CLI under ``torchrun --nproc-per-node nproc``.
+    """
+
+    def __init__(self, name: str, config: str, overrides: Sequence[str], kfp_run_id: str = "", nproc: int = 1):
+        from vlp.config import load_config
+
+        self.name, self.kfp_run_id, self.nproc = name, kfp_run_id, nproc
+        self.config_path, self.overrides = config_file(config), list(overrides)
+        self.cfg = load_config(self.config_path, self.overrides)
+
+    def run(self, fn: Callable[[Any], dict[str, Any]], cli: Sequence[str] = (), out: str = "") -> dict[str, Any]:
+        """Run ``fn(cfg)`` (or, when ``nproc > 1``, ``vlp <cli>`` under torchrun writing ``out``); returns the
+        summary. ``<out>/metrics.json`` (evaluation steps) is added to the summary as ``eval``."""
+        from vlp.tracking import track_step
+
+        def work() -> dict[str, Any]:
+            summary = self._torchrun(cli, out) if self.nproc > 1 and cli else fn(self.cfg)
+            evaluation = read_json(out, "metrics.json") if out else None
+            return {**summary, "eval": evaluation} if evaluation else summary
+
+        return track_step(self.cfg.tracking, self.name, work, kfp_run_id=self.kfp_run_id)
+
+    def _torchrun(self, cli: Sequence[str], out: str) -> dict[str, Any]:
+        from vlp import storage
+
+        overrides = [*self.overrides, f"tracking.run_id={self.cfg.tracking.run_id}"]
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}"]
+        cmd += ["-m", "vlp.cli", *cli, "--config", self.config_path, *overrides]
+        print("+", " ".join(cmd), flush=True)
+        subprocess.run(cmd, check=True)
+        return json.loads(storage.read_text(storage.join(out, "summary.json")))
+
+
+def read_json(base: str, name: str) -> dict[str, Any] | None:
+    """``<base>/<name>`` parsed, or None when it does not exist."""
+    from vlp import storage
+
+    uri = storage.join(base, name)
+    return json.loads(storage.read_text(uri)) if storage.exists(uri) else None
+
+
+def pretrain_fn(family: str) -> Callable[..., dict[str, Any]]:
+    """The pre-training step function of a model ``family``."""
+    from vlp.steps import pretrain
+
+    families = {"alpro": pretrain.pretrain}
+    if family not in families:
+        raise ValueError(f"model family {family!r} is not available; choose one of {sorted(families)}")
+    return families[family]
+
+
+def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> dict[str, float]:
+    """Log ``<out>/metrics.json`` to a KFP Metrics artifact and copy the step's reports to Markdown/HTML."""
+    from vlp import storage
+    from vlp.tracking import numeric_leaves
+
+    values = numeric_leaves(read_json(out, "metrics.json") or {})
+    for key, value in values.items():
+        metrics.log_metric(key, value)
+    for name, artifact in (("report.md", report_md), ("report.html", report_html)):
+        uri = storage.join(out, name)
+        text = storage.read_text(uri) if storage.exists(uri) else f"{name} was not written by the step\n"
+        Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
+        Path(artifact.path).write_text(text, encoding="utf-8")
+    return values
+
+
+# --------------------------------------------------------------------------- pipeline-level tracking
+
+
+def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipeline: str, image: str) -> str:
+    """Create (or find) the MLflow parent run of this pipeline run, tagged and with the step config as params."""
+    from vlp import __version__
+    from vlp.config import load_config, to_dict
+    from vlp.tracking import log_params, pipeline_run
+
+    cfg = load_config(config_file(config), overrides)
+    if not cfg.tracking.tracking_uri:
+        print("tracking.tracking_uri is empty: MLflow tracking is off for this run")
+        return ""
+    tags = {"vlp.pipeline": pipeline, "vlp.image": image, "vlp.version": __version__}
+    run_id = pipeline_run(cfg.tracking, kfp_run_id, run_name=f"{pipeline}-{kfp_run_id}", tags=tags)
+    log_params(cfg.tracking, run_id, {k: v for k, v in to_dict(cfg).items() if k not in ("storage", "tracking")})
+    print(f"MLflow parent run {run_id} in {cfg.tracking.tracking_uri} (experiment {cfg.tracking.experiment})")
+    return run_id
+
+
+def finish_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, state: str) -> None:
+    """End the parent run: FINISHED when the pipeline's tasks succeeded, else FAILED."""
+    from vlp.config import load_config
+    from vlp.tracking import end_run, find_pipeline_run
+
+    cfg = load_config(config_file(config), overrides)
+    if not cfg.tracking.tracking_uri:
+        return
+    run_id = find_pipeline_run(cfg.tracking, kfp_run_id)
+    if run_id:
+        end_run(cfg.tracking, run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
+
+
+def final_report(
+    config: str,
+    overrides: Sequence[str],
+    kfp_run_id: str,
+    results: dict[str, tuple[Any, Any]],
+    register_prefix: str,
+    register_alias: str,
+) -> str:
+    """Final metrics of every task in ``results`` (``task -> (eval results artifact, model artifact)``) to the
+    parent run; each model registered as ``<register_prefix>-<task>``. Returns a Markdown summary."""
+    from vlp.config import load_config
+    from vlp.tracking import log_metrics, pipeline_run, register_model
+
+    cfg = load_config(config_file(config), overrides)
+    rows, final = [], {}
+    for task, (evaluation, model) in results.items():
+        metrics = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
+        final.update({f"{task}.{k}": v for k, v in metrics.items()})
+        version = ""
+        if cfg.tracking.tracking_uri and model is not None and metrics:
+            parent = pipeline_run(cfg.tracking, kfp_run_id)
+            name = f"{register_prefix}-{task}"
+            tags = {"vlp.kfp_run_id": kfp_run_id, "vlp.task": task}
+            version = register_model(
+                cfg.tracking, name, location(model), parent, metrics, register_alias, tags, f"{task}_model"
+            )
+            version = f"{name}/{version}"
+        rows += [f"| {task} | {k} | {v:.4f} | {version} |" for k, v in sorted(metrics.items())]
+    if cfg.tracking.tracking_uri and final:
+        log_metrics(cfg.tracking, pipeline_run(cfg.tracking, kfp_run_id), final)
+    header = ["# vlp pipeline run", "", "| task | metric | value | registered |", "|---|---|---|---|"]
+    return "\n".join([*header, *rows]) + "\n"
+
+
+def compare_scores(
+    config: str, overrides: Sequence[str], kfp_run_id: str, task: str, model: Any, evaluation: Any
+) -> tuple[str, dict[str, float]]:
+    """New evaluation metrics vs the registered model's previous ones (newest re-evaluation, else those at
+    registration); logged to MLflow and stored on the model version. Returns (Markdown table, new metrics)."""
+    from vlp.config import load_config
+    from vlp.tracking import log_metrics, pipeline_run, record_reevaluation, set_tags
+
+    cfg = load_config(config_file(config), overrides)
+    info = read_json(location(model), "registry.json") or {}
+    new = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
+    previous = info.get("last_eval") or info.get("metrics") or {}
+    name, version = info.get("name", "?"), info.get("version", "?")
+    rows = ["| metric | previous | new | change |", "|---|---|---|---|"]
+    for key, value in sorted(new.items()):
+        before = previous.get(key)
+        delta = f"{value - before:+.4f}" if before is not None else "n/a"
+        rows.append(f"| {key} | {'' if before is None else f'{before:.4f}'} | {value:.4f} | {delta} |")
+    if cfg.tracking.tracking_uri and new:
+        parent = pipeline_run(cfg.tracking, kfp_run_id)
+        log_metrics(cfg.tracking, parent, {f"{task}.{k}": v for k, v in new.items()})
+        set_tags(cfg.tracking, parent, {f"vlp.{task}_model": f"{name}/{version}"})
+        if name != "?":
+            record_reevaluation(cfg.tracking, name, version, new)
+    return f"# Re-evaluation of {name} version {version} ({task})\n\n" + "\n".join(rows) + "\n", new

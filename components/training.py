@@ -1,0 +1,180 @@
+"""Training components: pretrain_prompter, build_prompt_bank (CPU), pretrain, finetune_retrieval/qa (GPU image).
+
+``nproc`` > 1 runs the step's CLI under ``torchrun --nproc-per-node nproc`` inside the container (one node,
+one process per GPU); the pipeline sets it from the step's ``accelerator_count``.
+"""
+
+import functools
+
+from kfp import dsl
+from kfp.dsl import Dataset, Input, Model, Output
+
+from components.images import CPU_IMAGE, GPU_IMAGE
+
+component = functools.partial(dsl.component, base_image=GPU_IMAGE, install_kfp_package=False)
+cpu_component = functools.partial(dsl.component, base_image=CPU_IMAGE, install_kfp_package=False)
+
+
+@component
+def pretrain_prompter(
+    dataset: Input[Dataset],
+    frames: Input[Dataset],
+    prompter: Output[Model],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+    nproc: int = 1,
+) -> None:
+    """Train ALPRO's prompter (video-text dual encoder, VTC only).
+
+    Args:
+        dataset: The ingested dataset.
+        frames: The extracted frames.
+        prompter: ``model.json``, ``tokenizer/``, ``checkpoints/``, ``metrics.jsonl``.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+        nproc: Training processes on this node (torchrun when > 1).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.pretrain import pretrain_prompter as step
+
+    ds, fr, out = location(dataset), location(frames), output_location(prompter, data_root)
+    cli = ["pretrain-prompter", "--dataset", ds, "--frames", fr, "--out", out]
+    Step("pretrain_prompter", config, overrides, kfp_run_id, nproc).run(lambda cfg: step(ds, fr, out, cfg), cli, out)
+
+
+@cpu_component
+def build_prompt_bank(
+    prompter: Input[Model],
+    entities: Input[Dataset],
+    bank: Output[Model],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+) -> None:
+    """Embed 12 video + 12 image templates x the top-M entities with the frozen prompter.
+
+    Args:
+        prompter: The pretrain_prompter output.
+        entities: The mine_entities output.
+        bank: ``prompt_bank.safetensors`` + ``prompt_bank.json``.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.pretrain import build_prompt_bank as step
+
+    pr, en, out = location(prompter), location(entities), output_location(bank, data_root)
+    Step("build_prompt_bank", config, overrides, kfp_run_id).run(lambda cfg: step(pr, en, out, cfg))
+
+
+@component
+def pretrain(
+    dataset: Input[Dataset],
+    frames: Input[Dataset],
+    prompter: Input[Model],
+    bank: Input[Model],
+    model: Output[Model],
+    config: str,
+    overrides: list[str],
+    family: str = "alpro",
+    kfp_run_id: str = "",
+    data_root: str = "",
+    nproc: int = 1,
+) -> None:
+    """Pre-train a video-language model of ``family`` (ALPRO: VTC + PEM + MLM + VTM).
+
+    Args:
+        dataset: The ingested dataset.
+        frames: The extracted frames.
+        prompter: The pretrain_prompter output (PEM pseudo-labels).
+        bank: The build_prompt_bank output.
+        model: ``model.json``, ``tokenizer/``, ``checkpoints/``, ``metrics.jsonl``.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        family: Model family (``alpro``).
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+        nproc: Training processes on this node (torchrun when > 1).
+    """
+    from components._runtime import Step, location, output_location, pretrain_fn
+
+    step = pretrain_fn(family)
+    ds, fr, pr, bk = location(dataset), location(frames), location(prompter), location(bank)
+    out = output_location(model, data_root)
+    cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr, "--prompter", pr, "--prompt-bank", bk]
+    run = Step("pretrain", config, overrides, kfp_run_id, nproc).run
+    run(lambda cfg: step(ds, fr, pr, bk, out, cfg), [*cli, "--out", out], out)
+
+
+@component
+def finetune_retrieval(
+    dataset: Input[Dataset],
+    frames: Input[Dataset],
+    pretrained: Input[Model],
+    model: Output[Model],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+    nproc: int = 1,
+) -> None:
+    """Fine-tune a pre-trained model for text-video retrieval.
+
+    Args:
+        dataset: The ingested dataset (its train split).
+        frames: The extracted frames.
+        pretrained: The pretrain output.
+        model: The fine-tuned model dir.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+        nproc: Training processes on this node (torchrun when > 1).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.finetune import finetune_retrieval as step
+
+    ds, fr, pt, out = location(dataset), location(frames), location(pretrained), output_location(model, data_root)
+    cli = ["finetune-retrieval", "--dataset", ds, "--frames", fr, "--pretrained", pt, "--out", out]
+    run = Step("finetune_retrieval", config, overrides, kfp_run_id, nproc).run
+    run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)
+
+
+@component
+def finetune_qa(
+    dataset: Input[Dataset],
+    frames: Input[Dataset],
+    pretrained: Input[Model],
+    model: Output[Model],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+    nproc: int = 1,
+) -> None:
+    """Fine-tune a pre-trained model for open-ended video QA.
+
+    Args:
+        dataset: The ingested dataset (its train split).
+        frames: The extracted frames.
+        pretrained: The pretrain output.
+        model: The fine-tuned model dir.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+        nproc: Training processes on this node (torchrun when > 1).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.finetune import finetune_qa as step
+
+    ds, fr, pt, out = location(dataset), location(frames), location(pretrained), output_location(model, data_root)
+    cli = ["finetune-qa", "--dataset", ds, "--frames", fr, "--pretrained", pt, "--out", out]
+    Step("finetune_qa", config, overrides, kfp_run_id, nproc).run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)

@@ -1,0 +1,30 @@
+# Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
+# Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU).
+# With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro"
+KFP_HOST ?=
+KFP_NAMESPACE ?= kubeflow
+KFP_EXPERIMENT ?= vlp
+PARAMS ?=
+PIPELINE_OUT ?= runs/pipeline-local
+CRON ?= 0 0 3 * * *
+SCHEDULE_NAME ?= vlp-reevaluate-nightly
+SUBMIT = $(PY) -m pipelines.submit
+SUBMIT_ARGS = --host "$(KFP_HOST)" --namespace "$(KFP_NAMESPACE)" --experiment "$(KFP_EXPERIMENT)" \
+	$(foreach p,$(PARAMS),--param '$(p)')
+
+.PHONY: pipeline-compile pipeline-run schedule-eval
+
+pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/*.yaml (commit the result)
+	$(PY) -m pipelines.compile
+
+pipeline-run: $(STAMP) ## Whole DAG: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
+ifeq ($(strip $(KFP_HOST)),)
+	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT)
+else
+	$(PY) -m pipelines.compile
+	$(SUBMIT) run --pipeline pretrain $(SUBMIT_ARGS)
+endif
+
+schedule-eval: $(STAMP) ## Create/replace the recurring re-evaluation run: KFP_HOST=URL [CRON="0 0 3 * * *" SCHEDULE_NAME=..] PARAMS="test_dataset=s3://.. test_frames=s3://.."
+	$(PY) -m pipelines.compile
+	$(SUBMIT) schedule --pipeline reevaluate --name "$(SCHEDULE_NAME)" --cron "$(CRON)" $(SUBMIT_ARGS)

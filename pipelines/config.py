@@ -1,0 +1,201 @@
+"""Pipeline config: per-step Kubernetes resources, images, caching and retries, from ``pipelines/config/*.yaml``.
+
+Loaded strictly (an unknown key is an error naming it), with the same loader as the step configs. Every step
+starts from ``defaults`` and takes its ``steps.<name>`` keys on top, e.g.::
+
+    defaults: {cpu_request: "1", memory_request: 2Gi, retries: 1}
+    steps:
+      pretrain:
+        image: gpu
+        accelerator_type: nvidia.com/gpu
+        accelerator_count: 4          # GPUs on the node; > 1 runs torchrun with 4 processes
+        node_selector: {cloud.google.com/gke-accelerator: nvidia-h100-80gb}
+        tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
+        shm_size: 32Gi                # memory-backed /dev/shm (DataLoader workers, NCCL)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from vlp.config import ConfigError, from_dict
+
+CONFIG_DIR = Path(__file__).resolve().parent / "config"
+STEPS = (
+    "start_run",
+    "synth",
+    "ingest",
+    "extract_frames",
+    "mine_entities",
+    "pretrain_prompter",
+    "build_prompt_bank",
+    "pretrain",
+    "finetune_retrieval",
+    "finetune_qa",
+    "evaluate_retrieval",
+    "evaluate_qa",
+    "report",
+    "finish_run",
+    "fetch_model",
+    "compare_scores",
+)
+
+
+@dataclass
+class Toleration:
+    """A Kubernetes toleration (e.g. of the GPU node pool's taint)."""
+
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Exists"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+@dataclass
+class StepSettings:
+    """How one step's pod runs. Empty strings / zero leave the setting out of the compiled pipeline."""
+
+    image: Literal["cpu", "gpu"] = "cpu"  # which of `images` the step runs in
+    cpu_request: str = ""  # e.g. "2"
+    cpu_limit: str = ""
+    memory_request: str = ""  # e.g. 8Gi
+    memory_limit: str = ""
+    accelerator_type: str = ""  # e.g. nvidia.com/gpu
+    accelerator_count: int = 0  # GPUs of one node; > 1 runs the step under torchrun with that many processes
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Toleration] = field(default_factory=list)
+    shm_size: str = ""  # size of a memory-backed emptyDir at /dev/shm ("" = none)
+    retries: int = 0  # extra attempts after a failure
+    retry_backoff: str = ""  # first back-off, e.g. 60s (doubles each retry)
+    caching: bool = True  # False for steps that exist for a side effect
+
+
+@dataclass
+class Images:
+    """Container images; "" = from docker/image.env (gpu: its tag + ``-cuda``)."""
+
+    cpu: str = ""
+    gpu: str = ""
+
+
+@dataclass
+class PipelineConfig:
+    """The whole pipeline config: what to compile into ``pipelines/compiled``."""
+
+    step_config: str = "configs/default.yaml"  # default `config` parameter: the vlp step config (path or YAML)
+    downstream: bool | None = None  # fine-tune + evaluate branches; None = only when vlp.steps has them
+    register_prefix: str = "vlp"  # fine-tuned models register as <prefix>-retrieval and <prefix>-qa
+    data_root: str = ""  # default `data_root` parameter: object-storage prefix for large outputs
+    images: Images = field(default_factory=Images)
+    steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
+
+    def step(self, name: str) -> StepSettings:
+        """Settings of step ``name``."""
+        if name not in self.steps:
+            raise KeyError(f"no settings for step {name!r}; steps: {sorted(self.steps)}")
+        return self.steps[name]
+
+    def image(self, name: str) -> str:
+        """The image step ``name`` runs in."""
+        from components.images import CPU_IMAGE, GPU_IMAGE
+
+        if self.step(name).image == "gpu":
+            return self.images.gpu or GPU_IMAGE
+        return self.images.cpu or CPU_IMAGE
+
+
+def load(path: str | Path = CONFIG_DIR / "default.yaml") -> PipelineConfig:
+    """Load and validate a pipeline config (``defaults`` merged under every ``steps.<name>``)."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    defaults = _mapping(data.pop("defaults", None), "defaults")
+    steps = _mapping(data.pop("steps", None), "steps")
+    unknown = sorted(set(steps) - set(STEPS))
+    if unknown:
+        raise ConfigError(f"{path}: unknown step {unknown[0]!r} in 'steps'; valid steps: {list(STEPS)}")
+    try:
+        from_dict(StepSettings, defaults, "defaults")
+        cfg = from_dict(PipelineConfig, data)
+        for name in STEPS:
+            merged = {**defaults, **_mapping(steps.get(name), f"steps.{name}")}
+            cfg.steps[name] = from_dict(StepSettings, merged, f"steps.{name}")
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from exc
+    _check(cfg, path)
+    return cfg
+
+
+def _mapping(value: Any, key: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check(cfg: PipelineConfig, path: Path) -> None:
+    for name, step in cfg.steps.items():
+        if step.accelerator_count < 0 or step.retries < 0:
+            raise ConfigError(f"{path}: steps.{name}: accelerator_count and retries must be >= 0")
+        if step.accelerator_count and not step.accelerator_type:
+            raise ConfigError(f"{path}: steps.{name}: accelerator_count needs accelerator_type (e.g. nvidia.com/gpu)")
+        for tol in step.tolerations:
+            if tol.operator == "Equal" and not tol.key:
+                raise ConfigError(f"{path}: steps.{name}: a toleration with operator Equal needs a key")
+
+
+def as_dict(cfg: PipelineConfig) -> dict[str, Any]:
+    """Plain-dict view (for printing)."""
+    return dataclasses.asdict(cfg)
+
+
+# --------------------------------------------------------------------------- applying settings to tasks
+
+SHM_VOLUME = "dshm"
+
+
+def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
+    """Apply step ``name``'s settings (image, resources, accelerator, scheduling, /dev/shm, retries, caching)."""
+    from kfp import kubernetes
+
+    s = cfg.step(name)
+    task.set_display_name(name).set_container_image(cfg.image(name))
+    for value, setter in (
+        (s.cpu_request, task.set_cpu_request),
+        (s.cpu_limit, task.set_cpu_limit),
+        (s.memory_request, task.set_memory_request),
+        (s.memory_limit, task.set_memory_limit),
+    ):
+        if value:
+            setter(value)
+    if s.accelerator_type and s.accelerator_count:
+        task.set_accelerator_type(s.accelerator_type).set_accelerator_limit(s.accelerator_count)
+    for key, value in sorted(s.node_selector.items()):
+        kubernetes.add_node_selector(task, label_key=key, label_value=value)
+    for tol in s.tolerations:
+        kubernetes.add_toleration(
+            task, key=tol.key or None, operator=tol.operator, value=tol.value or None, effect=tol.effect or None
+        )
+    if s.shm_size:
+        kubernetes.empty_dir_mount(task, SHM_VOLUME, "/dev/shm", medium="Memory", size_limit=s.shm_size)
+    if s.retries:
+        task.set_retry(
+            s.retries, backoff_duration=s.retry_backoff or None, backoff_factor=2.0 if s.retry_backoff else None
+        )
+    task.set_caching_options(enable_caching=s.caching)
+    return task
+
+
+def nproc(cfg: PipelineConfig, name: str) -> int:
+    """Processes per node of a training step: its GPU count (1 without GPUs)."""
+    return max(1, cfg.step(name).accelerator_count)

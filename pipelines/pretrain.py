@@ -1,0 +1,89 @@
+"""The pre-training DAG (``vlp-pretrain``).
+
+synth (or an existing raw dataset) -> ingest -> extract_frames, mine_entities -> pretrain_prompter ->
+build_prompt_bank -> pretrain (model ``family``) -> finetune_retrieval -> evaluate_retrieval and
+finetune_qa -> evaluate_qa in parallel -> report. An MLflow parent run opens first and an exit handler
+closes it FINISHED or FAILED. Per-step resources, images, caching and retries come from a
+:class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
+"""
+
+import importlib.util
+from typing import Any
+
+from kfp import dsl
+
+from components import data, evaluation, reporting, training
+from pipelines.config import PipelineConfig, configure, nproc
+
+NAME = "vlp-pretrain"
+
+
+def downstream_enabled(cfg: PipelineConfig) -> bool:
+    """Whether the fine-tune + evaluate branches are in the DAG (``None`` = when vlp.steps has them)."""
+    if cfg.downstream is not None:
+        return cfg.downstream
+    return all(importlib.util.find_spec(f"vlp.steps.{m}") is not None for m in ("finetune", "evaluate"))
+
+
+def build(cfg: PipelineConfig) -> Any:
+    """The ``vlp-pretrain`` pipeline for ``cfg``."""
+    downstream = downstream_enabled(cfg)
+
+    @dsl.pipeline(name=NAME, description="vlp pre-training: data -> prompter -> prompt bank -> pretrain -> eval")
+    def vlp_pretrain(
+        config: str = cfg.step_config,
+        overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
+        source_uri: str = "",
+        family: str = "alpro",
+        data_root: str = cfg.data_root,
+        register_alias: str = "candidate",
+    ) -> None:
+        """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
+        source_uri = raw dataset to ingest ("" = a fresh synthetic world); family = model family;
+        data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias = alias of new models."""
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
+        stored = {**common, "data_root": data_root}
+        finish = configure(reporting.finish_run(**common), cfg, "finish_run")
+        with dsl.ExitHandler(finish, name="tracked-run"):
+            start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("pretrain"))
+            configure(start, cfg, "start_run")
+            raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
+            ds = configure(data.ingest(raw=raw.outputs["raw"], **stored), cfg, "ingest").outputs["dataset"]
+            fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
+            ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
+            prompter = training.pretrain_prompter(
+                dataset=ds, frames=fr, **stored, nproc=nproc(cfg, "pretrain_prompter")
+            )
+            pr = configure(prompter, cfg, "pretrain_prompter").outputs["prompter"]
+            bank = training.build_prompt_bank(prompter=pr, entities=ent, **stored)
+            bk = configure(bank, cfg, "build_prompt_bank").outputs["bank"]
+            model = training.pretrain(
+                dataset=ds, frames=fr, prompter=pr, bank=bk, family=family, **stored, nproc=nproc(cfg, "pretrain")
+            )
+            pretrained = configure(model, cfg, "pretrain").outputs["model"]
+            branches = _downstream(cfg, ds, fr, pretrained, stored) if downstream else {}
+            summary = reporting.report(
+                pretrained=pretrained,
+                **common,
+                register_prefix=cfg.register_prefix,
+                register_alias=register_alias,
+                **branches,
+            )
+            configure(summary, cfg, "report")
+
+    return vlp_pretrain
+
+
+def _downstream(cfg: PipelineConfig, ds: Any, fr: Any, pretrained: Any, stored: dict[str, Any]) -> dict[str, Any]:
+    """finetune_<task> -> evaluate_<task> for retrieval and QA (parallel); the report's inputs."""
+    branches: dict[str, Any] = {}
+    for task, finetune, evaluate in (
+        ("retrieval", training.finetune_retrieval, evaluation.evaluate_retrieval),
+        ("qa", training.finetune_qa, evaluation.evaluate_qa),
+    ):
+        tuned = finetune(dataset=ds, frames=fr, pretrained=pretrained, **stored, nproc=nproc(cfg, f"finetune_{task}"))
+        model = configure(tuned, cfg, f"finetune_{task}").outputs["model"]
+        scored = configure(evaluate(dataset=ds, frames=fr, model=model, **stored), cfg, f"evaluate_{task}")
+        branches[f"{task}_results"], branches[f"{task}_model"] = scored.outputs["results"], model
+    return branches

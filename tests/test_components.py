@@ -1,0 +1,192 @@
+"""Components through ``.python_func`` (the exact body KFP runs) on the tiny synthetic world, with a local
+MLflow store: outputs, LOCATION pointers, nested step runs, registration and re-evaluation bookkeeping."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from kfp.dsl import HTML, Artifact, Dataset, Markdown, Metrics, Model
+
+from components import _runtime, data, evaluation, reporting, training
+from vlp import tracking
+
+TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+HAS_DOWNSTREAM = all(importlib.util.find_spec(f"vlp.steps.{m}") for m in ("finetune", "evaluate"))
+
+
+def _art(cls, path: Path):
+    return cls(name=path.name, uri=str(path))
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> list[str]:
+    """Overrides pointing tracking at a fresh sqlite store."""
+    return [f"tracking.tracking_uri={tracking.sqlite_uri(tmp_path)}", "tracking.experiment=components"]
+
+
+def _cfg(store: list[str]) -> tracking.TrackingConfig:
+    return tracking.TrackingConfig(tracking_uri=store[0].split("=", 1)[1], experiment="components")
+
+
+def _runs(store: list[str]) -> list:
+    cfg = _cfg(store)
+    return tracking.client(cfg).search_runs([tracking.experiment_id(cfg)])
+
+
+def test_ingest_and_mine_entities_write_outputs_and_nested_runs(tiny_world, tmp_path, store):
+    raw = _art(Dataset, tmp_path / "raw")
+    data.synth.python_func(raw=raw, config=TINY, overrides=[], source_uri=tiny_world["raw"])
+    assert _runtime.location(raw) == tiny_world["raw"]  # a pointer, nothing copied
+    dataset, entities = _art(Dataset, tmp_path / "dataset"), _art(Dataset, tmp_path / "entities")
+    common = {"config": TINY, "overrides": store, "kfp_run_id": "run-1"}
+    data.ingest.python_func(raw=raw, dataset=dataset, **common)
+    data.mine_entities.python_func(dataset=dataset, entities=entities, **common)
+    assert json.loads((tmp_path / "dataset" / "summary.json").read_text())["step"] == "ingest"
+    assert (tmp_path / "entities" / "entities.parquet").is_file()
+    runs = {r.info.run_name: r for r in _runs(store)}
+    parent = runs["pipeline-run-1"]
+    assert parent.data.tags[tracking.KFP_RUN_TAG] == "run-1"
+    for step in ("ingest", "mine_entities"):
+        assert runs[step].data.tags[tracking.PARENT_RUN_TAG] == parent.info.run_id
+        assert runs[step].info.status == "FINISHED"
+        assert runs[step].data.metrics  # the summary's numbers
+    assert runs["mine_entities"].data.params["entities.top_m"] == "50"
+
+
+def test_data_root_puts_data_elsewhere_and_leaves_a_pointer(tiny_world, tmp_path):
+    dataset = _art(Dataset, tmp_path / "kfp" / "run-9" / "ingest" / "dataset")
+    root = tmp_path / "bucket"
+    data.ingest.python_func(
+        raw=_art(Dataset, Path(tiny_world["raw"])), dataset=dataset, config=TINY, overrides=[], data_root=str(root)
+    )
+    where = root / "run-9" / "ingest" / "dataset"
+    assert (where / "videos.parquet").is_file()
+    assert not (Path(dataset.path) / "videos.parquet").exists()
+    assert _runtime.location(dataset) == str(where) == dataset.metadata["uri"]
+
+
+def test_config_can_be_yaml_text_and_bad_input_fails_loudly(tiny_world, tmp_path):
+    text = Path(TINY).read_text() + "\n"
+    entities = _art(Dataset, tmp_path / "entities")
+    ds = _art(Dataset, Path(tiny_world["dataset"]))
+    data.mine_entities.python_func(dataset=ds, entities=entities, config=text, overrides=["entities.top_m=5"])
+    assert json.loads((tmp_path / "entities" / "summary.json").read_text())["config"]["entities"]["top_m"] == 5
+    with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
+        data.mine_entities.python_func(dataset=ds, entities=entities, config="nope.yaml", overrides=[])
+    with pytest.raises(ValueError, match="albef"):
+        _runtime.pretrain_fn("albef")
+
+
+def test_start_and_finish_run_tag_and_close_the_parent(store):
+    run_id = reporting.start_run.python_func(
+        config=TINY, overrides=store, kfp_run_id="k-7", pipeline="vlp-pretrain", image="img:1"
+    )
+    assert (
+        reporting.start_run.python_func(config=TINY, overrides=store, kfp_run_id="k-7", pipeline="p", image="i")
+        == run_id
+    )
+    status = SimpleNamespace(state="FAILED", error_message="boom")
+    reporting.finish_run.python_func(config=TINY, overrides=store, kfp_run_id="k-7", status=status)
+    run = tracking.client(_cfg(store)).get_run(run_id)
+    assert run.info.status == "FAILED"
+    assert run.data.tags["vlp.image"] == "img:1"
+    assert run.data.params["model.preset"] == "tiny"
+    assert reporting.start_run.python_func(config=TINY, overrides=[], kfp_run_id="k", pipeline="p", image="i") == ""
+
+
+def _fake_model(path: Path) -> Model:
+    path.mkdir(parents=True)
+    (path / "model.json").write_text('{"kind": "alpro"}')
+    (path / "checkpoints").mkdir()
+    (path / "checkpoints" / "w.safetensors").write_bytes(b"\0" * 16)
+    return _art(Model, path)
+
+
+def _results(path: Path, metrics: dict[str, float]) -> Artifact:
+    path.mkdir(parents=True)
+    (path / "metrics.json").write_text(json.dumps(metrics))
+    return _art(Artifact, path)
+
+
+def test_report_registers_models_and_reevaluation_compares(tmp_path, store):
+    reporting.start_run.python_func(config=TINY, overrides=store, kfp_run_id="k-1", pipeline="p", image="i")
+    summary = _art(Markdown, tmp_path / "summary.md")
+    reporting.report.python_func(
+        pretrained=_art(Model, tmp_path / "pretrained"),
+        summary=summary,
+        config=TINY,
+        overrides=store,
+        kfp_run_id="k-1",
+        register_prefix="t",
+        retrieval_results=_results(tmp_path / "eval", {"t2v_r1": 40.0, "t2v_r5": 80.0}),
+        retrieval_model=_fake_model(tmp_path / "tuned"),
+    )
+    assert "| retrieval | t2v_r1 | 40.0000 | t-retrieval/1 |" in Path(summary.path).read_text()
+    cfg = _cfg(store)
+    version = tracking.resolve_model(cfg, "t-retrieval@candidate")
+    assert tracking.version_metrics(version) == {"t2v_r1": 40.0, "t2v_r5": 80.0}
+    parent = tracking.client(cfg).get_run(tracking.find_pipeline_run(cfg, "k-1"))
+    assert parent.data.metrics["retrieval.t2v_r1"] == 40.0
+
+    fetched = _art(Model, tmp_path / "fetched")
+    reporting.fetch_model.python_func(model_ref="t-retrieval/1", model=fetched, config=TINY, overrides=store)
+    assert (tmp_path / "fetched" / "checkpoints" / "w.safetensors").read_bytes() == b"\0" * 16
+    assert fetched.metadata["version"] == "1"
+    table, metrics = _art(Markdown, tmp_path / "cmp.md"), _art(Metrics, tmp_path / "m")
+    new = _results(tmp_path / "eval2", {"t2v_r1": 45.0, "t2v_r5": 70.0})
+    common = {"config": TINY, "overrides": store, "kfp_run_id": "k-2"}
+    reporting.compare_scores.python_func(
+        task="retrieval", model=fetched, results=new, summary=table, metrics=metrics, **common
+    )
+    text = Path(table.path).read_text()
+    assert "| t2v_r1 | 40.0000 | 45.0000 | +5.0000 |" in text and "| t2v_r5 | 80.0000 | 70.0000 | -10.0000 |" in text
+    assert metrics.metadata == {"t2v_r1": 45.0, "t2v_r5": 70.0}
+    assert tracking.version_metrics(tracking.resolve_model(cfg, "t-retrieval"), "last_eval.") == {
+        "t2v_r1": 45.0,
+        "t2v_r5": 70.0,
+    }
+
+
+def test_publish_eval_fills_the_kfp_artifacts(tmp_path):
+    out = _results(tmp_path / "res", {"accuracy": 0.5, "acc_color": 0.25}).path
+    (Path(out) / "report.md").write_text("# QA\n")
+    metrics, md, html = (
+        _art(Metrics, tmp_path / "m"),
+        _art(Markdown, tmp_path / "r.md"),
+        _art(HTML, tmp_path / "r.html"),
+    )
+    assert _runtime.publish_eval(out, metrics, md, html) == {"accuracy": 0.5, "acc_color": 0.25}
+    assert metrics.metadata == {"accuracy": 0.5, "acc_color": 0.25}
+    assert Path(md.path).read_text() == "# QA\n"
+    assert "not written" in Path(html.path).read_text()
+
+
+@pytest.mark.slow
+def test_training_chain_through_the_components(tiny_world, tmp_path, store):
+    ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
+    common = {"config": TINY, "overrides": store, "kfp_run_id": "k-3"}
+    entities, prompter = _art(Dataset, tmp_path / "entities"), _art(Model, tmp_path / "prompter")
+    bank, model = _art(Model, tmp_path / "bank"), _art(Model, tmp_path / "model")
+    data.mine_entities.python_func(dataset=ds, entities=entities, **common)
+    training.pretrain_prompter.python_func(dataset=ds, frames=fr, prompter=prompter, **common)
+    training.build_prompt_bank.python_func(prompter=prompter, entities=entities, bank=bank, **common)
+    training.pretrain.python_func(dataset=ds, frames=fr, prompter=prompter, bank=bank, model=model, **common)
+    assert (tmp_path / "model" / "model.json").is_file()
+    runs = {r.info.run_name: r for r in _runs(store)}
+    assert "loss" in " ".join(runs["pretrain"].data.metrics)  # training curves went into the step run
+    assert runs["pretrain"].info.status == "FINISHED"
+    if not HAS_DOWNSTREAM:
+        return
+    tuned = _art(Model, tmp_path / "tuned")
+    training.finetune_retrieval.python_func(dataset=ds, frames=fr, pretrained=model, model=tuned, **common)
+    outs = {n: _art(c, tmp_path / n) for n, c in (("res", Artifact), ("m", Metrics), ("md", Markdown), ("html", HTML))}
+    evaluation.evaluate_retrieval.python_func(
+        dataset=ds, frames=fr, model=tuned, results=outs["res"], metrics=outs["m"], report_md=outs["md"],
+        report_html=outs["html"], **common,
+    )  # fmt: skip
+    assert "t2v_r1" in outs["m"].metadata
+    assert Path(outs["md"].path).read_text().strip()

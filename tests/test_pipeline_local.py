@@ -1,0 +1,31 @@
+"""The whole pre-training DAG through kfp.local (SubprocessRunner, this venv) on the tiny config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pipelines import local_run
+from pipelines.config import CONFIG_DIR, load
+from pipelines.pretrain import downstream_enabled
+
+
+@pytest.mark.slow
+def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
+    result = local_run.run(tmp_path / "run")
+    outputs = result["outputs"]
+    steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
+    if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
+        steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
+    for task in steps:
+        assert task in outputs, f"{task} wrote no output: {sorted(outputs)}"
+    assert (Path(outputs["pretrain"]["model"]) / "model.json").is_file()
+    assert (Path(outputs["extract-frames"]["frames"]) / "index.parquet").is_file()
+    assert Path(outputs["report"]["summary"]).read_text().startswith("# vlp pipeline run")
+    tracked = result["mlflow"]
+    assert tracked["parent_run_id"] and tracked["status"] == "FINISHED"
+    expected = {name.replace("-", "_"): "FINISHED" for name in steps}
+    assert tracked["steps"] == expected
+    if "evaluate-retrieval" in steps:
+        assert "retrieval.t2v_r1" in tracked["metrics"] and "qa.accuracy" in tracked["metrics"]

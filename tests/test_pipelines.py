@@ -1,0 +1,325 @@
+"""Pipelines: compile, drift against the committed YAML, Kubernetes settings from the pipeline config,
+submission and recurring runs against a recording fake KFP API server (no cluster), cron validation."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+import yaml
+
+from pipelines import compile as compile_mod
+from pipelines import config as pipeline_config
+from pipelines import submit
+from vlp.config import ConfigError
+
+COMPILED = compile_mod.COMPILED_DIR
+GPU_STEPS = ("pretrain_prompter", "pretrain", "finetune_retrieval", "finetune_qa")
+
+
+def _docs(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    docs = list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+    return docs[0], docs[1] if len(docs) > 1 else {}
+
+
+def _executor(name: str) -> str:
+    return "exec-" + name.replace("_", "-")
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("compiled")
+    compile_mod.compile_all(out_dir=out)
+    return out
+
+
+@pytest.mark.parametrize("name", ["pretrain", "reevaluate"])
+def test_committed_yaml_matches_the_code(compiled: Path, name: str) -> None:
+    fresh = (compiled / f"{name}.yaml").read_text(encoding="utf-8")
+    committed = (COMPILED / f"{name}.yaml").read_text(encoding="utf-8")
+    assert fresh == committed, f"pipelines/compiled/{name}.yaml is stale: run `make pipeline-compile` and commit it"
+
+
+def test_gpu_steps_carry_the_configured_kubernetes_settings(compiled: Path) -> None:
+    cfg = pipeline_config.load()
+    spec, platform = _docs(compiled / "pretrain.yaml")
+    executors = spec["deploymentSpec"]["executors"]
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    dag = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    for step in GPU_STEPS:
+        want = cfg.step(step)
+        container = executors[_executor(step)]["container"]
+        assert container["image"].endswith("-cuda")
+        accel = container["resources"]["accelerator"]
+        assert accel["resourceType"] == want.accelerator_type == "nvidia.com/gpu"
+        assert int(accel["resourceCount"]) == want.accelerator_count >= 1
+        assert container["resources"]["memoryLimit"] > 0
+        assert k8s[_executor(step)]["nodeSelector"]["labels"] == want.node_selector
+        assert k8s[_executor(step)]["tolerations"] == [
+            {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+        ]
+        shm = k8s[_executor(step)]["emptyDirMounts"][0]
+        assert (shm["mountPath"], shm["medium"], shm["sizeLimit"]) == ("/dev/shm", "Memory", want.shm_size)
+        task = dag[step.replace("_", "-")]
+        assert task["retryPolicy"]["maxRetryCount"] == want.retries
+        assert task["retryPolicy"]["backoffDuration"] == want.retry_backoff
+        assert task["inputs"]["parameters"]["nproc"]["runtimeValue"]["constant"] == want.accelerator_count
+    assert "accelerator" not in executors[_executor("synth")]["container"].get("resources", {})
+    assert not executors[_executor("synth")]["container"]["image"].endswith("-cuda")
+    assert dag["report"]["cachingOptions"] == {}  # caching off for the side-effect steps
+    assert dag["pretrain"]["cachingOptions"] == {"enableCache": True}
+
+
+def test_every_component_is_a_lightweight_python_component_without_runtime_installs(compiled: Path) -> None:
+    for name in ("pretrain", "reevaluate"):
+        spec, _ = _docs(compiled / f"{name}.yaml")
+        for executor in spec["deploymentSpec"]["executors"].values():
+            if "container" not in executor:  # the importer
+                continue
+            text = " ".join(executor["container"]["command"] + executor["container"].get("args", []))
+            assert "pip install" not in text
+            assert "kfp.dsl.executor_main" in text
+            assert executor["container"]["image"].startswith("ghcr.io/vlp-ml/vlp:")
+
+
+def test_pipeline_config_is_strict(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: {pretrain: {gpus: 2}}\n")
+    with pytest.raises(ConfigError, match="gpus"):
+        pipeline_config.load(bad)
+    bad.write_text("steps: {pretrian: {}}\n")
+    with pytest.raises(ConfigError, match="unknown step 'pretrian'"):
+        pipeline_config.load(bad)
+    bad.write_text("steps: {pretrain: {accelerator_count: 2}}\n")
+    with pytest.raises(ConfigError, match="accelerator_type"):
+        pipeline_config.load(bad)
+    bad.write_text("imagez: {}\n")
+    with pytest.raises(ConfigError, match="imagez"):
+        pipeline_config.load(bad)
+
+
+def test_a_custom_config_compiles_into_the_yaml(tmp_path: Path) -> None:
+    custom = tmp_path / "gpu.yaml"
+    custom.write_text(
+        "images: {gpu: registry.local/vlp:dev-cuda}\n"
+        "defaults: {retries: 0}\n"
+        "steps:\n"
+        "  finetune_qa:\n"
+        "    image: gpu\n"
+        "    accelerator_type: nvidia.com/gpu\n"
+        "    accelerator_count: 2\n"
+        "    node_selector: {pool: a100}\n"
+        "    tolerations: [{key: dedicated, operator: Equal, value: ml, effect: NoExecute}]\n"
+        "    retries: 3\n"
+    )
+    compile_mod.compile_all(custom, tmp_path)
+    spec, platform = _docs(tmp_path / "pretrain.yaml")
+    container = spec["deploymentSpec"]["executors"]["exec-finetune-qa"]["container"]
+    assert container["image"] == "registry.local/vlp:dev-cuda"
+    assert int(container["resources"]["accelerator"]["resourceCount"]) == 2
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]["exec-finetune-qa"]
+    assert k8s["nodeSelector"]["labels"] == {"pool": "a100"}
+    assert k8s["tolerations"] == [{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoExecute"}]
+    dag = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    assert dag["finetune-qa"]["retryPolicy"]["maxRetryCount"] == 3
+    assert dag["finetune-qa"]["inputs"]["parameters"]["nproc"]["runtimeValue"]["constant"] == 2  # torchrun x2
+    assert "retryPolicy" not in dag["pretrain"]
+
+
+# --------------------------------------------------------------------------- cron + params
+
+
+@pytest.mark.parametrize("cron", ["0 0 3 * * *", "*/30 5 1-5 ? JAN-MAR MON,FRI", "0 0 0 1 */2 0", "15 45 23 31 12 6"])
+def test_valid_cron(cron: str) -> None:
+    assert submit.validate_cron(cron) == cron
+
+
+@pytest.mark.parametrize(
+    ("cron", "why"),
+    [
+        ("0 3 * * *", "has 5 fields"),
+        ("60 0 3 * * *", "second value '60'"),
+        ("0 0 24 * * *", "hour value '24'"),
+        ("0 0 3 0 * *", "day of month value '0'"),
+        ("0 0 3 * 13 *", "month value '13'"),
+        ("0 0 3 * * 7", "day of week value '7'"),
+        ("? 0 3 * * *", "'?' is only allowed"),
+        ("0 */0 3 * * *", "step /0"),
+        ("0 0 5-3 * * *", "runs backwards"),
+        ("0 0 3 * * MON;TUE", "is not"),
+    ],
+)
+def test_invalid_cron(cron: str, why: str) -> None:
+    with pytest.raises(submit.SubmitError, match=why):
+        submit.validate_cron(cron)
+
+
+def test_params_are_checked_against_the_compiled_inputs() -> None:
+    package = COMPILED / "reevaluate.yaml"
+    params = submit.parse_params(
+        ["test_dataset=s3://b/test", "test_frames=s3://b/frames", "overrides=[eval.k=5, a=1]"], package
+    )
+    assert params == {"test_dataset": "s3://b/test", "test_frames": "s3://b/frames", "overrides": ["eval.k=5", "a=1"]}
+    with pytest.raises(submit.SubmitError, match="unknown parameter 'model'"):
+        submit.parse_params(["model=x", "test_dataset=a", "test_frames=b"], package)
+    with pytest.raises(submit.SubmitError, match="needs the parameter"):
+        submit.parse_params(["test_dataset=a"], package)
+    with pytest.raises(submit.SubmitError, match="not a LIST"):
+        submit.parse_params(["test_dataset=a", "test_frames=b", "overrides=a=1"], package)
+
+
+# --------------------------------------------------------------------------- a recording fake KFP API
+
+
+class FakeKfp(BaseHTTPRequestHandler):
+    """Just enough of the KFP v2beta1 REST API for runs, experiments and recurring runs; records requests."""
+
+    state: dict[str, Any]
+
+    def log_message(self, *args: Any) -> None:  # keep pytest output clean
+        pass
+
+    def _reply(self, body: dict[str, Any], code: int = 200) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _record(self) -> tuple[str, dict[str, list[str]], dict[str, Any]]:
+        url = urlparse(self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        self.state["requests"].append(
+            {
+                "method": self.command,
+                "path": url.path,
+                "query": parse_qs(url.query),
+                "body": body,
+                "auth": self.headers.get("Authorization"),
+            }
+        )
+        return url.path, parse_qs(url.query), body
+
+    def do_GET(self) -> None:
+        path, query, _ = self._record()
+        if path == "/apis/v2beta1/experiments":
+            wanted = json.loads(query["filter"][0])["predicates"][0]["stringValue"] if "filter" in query else None
+            found = [e for e in self.state["experiments"] if wanted in (None, e["display_name"])]
+            self._reply({"experiments": found, "total_size": len(found)})
+        elif path == "/apis/v2beta1/recurringruns":
+            exp = query.get("experiment_id", [None])[0]
+            found = [r for r in self.state["recurring"] if exp in (None, r["experiment_id"])]
+            self._reply({"recurringRuns": found, "total_size": len(found)})
+        elif path == "/apis/v2beta1/healthz":
+            self._reply({"multi_user": False})
+        else:
+            self._reply({"error": f"no route {path}"}, 404)
+
+    def do_POST(self) -> None:
+        path, _, body = self._record()
+        new_id = uuid.uuid4().hex
+        if path == "/apis/v2beta1/experiments":
+            experiment = {**body, "experiment_id": new_id}
+            self.state["experiments"].append(experiment)
+            self._reply(experiment)
+        elif path == "/apis/v2beta1/runs":
+            self._reply({**body, "run_id": new_id, "state": "PENDING"})
+        elif path == "/apis/v2beta1/recurringruns":
+            run = {**body, "recurring_run_id": new_id}
+            self.state["recurring"].append(run)
+            self._reply(run)
+        else:
+            self._reply({"error": f"no route {path}"}, 404)
+
+    def do_DELETE(self) -> None:
+        path, _, _ = self._record()
+        rid = path.rsplit("/", 1)[-1]
+        self.state["recurring"] = [r for r in self.state["recurring"] if r["recurring_run_id"] != rid]
+        self._reply({})
+
+
+def _spec_name(body: dict[str, Any]) -> str:
+    """Pipeline name of a request body (the spec is wrapped with its platform spec when it has one)."""
+    spec = body["pipeline_spec"]
+    return spec.get("pipeline_spec", spec)["pipelineInfo"]["name"]
+
+
+@pytest.fixture
+def fake_kfp() -> Iterator[tuple[str, dict[str, Any]]]:
+    state: dict[str, Any] = {"requests": [], "experiments": [], "recurring": []}
+    handler = type("Handler", (FakeKfp,), {"state": state})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_submit_run_sends_the_compiled_spec_and_params(fake_kfp: tuple[str, dict[str, Any]], tmp_path: Path) -> None:
+    host, state = fake_kfp
+    token = tmp_path / "token"
+    token.write_text("sa-token-123")
+    argv = ["run", "--host", host, "--namespace", "team-a", "--experiment", "nightly", "--token-path", str(token)]
+    assert submit.main([*argv, "--param", "family=alpro", "--param", "overrides=[pretrain.max_steps=5]"]) == 0
+    runs = [r for r in state["requests"] if r["method"] == "POST" and r["path"] == "/apis/v2beta1/runs"]
+    assert len(runs) == 1
+    body = runs[0]["body"]
+    assert _spec_name(body) == "vlp-pretrain"
+    assert body["runtime_config"]["parameters"] == {"family": "alpro", "overrides": ["pretrain.max_steps=5"]}
+    experiment = state["experiments"][0]
+    assert (experiment["display_name"], experiment["namespace"]) == ("nightly", "team-a")
+    assert body["experiment_id"] == experiment["experiment_id"]
+    assert {r["auth"] for r in state["requests"]} == {"Bearer sa-token-123"}
+
+
+def test_reevaluate_cli_has_the_cronjob_shape(
+    fake_kfp: tuple[str, dict[str, Any]], tmp_path: Path, monkeypatch
+) -> None:
+    host, state = fake_kfp
+    token = tmp_path / "token"
+    token.write_text("cron-token")
+    monkeypatch.setenv("KF_PIPELINES_SA_TOKEN_PATH", str(token))
+    argv = ["reevaluate", "--host", host, "--namespace", "ml", "--experiment", "reeval"]
+    code = submit.main([*argv, "--param", "test_dataset=s3://b/ds", "--param", "test_frames=s3://b/fr"])
+    assert code == 0
+    body = next(r["body"] for r in state["requests"] if r["path"] == "/apis/v2beta1/runs")
+    assert _spec_name(body) == "vlp-reevaluate"
+    assert body["runtime_config"]["parameters"] == {"test_dataset": "s3://b/ds", "test_frames": "s3://b/fr"}
+    assert state["requests"][-1]["auth"] == "Bearer cron-token"
+    assert submit.main([*argv, "--param", "test_dataset=s3://b/ds"]) == 2  # missing test_frames: nothing sent
+    assert sum(r["path"] == "/apis/v2beta1/runs" for r in state["requests"]) == 1
+
+
+def test_schedule_creates_then_replaces_by_name(fake_kfp: tuple[str, dict[str, Any]]) -> None:
+    host, state = fake_kfp
+    client = submit.make_client(host, "ml")
+    params = {"test_dataset": "s3://b/ds", "test_frames": "s3://b/fr"}
+    package = COMPILED / "reevaluate.yaml"
+    first = submit.schedule(client, package, "nightly-eval", "0 0 3 * * *", params, "reeval", "ml")
+    submit.schedule(client, package, "other", "0 0 4 * * *", params, "reeval", "ml")
+    second = submit.schedule(client, package, "nightly-eval", "0 30 2 * * *", params, "reeval", "ml")
+    assert first != second
+    deletes = [r["path"] for r in state["requests"] if r["method"] == "DELETE"]
+    assert deletes == [f"/apis/v2beta1/recurringruns/{first}"]
+    names = sorted(r["display_name"] for r in state["recurring"])
+    assert names == ["nightly-eval", "other"]
+    current = next(r for r in state["recurring"] if r["display_name"] == "nightly-eval")
+    assert current["trigger"]["cron_schedule"]["cron"] == "0 30 2 * * *"
+    assert int(current["max_concurrency"]) == 1
+    assert current["runtime_config"]["parameters"] == params
+    assert _spec_name(current) == "vlp-reevaluate"
+    with pytest.raises(submit.SubmitError, match="6, seconds first"):
+        submit.schedule(client, package, "bad", "0 3 * * *", params, "reeval", "ml")
+    assert len(state["recurring"]) == 2
