@@ -33,8 +33,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP) ## Create .venv and install vlp + dev tools from the pinned constraints (idempotent)
 
-test: $(STAMP) ## Run the test suite (installs first when needed)
-	$(PY) -m pytest -q
+test: $(STAMP) chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test
+	$(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py
 
 test-fast: $(STAMP) ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
@@ -47,12 +47,12 @@ test-s3: $(STAMP) ## Rerun every S3 test against a real Ceph RGW (scripts/s3-ser
 	VLP_TEST_S3_ENDPOINT=$$AWS_ENDPOINT_URL $(PY) -m pytest -q -m s3
 
 lint: $(STAMP) ## ruff check + format check
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks components pipelines
+	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines
 
 format: $(STAMP) ## Apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix src tests benchmarks
-	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks components pipelines
+	$(VENV)/bin/ruff format src tests benchmarks components pipelines
 
 data: $(STAMP) ## Main job: synth -> ingest -> extract-frames -> mine-entities into OUT (local dir or s3://)
 	$(VENV)/bin/vlp data synth --out $(OUT)/raw $(SYNTH_ARGS) --config $(CONFIG)
