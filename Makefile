@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data pretrain bench clean
+.PHONY: help install test test-fast test-s3 lint format data pretrain ablation bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
@@ -65,6 +65,11 @@ pretrain: $(STAMP) ## After `make data`: pretrain-prompter -> build-prompt-bank 
 	$(VENV)/bin/vlp build-prompt-bank --prompter $(OUT)/prompter --entities $(OUT)/entities --out $(OUT)/prompt_bank --config $(CONFIG)
 	$(VENV)/bin/vlp pretrain --model alpro --dataset $(OUT)/dataset --frames $(OUT)/frames --prompter $(OUT)/prompter \
 	    --prompt-bank $(OUT)/prompt_bank --out $(OUT)/alpro --config $(CONFIG)
+
+ABLATION_OUT ?= runs/ablation
+ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 300 --pretrain-steps 100 --finetune-steps 60 --qa-steps 60
+ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
+	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
 bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step
 	$(PY) benchmarks/bench_extract.py

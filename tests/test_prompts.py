@@ -48,3 +48,15 @@ def test_build_save_load_roundtrip(tmp_path):
     back = PromptBank.load(str(tmp_path / "bank"))
     assert back.entities == ["circle", "star", "grass"] and not back.renormalize
     assert torch.equal(back.video, bank.video) and torch.equal(back.image, bank.image)
+
+
+def test_without_ensembling_one_template_per_branch_is_embedded():
+    seen: list[str] = []
+
+    def encode(prompts: list[str]) -> torch.Tensor:
+        seen.extend(prompts)
+        return torch.randn(len(prompts), 8, generator=torch.Generator().manual_seed(len(seen)))
+
+    bank = build_prompt_bank(encode, ["circle", "sky"], ensemble_templates=False)
+    assert seen == ["A video of a circle.", "A video of a sky.", "A photo of a circle.", "A photo of a sky."]
+    assert torch.allclose(bank.video.norm(dim=-1), torch.ones(2)), "one normalised template is its own mean"

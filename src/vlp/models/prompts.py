@@ -39,6 +39,7 @@ IMAGE_TEMPLATES: tuple[str, ...] = tuple(
     for noun in ("photo", "picture", "good photo", "good picture")
     for article in ("a", "the", "one")
 )
+SINGLE_TEMPLATES = ("A video of a {}.", "A photo of a {}.")  # without ensembling (ALPRO Table 5)
 BANK_FILE = "prompt_bank.safetensors"
 ENTITIES_FILE = "prompt_bank.json"
 
@@ -95,6 +96,7 @@ def build_prompt_bank(
     *,
     renormalize: bool = False,
     batch_size: int = 256,
+    ensemble_templates: bool = True,
 ) -> PromptBank:
     """Embed the 12 video and 12 image templates for ``entities`` with ``encode_text`` and ensemble them.
 
@@ -103,9 +105,12 @@ def build_prompt_bank(
         entities: the mined vocabulary, in its rank order (row ``m`` of the bank is ``entities[m]``).
         renormalize: re-normalise each entity's mean embedding (see the module docstring).
         batch_size: prompts per ``encode_text`` call.
+        ensemble_templates: False keeps one template per branch, ``SINGLE_TEMPLATES`` ("A video of a {}." /
+            "A photo of a {}."): the "w/o ensembling" row of ALPRO Table 5.
     """
     banks = []
-    for templates in (VIDEO_TEMPLATES, IMAGE_TEMPLATES):
+    groups = (VIDEO_TEMPLATES, IMAGE_TEMPLATES) if ensemble_templates else tuple((t,) for t in SINGLE_TEMPLATES)
+    for templates in groups:
         prompts = build_prompts(entities, templates)
         embeds = torch.cat([encode_text(prompts[i : i + batch_size]) for i in range(0, len(prompts), batch_size)])
         banks.append(ensemble(embeds.float(), len(templates), renormalize=renormalize))

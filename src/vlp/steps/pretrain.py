@@ -241,7 +241,9 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
             enc = tok(prompts, padding=True, truncation=True, max_length=cfg.model.max_len, return_tensors="pt")
             return prompter.encode_text(enc["input_ids"], enc["attention_mask"])[0]
 
-        bank = build(encode, entities, renormalize=cfg.model.bank_renormalize)
+        bank = build(
+            encode, entities, renormalize=cfg.model.bank_renormalize, ensemble_templates=cfg.model.prompt_ensemble
+        )
         bank.save(out)
         return {"entities": len(entities), "renormalize": bank.renormalize, "dim": int(bank.video.shape[1])}
 

@@ -27,6 +27,7 @@ class ModelConfig:
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or zeroed outside
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
+    prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
 
 
