@@ -133,3 +133,24 @@ def test_cli_chain_on_s3(pretrained, s3_bucket, s3_env):
     m = json.loads(storage.read_text(f"{ev}/metrics.json"))
     assert m["num_texts"] > 0 and storage.exists(f"{ev}/report.html") and storage.exists(f"{ev}/ranks.parquet")
     assert torch.isfinite(torch.tensor(m["t2v_meanr"]))
+
+
+PAPER = {  # ALPRO Tables 9 and 10: lr, global batch (8 GPUs), epochs, frames, text length, grad accumulation
+    "msrvtt-ret": ("retrieval", 2.5e-5, 64, 5, 8, 40, 1),
+    "didemo-ret": ("retrieval", 4e-5, 96, 10, 8, 50, 1),
+    "msrvtt-qa": ("qa", 5e-5, 96, 10, 16, 40, 2),
+    "msvd-qa": ("qa", 5e-5, 96, 15, 16, 40, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAPER))
+def test_paper_presets_layer_over_a_base_config(name):
+    section, lr, batch, epochs, frames, length, accum = PAPER[name]
+    base = TINY.parent / "default.yaml"
+    cfg = load_config([base, TINY.parent / "finetune" / f"{name}.yaml"])
+    s = getattr(cfg, section)
+    assert (s.lr, s.epochs, s.num_frames, s.max_len, s.grad_accum) == (lr, epochs, frames, length, accum)
+    assert s.batch_size * 8 * s.grad_accum == batch, "per-process batch x 8 GPUs x accumulation = the paper's batch"
+    assert s.warmup_ratio == 0.1 and s.randaug and s.seed == 42
+    assert cfg.model == load_config(base).model, "layering keeps the base file's other sections"
+    assert cfg.retrieval.paragraph == (name == "didemo-ret")

@@ -63,6 +63,10 @@ def test_pretrain_all_four_objectives_then_resume_is_a_no_op(trained, tmp_path):
     doc = json.loads(storage.read_text(storage.join(out, "model.json")))
     assert doc["kind"] == "alpro" and len(doc["entities"]) == 20
     assert storage.exists(storage.join(out, doc["checkpoint"], "model.safetensors"))
+    figures = summary["pem_examples"]
+    assert figures and all(storage.exists(f) and f.endswith(".png") for f in figures), "ALPRO Fig. 3 examples"
+    readme = storage.read_text(storage.join(out, "pem_examples", "README.md"))
+    assert all(Path(f).name in readme for f in figures)
     again = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
     assert again["steps"] == 3, "a finished run resumes at its last step and trains no more"
 

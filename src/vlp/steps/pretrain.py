@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from vlp import storage
 from vlp.config import Config
@@ -276,6 +277,71 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
         extra = {"steps": result.step, "entities": bank.entities if bank is not None else []}
         _write_model_json(out, "alpro", model_cfg, result.checkpoint, extra)
-        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+        figures = []
+        if pem is not None and distributed.rank() == 0:
+            figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg)
+        return {
+            "steps": result.step,
+            "checkpoint": result.checkpoint,
+            "metrics": result.last_metrics,
+            "pem_examples": figures,
+        }
 
     return run_step("pretrain", out, cfg, "pretrain", work)
+
+
+PEM_EXAMPLES = "pem_examples"
+
+
+@torch.no_grad()
+def pem_examples(
+    dataset: str, frames: str, prompter: Any, bank: Any, out: str, cfg: Config, n: int = 4, seed: int = 0
+) -> list[str]:
+    """ALPRO Fig. 3 for ``n`` clips: a random PEM box on the frames and the frozen prompter's top-5 entities.
+
+    Clips come from the test split (the training split when there is none); the box is drawn like PEM's
+    (:func:`vlp.losses.sample_pem_boxes`). Writes ``<out>/<video_id>.png`` and ``<out>/README.md``.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from vlp import losses
+    from vlp.eval.report import pem_figure
+
+    size, patch = prompter.video.config.img_size, prompter.video.config.patch_size
+    data = None
+    for split in ("test", "train"):
+        try:
+            data = VideoTextDataset(frames, dataset, split=split, num_frames=cfg.model.num_frames, mode="uniform")
+            break
+        except ValueError:
+            continue
+    clips = sorted({v for v, _ in data.pairs if data.media.get(v) == "video"})[:n] if data is not None else []
+    gen, lines, written = torch.Generator().manual_seed(seed), ["# PEM examples (ALPRO Fig. 3)", ""], []
+    with tempfile.TemporaryDirectory(prefix="vlp-pem-") as tmp:
+        for video_id in clips:
+            n_stored = data.store.info(video_id)["num_stored"]
+            slots = [round(i * (n_stored - 1) / max(1, cfg.model.num_frames - 1)) for i in range(cfg.model.num_frames)]
+            raw = data.store.load(video_id, slots)  # (T, H, W, 3) uint8 at the stored size
+            clip = torch.from_numpy(raw).permute(0, 3, 1, 2).float().div(255)
+            clip = F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True)
+            clip = ((clip - data.mean) / data.std)[None].to(next(prompter.parameters()).device)  # (1, T, 3, S, S)
+            boxes = losses.sample_pem_boxes(1, size // patch, size // patch, patch_size=patch, generator=gen)
+            feat, _ = prompter.encode_video(losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.pem_crop))
+            probs = losses.pseudo_labels(feat, bank.video.to(feat), prompter.temperature())[0]
+            top = probs.topk(min(5, len(bank.entities)))
+            top5 = [
+                (bank.entities[i], float(p)) for i, p in zip(top.indices.tolist(), top.values.tolist(), strict=True)
+            ]
+            t, left, h, w = (int(v) for v in boxes.pixel_boxes[0])
+            sy, sx = raw.shape[1] / size, raw.shape[2] / size
+            box = (left * sx, t * sy, (left + w) * sx, (t + h) * sy)
+            name = f"{video_id}.png"
+            pem_figure(raw, box, top5, Path(tmp) / name)
+            storage.upload(str(Path(tmp) / name), storage.join(out, name))
+            written.append(storage.join(out, name))
+            lines += [f"## {video_id}", "", f"![{video_id}]({name})", "", "| entity | p |", "|---|---|"]
+            lines += [f"| {e} | {p:.3f} |" for e, p in top5] + [""]
+    if written:
+        storage.write_text(storage.join(out, "README.md"), "\n".join(lines))
+    return written
