@@ -7,6 +7,10 @@ pass of the multimodal encoder.
 
     python benchmarks/bench_alpro_step.py --preset tiny --batch 8           # CPU, seconds
     python benchmarks/bench_alpro_step.py --preset paper --batch 32 --bf16  # GPU
+
+With ``--dataset`` and ``--frames-dir`` (a `make data` output) it also times building one training batch
+the way ``vlp pretrain`` does in its process: Parquet/JPEG frame reads, the ``rand`` sampler, RandAugment
+and the resize to the model's size (``--img-size``).
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import argparse
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -78,12 +83,17 @@ def main() -> None:
     parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (CUDA)")
+    parser.add_argument("--img-size", type=int, default=0, help="frame side (default: the preset's)")
+    parser.add_argument("--dataset", default="", help="ingested dataset, to time data loading too")
+    parser.add_argument("--frames-dir", default="", help="extract-frames output, to time data loading too")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
     captions = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(8)) for i in range(200)]
     tok = train_wordpiece(captions, vocab_size=200 if args.preset == "tiny" else 30522, max_len=args.text_len)
     cfg = build(args.preset, args.frames, args.entities, len(tok))
+    if args.img_size:
+        cfg = replace(cfg, video=replace(cfg.video, img_size=args.img_size))
     model = Alpro(cfg).to(device)
     prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07).to(device).eval()
     bank = torch.nn.functional.normalize(torch.randn(args.entities, cfg.embed_dim, device=device), dim=-1)
@@ -123,12 +133,26 @@ def main() -> None:
         with torch.no_grad(), autocast:
             model.fuse(text_out.tokens, text_out.attention_mask, video_tokens)
 
+    load = None
+    if args.dataset and args.frames_dir:
+        from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+
+        data = VideoTextDataset(args.frames_dir, args.dataset, num_frames=args.frames, mode="rand",
+                                augment=ClipRandAugment(), size=size)  # fmt: skip
+        order = iter(torch.randperm(len(data)).tolist() * 100)
+
+        def load() -> None:
+            collate_video_text([data[next(order)] for _ in range(args.batch)])
+
     step_s = timed(step, device, args.steps)
     parts = {
         "prompter forward (PEM)": timed(prompter_forward, device, args.steps),
         "VTM negative sampling": timed(negatives, device, args.steps),
         "one fusion pass (B pairs, no grad)": timed(fusion, device, args.steps),
     }
+    parts["all fusion passes (3B VTM + B MLM pairs, fwd)"] = 4 * parts["one fusion pass (B pairs, no grad)"]
+    if load is not None:
+        parts["data loading (one batch, 1 process)"] = timed(load, torch.device("cpu"), args.steps)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(f"{args.preset}: {params:.1f}M params, batch {args.batch} x {args.frames} frames at {size}px, {name}")
