@@ -104,3 +104,26 @@ def test_metrics_and_params_reach_mlflow(tiny_world, tmp_path):
     history = client.get_metric_history(run.info.run_id, "train/loss_vtc")
     assert [m.step for m in history] == [1, 2] and all(m.value > 0 for m in history)
     assert run.data.params["optim.lr"] == str(cfg.pretrain.lr) and run.data.params["train.max_steps"] == "2"
+
+
+@pytest.mark.slow
+def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path):
+    """`torchrun --nproc-per-node 2 -m vlp.cli pretrain`: gloo DDP on the CPU, one model and one metrics file."""
+    import os
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "alpro_ddp")
+    torchrun = Path(sys.executable).with_name("torchrun")
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "vlp.cli", "pretrain",
+           "--dataset", trained["dataset"], "--frames", trained["frames"], "--prompter", trained["prompter"],
+           "--prompt-bank", trained["bank"], "--out", out, "--config", str(TINY), "pretrain.max_steps=2"]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    steps = [m for m in metrics(out) if "step" in m]
+    assert [m["step"] for m in steps] == [1, 2], "rank 0 alone writes the metrics"
+    doc = json.loads(storage.read_text(storage.join(out, "model.json")))
+    state = json.loads(storage.read_text(storage.join(out, doc["checkpoint"], "state.json")))
+    assert state["world_size"] == 2
+    assert all(torch.isfinite(torch.tensor(steps[-1][f"train/loss_{t}"])) for t in ("vtc", "pem", "mlm", "vtm"))

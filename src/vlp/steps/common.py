@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,5 +29,6 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
     summary = {"step": name, "vlp_version": __version__, "out": out, **result}
     summary["seconds"] = round(time.perf_counter() - start, 3)
     summary["config"] = {section: to_dict(getattr(cfg, section))}
-    storage.write_text(storage.join(out, manifest.SUMMARY), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 writes the step's files
+        storage.write_text(storage.join(out, manifest.SUMMARY), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary

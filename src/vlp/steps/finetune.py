@@ -197,7 +197,8 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
 
         section = with_max_steps(cfg.qa, len(data))
         result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_qa", section)
-        storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
+        if distributed.rank() == 0:
+            storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
         extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "answers": ANSWERS_FILE}
         _write_model_json(out, QA_KIND, model_cfg, result.checkpoint, {**extra, "task": "qa"})
         return {

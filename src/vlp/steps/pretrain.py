@@ -164,7 +164,14 @@ def _device() -> torch.device:
     return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-def _write_model_json(out: str, kind: str, model_cfg: Any, checkpoint: str, extra: dict[str, Any]) -> None:
+def _write_model_json(out: str, kind: str, model_cfg: Any, checkpoint: str | None, extra: dict[str, Any]) -> None:
+    """``<out>/model.json``: what the model is and which checkpoint holds it (rank 0 only: others return)."""
+    from vlp.train import distributed
+
+    if distributed.rank() != 0:
+        return
+    if checkpoint is None:
+        raise RuntimeError(f"training into {out} finished without a checkpoint to point model.json at")
     rel = checkpoint[len(out.rstrip("/")) + 1 :] if checkpoint.startswith(out.rstrip("/") + "/") else checkpoint
     doc = {"kind": kind, "config": dataclasses.asdict(model_cfg), "checkpoint": rel, **extra}
     storage.write_text(storage.join(out, MODEL_JSON), json.dumps(doc, indent=2, sort_keys=True) + "\n")
