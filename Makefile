@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data pretrain ablation bench clean
+.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
@@ -66,8 +66,15 @@ pretrain: $(STAMP) ## After `make data`: pretrain-prompter -> build-prompt-bank 
 	$(VENV)/bin/vlp pretrain --model alpro --dataset $(OUT)/dataset --frames $(OUT)/frames --prompter $(OUT)/prompter \
 	    --prompt-bank $(OUT)/prompt_bank --out $(OUT)/alpro --config $(CONFIG)
 
+finetune: $(STAMP) ## After `make pretrain`: finetune + evaluate retrieval and QA, and zero-shot retrieval, into OUT
+	$(VENV)/bin/vlp evaluate-retrieval --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/alpro --out $(OUT)/zero_shot --config $(CONFIG)
+	$(VENV)/bin/vlp finetune-retrieval --dataset $(OUT)/dataset --frames $(OUT)/frames --pretrained $(OUT)/alpro --out $(OUT)/retrieval --config $(CONFIG)
+	$(VENV)/bin/vlp evaluate-retrieval --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/retrieval --out $(OUT)/retrieval_eval --config $(CONFIG)
+	$(VENV)/bin/vlp finetune-qa --dataset $(OUT)/dataset --frames $(OUT)/frames --pretrained $(OUT)/alpro --out $(OUT)/qa --config $(CONFIG)
+	$(VENV)/bin/vlp evaluate-qa --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/qa --out $(OUT)/qa_eval --config $(CONFIG)
+
 ABLATION_OUT ?= runs/ablation
-ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 300 --pretrain-steps 100 --finetune-steps 60 --qa-steps 60
+ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 200 --pretrain-steps 80 --finetune-steps 50 --qa-steps 50
 ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
 	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
