@@ -18,6 +18,7 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POINTER = "LOCATION"  # file inside an artifact dir naming where its data really lives (an s3:// prefix)
+TRACKING_ENV = "MLFLOW_TRACKING_URI"  # set on every step pod by the pipeline config's `tracking_uri`
 
 
 def config_file(config: str) -> str:
@@ -34,6 +35,23 @@ def config_file(config: str) -> str:
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(config)
     return path
+
+
+def load_step_config(config: str, overrides: Sequence[str]) -> tuple[Any, list[str]]:
+    """The vlp step config of ``config`` + ``overrides``, and the overrides that reproduce it in a subprocess.
+
+    An empty ``tracking.tracking_uri`` is taken from ``$MLFLOW_TRACKING_URI`` (the cluster's MLflow, set on
+    every pod by the compiled pipeline); one set in the config or the overrides wins.
+    """
+    from vlp.config import load_config
+
+    overrides = list(overrides)
+    cfg = load_config(config_file(config), overrides)
+    uri = os.environ.get(TRACKING_ENV, "").strip()
+    if uri and not cfg.tracking.tracking_uri:
+        overrides.append(f"tracking.tracking_uri={uri}")
+        cfg.tracking.tracking_uri = uri
+    return cfg, overrides
 
 
 def location(artifact: Any) -> str:
@@ -73,11 +91,9 @@ class Step:
     """
 
     def __init__(self, name: str, config: str, overrides: Sequence[str], kfp_run_id: str = "", nproc: int = 1):
-        from vlp.config import load_config
-
         self.name, self.kfp_run_id, self.nproc = name, kfp_run_id, nproc
-        self.config_path, self.overrides = config_file(config), list(overrides)
-        self.cfg = load_config(self.config_path, self.overrides)
+        self.config_path = config_file(config)
+        self.cfg, self.overrides = load_step_config(self.config_path, overrides)
 
     def run(self, fn: Callable[[Any], dict[str, Any]], cli: Sequence[str] = (), out: str = "") -> dict[str, Any]:
         """Run ``fn(cfg)`` (or, when ``nproc > 1``, ``vlp <cli>`` under torchrun writing ``out``); returns the
@@ -142,10 +158,10 @@ def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> di
 def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipeline: str, image: str) -> str:
     """Create (or find) the MLflow parent run of this pipeline run, tagged and with the step config as params."""
     from vlp import __version__
-    from vlp.config import load_config, to_dict
+    from vlp.config import to_dict
     from vlp.tracking import log_params, pipeline_run
 
-    cfg = load_config(config_file(config), overrides)
+    cfg, _ = load_step_config(config, overrides)
     if not cfg.tracking.tracking_uri:
         print("tracking.tracking_uri is empty: MLflow tracking is off for this run")
         return ""
@@ -158,10 +174,9 @@ def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipel
 
 def finish_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, state: str) -> None:
     """End the parent run: FINISHED when the pipeline's tasks succeeded, else FAILED."""
-    from vlp.config import load_config
     from vlp.tracking import end_run, find_pipeline_run
 
-    cfg = load_config(config_file(config), overrides)
+    cfg, _ = load_step_config(config, overrides)
     if not cfg.tracking.tracking_uri:
         return
     run_id = find_pipeline_run(cfg.tracking, kfp_run_id)
@@ -179,10 +194,9 @@ def final_report(
 ) -> str:
     """Final metrics of every task in ``results`` (``task -> (eval results artifact, model artifact)``) to the
     parent run; each model registered as ``<register_prefix>-<task>``. Returns a Markdown summary."""
-    from vlp.config import load_config
     from vlp.tracking import log_metrics, pipeline_run, register_model
 
-    cfg = load_config(config_file(config), overrides)
+    cfg, _ = load_step_config(config, overrides)
     rows, final = [], {}
     for task, (evaluation, model) in results.items():
         metrics = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
@@ -208,10 +222,9 @@ def compare_scores(
 ) -> tuple[str, dict[str, float]]:
     """New evaluation metrics vs the registered model's previous ones (newest re-evaluation, else those at
     registration); logged to MLflow and stored on the model version. Returns (Markdown table, new metrics)."""
-    from vlp.config import load_config
     from vlp.tracking import log_metrics, pipeline_run, record_reevaluation, set_tags
 
-    cfg = load_config(config_file(config), overrides)
+    cfg, _ = load_step_config(config, overrides)
     info = read_json(location(model), "registry.json") or {}
     new = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
     previous = info.get("last_eval") or info.get("metrics") or {}

@@ -104,11 +104,10 @@ def fetch_model(model_ref: str, model: Output[Model], config: str, overrides: li
         config: Step config: YAML text or a path (its ``tracking`` section names the registry).
         overrides: ``section.key=value`` config overrides.
     """
-    from components._runtime import config_file
-    from vlp.config import load_config
+    from components._runtime import load_step_config
     from vlp.tracking import download_model
 
-    cfg = load_config(config_file(config), overrides)
+    cfg, _ = load_step_config(config, overrides)
     info = download_model(cfg.tracking, model_ref, model.path)
     model.metadata.update({"name": info["name"], "version": info["version"], "run_id": info["run_id"]})
 

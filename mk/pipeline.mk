@@ -1,11 +1,13 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
-# Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU).
+# Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
+# PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment).
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
 KFP_EXPERIMENT ?= vlp
 PARAMS ?=
 PIPELINE_OUT ?= runs/pipeline-local
+PIPELINE_DATA_ROOT ?=
 CRON ?= 0 0 3 * * *
 SCHEDULE_NAME ?= vlp-reevaluate-nightly
 SUBMIT = $(PY) -m pipelines.submit
@@ -19,7 +21,7 @@ pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/
 
 pipeline-run: $(STAMP) ## Whole DAG: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
-	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT)
+	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) $(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)")
 else
 	$(PY) -m pipelines.compile
 	$(SUBMIT) run --pipeline pretrain $(SUBMIT_ARGS)

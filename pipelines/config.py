@@ -12,11 +12,18 @@ starts from ``defaults`` and takes its ``steps.<name>`` keys on top, e.g.::
         node_selector: {cloud.google.com/gke-accelerator: nvidia-h100-80gb}
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         shm_size: 32Gi                # memory-backed /dev/shm (DataLoader workers, NCCL)
+
+On a cluster every step pod also needs the object store and MLflow; ``s3`` and ``tracking_uri`` put them into
+the environment of every task (credentials only as a reference to a Kubernetes Secret, never as values)::
+
+    s3: {secret: vlp-s3, endpoint_url: https://s3.amazonaws.com, region: us-east-1}
+    tracking_uri: http://vlp-mlflow:5000
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -84,6 +91,21 @@ class Images:
 
 
 @dataclass
+class S3Settings:
+    """Object-store access of every step pod (what ``vlp.storage`` and boto3 read from the environment).
+
+    Empty strings leave the variable out: no ``secret`` = no keys injected (an IAM role / IRSA, or the image's
+    own environment); no ``endpoint_url`` = AWS S3.
+    """
+
+    secret: str = ""  # Kubernetes Secret with the key pair (the Helm chart's objectStore.existingSecret.name)
+    access_key_key: str = "AWS_ACCESS_KEY_ID"  # key in the Secret -> env AWS_ACCESS_KEY_ID
+    secret_key_key: str = "AWS_SECRET_ACCESS_KEY"  # key in the Secret -> env AWS_SECRET_ACCESS_KEY
+    endpoint_url: str = ""  # env AWS_ENDPOINT_URL (and MLFLOW_S3_ENDPOINT_URL), with the scheme
+    region: str = ""  # env AWS_REGION and AWS_DEFAULT_REGION
+
+
+@dataclass
 class PipelineConfig:
     """The whole pipeline config: what to compile into ``pipelines/compiled``."""
 
@@ -91,6 +113,8 @@ class PipelineConfig:
     downstream: bool | None = None  # fine-tune + evaluate branches; None = only when vlp.steps has them
     register_prefix: str = "vlp"  # fine-tuned models register as <prefix>-retrieval and <prefix>-qa
     data_root: str = ""  # default `data_root` parameter: object-storage prefix for large outputs
+    tracking_uri: str = ""  # env MLFLOW_TRACKING_URI of every step ("" = none; the step config may still set one)
+    s3: S3Settings = field(default_factory=S3Settings)
     images: Images = field(default_factory=Images)
     steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
 
@@ -143,7 +167,11 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     return value
 
 
+SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a key of a Secret
+
+
 def _check(cfg: PipelineConfig, path: Path) -> None:
+    _check_env(cfg, path)
     for name, step in cfg.steps.items():
         if step.accelerator_count < 0 or step.retries < 0:
             raise ConfigError(f"{path}: steps.{name}: accelerator_count and retries must be >= 0")
@@ -152,6 +180,19 @@ def _check(cfg: PipelineConfig, path: Path) -> None:
         for tol in step.tolerations:
             if tol.operator == "Equal" and not tol.key:
                 raise ConfigError(f"{path}: steps.{name}: a toleration with operator Equal needs a key")
+
+
+def _check_env(cfg: PipelineConfig, path: Path) -> None:
+    s3 = cfg.s3
+    for key, value in (("s3.endpoint_url", s3.endpoint_url), ("tracking_uri", cfg.tracking_uri)):
+        if value and not value.startswith(("http://", "https://")):
+            raise ConfigError(f"{path}: {key} {value!r} needs a scheme, e.g. http://host:port or https://host")
+    if s3.secret:
+        for key, value in (("s3.access_key_key", s3.access_key_key), ("s3.secret_key_key", s3.secret_key_key)):
+            if not SECRET_KEY.match(value):
+                raise ConfigError(f"{path}: {key} {value!r} is not a Secret key (letters, digits, '-', '_', '.')")
+        if s3.access_key_key == s3.secret_key_key:
+            raise ConfigError(f"{path}: s3.access_key_key and s3.secret_key_key are both {s3.access_key_key!r}")
 
 
 def as_dict(cfg: PipelineConfig) -> dict[str, Any]:
@@ -193,7 +234,33 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
             s.retries, backoff_duration=s.retry_backoff or None, backoff_factor=2.0 if s.retry_backoff else None
         )
     task.set_caching_options(enable_caching=s.caching)
+    return set_environment(task, cfg)
+
+
+def set_environment(task: Any, cfg: PipelineConfig) -> Any:
+    """Object-store credentials (from the Secret ``s3.secret``), endpoint, region and the MLflow URI as env."""
+    from kfp import kubernetes
+
+    s3 = cfg.s3
+    if s3.secret:
+        keys = {s3.access_key_key: "AWS_ACCESS_KEY_ID", s3.secret_key_key: "AWS_SECRET_ACCESS_KEY"}
+        kubernetes.use_secret_as_env(task, secret_name=s3.secret, secret_key_to_env=keys)
+    for name, value in environment(cfg).items():
+        task.set_env_variable(name, value)
     return task
+
+
+def environment(cfg: PipelineConfig) -> dict[str, str]:
+    """The plain (non-secret) environment variables every step gets from ``cfg``."""
+    s3 = cfg.s3
+    env = {
+        "AWS_ENDPOINT_URL": s3.endpoint_url,
+        "MLFLOW_S3_ENDPOINT_URL": s3.endpoint_url,
+        "AWS_REGION": s3.region,
+        "AWS_DEFAULT_REGION": s3.region,
+        "MLFLOW_TRACKING_URI": cfg.tracking_uri,
+    }
+    return {name: value for name, value in env.items() if value}
 
 
 def nproc(cfg: PipelineConfig, name: str) -> int:

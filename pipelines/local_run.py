@@ -30,6 +30,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(pipeline_config.CONFIG_DIR / "local.yaml"), help="pipeline config")
     parser.add_argument("--step-config", default=None, help="vlp step config (default: the pipeline config's)")
     parser.add_argument("--source-uri", default="", help="raw dataset to ingest instead of a fresh synthetic world")
+    parser.add_argument(
+        "--data-root", default=None, help="s3:// prefix for large outputs (default: the pipeline config's data_root)"
+    )
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="step config overrides")
     return parser.parse_args(argv)
 
@@ -40,8 +43,14 @@ def run(
     step_config: str | None = None,
     overrides: Sequence[str] = (),
     source_uri: str = "",
+    data_root: str | None = None,
 ) -> dict[str, Any]:
-    """Run the DAG locally into ``out``; returns ``{"outputs": {task: {name: path}}, "mlflow": {...}}``."""
+    """Run the DAG locally into ``out``; returns ``{"outputs": {task: {name: path}}, "mlflow": {...}}``.
+
+    With ``data_root`` (e.g. ``s3://bucket/prefix``; default: the pipeline config's) the large outputs go there
+    and the local artifacts keep ``LOCATION`` pointers; storage settings come from the ``AWS_*`` environment,
+    which the step subprocesses inherit.
+    """
     from kfp import local
 
     from vlp.tracking import sqlite_uri
@@ -58,16 +67,24 @@ def run(
     before = set((run_dir / "kfp").glob("*"))
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
-        pretrain.build(cfg)(config=config, overrides=[*tracking, *overrides], source_uri=source_uri)
+        root = cfg.data_root if data_root is None else data_root
+        pretrain.build(cfg)(config=config, overrides=[*tracking, *overrides], source_uri=source_uri, data_root=root)
     new_dirs = sorted(set((run_dir / "kfp").glob("*")) - before)
     return {"outputs": list_outputs(new_dirs[-1]), "mlflow": mlflow_summary(sqlite_uri(run_dir))}
 
 
 def list_outputs(run_root: Path) -> dict[str, dict[str, str]]:
-    """``{task: {output name: path}}`` of a kfp.local pipeline run directory."""
+    """``{task: {output name: where}}`` of a kfp.local pipeline run directory: the artifact's local path, or the
+    URI its ``LOCATION`` pointer names (outputs written under ``data_root``)."""
+    from components._runtime import POINTER
+
+    def where(path: Path) -> str:
+        pointer = path / POINTER
+        return pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else str(path)
+
     outputs: dict[str, dict[str, str]] = {}
     for task_dir in sorted(p for p in run_root.iterdir() if p.is_dir()):
-        items = {p.name: str(p) for p in sorted(task_dir.iterdir()) if p.name != "executor_output.json"}
+        items = {p.name: where(p) for p in sorted(task_dir.iterdir()) if p.name != "executor_output.json"}
         if items:
             outputs[task_dir.name] = items
     return outputs
@@ -99,7 +116,7 @@ def mlflow_summary(tracking_uri: str) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    result = run(args.out, args.config, args.step_config, args.overrides, args.source_uri)
+    result = run(args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root)
     print("\n=== outputs (task -> artifact) ===")
     for task, items in result["outputs"].items():
         for name, path in items.items():

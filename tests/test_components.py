@@ -81,6 +81,23 @@ def test_config_can_be_yaml_text_and_bad_input_fails_loudly(tiny_world, tmp_path
         _runtime.pretrain_fn("albef")
 
 
+def test_tracking_uri_comes_from_the_pod_environment_unless_the_config_sets_one(store, tmp_path, monkeypatch):
+    uri = _cfg(store).tracking_uri
+    monkeypatch.setenv(_runtime.TRACKING_ENV, uri)  # what the compiled pipeline sets on every pod
+    run_id = reporting.start_run.python_func(
+        config=TINY, overrides=["tracking.experiment=components"], kfp_run_id="env-1", pipeline="p", image="i"
+    )
+    assert run_id and [r.info.run_id for r in _runs(store)] == [run_id]
+    cfg, overrides = _runtime.load_step_config(TINY, [])
+    assert cfg.tracking.tracking_uri == uri
+    assert overrides == [f"tracking.tracking_uri={uri}"]  # a torchrun subprocess gets the same store
+    other = tracking.sqlite_uri(tmp_path / "other")
+    cfg, overrides = _runtime.load_step_config(TINY, [f"tracking.tracking_uri={other}"])
+    assert (cfg.tracking.tracking_uri, overrides) == (other, [f"tracking.tracking_uri={other}"])
+    monkeypatch.delenv(_runtime.TRACKING_ENV)
+    assert _runtime.load_step_config(TINY, [])[0].tracking.tracking_uri == ""
+
+
 def test_start_and_finish_run_tag_and_close_the_parent(store):
     run_id = reporting.start_run.python_func(
         config=TINY, overrides=store, kfp_run_id="k-7", pipeline="vlp-pretrain", image="img:1"

@@ -89,6 +89,107 @@ def test_every_component_is_a_lightweight_python_component_without_runtime_insta
             assert executor["container"]["image"].startswith("ghcr.io/vlp-ml/vlp:")
 
 
+CHART_VALUES = Path(__file__).resolve().parents[1] / "helm" / "vlp" / "values.yaml"
+KEY_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+
+def _container_executors(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: e["container"] for name, e in spec["deploymentSpec"]["executors"].items() if "container" in e}
+
+
+@pytest.mark.parametrize("name", ["pretrain", "reevaluate"])
+def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: Path, name: str) -> None:
+    cfg = pipeline_config.load()
+    spec, platform = _docs(compiled / f"{name}.yaml")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    want_env = {
+        "AWS_ENDPOINT_URL": cfg.s3.endpoint_url,
+        "MLFLOW_S3_ENDPOINT_URL": cfg.s3.endpoint_url,
+        "AWS_REGION": cfg.s3.region,
+        "AWS_DEFAULT_REGION": cfg.s3.region,
+        "MLFLOW_TRACKING_URI": cfg.tracking_uri,
+    }
+    containers = _container_executors(spec)
+    assert len(containers) >= (13 if name == "pretrain" else 6)
+    for executor, container in containers.items():
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env == want_env, executor
+        refs = k8s[executor]["secretAsEnv"]
+        assert [(r["secretName"], r["optional"]) for r in refs] == [("vlp-s3", False)], executor
+        assert sorted((k["secretKey"], k["envVar"]) for k in refs[0]["keyToEnv"]) == [(k, k) for k in KEY_ENV]
+    lines = (compiled / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
+    mentions = [line.strip().removeprefix("- ") for line in lines if any(key in line for key in KEY_ENV)]
+    assert mentions and all(m.startswith(("envVar: ", "secretKey: ")) for m in mentions), mentions  # refs only
+
+
+def test_cluster_defaults_match_the_helm_chart() -> None:
+    cfg = pipeline_config.load()
+    values = yaml.safe_load(CHART_VALUES.read_text(encoding="utf-8"))
+    store, mlflow = values["objectStore"], values["mlflow"]
+    secret = store["existingSecret"]
+    assert (cfg.s3.secret, cfg.s3.access_key_key, cfg.s3.secret_key_key) == (
+        secret["name"],
+        secret["accessKeyKey"],
+        secret["secretKeyKey"],
+    )
+    scheme = "http" if store["disableSSL"] else "https"
+    assert cfg.s3.endpoint_url == f"{scheme}://{store['endpoint']}"
+    assert cfg.s3.region == store["region"]
+    # release "vlp" -> Service "vlp-mlflow" in the namespace the pipelines run in (short name: same namespace)
+    assert cfg.tracking_uri == f"http://vlp-mlflow:{mlflow['service']['port']}"
+
+
+def test_local_config_sets_no_cluster_environment(tmp_path: Path) -> None:
+    local = pipeline_config.load(pipeline_config.CONFIG_DIR / "local.yaml")
+    assert pipeline_config.environment(local) == {} and local.s3.secret == ""
+    compile_mod.compile_all(pipeline_config.CONFIG_DIR / "local.yaml", tmp_path)
+    spec, platform = _docs(tmp_path / "pretrain.yaml")
+    assert all("env" not in c for c in _container_executors(spec).values())
+    k8s = platform.get("platforms", {}).get("kubernetes", {}).get("deploymentSpec", {}).get("executors", {})
+    assert not any("secretAsEnv" in e for e in k8s.values())
+
+
+def test_custom_s3_settings_compile_into_every_task(tmp_path: Path) -> None:
+    custom = tmp_path / "s3.yaml"
+    custom.write_text(
+        "s3: {secret: team-s3, access_key_key: id, secret_key_key: key, endpoint_url: 'http://rgw.ceph:7480'}\n"
+        "tracking_uri: http://mlflow.team-a.svc:5000\n"
+    )
+    compile_mod.compile_all(custom, tmp_path)
+    spec, platform = _docs(tmp_path / "pretrain.yaml")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for executor, container in _container_executors(spec).items():
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env == {
+            "AWS_ENDPOINT_URL": "http://rgw.ceph:7480",
+            "MLFLOW_S3_ENDPOINT_URL": "http://rgw.ceph:7480",
+            "MLFLOW_TRACKING_URI": "http://mlflow.team-a.svc:5000",
+        }, executor  # no region: none set
+        (ref,) = k8s[executor]["secretAsEnv"]
+        assert ref["secretName"] == "team-s3"
+        assert sorted((k["secretKey"], k["envVar"]) for k in ref["keyToEnv"]) == [
+            ("id", "AWS_ACCESS_KEY_ID"),
+            ("key", "AWS_SECRET_ACCESS_KEY"),
+        ]
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("s3: {secrett: vlp-s3}", "secrett"),
+        ("tracking_uri: vlp-mlflow:5000", "needs a scheme"),
+        ("s3: {endpoint_url: s3.amazonaws.com}", "needs a scheme"),
+        ("s3: {secret: vlp-s3, access_key_key: 'a key'}", "not a Secret key"),
+        ("s3: {secret: vlp-s3, access_key_key: k, secret_key_key: k}", "are both 'k'"),
+    ],
+)
+def test_bad_environment_settings_fail_loudly(tmp_path: Path, text: str, why: str) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text + "\n")
+    with pytest.raises(ConfigError, match=why):
+        pipeline_config.load(bad)
+
+
 def test_pipeline_config_is_strict(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: {pretrain: {gpus: 2}}\n")
