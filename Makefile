@@ -74,7 +74,7 @@ finetune: $(STAMP) ## After `make pretrain`: finetune + evaluate retrieval and Q
 	$(VENV)/bin/vlp evaluate-qa --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/qa --out $(OUT)/qa_eval --config $(CONFIG)
 
 ABLATION_OUT ?= runs/ablation
-ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 200 --pretrain-steps 80 --finetune-steps 50 --qa-steps 50
+ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 400 --pretrain-steps 200 --finetune-steps 150 --qa-steps 150 --finetune-lr 3e-4
 ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
 	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
