@@ -24,16 +24,16 @@ import torch
 
 from vlp import storage
 from vlp.config import Config
+from vlp.data.video_text import VideoQADataset
 from vlp.steps.common import StepResult, run_step
 from vlp.steps.finetune import (
     ANSWERS_FILE,
     QA_KIND,
     RETRIEVAL_KIND,
-    VideoQADataset,
-    _checkpoint,
-    _dataset,
+    checkpoint_of,
     read_model_doc,
     retrieval_data,
+    task_data,
     text_length,
 )
 from vlp.steps.pretrain import _device, config_from_json
@@ -103,7 +103,7 @@ def _load_alpro(model_dir: str, kinds: tuple[str, ...]) -> tuple[Any, Any, dict[
         raise ValueError(f"{model_dir} holds a {doc.get('kind')!r} model; this step needs one of {list(kinds)}")
     model_cfg = config_from_json(doc["config"])
     model = Alpro(model_cfg)
-    load_model_weights(_checkpoint(model_dir, doc), model)
+    load_model_weights(checkpoint_of(model_dir, doc), model)
     return model.to(_device()).eval(), load_tokenizer(storage.join(model_dir, TOKENIZER_DIR)), doc
 
 
@@ -209,10 +209,10 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         answers = json.loads(storage.read_text(storage.join(model, doc.get("answers", ANSWERS_FILE))))
         model_cfg = config_from_json(doc["config"])
         net = AlproQA(model_cfg, len(answers))
-        load_model_weights(_checkpoint(model, doc), net)
+        load_model_weights(checkpoint_of(model, doc), net)
         net.to(_device()).eval()
         tok = load_tokenizer(storage.join(model, TOKENIZER_DIR))
-        data = _dataset(VideoQADataset, cfg, qc, dataset, frames, model_cfg.video.img_size, qc.split)
+        data = task_data(VideoQADataset, qc, dataset, frames, model_cfg.video.img_size, qc.split)
         preds, confidence = _predict_qa(net, tok, data, text_length(qc, model_cfg), qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
         gold = [_norm(r["answer"]) for r in data.qa]

@@ -67,7 +67,8 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
     return dataclasses.replace(section, max_steps=max(1, math.ceil(section.epochs * updates_per_epoch)))
 
 
-def _dataset(cls: type, cfg: Config, section: FinetuneConfig, dataset: str, frames: str, size: int, split: str) -> Any:
+def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, size: int, split: str) -> Any:
+    """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames, sampler and augmentation."""
     return cls(
         frames,
         dataset,
@@ -90,7 +91,7 @@ def _paragraphs(data: VideoTextDataset) -> None:
 
 def retrieval_data(cfg: Config, dataset: str, frames: str, size: int, split: str) -> VideoTextDataset:
     """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
-    data = _dataset(VideoTextDataset, cfg, cfg.retrieval, dataset, frames, size, split)
+    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, size, split)
     if cfg.retrieval.paragraph:
         _paragraphs(data)
     return data
@@ -124,7 +125,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         base = config_from_json(doc["config"])
         model_cfg = dataclasses.replace(base, num_entities=0, losses=tuple(cfg.retrieval.losses))
         model = Alpro(model_cfg)
-        skipped = load_pretrained_weights(_checkpoint(pretrained, doc), model)
+        skipped = load_pretrained_weights(checkpoint_of(pretrained, doc), model)
         log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
         model.to(_device())
         tok = _copy_tokenizer(pretrained, out)
@@ -163,7 +164,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         doc = read_model_doc(pretrained)
         # AlproQA uses the towers and the fusion only: no pre-training heads, so no PEM entities
         model_cfg = dataclasses.replace(config_from_json(doc["config"]), num_entities=0, losses=("vtc",))
-        data = _dataset(VideoQADataset, cfg, cfg.qa, dataset, frames, model_cfg.video.img_size, "train")
+        data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg.video.img_size, "train")
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
         total = len(data.qa)
@@ -173,7 +174,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
         model = AlproQA(model_cfg, len(answers))
-        load_pretrained_weights(_checkpoint(pretrained, doc), model, allow_missing=("classifier.",))
+        load_pretrained_weights(checkpoint_of(pretrained, doc), model, allow_missing=("classifier.",))
         model.to(_device())
         tok = _copy_tokenizer(pretrained, out)
         length = text_length(cfg.qa, model_cfg)
@@ -212,7 +213,8 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
     return run_step("finetune_qa", out, cfg, "qa", work)
 
 
-def _checkpoint(model_dir: str, doc: dict[str, Any]) -> str:
+def checkpoint_of(model_dir: str, doc: dict[str, Any]) -> str:
+    """The checkpoint directory ``model.json`` (``doc``) of ``model_dir`` points at."""
     from vlp.data import manifest
 
     if not doc.get("checkpoint"):
