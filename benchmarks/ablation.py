@@ -170,6 +170,9 @@ COLUMNS = (("ft_t2v_r1", "FT t2v R@1"), ("ft_t2v_r5", "FT t2v R@5"), ("ft_t2v_me
 DIRECTIONS = (  # (claim, metric, better row, worse row)
     ("VTC helps retrieval (Table 1)", "ft_t2v_r1", "mlm+vtm+vtc", "mlm+vtm"),
     ("VTC helps retrieval, with PEM on (Table 1)", "ft_t2v_r1", "all", "mlm+vtm+pem"),
+    ("VTC helps retrieval (Table 1)", "ft_t2v_r5", "mlm+vtm+vtc", "mlm+vtm"),
+    ("VTC helps retrieval (Table 1)", "ft_t2v_medr", "mlm+vtm+vtc", "mlm+vtm"),
+    ("VTC helps retrieval, with PEM on (Table 1)", "ft_t2v_medr", "all", "mlm+vtm+pem"),
     ("PEM helps QA (Table 1)", "qa_acc", "mlm+vtm+pem", "mlm+vtm"),
     ("PEM helps QA, with VTC on (Table 1)", "qa_acc", "all", "mlm+vtm+vtc"),
     ("pre-training helps retrieval", "ft_t2v_r1", "all", "none"),
@@ -218,6 +221,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
         verdict = "yes" if sign * t > 4.3 else "no (reversed)" if sign * t < -4.3 else "not resolved"
         lines.append(f"| {claim}: {better} vs {worse} | {key} | {diff:+.1f} | {t:+.1f} | {verdict} |")
+    if args.notes:
+        lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
     text = "\n".join(lines) + "\n"
     path.write_text(text, encoding="utf-8")
     return text
@@ -239,6 +244,7 @@ def main() -> None:
     p.add_argument("--k", type=int, default=16)
     p.add_argument("--report", default=str(ROOT / "docs" / "ablation.md"))
     p.add_argument("--report-only", action="store_true", help="rewrite the report from results.jsonl; train nothing")
+    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
     args = p.parse_args()
     start = time.perf_counter()
     root = args.out.rstrip("/")
