@@ -51,7 +51,8 @@ def test_finetune_retrieval_then_evaluate(pretrained, tmp_path):
     assert m == pytest.approx(result["metrics"])
     for direction in ("t2v", "v2t"):
         assert 0 <= m[f"{direction}_r1"] <= m[f"{direction}_r5"] <= m[f"{direction}_r10"] <= 100
-        assert 1 <= m[f"{direction}_medr"] <= m["num_videos"] if direction == "t2v" else m["num_texts"]
+        candidates = m["num_videos"] if direction == "t2v" else m["num_texts"]
+        assert 1 <= m[f"{direction}_medr"] <= candidates and 1 <= m[f"{direction}_meanr"] <= candidates
     ranks = storage.read_parquet(f"{out}/ranks.parquet")
     assert ranks.num_rows == m["num_texts"]
     assert m["t2v_r1"] == pytest.approx(100 * sum(r == 1 for r in ranks["t2v_rank"].to_pylist()) / ranks.num_rows)

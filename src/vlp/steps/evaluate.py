@@ -43,8 +43,8 @@ METRICS_FILE = "metrics.json"
 RETRIEVAL_KINDS = ("alpro", RETRIEVAL_KIND)  # a pretrain output (zero-shot) or a fine-tuned one
 
 
-def _progress(cfg: Config, iterable: Any, desc: str, total: int) -> Any:
-    if not cfg.retrieval.progress:
+def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
+    if not show:
         return iterable
     from tqdm import tqdm
 
@@ -58,7 +58,7 @@ def _encode_clips(model: Any, data: Any, video_ids: list[str], batch: int, cfg: 
 
     feats, tokens, device = [], [], _device()
     chunks = [video_ids[i : i + batch] for i in range(0, len(video_ids), batch)]
-    for chunk in _progress(cfg, chunks, "clips", len(chunks)):
+    for chunk in _progress(cfg.retrieval.progress, chunks, "clips", len(chunks)):
         clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(device)
         feat, out = model.dual.encode_video(clips)
         feats.append(feat.float().cpu())
@@ -250,7 +250,7 @@ def _norm(answer: str) -> str:
 def _predict_qa(net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config) -> tuple[list[int], list[float]]:
     device, preds, conf = _device(), [], []
     chunks = [list(range(i, min(i + batch, len(data)))) for i in range(0, len(data), batch)]
-    for chunk in _progress(cfg, chunks, "questions", len(chunks)):
+    for chunk in _progress(cfg.qa.progress, chunks, "questions", len(chunks)):
         items = [data[i] for i in chunk]
         enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
                   return_tensors="pt")  # fmt: skip
