@@ -270,6 +270,44 @@ def test_captions_are_paraphrases_that_name_every_entity_and_the_scene(world):
     assert len(words) > 60, "templates and synonyms should give a varied vocabulary"
 
 
+def _noun_phrases(text: str, plan: ItemPlan) -> list[str]:
+    """For each entity, the words of ``text`` just before its shape noun (its article, size and colour)."""
+    words = re.findall(r"[a-z-]+", text.lower())
+    out = []
+    for ent in plan.entities:
+        nouns = {w for phrase in SHAPE_SYNONYMS[ent.shape] for w in phrase.split()[:1]}
+        at = next(i for i, w in enumerate(words) if w in nouns)
+        out.append(" ".join(words[max(0, at - 3) : at]))
+    return out
+
+
+@pytest.mark.parametrize("color_mention", [0.0, 0.5, 1.0])
+def test_color_mention_sets_how_often_a_caption_names_the_colour(color_mention):
+    cfg = SynthConfig(seed=4)
+    named = total = 0
+    for i in range(60):
+        plan = plan_item(cfg, "video", i)
+        for text in captions_for(plan, 3, item_rng(4, "video", i, 1), color_mention):
+            assert all(_mentions(text, SHAPE_SYNONYMS[e.shape]) for e in plan.entities), text  # shapes always
+            for ent, before in zip(plan.entities, _noun_phrases(text, plan), strict=True):
+                named += ent.color in before.split()
+                total += 1
+    assert total > 200
+    if color_mention in (0.0, 1.0):
+        assert named == color_mention * total
+    else:
+        assert 0.4 < named / total < 0.6, named / total
+
+
+def test_color_mention_one_leaves_the_default_captions_unchanged():
+    cfg = SynthConfig(seed=5)
+    for i in range(10):
+        plan = plan_item(cfg, "video", i)
+        default = captions_for(plan, 4, item_rng(5, "video", i, 1))
+        assert captions_for(plan, 4, item_rng(5, "video", i, 1), 1.0) == default
+        assert captions_for(plan, 4, item_rng(5, "video", i, 1), 0.5) != default
+
+
 def test_qa_covers_every_answer_type_and_answers_are_true():
     cfg = SynthConfig(seed=5, qa_per_video=2, size=32)
     types: Counter[str] = Counter()
@@ -353,6 +391,7 @@ def test_cli_writes_a_world_and_rejects_a_bad_size(tmp_path, capsys):
         ({"min_fps": 20}, "synth.min_fps"),
         ({"val_fraction": 0.5, "test_fraction": 0.5}, "fraction"),
         ({"workers": 0}, "synth.workers"),
+        ({"color_mention": 1.5}, "synth.color_mention"),
     ],
 )
 def test_invalid_config_is_rejected_with_the_key(overrides, key, tmp_path):

@@ -147,6 +147,7 @@ class SynthConfig:
     min_objects: int = 1  # fewest objects per clip or image
     max_objects: int = 3  # most objects per clip or image (distinct shapes and colours)
     captions_per_video: int = 5  # distinct paraphrased captions per clip or image
+    color_mention: float = 1.0  # chance that a caption names an object's colour (1.0: always; see captions_for)
     qa_per_video: int = 5  # question/answer pairs per clip or image (cycles through the answer types)
     val_fraction: float = 0.1  # share of items in the "val" split
     test_fraction: float = 0.1  # share of items in the "test" split (the rest is "train")
@@ -169,6 +170,7 @@ class SynthConfig:
             (1 <= self.min_objects <= self.max_objects, "synth.min_objects must be >= 1 and <= max_objects"),
             (self.max_objects <= _max_objects(), f"synth.max_objects must be <= {_max_objects()}"),
             (self.captions_per_video >= 1, "synth.captions_per_video must be >= 1"),
+            (0.0 <= self.color_mention <= 1.0, "synth.color_mention must be in [0, 1]"),
             (self.qa_per_video >= 0, "synth.qa_per_video must be >= 0"),
             (self.val_fraction >= 0 and self.test_fraction >= 0, "synth.val/test_fraction must be >= 0"),
             (self.val_fraction + self.test_fraction < 1, "synth.val_fraction + synth.test_fraction must be < 1"),
@@ -568,9 +570,11 @@ def _with_article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-def _noun_phrase(rng: np.random.Generator, ent: Entity) -> str:
+def _noun_phrase(rng: np.random.Generator, ent: Entity, color_mention: float = 1.0) -> str:
     words = [_pick(rng, SIZE_PHRASES[ent.size])] if rng.random() < 0.5 else []
-    return _with_article(" ".join([*words, ent.color, _shape_word(rng, ent.shape)]))
+    if color_mention >= 1.0 or rng.random() < color_mention:  # no draw at 1.0: default worlds stay byte-identical
+        words.append(ent.color)
+    return _with_article(" ".join([*words, _shape_word(rng, ent.shape)]))
 
 
 def _join(parts: Sequence[str]) -> str:
@@ -584,11 +588,11 @@ _OPENERS = ("", "a video of ", "a clip showing ", "footage of ", "we see ", "you
 _STILL_OPENERS = ("", "a picture of ", "a photo showing ", "an image of ", "we see ")
 
 
-def _clauses(rng: np.random.Generator, plan: ItemPlan, participle: bool) -> list[str]:
+def _clauses(rng: np.random.Generator, plan: ItemPlan, participle: bool, color_mention: float) -> list[str]:
     """One clause per entity: '<noun phrase> <verb> <direction>' (stills: the noun phrase alone)."""
     out = []
     for ent in plan.entities:
-        noun = _noun_phrase(rng, ent)
+        noun = _noun_phrase(rng, ent, color_mention)
         if not ent.direction:
             out.append(noun)
             continue
@@ -597,7 +601,7 @@ def _clauses(rng: np.random.Generator, plan: ItemPlan, participle: bool) -> list
     return out
 
 
-def _caption(rng: np.random.Generator, plan: ItemPlan) -> str:
+def _caption(rng: np.random.Generator, plan: ItemPlan, color_mention: float = 1.0) -> str:
     """One caption of ``plan`` from a randomly chosen template."""
     scene = _pick(rng, SCENE_PHRASES[plan.scene])
     where = f"{_pick(rng, SCENE_PREPS[plan.scene])} {scene}"
@@ -605,26 +609,32 @@ def _caption(rng: np.random.Generator, plan: ItemPlan) -> str:
     openers = _OPENERS if plan.media == "video" else _STILL_OPENERS
     if template == 0 and plan.media == "image":  # "a red circle and a blue star rest on the grass"
         verb = _pick(rng, _STILL_VERBS[len(plan.entities) > 1])
-        text = f"{_join(_clauses(rng, plan, participle=False))} {verb} {where}"
+        text = f"{_join(_clauses(rng, plan, False, color_mention))} {verb} {where}"
     elif template == 0:  # "a red circle moves to the left over the grass"
-        text = f"{_join(_clauses(rng, plan, participle=False))} {where}"
+        text = f"{_join(_clauses(rng, plan, False, color_mention))} {where}"
     elif template == 1:  # "a grassy field with a red circle moving to the left"
-        text = f"{scene} with {_join(_clauses(rng, plan, participle=True))}"
+        text = f"{scene} with {_join(_clauses(rng, plan, True, color_mention))}"
     elif template == 2:  # "two shapes over the sand: a red circle moving left and ..."
         k = len(plan.entities)
         noun = _pick(rng, ("shape", "object")) + ("s" if k > 1 else "")
         count = "a single" if k == 1 else _COUNT_WORDS[k]
-        text = f"{count} {noun} {where}: {_join(_clauses(rng, plan, participle=True))}"
+        text = f"{count} {noun} {where}: {_join(_clauses(rng, plan, True, color_mention))}"
     else:  # "a video of a red circle moving to the left across the grass"
-        text = f"{_pick(rng, openers)}{_join(_clauses(rng, plan, participle=True))} {where}"
+        text = f"{_pick(rng, openers)}{_join(_clauses(rng, plan, True, color_mention))} {where}"
     return text[0].upper() + text[1:] + "."
 
 
-def captions_for(plan: ItemPlan, n: int, rng: np.random.Generator) -> list[str]:
-    """``n`` captions of ``plan``, distinct where the templates allow (up to 50 draws per caption)."""
+def captions_for(plan: ItemPlan, n: int, rng: np.random.Generator, color_mention: float = 1.0) -> list[str]:
+    """``n`` captions of ``plan``, distinct where the templates allow (up to 50 draws per caption).
+
+    Each noun phrase names its object's colour with probability ``color_mention``. At 1.0 colour and
+    scene alone tell almost any two clips apart, so a contrastive model never has to see shape: the
+    shortcut that keeps PEM pseudo-labels from naming objects (docs/pem.md). Below 1.0 some captions
+    say only "a triangle", and matching them takes the shape.
+    """
     seen: list[str] = []
     for _ in range(50 * n):
-        text = _caption(rng, plan)
+        text = _caption(rng, plan, color_mention)
         if text not in seen:
             seen.append(text)
         if len(seen) == n:
@@ -727,7 +737,8 @@ def _build_item(task: _Task) -> ItemResult:
         encode_mp4(frames, plan.fps, local_path, cfg.crf)
     else:
         _save_jpeg(frames[0], local_path, cfg.jpeg_quality)
-    captions = captions_for(plan, cfg.captions_per_video, item_rng(cfg.seed, plan.media, plan.index, 1))
+    rng = item_rng(cfg.seed, plan.media, plan.index, 1)
+    captions = captions_for(plan, cfg.captions_per_video, rng, cfg.color_mention)
     qa = questions_for(plan, cfg.qa_per_video, item_rng(cfg.seed, plan.media, plan.index, 2))
     return ItemResult(plan, local_path, captions, qa, boxes)
 
