@@ -127,3 +127,34 @@ def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path):
     state = json.loads(storage.read_text(storage.join(out, doc["checkpoint"], "state.json")))
     assert state["world_size"] == 2
     assert all(torch.isfinite(torch.tensor(steps[-1][f"train/loss_{t}"])) for t in ("vtc", "pem", "mlm", "vtm"))
+
+
+def test_group_by_scene_gives_batches_that_share_a_scene(tiny_world):
+    from vlp.data import manifest
+    from vlp.data.video_text import VideoTextDataset
+    from vlp.steps.pretrain import _batches, _tokenizer
+
+    cfg = load_config(TINY, ["pretrain.group_by=qa:scene", "pretrain.batch_size=2"])
+    qa = manifest.read(tiny_world["dataset"], manifest.QA, manifest.QA_SCHEMA).to_pylist()
+    scene = {r["video_id"]: r["answer"] for r in qa if r["answer_type"] == "scene"}
+    pairs = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="train", num_frames=2).pairs
+    tok = _tokenizer(cfg, tiny_world["dataset"], str(Path(tiny_world["dataset"]).parent / "tok-grouped"))
+    sampler = _batches(cfg, tiny_world["dataset"], tiny_world["frames"], tok).sampler
+    order = [int(i) for i in sampler.epoch_indices(0)]
+    shared = [len({scene[pairs[i][0]] for i in order[b : b + 2]}) == 1 for b in range(0, len(order) - 1, 2)]
+    counts = {s: sum(scene[v] == s for v, _ in pairs) for s in set(scene.values())}
+    assert sum(shared) >= sum(n // 2 for n in counts.values()), (order, counts)  # every full pair of a scene
+    assert sum(shared) > len(shared) // 2
+
+
+@pytest.mark.parametrize(
+    ("group_by", "message"), [("scene", "use '' .*qa:<answer_type>"), ("qa:colour", "no clip .* 'colour'")]
+)
+def test_group_by_rejects_what_it_cannot_group_by(tiny_world, group_by, message):
+    from vlp.data.video_text import VideoTextDataset, pair_groups
+
+    pairs = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="train", num_frames=2).pairs
+    with pytest.raises(ValueError, match=message):
+        pair_groups(group_by, tiny_world["dataset"], pairs)
+    groups = pair_groups("qa:count", tiny_world["dataset"], pairs)
+    assert len(groups) == len(pairs) and groups.min() >= 0 and len(set(groups.tolist())) >= 2

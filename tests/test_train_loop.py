@@ -297,6 +297,69 @@ def test_sampler_epochs_shards_and_resume() -> None:
         ResumableSampler(11, seed=5, rank=0, world_size=1).load_state_dict(state)
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_grouped_sampler_batches_share_a_group_and_cover_the_epoch(world_size: int) -> None:
+    groups = np.array([i % 3 for i in range(40)] + [-1] * 5)  # groups of 14, 13, 13 items and 5 ungrouped
+    batch = 4
+    samplers = [
+        ResumableSampler(45, seed=3, rank=r, world_size=world_size, groups=groups, group_batch=batch)
+        for r in range(world_size)
+    ]
+    for epoch in range(2):
+        streams = [[int(i) for i in s.epoch_indices(epoch)] for s in samplers]
+        everything = [i for stream in streams for i in stream]
+        assert set(everything) == set(range(45)), "every item once per epoch, grouped or not"
+        assert len(everything) - len(set(everything)) < world_size  # only DistributedSampler-style padding
+        run = batch * world_size  # the k-th micro-batch of every rank together: one run
+        runs = [[i for st in streams for i in st[k * batch : (k + 1) * batch]] for k in range(len(streams[0]) // batch)]
+        assert all(len(r) == run for r in runs)
+        pure = [r for r in runs if len({groups[i] for i in r}) == 1 and groups[r[0]] >= 0]
+        for g, n in zip(range(3), (14, 13, 13), strict=True):  # each group fills n // run pure runs at least
+            assert sum(len(r) for r in pure if groups[r[0]] == g) >= n // run * run, (g, runs)
+    plain = [int(i) for i in ResumableSampler(45, seed=3, rank=0, world_size=1).epoch_indices(0)]
+    assert [int(i) for i in samplers[0].epoch_indices(0)] != plain
+
+
+def test_group_fraction_blends_grouped_and_random_batches() -> None:
+    groups = np.arange(400) % 4  # 4 groups of 100: 20 runs of 5 each when every run is grouped
+
+    def pure_runs(fraction: float) -> int:
+        s = ResumableSampler(400, seed=2, rank=0, world_size=1, groups=groups, group_batch=5, group_fraction=fraction)
+        order = s.epoch_indices(0)
+        assert sorted(order.tolist()) == list(range(400))
+        return sum(len(set(groups[order[b : b + 5]].tolist())) == 1 for b in range(0, 400, 5))
+
+    assert pure_runs(1.0) == 80
+    assert 24 <= pure_runs(0.5) <= 56  # binomial(80, 0.5) runs stay grouped, plus rare chance ones
+    assert pure_runs(0.0) <= 5  # random batches: 4 ** -4 of the runs are pure by chance
+    with pytest.raises(ValueError, match="group_fraction"):
+        ResumableSampler(400, seed=2, groups=groups, group_batch=5, group_fraction=1.5, rank=0, world_size=1)
+
+
+def test_grouped_sampler_resumes_exactly_and_refuses_another_grouping() -> None:
+    groups = np.arange(30) % 2
+    s = ResumableSampler(30, seed=1, rank=0, world_size=1, groups=groups, group_batch=5)
+    it = iter(s)
+    head = [next(it) for _ in range(7)]
+    state = json.loads(json.dumps(s.state_dict()))
+    rest = list(it) + list(s)
+    t = ResumableSampler(30, seed=1, rank=0, world_size=1, groups=groups, group_batch=5)
+    t.load_state_dict(state)
+    assert len(head) == 7 and list(t) + list(t) == rest
+    with pytest.raises(ValueError, match="another batch grouping"):
+        ResumableSampler(30, seed=1, rank=0, world_size=1).load_state_dict(state)
+    with pytest.raises(ValueError, match="another batch grouping"):
+        ResumableSampler(30, seed=1, rank=0, world_size=1, groups=groups, group_batch=6).load_state_dict(state)
+    with pytest.raises(ValueError, match="another batch grouping"):
+        ResumableSampler(
+            30, seed=1, rank=0, world_size=1, groups=groups, group_batch=5, group_fraction=0.5
+        ).load_state_dict(state)
+    with pytest.raises(ValueError, match="one group per item"):
+        ResumableSampler(30, seed=1, groups=groups[:-1], group_batch=5, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="group_batch >= 1 and shuffle"):
+        ResumableSampler(30, seed=1, groups=groups, group_batch=5, shuffle=False, rank=0, world_size=1)
+
+
 # --------------------------------------------------------------------------- checkpoints
 
 

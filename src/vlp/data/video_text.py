@@ -175,6 +175,31 @@ class VideoQADataset(VideoTextDataset):
         return item
 
 
+def pair_groups(group_by: str, dataset: str, pairs: Sequence[tuple[str, str]]) -> np.ndarray:
+    """One integer group per (clip, caption) pair, for grouped batches (``pretrain.group_by``).
+
+    ``group_by = "qa:<answer_type>"`` groups clips by their answer to a question of that type (in the
+    synthetic world ``qa:scene`` groups them by background). Clips with no such question get -1
+    (ungrouped). Groups are numbered in sorted answer order.
+
+    Raises:
+        ValueError: for another spelling, or when no clip of ``pairs`` has an answer of that type.
+    """
+    kind, _, answer_type = group_by.partition(":")
+    if kind != "qa" or not answer_type:
+        raise ValueError(f"group_by={group_by!r}: use '' (random batches) or 'qa:<answer_type>', e.g. 'qa:scene'")
+    qa = manifest.read(dataset, manifest.QA, manifest.QA_SCHEMA)
+    qa = qa.filter(pc.equal(qa["answer_type"], answer_type))
+    answer: dict[str, str] = {}
+    for video_id, ans in zip(qa["video_id"].to_pylist(), qa["answer"].to_pylist(), strict=True):
+        answer.setdefault(video_id, normalize_answer(ans))
+    names = sorted({answer[v] for v, _ in pairs if v in answer})
+    if not names:
+        raise ValueError(f"group_by={group_by!r}: no clip of these pairs has a question of type {answer_type!r}")
+    index = {name: i for i, name in enumerate(names)}
+    return np.array([index[answer[v]] if v in answer else -1 for v, _ in pairs], dtype=np.int64)
+
+
 def normalize_answer(answer: str) -> str:
     """The answer as compared and classified: stripped and lower-cased."""
     return answer.strip().lower()

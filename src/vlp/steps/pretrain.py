@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
-from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.steps.common import StepResult, run_step
 from vlp.train.settings import ModelConfig
 
@@ -105,8 +105,12 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
         return PretrainBatch(items["video"], ids, mask, is_image)
 
-    sampler = ResumableSampler(len(data), seed=p.seed)
-    return SamplerBatches(sampler, fetch, min(p.batch_size, len(sampler)), drop_last=True)
+    batch = min(p.batch_size, len(ResumableSampler(len(data), seed=p.seed)))  # items per rank per epoch
+    groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
+    sampler = ResumableSampler(
+        len(data), seed=p.seed, groups=groups, group_batch=batch if p.group_by else 0, group_fraction=p.group_fraction
+    )
+    return SamplerBatches(sampler, fetch, batch, drop_last=True)
 
 
 def _train(

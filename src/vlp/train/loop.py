@@ -38,6 +38,7 @@ import random
 import resource
 import time
 import warnings
+import zlib
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,6 +69,15 @@ class ResumableSampler:
     ``torch.utils.data.DistributedSampler``. Iterating yields the rest of the current epoch from
     ``position`` and then moves to the next epoch; ``state_dict()`` at any moment describes exactly
     the indices handed out so far.
+
+    Grouped batches (``groups`` and ``group_batch``): item ``i`` belongs to group ``groups[i]`` and every
+    ``group_batch`` consecutive indices a rank yields (one micro-batch) come from one group, on every rank
+    at once. The epoch's permutation is cut, group by group, into runs of ``group_batch * world_size``
+    items and the runs are shuffled; the items of a group that do not fill a run, and items with a
+    negative group, fill mixed runs that are shuffled in with the rest, so every item is still seen once
+    per epoch. A contrastive loss then has to tell apart clips that share what the groups share (its
+    in-batch negatives become hard ones). With ``group_fraction < 1`` each full run stays grouped with
+    that probability and otherwise joins the mixed ones, so the batches are a blend. Needs ``shuffle``.
     """
 
     def __init__(
@@ -79,10 +89,22 @@ class ResumableSampler:
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
+        groups: np.ndarray | list[int] | None = None,
+        group_batch: int = 0,
+        group_fraction: float = 1.0,
     ) -> None:
         if num_items < 1:
             raise ValueError(f"ResumableSampler needs num_items >= 1, got {num_items}")
         self.num_items, self.seed, self.shuffle, self.drop_last = num_items, seed, shuffle, drop_last
+        self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
+        self.group_batch, self.group_fraction = group_batch, group_fraction
+        if not 0.0 <= group_fraction <= 1.0:
+            raise ValueError(f"group_fraction must be in [0, 1], got {group_fraction}")
+        if self.groups is not None:
+            if self.groups.shape != (num_items,):
+                raise ValueError(f"groups has shape {self.groups.shape}; it needs one group per item ({num_items},)")
+            if group_batch < 1 or not shuffle:
+                raise ValueError(f"grouped batches need group_batch >= 1 and shuffle, got {group_batch}, {shuffle}")
         self.rank = distributed.rank() if rank is None else rank
         self.world_size = distributed.world_size() if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
@@ -99,11 +121,33 @@ class ResumableSampler:
 
     def epoch_indices(self, epoch: int) -> np.ndarray:
         """This rank's indices for ``epoch``, in order: ``(len(self),)`` int64."""
-        order = np.random.default_rng([self.seed, epoch]).permutation(self.num_items) if self.shuffle else None
-        order = np.arange(self.num_items) if order is None else order
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(self.num_items) if self.shuffle else np.arange(self.num_items)
+        if self.groups is not None:
+            order = self._grouped(order, rng)
         total = len(self) * self.world_size
         order = np.resize(order, total)  # wraps around when padding, truncates with drop_last
         return order[self.rank :: self.world_size]
+
+    def _grouped(self, order: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """``order`` rearranged into shuffled runs of ``group_batch * world_size`` items of one group each."""
+        assert self.groups is not None
+        run = self.group_batch * self.world_size
+        runs, rest = [], [order[self.groups[order] < 0]]
+        for g in np.unique(self.groups[self.groups >= 0]):
+            members = order[self.groups[order] == g]  # in permutation order
+            full = len(members) // run * run
+            for chunk in np.split(members[:full], full // run) if full else []:
+                if self.group_fraction >= 1.0 or rng.random() < self.group_fraction:
+                    runs.append(chunk)
+                else:
+                    rest.append(chunk)
+            rest.append(members[full:])
+        mixed = rng.permutation(np.concatenate(rest))
+        runs += [mixed[i : i + run] for i in range(0, len(mixed), run)]
+        last = [r for r in runs if len(r) < run]  # at most one short run: it goes last, where drop_last cuts
+        runs = [r for r in runs if len(r) == run]
+        return np.concatenate([runs[i] for i in rng.permutation(len(runs))] + last)
 
     def __iter__(self) -> Iterator[int]:
         indices = self.epoch_indices(self.epoch)
@@ -121,7 +165,15 @@ class ResumableSampler:
             "seed": self.seed,
             "num_items": self.num_items,
             "world_size": self.world_size,
+            "groups": self._groups_digest(),
         }
+
+    def _groups_digest(self) -> int:
+        """0 without groups, else a checksum of the grouping (a resume must use the same one)."""
+        if self.groups is None:
+            return 0
+        setting = self.groups.tobytes() + self.group_batch.to_bytes(4, "little") + repr(self.group_fraction).encode()
+        return zlib.crc32(setting) or 1
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:
         """Continue from ``state``. A different world size is mapped by items consumed (with a warning).
@@ -134,6 +186,8 @@ class ResumableSampler:
                 f"sampler state is for seed={state['seed']}, num_items={state['num_items']} but this sampler has "
                 f"seed={self.seed}, num_items={self.num_items}; resume with the same data and seed"
             )
+        if int(state.get("groups", 0)) != self._groups_digest():
+            raise ValueError("sampler state was recorded with another batch grouping; resume with the same group_by")
         position = int(state["position"])
         if state["world_size"] != self.world_size:
             warnings.warn(
