@@ -320,7 +320,7 @@ def test_grouped_sampler_batches_share_a_group_and_cover_the_epoch(world_size: i
     assert [int(i) for i in samplers[0].epoch_indices(0)] != plain
 
 
-def test_group_fraction_blends_grouped_and_random_batches() -> None:
+def test_group_fraction_and_group_epochs_blend_grouped_and_random_batches() -> None:
     groups = np.arange(400) % 4  # 4 groups of 100: 20 runs of 5 each when every run is grouped
 
     def pure_runs(fraction: float) -> int:
@@ -332,8 +332,14 @@ def test_group_fraction_blends_grouped_and_random_batches() -> None:
     assert pure_runs(1.0) == 80
     assert 24 <= pure_runs(0.5) <= 56  # binomial(80, 0.5) runs stay grouped, plus rare chance ones
     assert pure_runs(0.0) <= 5  # random batches: 4 ** -4 of the runs are pure by chance
+    curriculum = ResumableSampler(400, seed=2, rank=0, world_size=1, groups=groups, group_batch=5, group_epochs=1)
+    first, second = curriculum.epoch_indices(0), curriculum.epoch_indices(1)
+    assert sum(len(set(groups[first[b : b + 5]].tolist())) == 1 for b in range(0, 400, 5)) == 80
+    assert second.tolist() == ResumableSampler(400, seed=2, rank=0, world_size=1).epoch_indices(1).tolist()
     with pytest.raises(ValueError, match="group_fraction"):
         ResumableSampler(400, seed=2, groups=groups, group_batch=5, group_fraction=1.5, rank=0, world_size=1)
+    with pytest.raises(ValueError, match="group_epochs"):
+        ResumableSampler(400, seed=2, groups=groups, group_batch=5, group_epochs=-1, rank=0, world_size=1)
 
 
 def test_grouped_sampler_resumes_exactly_and_refuses_another_grouping() -> None:

@@ -108,7 +108,12 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
     batch = min(p.batch_size, len(ResumableSampler(len(data), seed=p.seed)))  # items per rank per epoch
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
     sampler = ResumableSampler(
-        len(data), seed=p.seed, groups=groups, group_batch=batch if p.group_by else 0, group_fraction=p.group_fraction
+        len(data),
+        seed=p.seed,
+        groups=groups,
+        group_batch=batch if p.group_by else 0,
+        group_fraction=p.group_fraction,
+        group_epochs=p.group_epochs,
     )
     return SamplerBatches(sampler, fetch, batch, drop_last=True)
 

@@ -77,7 +77,9 @@ class ResumableSampler:
     negative group, fill mixed runs that are shuffled in with the rest, so every item is still seen once
     per epoch. A contrastive loss then has to tell apart clips that share what the groups share (its
     in-batch negatives become hard ones). With ``group_fraction < 1`` each full run stays grouped with
-    that probability and otherwise joins the mixed ones, so the batches are a blend. Needs ``shuffle``.
+    that probability and otherwise joins the mixed ones, so the batches are a blend. With
+    ``group_epochs = n > 0`` only the first ``n`` epochs are grouped and later ones are plain random
+    permutations (a curriculum: hard negatives first). Needs ``shuffle``.
     """
 
     def __init__(
@@ -92,12 +94,15 @@ class ResumableSampler:
         groups: np.ndarray | list[int] | None = None,
         group_batch: int = 0,
         group_fraction: float = 1.0,
+        group_epochs: int = 0,
     ) -> None:
         if num_items < 1:
             raise ValueError(f"ResumableSampler needs num_items >= 1, got {num_items}")
         self.num_items, self.seed, self.shuffle, self.drop_last = num_items, seed, shuffle, drop_last
         self.groups = None if groups is None else np.asarray(groups, dtype=np.int64)
-        self.group_batch, self.group_fraction = group_batch, group_fraction
+        self.group_batch, self.group_fraction, self.group_epochs = group_batch, group_fraction, group_epochs
+        if group_epochs < 0:
+            raise ValueError(f"group_epochs must be >= 0 (0 = every epoch), got {group_epochs}")
         if not 0.0 <= group_fraction <= 1.0:
             raise ValueError(f"group_fraction must be in [0, 1], got {group_fraction}")
         if self.groups is not None:
@@ -123,7 +128,7 @@ class ResumableSampler:
         """This rank's indices for ``epoch``, in order: ``(len(self),)`` int64."""
         rng = np.random.default_rng([self.seed, epoch])
         order = rng.permutation(self.num_items) if self.shuffle else np.arange(self.num_items)
-        if self.groups is not None:
+        if self.groups is not None and (self.group_epochs == 0 or epoch < self.group_epochs):
             order = self._grouped(order, rng)
         total = len(self) * self.world_size
         order = np.resize(order, total)  # wraps around when padding, truncates with drop_last
@@ -172,7 +177,7 @@ class ResumableSampler:
         """0 without groups, else a checksum of the grouping (a resume must use the same one)."""
         if self.groups is None:
             return 0
-        setting = self.groups.tobytes() + self.group_batch.to_bytes(4, "little") + repr(self.group_fraction).encode()
+        setting = self.groups.tobytes() + repr((self.group_batch, self.group_fraction, self.group_epochs)).encode()
         return zlib.crc32(setting) or 1
 
     def load_state_dict(self, state: Mapping[str, int]) -> None:

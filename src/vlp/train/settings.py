@@ -47,6 +47,7 @@ class PretrainConfig:
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
+    group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
     log_every: int = 10  # updates between metric logs
     ckpt_every: int = 0  # updates between checkpoints (0 = at the end only)
     seed: int = 0
