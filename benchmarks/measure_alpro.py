@@ -2,7 +2,9 @@
 
 (a) Zero-shot text->video R@1 from the dual encoder's contrastive similarity, for a trained model
     (a ``pretrain-prompter`` or ``pretrain`` output) and for an untrained one of the same shape.
-(b) PEM pseudo-label accuracy against the ground truth: random PEM boxes on test clips; for boxes
+(b) Attribute swap tests: how often the prompter scores a test caption above the same caption with one
+    object's shape (or colour) word swapped for one the clip does not hold; 50% = the attribute is not used.
+(c) PEM pseudo-label accuracy against the ground truth: random PEM boxes on test clips; for boxes
     that hold at least half of an object's box (on the clip's middle stored frame), how often the
     prompter's top-1 entity names that object (its shape, a caption synonym of it, or its colour);
     separately, how often it names the clip's scene. Baseline: always the most frequent entity.
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 
 import torch
 
@@ -55,6 +58,50 @@ def recall_at_1(dual: DualEncoder, data: VideoTextDataset, tokenizer) -> float:
     best = (tfeat @ vfeat.t()).argmax(dim=1)  # (num_texts,)
     truth = torch.tensor([videos.index(v) for v, _ in data.pairs])
     return float((best == truth).float().mean())
+
+
+@torch.no_grad()
+def swap_tests(dual: DualEncoder, data: VideoTextDataset, tokenizer, boxes: list[dict]) -> dict[str, tuple[int, int]]:
+    """How often a clip's caption scores above the same caption with one attribute word swapped (chance: 50%).
+
+    For every test caption naming an object of its clip, its shape noun (canonical or synonym) is replaced by
+    a shape the clip does not hold, or its colour by a colour the clip does not hold; the dual encoder should
+    prefer the true caption. Returns ``{"shape": (wins, n), "colour": (wins, n)}``.
+    """
+    objects: dict[str, list[dict]] = {}
+    for row in boxes:
+        if row["frame_index"] == 0:
+            objects.setdefault(row["video_id"], []).append(row)
+    gen = torch.Generator().manual_seed(1)
+    tally = {"shape": [0, 0], "colour": [0, 0]}
+    feats: dict[str, torch.Tensor] = {}
+
+    def pick(options: list[str]) -> str:
+        return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+    for video_id, caption in data.pairs:
+        objs = objects.get(video_id, [])
+        if not objs:
+            continue
+        if video_id not in feats:
+            item = data[next(i for i, (w, _) in enumerate(data.pairs) if w == video_id)]
+            feats[video_id] = dual.encode_video(item["video"][None])[0][0]
+        text = caption.lower()
+        obj = objs[int(torch.randint(len(objs), (1,), generator=gen))]
+        swaps = []
+        noun = next((w for w in SHAPE_SYNONYMS[obj["shape"]] if re.search(rf"\b{w}\b", text)), None)
+        if noun:
+            other = pick([s for s in SHAPE_SYNONYMS if s not in {o["shape"] for o in objs}])
+            swaps.append(("shape", re.sub(rf"\b{noun}\b", other, text, count=1)))
+        if re.search(rf"\b{obj['color']}\b", text):
+            other = pick([c for c in COLORS if c not in {o["color"] for o in objs}])
+            swaps.append(("colour", re.sub(rf"\b{obj['color']}\b", other, text, count=1)))
+        for kind, swapped in swaps:
+            enc = tokenizer([text, swapped], padding=True, truncation=True, max_length=30, return_tensors="pt")
+            score = dual.encode_text(enc["input_ids"], enc["attention_mask"])[0] @ feats[video_id]
+            tally[kind][0] += int(score[0] > score[1])
+            tally[kind][1] += 1
+    return {kind: (wins, n) for kind, (wins, n) in tally.items()}
 
 
 def object_words(shape: str, color: str) -> set[str]:
@@ -180,6 +227,10 @@ def main() -> None:
             r1 = recall_at_1(dual, data, tok)
             print(f"zero-shot t2v R@1  {name:8s} {'trained' if trained else 'untrained':9s}: {100 * r1:5.1f}%")
     print(f"chance R@1: {100 / len({v for v, _ in data.pairs}):.1f}%")
+    boxes = manifest.read(args.dataset, manifest.BOXES, manifest.BOX_SCHEMA).to_pylist()
+    for kind, (wins, n) in swap_tests(prompter, data, tok, boxes).items():
+        share = 100 * wins / max(n, 1)
+        print(f"prompter: the true caption beats the {kind}-swapped one {share:5.1f}% of {n} times (chance 50%)")
     bank = PromptBank.load(args.bank)
     tally = pseudo_label_accuracy(args, prompter, size, bank, data)
     objects = _object_vocab(bank)
