@@ -627,10 +627,9 @@ def _caption(rng: np.random.Generator, plan: ItemPlan, color_mention: float = 1.
 def captions_for(plan: ItemPlan, n: int, rng: np.random.Generator, color_mention: float = 1.0) -> list[str]:
     """``n`` captions of ``plan``, distinct where the templates allow (up to 50 draws per caption).
 
-    Each noun phrase names its object's colour with probability ``color_mention``. At 1.0 colour and
-    scene alone tell almost any two clips apart, so a contrastive model never has to see shape: the
-    shortcut that keeps PEM pseudo-labels from naming objects (docs/pem.md). Below 1.0 some captions
-    say only "a triangle", and matching them takes the shape.
+    Each noun phrase names its object's colour with probability ``color_mention`` (1.0: always). Below
+    1.0 some captions say only "a triangle", as real captions leave attributes out. docs/pem.md measures
+    what it changes for the prompter (at CPU scale: nothing; the scene, not the captions, held it back).
     """
     seen: list[str] = []
     for _ in range(50 * n):
