@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 from collections import Counter
 from pathlib import Path
@@ -299,13 +300,21 @@ def test_color_mention_sets_how_often_a_caption_names_the_colour(color_mention):
         assert 0.4 < named / total < 0.6, named / total
 
 
+# sha256 of the 40 captions below as the code wrote them before synth.color_mention existed (commit 78779a6)
+CAPTIONS_BEFORE_COLOR_MENTION = "2b59ade480d9a85801fdbc9f637f9d1136bac120a90c91b023f0b9a8c59f4d90"
+
+
 def test_color_mention_one_leaves_the_default_captions_unchanged():
     cfg = SynthConfig(seed=5)
-    for i in range(10):
-        plan = plan_item(cfg, "video", i)
-        default = captions_for(plan, 4, item_rng(5, "video", i, 1))
-        assert captions_for(plan, 4, item_rng(5, "video", i, 1), 1.0) == default
-        assert captions_for(plan, 4, item_rng(5, "video", i, 1), 0.5) != default
+    plans = [plan_item(cfg, "video", i) for i in range(10)]
+    default = [c for i, plan in enumerate(plans) for c in captions_for(plan, 4, item_rng(5, "video", i, 1))]
+    assert default[0] == (
+        "Two shapes along the road: a medium red cross travelling towards the bottom and a mid-sized purple star "
+        "floating to the right."
+    )
+    assert hashlib.sha256("\n".join(default).encode()).hexdigest() == CAPTIONS_BEFORE_COLOR_MENTION
+    half = [c for i, plan in enumerate(plans) for c in captions_for(plan, 4, item_rng(5, "video", i, 1), 0.5)]
+    assert half != default
 
 
 def test_qa_covers_every_answer_type_and_answers_are_true():
