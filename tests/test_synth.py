@@ -23,10 +23,12 @@ from vlp.data.synth import (
     SynthConfig,
     assign_splits,
     captions_for,
+    encode_mp4,
     generate,
     item_rng,
     plan_item,
     questions_for,
+    render,
     scene_texture,
 )
 from vlp.data.video import probe, read_frames
@@ -111,6 +113,40 @@ def test_splits_have_exact_counts_and_are_deterministic():
 
 
 # --------------------------------------------------------------------------- determinism
+
+
+def test_one_clip_encodes_to_the_same_bytes_every_time_in_one_process(tmp_path):
+    """x264's AVX-512 kernels gave 3-4 different files in 60 encodes of this clip; capped at AVX2, one."""
+    cfg = SynthConfig(size=32, seed=11)
+    plan = plan_item(cfg, "video", 0)
+    frames, _ = render(plan, cfg.size, cfg.seed)
+    digests = Counter()
+    for i in range(40):
+        for j in range(3):  # the allocations of rendering other clips, as generate() makes between encodes
+            render(plan_item(cfg, "video", j + 1), cfg.size, cfg.seed)
+        path = tmp_path / f"{i}.mp4"
+        encode_mp4(frames.copy(), plan.fps, str(path), cfg.crf)
+        digests[hashlib.sha256(path.read_bytes()).hexdigest()] += 1
+    assert len(digests) == 1, digests
+
+
+def test_x264_never_gets_avx512(monkeypatch, tmp_path):
+    import vlp.data.synth as synth
+
+    avx512 = 0x10000  # X264_CPU_AVX512
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor: 0\nflags\t\t: fpu mmx sse sse2 pni ssse3 avx avx2 avx512f avx512bw avx512vl\n")
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda f, *a, **k: real_open(cpuinfo if f == "/proc/cpuinfo" else f, *a, **k))
+    synth.x264_asm.cache_clear()
+    try:
+        flags = int(synth.x264_asm())
+        assert flags & 0x8000 and flags & 0x200 and not flags & avx512  # AVX2 and AVX, no AVX-512
+        cpuinfo.write_text("processor: 0\nFeatures\t: fp asimd\n")  # aarch64: no x86 flags line
+        synth.x264_asm.cache_clear()
+        assert synth.x264_asm() == "0"
+    finally:
+        synth.x264_asm.cache_clear()
 
 
 def test_same_seed_gives_identical_bytes_whatever_the_worker_count(tmp_path):
