@@ -67,8 +67,59 @@ def test_pretrain_all_four_objectives_then_resume_is_a_no_op(trained, tmp_path):
     assert figures and all(storage.exists(f) and f.endswith(".png") for f in figures), "ALPRO Fig. 3 examples"
     readme = storage.read_text(storage.join(out, "pem_examples", "README.md"))
     assert all(Path(f).name in readme for f in figures)
+    before = _files(out)
     again = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
-    assert again["steps"] == 3, "a finished run resumes at its last step and trains no more"
+    assert again["skipped"] is True and again["resumed_from_step"] == 3 and again["steps"] == 3
+    assert again["metrics"] == last, "a rerun reports the finished run's metrics"
+    after = _files(out)
+    assert after.keys() == before.keys()
+    assert [k for k in before if before[k] != after[k]] == ["summary.json"], "a rerun rewrites only its summary"
+
+
+def _files(root: str) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(Path(root).rglob("*")) if p.is_file()}
+
+
+def test_same_config_and_seed_give_the_same_prompter_in_two_processes(tiny_world, tmp_path):
+    """Weights are initialised after seeding and the tokenizer is trained deterministically."""
+    import os
+    import subprocess
+    import sys
+
+    outs = [str(tmp_path / name) for name in ("a", "b")]
+    for out in outs:
+        cmd = [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", tiny_world["dataset"],
+               "--frames", tiny_world["frames"], "--out", out, "--config", str(TINY),
+               "pretrain.max_steps=2"]  # fmt: skip
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"}
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    a, b = (_files(out) for out in outs)
+    assert a["tokenizer/tokenizer.json"] == b["tokenizer/tokenizer.json"]
+    from safetensors.torch import load
+
+    wa, wb = (load(f["checkpoints/step-000002/model.safetensors"]) for f in (a, b))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert a["checkpoints/step-000002/optimizer.safetensors"] == b["checkpoints/step-000002/optimizer.safetensors"]
+
+
+def test_resume_against_another_tokenizer_is_refused_and_names_the_checkpoint(trained, tmp_path):
+    import shutil
+
+    from vlp.models.tokenizer import save_tokenizer, train_wordpiece
+    from vlp.train.checkpoint import CheckpointError
+
+    out = tmp_path / "prompter"
+    shutil.copytree(trained["prompter"], out)
+    shutil.rmtree(out / "tokenizer")
+    save_tokenizer(train_wordpiece(["a red circle", "a blue star"], vocab_size=30), str(out / "tokenizer"))
+    cfg = load_config(TINY, ["pretrain.max_steps=5"])
+    with pytest.raises(CheckpointError, match=r"step-000003/state.json was trained with tokenizer_sha256=\w+ but"):
+        pretrain_prompter(trained["dataset"], trained["frames"], str(out), cfg)
+    cfg = load_config(TINY, ["pretrain.max_steps=5", "model.tokenizer=" + trained["prompter"] + "/tokenizer"])
+    with pytest.raises(ValueError, match=r"differs from the tokenizer .* was trained with"):
+        pretrain_prompter(trained["dataset"], trained["frames"], str(out), cfg)
 
 
 def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
@@ -78,7 +129,12 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
     assert code == 0
     assert storage.exists(f"{out}/model.json") and storage.exists(f"{out}/tokenizer/tokenizer.json")
     prompter, _, _ = load_prompter(out)
-    assert sum(p.numel() for p in prompter.parameters()) > 0
+    doc = json.loads(storage.read_text(f"{out}/model.json"))
+    from safetensors.torch import load
+
+    saved = load(storage.read_bytes(f"{out}/{doc['checkpoint']}/model.safetensors"))
+    loaded = prompter.state_dict()
+    assert saved.keys() == loaded.keys() and all(torch.equal(saved[k], loaded[k]) for k in saved)
 
 
 @pytest.mark.parametrize("preset", ["tiny", "small", "paper"])

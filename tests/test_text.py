@@ -21,7 +21,14 @@ from vlp.models.text import (
     build_text_model,
     load_bert_weights,
 )
-from vlp.models.tokenizer import PretrainedUnavailableError, load_tokenizer, save_tokenizer, train_wordpiece
+from vlp.models.tokenizer import (
+    PretrainedUnavailableError,
+    load_tokenizer,
+    save_tokenizer,
+    tokenizer_digest,
+    train_wordpiece,
+    wordpiece_vocab,
+)
 
 COLOURS = ["red", "green", "blue", "yellow", "purple"]
 SHAPES = ["circle", "square", "triangle", "star", "hexagon"]
@@ -78,6 +85,27 @@ def test_tokenizer_specials_and_round_trip(tokenizer) -> None:
     ]  # unseen word: subwords
     long = tokenizer(" ".join(["red"] * 100), truncation=True)["input_ids"]
     assert len(long) == 40 and long[-1] == 3  # model_max_length default 40
+
+
+def test_wordpiece_vocab_merges_the_most_frequent_pair_and_breaks_ties_by_the_merged_token() -> None:
+    vocab = wordpiece_vocab({"abc": 3, "abd": 3, "bd": 1}, vocab_size=100)
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    alphabet = ["##b", "##c", "##d", "a", "b"]
+    # (a, ##b) = 6 first; then (ab, ##c) = 3 and (ab, ##d) = 3 tie -> "abc" sorts first; then "abd"; (b, ##d) = 1
+    assert list(vocab) == [*specials, *alphabet, "ab", "abc", "abd", "bd"]
+    assert list(vocab.values()) == list(range(len(vocab)))
+    assert list(wordpiece_vocab({"abc": 3, "abd": 3, "bd": 1}, vocab_size=12)) == [*specials, *alphabet, "ab", "abc"]
+    assert "bd" not in wordpiece_vocab({"abc": 3, "abd": 3, "bd": 1}, vocab_size=100, min_frequency=2)
+
+
+def test_training_the_tokenizer_twice_gives_the_same_vocabulary() -> None:
+    """The tokenizers library's trainer gave 6 vocabularies in 6 trainings of one corpus (hash-order ties)."""
+    captions = _captions(200)
+    digests = {tokenizer_digest(train_wordpiece(captions, vocab_size=120)) for _ in range(4)}
+    assert len(digests) == 1
+    tok = train_wordpiece(list(reversed(captions)), vocab_size=120)  # corpus order does not matter either
+    assert tokenizer_digest(tok) in digests
+    assert tokenizer_digest(train_wordpiece(captions, vocab_size=119)) not in digests
 
 
 def test_tokenizer_save_load_identical_ids(tokenizer, tmp_path: Path) -> None:

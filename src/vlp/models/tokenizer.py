@@ -1,12 +1,13 @@
 """BERT-style WordPiece tokenizer: trained from a corpus when no hub access, saved and loaded as an artifact.
 
 The paper's text encoder uses ``bert-base-uncased``'s tokenizer. Without network access (tests, the embedded
-synthetic world) :func:`train_wordpiece` builds a tokenizer of the same kind from the captions with the
-``tokenizers`` library: BERT normaliser (clean text, CJK spacing, lowercase + strip accents), BERT
-pre-tokeniser (whitespace and punctuation), WordPiece with ``##`` continuation prefix, and a template
-post-processor that adds ``[CLS] ... [SEP]``. Special token ids differ from bert-base-uncased's
-(there [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103); here they are the first five ids:
-[PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. [PAD]=0 in both keeps BERT's ``padding_idx`` convention.
+synthetic world) :func:`train_wordpiece` builds a tokenizer of the same kind from the captions: the
+``tokenizers`` library's BERT normaliser (clean text, CJK spacing, lowercase + strip accents) and BERT
+pre-tokeniser (whitespace and punctuation), a WordPiece vocabulary with ``##`` continuation prefix learnt
+deterministically (:func:`wordpiece_vocab`), and a template post-processor that adds ``[CLS] ... [SEP]``.
+Special token ids differ from bert-base-uncased's (there [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102,
+[MASK]=103); here they are the first five ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4. [PAD]=0 in
+both keeps BERT's ``padding_idx`` convention.
 
 :func:`save_tokenizer` / :func:`load_tokenizer` move the tokenizer through vlp.storage URIs (local paths and
 ``s3://``); :func:`load_tokenizer` also accepts a hub name when the hub is reachable (or cached), and raises
@@ -17,17 +18,23 @@ air-gapped environments to fail (or use the local cache) at once.
 
 from __future__ import annotations
 
+import hashlib
+import heapq
+import itertools
+import json
 import os
 import tempfile
-from collections.abc import Iterable
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from vlp import storage
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in this order
+CONTINUATION = "##"  # WordPiece marks a piece that continues a word
 
 
 class PretrainedUnavailableError(OSError):
@@ -63,12 +70,18 @@ def train_wordpiece(
     min_frequency: int = 1,
     max_len: int = 40,
 ) -> PreTrainedTokenizerFast:
-    """Train a BERT-style WordPiece tokenizer on ``texts``.
+    """Train a BERT-style WordPiece tokenizer on ``texts``; the same corpus always gives the same tokenizer.
+
+    The vocabulary is learnt as the ``tokenizers`` WordPiece trainer learns it (merges of the most frequent
+    adjacent pair, ``##`` marking a continuation), but here, in :func:`wordpiece_vocab`, ties are broken by
+    the merged string, so the result is a function of the corpus. The library's trainer breaks them by hash
+    order: six trainings on one 500-caption corpus gave six different vocabularies (four different token
+    sets), so a rerun or a resume would have fed new ids into embeddings trained on old ones.
 
     Args:
         texts: the corpus (e.g. every caption of the training split).
-        vocab_size: upper bound on the vocabulary, special tokens and single characters included; a small corpus
-            yields fewer entries.
+        vocab_size: upper bound on the vocabulary, special tokens included; every character of the corpus is
+            kept even beyond it, and a small corpus yields fewer entries.
         lowercase: lowercase and strip accents, as bert-base-uncased does.
         min_frequency: minimum pair frequency for a merge.
         max_len: ``model_max_length`` (truncation length when ``truncation=True``); the paper's code uses 30 in
@@ -79,24 +92,21 @@ def train_wordpiece(
     """
     if vocab_size <= len(SPECIAL_TOKENS):
         raise ValueError(f"vocab_size must exceed the {len(SPECIAL_TOKENS)} special tokens, got {vocab_size}")
-    tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-    tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
-    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-    trainer = trainers.WordPieceTrainer(
-        vocab_size=vocab_size,
-        min_frequency=min_frequency,
-        special_tokens=list(SPECIAL_TOKENS),
-        continuing_subword_prefix="##",
-    )
-    tok.train_from_iterator((str(t) for t in texts), trainer=trainer)
+    normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True, lowercase=lowercase)
+    pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    words: Counter[str] = Counter()
+    for text in texts:
+        words.update(w for w, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(str(text))))
+    vocab = wordpiece_vocab(words, vocab_size, min_frequency=min_frequency)
+    tok = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]", continuing_subword_prefix=CONTINUATION))
+    tok.normalizer, tok.pre_tokenizer = normalizer, pre_tokenizer
     ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
-    assert list(ids.values()) == list(range(len(SPECIAL_TOKENS))), ids  # the trainer puts specials first
     tok.post_processor = processors.TemplateProcessing(
         single="[CLS] $A [SEP]",
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
-    tok.decoder = decoders.WordPiece(prefix="##")
+    tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="[UNK]",
@@ -107,6 +117,79 @@ def train_wordpiece(
         model_max_length=max_len,
         padding_side="right",
     )
+
+
+def wordpiece_vocab(words: Mapping[str, int], vocab_size: int, *, min_frequency: int = 1) -> dict[str, int]:
+    """``{token: id}``: the special tokens, every character (word-initial and ``##`` forms), then merges.
+
+    Each word starts as its characters (``"red"`` -> ``r ##e ##d``); the adjacent pair with the highest
+    count over the corpus is merged everywhere (``r ##e`` -> ``re``, ``##e ##d`` -> ``##ed``), the merged
+    token joins the vocabulary, and so on until ``vocab_size`` tokens or no pair occurs ``min_frequency``
+    times. Ties go to the pair whose merged token sorts first, so the vocabulary depends on ``words`` only.
+    Pair counts are kept up to date incrementally with a lazy max-heap: the cost is the corpus's unique
+    words times their length, not that times the number of merges.
+    """
+    names = sorted(words)  # fixed word order: nothing below depends on dict or hash order
+    counts = [int(words[w]) for w in names]
+    split = [[w[0]] + [CONTINUATION + c for c in w[1:]] for w in names]
+    alphabet = sorted({sym for symbols in split for sym in symbols})
+    vocab = {t: i for i, t in enumerate(list(SPECIAL_TOKENS) + [a for a in alphabet if a not in SPECIAL_TOKENS])}
+    pairs: dict[tuple[str, str], int] = defaultdict(int)
+    where: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for i, symbols in enumerate(split):
+        for pair in itertools.pairwise(symbols):
+            pairs[pair] += counts[i]
+            where[pair].add(i)
+    heap = [(-n, _merged(p), p) for p, n in pairs.items()]
+    heapq.heapify(heap)
+    while len(vocab) < vocab_size and heap:
+        neg, merged, pair = heapq.heappop(heap)
+        if pairs.get(pair, 0) != -neg:  # stale entry: the count changed since it was pushed
+            continue
+        if -neg < min_frequency:
+            break
+        vocab.setdefault(merged, len(vocab))
+        touched: set[tuple[str, str]] = set()
+        for i in sorted(where.pop(pair, ())):
+            old = split[i]
+            new = _merge_pair(old, pair, merged)
+            if new == old:
+                continue
+            for p in itertools.pairwise(old):
+                pairs[p] -= counts[i]
+                touched.add(p)
+            for p in itertools.pairwise(new):
+                pairs[p] += counts[i]
+                where[p].add(i)
+                touched.add(p)
+            split[i] = new
+        pairs.pop(pair, None)
+        for p in sorted(touched):
+            if pairs.get(p, 0) > 0:
+                heapq.heappush(heap, (-pairs[p], _merged(p), p))
+    return vocab
+
+
+def _merged(pair: tuple[str, str]) -> str:
+    return pair[0] + pair[1].removeprefix(CONTINUATION)
+
+
+def _merge_pair(symbols: list[str], pair: tuple[str, str], merged: str) -> list[str]:
+    out, i = [], 0
+    while i < len(symbols):
+        if i + 1 < len(symbols) and (symbols[i], symbols[i + 1]) == pair:
+            out.append(merged)
+            i += 2
+        else:
+            out.append(symbols[i])
+            i += 1
+    return out
+
+
+def tokenizer_digest(tok: PreTrainedTokenizerBase) -> str:
+    """sha256 of the vocabulary (token -> id): two tokenizers with one digest give every text the same ids."""
+    items = sorted(tok.get_vocab().items(), key=lambda kv: (kv[1], kv[0]))
+    return hashlib.sha256(json.dumps(items, ensure_ascii=False).encode()).hexdigest()
 
 
 def save_tokenizer(tok: PreTrainedTokenizerBase, uri: str) -> str:

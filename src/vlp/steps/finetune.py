@@ -28,7 +28,16 @@ from vlp.data.video_text import (
     normalize_answer,
 )
 from vlp.steps.common import StepResult, run_step
-from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, _device, _train, _write_model_json, config_from_json
+from vlp.steps.pretrain import (
+    MODEL_JSON,
+    TOKENIZER_DIR,
+    _device,
+    _train,
+    _write_model_json,
+    config_from_json,
+    seed_model_init,
+    train_summary,
+)
 from vlp.train.settings import FinetuneConfig
 
 log = logging.getLogger("vlp")
@@ -105,10 +114,14 @@ def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
 
 
 def _copy_tokenizer(src_dir: str, out: str) -> Any:
+    """The tokenizer of ``src_dir``, saved into ``out`` once (a rerun leaves the copy as it is)."""
     from vlp.models.tokenizer import load_tokenizer, save_tokenizer
+    from vlp.train import distributed
 
     tok = load_tokenizer(storage.join(src_dir, TOKENIZER_DIR))
-    save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+    copy = storage.join(out, TOKENIZER_DIR)
+    if distributed.rank() == 0 and not storage.exists(storage.join(copy, "tokenizer.json")):
+        save_tokenizer(tok, copy)
     return tok
 
 
@@ -124,6 +137,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         doc = read_model_doc(pretrained)
         base = config_from_json(doc["config"])
         model_cfg = dataclasses.replace(base, num_entities=0, losses=tuple(cfg.retrieval.losses))
+        seed_model_init(cfg.retrieval.seed)
         model = Alpro(model_cfg)
         skipped = load_pretrained_weights(checkpoint_of(pretrained, doc), model)
         log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
@@ -143,10 +157,11 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return m(batch, tokenizer=tok, gather=gather, rank=rank)
 
-        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_retrieval", section)
+        batches = _batches(data, section, fetch)
+        result = _train(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
         extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "task": "retrieval"}
         _write_model_json(out, RETRIEVAL_KIND, model_cfg, result.checkpoint, extra)
-        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+        return train_summary(result)
 
     return run_step("finetune_retrieval", out, cfg, "retrieval", work)
 
@@ -173,6 +188,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             raise ValueError(f"none of the {total} training answers is in the {len(answers)}-answer vocabulary")
         data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
+        seed_model_init(cfg.qa.seed)
         model = AlproQA(model_cfg, len(answers))
         load_pretrained_weights(checkpoint_of(pretrained, doc), model, allow_missing=("classifier.",))
         model.to(_device())
@@ -197,15 +213,12 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
 
         section = with_max_steps(cfg.qa, len(data))
-        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_qa", section)
+        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_qa", section, tokenizer=tok)
         if distributed.rank() == 0:
             storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
         extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "answers": ANSWERS_FILE}
         _write_model_json(out, QA_KIND, model_cfg, result.checkpoint, {**extra, "task": "qa"})
-        return {
-            "steps": result.step,
-            "checkpoint": result.checkpoint,
-            "metrics": result.last_metrics,
+        return train_summary(result) | {
             "answers": len(answers),
             "train_answer_coverage": round(len(keep) / total, 4),
         }

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import replace
 from typing import Any
 
@@ -22,6 +23,7 @@ from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video
 from vlp.steps.common import StepResult, run_step
 from vlp.train.settings import ModelConfig
 
+log = logging.getLogger("vlp")
 MODEL_JSON = "model.json"
 TOKENIZER_DIR = "tokenizer"
 
@@ -67,9 +69,27 @@ def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) 
 
 
 def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
-    """The configured tokenizer, or WordPiece trained on the training captions; saved under ``out``."""
-    from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+    """The tokenizer of ``out``: the one saved there by an earlier run, else the configured one, else WordPiece
+    trained on the training captions; saved under ``<out>/tokenizer`` once.
 
+    A rerun or resume into ``out`` reuses the saved tokenizer, so token ids never change under trained weights.
+
+    Raises:
+        ValueError: ``model.tokenizer`` names a tokenizer other than the one ``out`` was trained with.
+    """
+    from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
+    from vlp.train import distributed
+
+    saved = storage.join(out, TOKENIZER_DIR)
+    if storage.exists(storage.join(saved, "tokenizer.json")):
+        tok = load_tokenizer(saved)
+        if cfg.model.tokenizer and tokenizer_digest(load_tokenizer(cfg.model.tokenizer)) != tokenizer_digest(tok):
+            raise ValueError(
+                f"model.tokenizer={cfg.model.tokenizer!r} differs from the tokenizer {saved} was trained with; "
+                "use another output directory for another tokenizer"
+            )
+        log.info("reusing the tokenizer saved in %s", saved)
+        return tok
     if cfg.model.tokenizer:
         tok = load_tokenizer(cfg.model.tokenizer)
     else:
@@ -77,8 +97,20 @@ def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
         pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)
         train = [caption for caption, split in pairs if split == "train"]
         tok = train_wordpiece(train, vocab_size=cfg.model.vocab_size, max_len=cfg.model.max_len)
-    save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+    if distributed.rank() == 0:
+        save_tokenizer(tok, saved)
     return tok
+
+
+def seed_model_init(seed: int) -> None:
+    """Seed every global generator before a model is built, so its random initial weights follow the seed.
+
+    The same on every rank (DDP also broadcasts rank 0's weights); :func:`vlp.train.loop.train` re-seeds
+    with ``seed + rank`` for the training steps.
+    """
+    from vlp.train.loop import seed_everything
+
+    seed_everything(seed)
 
 
 def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
@@ -119,12 +151,22 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
 
 
 def _train(
-    model: torch.nn.Module, step_fn: Any, data: Any, config: Config, out: str, name: str, section: Any = None
+    model: torch.nn.Module,
+    step_fn: Any,
+    data: Any,
+    config: Config,
+    out: str,
+    name: str,
+    section: Any = None,
+    *,
+    tokenizer: Any,
 ) -> Any:
     """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0).
 
     ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
+    The checkpoints record ``tokenizer``'s digest, and a resume with another tokenizer is refused.
     """
+    from vlp.models.tokenizer import tokenizer_digest
     from vlp.tracking import MlflowLogger, MultiLogger
     from vlp.train import distributed
     from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
@@ -156,7 +198,8 @@ def _train(
             loggers.append(mlflow_run)
         logger = MultiLogger(loggers)
     try:
-        result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger)
+        identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
+        result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger, identity=identity)
     except BaseException:
         if mlflow_run is not None:
             mlflow_run.close("FAILED")
@@ -164,6 +207,21 @@ def _train(
     if mlflow_run is not None:
         mlflow_run.close()
     return result
+
+
+def train_summary(result: Any) -> dict[str, Any]:
+    """The summary entries of a training step: steps, checkpoint, metrics, and whether and where it resumed.
+
+    ``skipped`` is true when the output was already trained to the end (a rerun): nothing was trained, every
+    output stays as it was, and ``metrics`` are those the finished run logged last.
+    """
+    return {
+        "steps": result.step,
+        "checkpoint": result.checkpoint,
+        "metrics": result.last_metrics,
+        "resumed_from_step": result.start_step if result.resumed_from else None,
+        "skipped": result.resumed_from is not None and result.start_step == result.step,
+    }
 
 
 def _device() -> torch.device:
@@ -231,13 +289,15 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         distributed.init_from_env()
         tok = _tokenizer(cfg, dataset, out)
         model_cfg = _model_config(cfg.model, len(tok), 0, ["vtc"])
+        seed_model_init(cfg.pretrain.seed)
         model = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
         model.to(_device())
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
         data = _batches(cfg, dataset, frames, tok)
-        result = _train(model, lambda m, b: m(b, gather=gather, rank=rank), data, cfg, out, "pretrain_prompter")
+        step_fn = lambda m, b: m(b, gather=gather, rank=rank)  # noqa: E731
+        result = _train(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
         _write_model_json(out, "prompter", model_cfg, result.checkpoint, {"steps": result.step})
-        return {"steps": result.step, "checkpoint": result.checkpoint, "metrics": result.last_metrics}
+        return train_summary(result)
 
     return run_step("pretrain_prompter", out, cfg, "pretrain", work)
 
@@ -282,6 +342,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = _model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
         device = _device()
+        seed_model_init(cfg.pretrain.seed)
         model = Alpro(model_cfg).to(device)
         pem = PemContext(prompter.to(device), bank.video, bank.image) if bank is not None else None
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
@@ -289,19 +350,15 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank)
 
-        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain")
-        save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
+        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
+        if distributed.rank() == 0 and not storage.exists(storage.join(out, TOKENIZER_DIR, "tokenizer.json")):
+            save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
         extra = {"steps": result.step, "entities": bank.entities if bank is not None else []}
         _write_model_json(out, "alpro", model_cfg, result.checkpoint, extra)
         figures = []
         if pem is not None and distributed.rank() == 0:
             figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg)
-        return {
-            "steps": result.step,
-            "checkpoint": result.checkpoint,
-            "metrics": result.last_metrics,
-            "pem_examples": figures,
-        }
+        return train_summary(result) | {"pem_examples": figures}
 
     return run_step("pretrain", out, cfg, "pretrain", work)
 

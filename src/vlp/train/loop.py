@@ -50,7 +50,15 @@ from torch import Tensor, nn
 
 from vlp import storage
 from vlp.train import distributed
-from vlp.train.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, save_rank_rng
+from vlp.train.checkpoint import (
+    STATE_FILE,
+    CheckpointError,
+    latest_checkpoint,
+    load_checkpoint,
+    read_state,
+    save_checkpoint,
+    save_rank_rng,
+)
 from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
 
 StepFn = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
@@ -400,15 +408,30 @@ class _Run:
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
         self.step, self.iterator, self.last_lr = 0, None, float("nan")
+        self.identity: dict[str, str] = {}
+        self.last_metrics: dict[str, float] = {}  # the newest logged metrics (restored on resume)
         self.sums: dict[str, Tensor] = {}
         self.window_micro, self.window_clips, self.window_start = 0, 0, time.perf_counter()
 
-    def resume(self) -> str | None:
-        """Load the newest checkpoint (all ranks), if any; returns its URI."""
+    def resume(self, identity: Mapping[str, str]) -> str | None:
+        """Load the newest checkpoint (all ranks), if any; returns its URI.
+
+        Raises:
+            CheckpointError: the checkpoint records another ``identity`` value (e.g. another tokenizer).
+        """
         uri = latest_checkpoint(self.ckpt_root)
         if uri is None:
             return None
+        recorded = read_state(uri)["extra"].get("identity", {})
+        for key, value in identity.items():
+            if key in recorded and recorded[key] != value:
+                raise CheckpointError(
+                    f"{storage.join(uri, STATE_FILE)} was trained with {key}={recorded[key]} but this run has "
+                    f"{key}={value}; resuming would feed it other inputs. Restore what it was trained with, or "
+                    f"train into a new output directory (or delete {self.ckpt_root})"
+                )
         loaded = load_checkpoint(uri, self.model, self.optimizer, self.scheduler, rank=self.rank)
+        self.last_metrics = dict(loaded.extra.get("last_metrics", {}))
         if loaded.data_state is not None:
             if not hasattr(self.data, "load_state_dict"):
                 raise ValueError(f"{uri} records a data position but the data source has no load_state_dict()")
@@ -474,7 +497,12 @@ class _Run:
             save_rank_rng(self.ckpt_root, self.step, self.rank)
         distributed.barrier()
         data_state = self.data.state_dict() if hasattr(self.data, "state_dict") else None
-        extra = {"train_config": dataclasses.asdict(self.cfg), "optim_config": dataclasses.asdict(self.optim_cfg)}
+        extra = {
+            "train_config": dataclasses.asdict(self.cfg),
+            "optim_config": dataclasses.asdict(self.optim_cfg),
+            "identity": self.identity,
+            "last_metrics": self.last_metrics,
+        }
         uri = ""
         if self.rank == 0:
             uri = save_checkpoint(
@@ -494,6 +522,7 @@ def train(
     *,
     metrics_logger: MetricsLogger | None = None,
     resume: bool = True,
+    identity: Mapping[str, str] | None = None,
 ) -> TrainResult:
     """Train ``model`` for ``cfg.max_steps`` optimiser updates (see the module docstring for the contracts).
 
@@ -505,16 +534,20 @@ def train(
         optim_cfg: AdamW / schedule / clipping settings (defaults: :class:`OptimConfig`).
         metrics_logger: Receives metrics on rank 0; default: JSONL at ``<out_dir>/metrics.jsonl``.
         resume: Continue from the newest complete checkpoint under ``<out_dir>/checkpoints`` if any.
+        identity: What the weights are only valid with (e.g. ``{"tokenizer_sha256": ...}``): recorded in every
+            checkpoint; a resume from a checkpoint that recorded another value raises ``CheckpointError``.
 
     Returns:
-        :class:`TrainResult` with the final step, the checkpoints involved and the last logged metrics.
+        :class:`TrainResult` with the final step, the checkpoints involved and the last logged metrics (after
+        a resume that had nothing left to do: those recorded in the checkpoint).
     """
     optim_cfg = optim_cfg or OptimConfig()
     seed_everything(cfg.seed + distributed.rank())
     if cfg.grad_checkpointing:
         _enable_grad_checkpointing(model)
     run = _Run(model, step_fn, data, cfg, optim_cfg)
-    resumed_from = run.resume() if resume else None
+    run.identity = dict(identity or {})
+    resumed_from = run.resume(run.identity) if resume else None
     start = run.step
     logger = metrics_logger
     if logger is None and run.rank == 0:
@@ -523,12 +556,12 @@ def train(
         logger.log_params({"train": dataclasses.asdict(cfg), "optim": dataclasses.asdict(optim_cfg)})
     ddp_model = distributed.wrap_ddp(model)
     model.train()
-    result = TrainResult(step=start, start_step=start, resumed_from=resumed_from, checkpoint=resumed_from)
+    result = TrainResult(start, start, resumed_from, resumed_from, dict(run.last_metrics))
     bar = _progress(cfg, start, run.rank)
     while run.step < cfg.max_steps:
         grad_norm = run.update(ddp_model)
         if run.step % cfg.log_every == 0 or run.step == cfg.max_steps:
-            result.last_metrics = run.metrics(grad_norm)
+            result.last_metrics = run.last_metrics = run.metrics(grad_norm)
             if logger is not None and run.rank == 0:
                 logger.log_metrics(result.last_metrics, run.step)
             bar.set_postfix(loss=f"{result.last_metrics['train/loss']:.4f}", refresh=False)
