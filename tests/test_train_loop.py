@@ -7,6 +7,7 @@ import json
 import os
 import pickle
 import random
+import re
 import socket
 import struct
 from pathlib import Path
@@ -540,6 +541,42 @@ def test_kill_and_resume_on_s3(s3_bucket: str, straight_runs: dict[int, nn.Modul
     assert lines[0]["params"]["train"]["max_steps"] == 8 and lines[-1]["step"] == 8
 
 
+@pytest.mark.parametrize("damaged", [MODEL_FILE, OPTIM_FILE, "rng-rank00000.safetensors", STATE_FILE])
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
+    tmp_path: Path, straight_runs: dict[int, nn.Module], damaged: str
+) -> None:
+    out = tmp_path / "killed"
+    x, y = make_data(10)
+    with pytest.raises(Killed):  # checkpoints at 3 and 6, killed during update 7
+        train(TinyMLP(), killing(ce_step, 12), make_loader(x, y, 3), cfg_for(out), OPT)
+    bad = out / "checkpoints" / "step-000006" / damaged
+    bad.write_bytes(bad.read_bytes()[: len(bad.read_bytes()) // 2])  # truncated, as by a full disk or a copy
+    model = TinyMLP(seed=5)
+    with pytest.warns(UserWarning, match=rf"damaged checkpoint: {re.escape(str(bad))}.*; resumed from .*step-000003$"):
+        result = train(model, ce_step, make_loader(x, y, 3), cfg_for(out), OPT)
+    assert result.start_step == 3 and result.step == 8
+    for (name, p), q in zip(straight_runs[3].state_dict().items(), model.state_dict().values(), strict=True):
+        assert torch.equal(p, q), name
+
+
+def test_every_checkpoint_damaged_is_an_error_naming_the_files(tmp_path: Path) -> None:
+    from vlp.train.checkpoint import DamagedCheckpointError, load_model_weights
+
+    model, optimizer, scheduler = _trained(tmp_path, steps=2)
+    root = str(tmp_path / "checkpoints")  # where train(out_dir=tmp_path) looks
+    for step in (1, 2):
+        save_checkpoint(root, step, model, optimizer, scheduler)
+        (Path(root) / f"step-{step:06d}" / MODEL_FILE).write_bytes(b"\x00" * 4)
+    every = r"step-000002/model.safetensors: too short .*step-000001"
+    with pytest.raises(DamagedCheckpointError, match=every):
+        train(TinyMLP(), ce_step, make_loader(*make_data(10), 3), TrainConfig(out_dir=str(tmp_path)), OPT)
+    with pytest.raises(DamagedCheckpointError, match=r"step-000001/model.safetensors: too short"):
+        load_model_weights(f"{root}/step-000001", model)
+    (Path(root) / "step-000001" / MODEL_FILE).unlink()
+    with pytest.raises(DamagedCheckpointError, match=r"step-000001/model.safetensors is missing"):
+        load_checkpoint(f"{root}/step-000001", model)
+
+
 # --------------------------------------------------------------------------- two ranks (gloo)
 
 
@@ -587,5 +624,5 @@ def test_two_rank_gloo_kill_and_resume(tmp_path: Path) -> None:
         straight = load_file(str(tmp_path / "straight" / f"final-{rank}-start0.safetensors"))
         resumed = load_file(str(tmp_path / "killed" / f"final-{rank}-start6.safetensors"))
         assert all(torch.equal(straight[k], resumed[k]) for k in straight), f"rank {rank} diverged after resume"
-    other = load_file(str(tmp_path / "straight" / "final-1-start0.safetensors"))
-    assert all(torch.equal(straight[k], other[k]) for k in straight)  # DDP kept the ranks in step
+    rank0, rank1 = (load_file(str(tmp_path / "straight" / f"final-{r}-start0.safetensors")) for r in range(2))
+    assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[k], rank1[k]) for k in rank0), "DDP kept step"

@@ -52,6 +52,10 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, malformed or does not fit the objects it is loaded into."""
 
 
+class DamagedCheckpointError(CheckpointError):
+    """A file of a checkpoint is missing, truncated or unreadable (the message names it)."""
+
+
 @dataclass
 class RngState:
     """Every global random generator a training step may draw from."""
@@ -121,10 +125,13 @@ def _encode_rng(state: RngState) -> bytes:
     return st_save(tensors, metadata=meta)
 
 
-def _decode_rng(data: bytes, uri: str) -> RngState:
-    meta, tensors = _safetensors_metadata(data, uri), st_load(data)
-    version, mt, gauss = json.loads(meta["python"])
-    name, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
+def _decode_rng(uri: str) -> RngState:
+    tensors, meta = _read_safetensors(uri)
+    try:
+        version, mt, gauss = json.loads(meta["python"])
+        name, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
+    except (KeyError, ValueError) as exc:
+        raise DamagedCheckpointError(f"{uri}: no readable Python/NumPy generator state ({exc!r})") from exc
     n_cuda = sum(k.startswith("torch_cuda.") for k in tensors)
     return RngState(
         python=(version, tuple(mt), gauss),
@@ -167,13 +174,26 @@ def _from_json(obj: Any) -> Any:
 def _safetensors_metadata(data: bytes, uri: str) -> dict[str, str]:
     """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, then JSON)."""
     if len(data) < 8:
-        raise CheckpointError(f"{uri}: too short to be a safetensors file")
+        raise DamagedCheckpointError(f"{uri}: too short to be a safetensors file ({len(data)} bytes)")
     (n,) = struct.unpack("<Q", data[:8])
     try:
         header = json.loads(data[8 : 8 + n])
     except ValueError as exc:
-        raise CheckpointError(f"{uri}: not a safetensors file ({exc})") from exc
-    return header.get("__metadata__", {})
+        raise DamagedCheckpointError(f"{uri}: not a safetensors file ({exc})") from exc
+    return header.get("__metadata__", {}) or {}
+
+
+def _read_safetensors(uri: str) -> tuple[dict[str, Tensor], dict[str, str]]:
+    """``(tensors, metadata)`` of the safetensors file ``uri``; any defect is a DamagedCheckpointError naming it."""
+    try:
+        data = storage.read_bytes(uri)
+    except FileNotFoundError as exc:
+        raise DamagedCheckpointError(f"{uri} is missing") from exc
+    meta = _safetensors_metadata(data, uri)
+    try:
+        return st_load(data), meta
+    except Exception as exc:  # safetensors raises its own SafetensorError (truncated data, bad offsets)
+        raise DamagedCheckpointError(f"{uri} is damaged ({len(data)} bytes): {exc}") from exc
 
 
 def _tensors_for_safetensors(state: dict[str, Any], where: str) -> dict[str, Tensor]:
@@ -214,9 +234,12 @@ def _encode_optimizer(state_dict: dict[str, Any]) -> bytes:
     return st_save(_tensors_for_safetensors(tensors, "optimizer state"), metadata=meta)
 
 
-def _decode_optimizer(data: bytes, uri: str) -> dict[str, Any]:
-    structure = _from_json(json.loads(_safetensors_metadata(data, uri)["structure"]))
-    tensors = st_load(data)
+def _decode_optimizer(uri: str) -> dict[str, Any]:
+    tensors, meta = _read_safetensors(uri)
+    try:
+        structure = _from_json(json.loads(meta["structure"]))
+    except (KeyError, ValueError) as exc:
+        raise DamagedCheckpointError(f"{uri}: no readable optimiser structure ({exc!r})") from exc
     state: dict[int, dict[str, Any]] = {}
     for entry in structure["state"]:
         values = dict(entry["values"])
@@ -357,10 +380,13 @@ def prune_checkpoints(root: str, keep_last: int) -> list[str]:
 
 def read_state(uri: str) -> dict[str, Any]:
     """The parsed ``state.json`` of checkpoint directory ``uri``."""
+    file_uri = storage.join(uri, STATE_FILE)
     try:
-        state = json.loads(storage.read_text(storage.join(uri, STATE_FILE)))
+        state = json.loads(storage.read_text(file_uri))
     except FileNotFoundError as exc:
         raise CheckpointError(f"{uri} is not a complete checkpoint (no {STATE_FILE})") from exc
+    except ValueError as exc:  # truncated or garbled JSON (UnicodeDecodeError is a ValueError too)
+        raise DamagedCheckpointError(f"{file_uri} is damaged: {exc}") from exc
     if state.get("format") != FORMAT:
         raise CheckpointError(f"{uri}: unknown checkpoint format {state.get('format')!r}, expected {FORMAT!r}")
     return state
@@ -368,7 +394,7 @@ def read_state(uri: str) -> dict[str, Any]:
 
 def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> None:
     """Load only the model weights of checkpoint directory ``uri`` (e.g. for evaluation or fine-tuning)."""
-    tensors = st_load(storage.read_bytes(storage.join(uri, MODEL_FILE)))
+    tensors, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
     try:
         _unwrap(model).load_state_dict(tensors, strict=strict)
     except RuntimeError as exc:
@@ -385,7 +411,7 @@ def load_pretrained_weights(uri: str, model: nn.Module, *, allow_missing: tuple[
     Returns:
         The skipped checkpoint entry names, sorted.
     """
-    tensors = st_load(storage.read_bytes(storage.join(uri, MODEL_FILE)))
+    tensors, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
     target = _unwrap(model).state_dict()
     missing = [k for k in target if k not in tensors and not k.startswith(allow_missing)]
     shapes = [f"{k}: {tuple(tensors[k].shape)} vs {tuple(v.shape)}" for k, v in target.items()
@@ -426,21 +452,31 @@ def load_checkpoint(
         The step, data position and ``extra`` recorded at save time.
 
     Raises:
+        DamagedCheckpointError: a file of ``uri`` is missing, truncated or unreadable (nothing was restored).
         CheckpointError: if ``uri`` is not a complete checkpoint or does not fit the objects.
     """
     state = read_state(uri)
-    load_model_weights(uri, model)
+    # read and check every file before anything is restored: a damaged file leaves the objects untouched
+    weights, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
+    optim_state = None
     if optimizer is not None:
         if not state.get("has_optimizer", True):
             raise CheckpointError(f"{uri} holds no optimiser state")
+        optim_state = _decode_optimizer(storage.join(uri, OPTIM_FILE))
+    rng = _load_rng(uri, rank, int(state["world_size"])) if restore_rng else None
+    try:
+        _unwrap(model).load_state_dict(weights)
+    except RuntimeError as exc:
+        raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
+    if optimizer is not None:
         try:
-            optimizer.load_state_dict(_decode_optimizer(storage.read_bytes(storage.join(uri, OPTIM_FILE)), uri))
+            optimizer.load_state_dict(optim_state)
         except ValueError as exc:
             raise CheckpointError(f"{uri}: optimiser state does not fit: {exc}") from exc
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(_from_json(state["scheduler"]))
-    if restore_rng:
-        restore_rng_state(_load_rng(uri, rank, int(state["world_size"])))
+    if rng is not None:
+        restore_rng_state(rng)
     return LoadedCheckpoint(
         uri, int(state["step"]), _from_json(state["data"]), _from_json(state["extra"]), state["world_size"]
     )
@@ -450,5 +486,4 @@ def _load_rng(uri: str, rank: int, world_size: int) -> RngState:
     if rank >= world_size:
         warnings.warn(f"{uri} was written by {world_size} rank(s); rank {rank} resumes with rank 0's RNG", stacklevel=3)
         rank = 0
-    file_uri = storage.join(uri, rng_file(rank))
-    return _decode_rng(storage.read_bytes(file_uri), file_uri)
+    return _decode_rng(storage.join(uri, rng_file(rank)))

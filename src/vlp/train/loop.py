@@ -53,7 +53,8 @@ from vlp.train import distributed
 from vlp.train.checkpoint import (
     STATE_FILE,
     CheckpointError,
-    latest_checkpoint,
+    DamagedCheckpointError,
+    list_checkpoints,
     load_checkpoint,
     read_state,
     save_checkpoint,
@@ -414,32 +415,56 @@ class _Run:
         self.window_micro, self.window_clips, self.window_start = 0, 0, time.perf_counter()
 
     def resume(self, identity: Mapping[str, str]) -> str | None:
-        """Load the newest checkpoint (all ranks), if any; returns its URI.
+        """Load the newest intact checkpoint (all ranks), if any; returns its URI.
+
+        A damaged checkpoint (a truncated or unreadable file) is skipped with a warning that names the file,
+        and the previous one is tried; nothing is restored from a damaged one.
 
         Raises:
-            CheckpointError: the checkpoint records another ``identity`` value (e.g. another tokenizer).
+            CheckpointError: the checkpoint records another ``identity`` value (e.g. another tokenizer), or
+                every checkpoint under ``<out_dir>/checkpoints`` is damaged.
         """
-        uri = latest_checkpoint(self.ckpt_root)
-        if uri is None:
-            return None
+        found = [uri for _, uri in reversed(list_checkpoints(self.ckpt_root))]
+        damaged: list[str] = []
+        for uri in found:
+            try:
+                self._check_identity(uri, identity)
+                loaded = load_checkpoint(uri, self.model, self.optimizer, self.scheduler, rank=self.rank)
+            except DamagedCheckpointError as exc:
+                damaged.append(str(exc))
+                continue
+            if damaged:
+                bad = "; ".join(damaged)
+                warnings.warn(f"skipped the damaged checkpoint: {bad}; resumed from {uri}", stacklevel=3)
+            self._restore_position(uri, loaded)
+            return uri
+        if damaged:
+            raise DamagedCheckpointError(
+                f"every checkpoint under {self.ckpt_root} is damaged ({'; '.join(damaged)}); delete them to "
+                "train from the start"
+            )
+        return None
+
+    @staticmethod
+    def _check_identity(uri: str, identity: Mapping[str, str]) -> None:
         recorded = read_state(uri)["extra"].get("identity", {})
         for key, value in identity.items():
             if key in recorded and recorded[key] != value:
                 raise CheckpointError(
                     f"{storage.join(uri, STATE_FILE)} was trained with {key}={recorded[key]} but this run has "
                     f"{key}={value}; resuming would feed it other inputs. Restore what it was trained with, or "
-                    f"train into a new output directory (or delete {self.ckpt_root})"
+                    "train into a new output directory"
                 )
-        loaded = load_checkpoint(uri, self.model, self.optimizer, self.scheduler, rank=self.rank)
+
+    def _restore_position(self, uri: str, loaded: Any) -> None:
         self.last_metrics = dict(loaded.extra.get("last_metrics", {}))
         if loaded.data_state is not None:
             if not hasattr(self.data, "load_state_dict"):
                 raise ValueError(f"{uri} records a data position but the data source has no load_state_dict()")
             self.data.load_state_dict(loaded.data_state)
         elif hasattr(self.data, "load_state_dict"):
-            warnings.warn(f"{uri} has no data position; the data restarts from its current state", stacklevel=3)
+            warnings.warn(f"{uri} has no data position; the data restarts from its current state", stacklevel=4)
         self.step = loaded.step
-        return uri
 
     def next_batch(self) -> Any:
         """Next batch; a finished pass over ``data`` starts the next epoch."""
