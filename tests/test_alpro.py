@@ -55,12 +55,21 @@ def test_every_parameter_gets_a_gradient_and_the_prompter_none(tokenizer, batch)
     assert all(p.grad is None for p in pem.prompter.parameters()), "the prompter is frozen"
 
 
-@pytest.mark.parametrize("terms", [("mlm", "vtm"), ("vtc",), ("vtc", "pem")])
+@pytest.mark.parametrize("terms", [("mlm", "vtm"), ("vtc",), ("vtc", "pem"), ("vtc", "mlm")])
 def test_switching_terms_off(tokenizer, batch, terms):
-    model, pem = make(tokenizer, losses=terms)
-    out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem)
+    model, pem = make(tokenizer, losses=terms, pem_rule="official_code")
+    out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(1))
     assert {k for k in out if k.startswith("loss_")} == {f"loss_{t}" for t in terms}
     assert torch.allclose(out["loss"], sum(out[f"loss_{t}"] for t in terms))
+    # only what the enabled terms use exists, and all of it learns (what DDP without unused parameters needs)
+    built = {name for name in ("fusion", "mlm_head", "vtm_head", "pem_head") if getattr(model, name) is not None}
+    assert built == ({"fusion"} if terms != ("vtc",) else set()) | {f"{t}_head" for t in terms if t != "vtc"}
+    out["loss"].backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    frozen = [n for n, p in model.named_parameters() if not p.requires_grad]
+    assert bool(frozen) == ("vtc" not in terms) and all(
+        n.startswith(("dual.video_proj", "dual.text_proj", "dual.temp")) for n in frozen
+    )
 
 
 def test_config_and_context_errors(tokenizer, batch):

@@ -162,27 +162,45 @@ def test_metrics_and_params_reach_mlflow(tiny_world, tmp_path):
     assert run.data.params["optim.lr"] == str(cfg.pretrain.lr) and run.data.params["train.max_steps"] == "2"
 
 
-@pytest.mark.slow
-def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path):
-    """`torchrun --nproc-per-node 2 -m vlp.cli pretrain`: gloo DDP on the CPU, one model and one metrics file."""
+def _torchrun(step: list[str], out: str, overrides: list[str]) -> None:
+    """``torchrun --nproc-per-node 2 -m vlp.cli <step> ... --out out``: gloo DDP on the CPU."""
     import os
     import subprocess
     import sys
 
-    out = str(tmp_path / "alpro_ddp")
     torchrun = Path(sys.executable).with_name("torchrun")
-    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "vlp.cli", "pretrain",
-           "--dataset", trained["dataset"], "--frames", trained["frames"], "--prompter", trained["prompter"],
-           "--prompt-bank", trained["bank"], "--out", out, "--config", str(TINY), "pretrain.max_steps=2"]  # fmt: skip
+    cmd = [str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "vlp.cli", *step, "--out", out,
+           "--config", str(TINY), *overrides]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("losses", [["vtc", "pem", "mlm", "vtm"], ["vtc", "mlm"], ["mlm", "vtm"]])
+def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path, losses):
+    """DDP refuses parameters without a gradient: only the enabled objectives' heads may exist (Table 1 rows)."""
+    out = str(tmp_path / "alpro_ddp")
+    step = ["pretrain", "--dataset", trained["dataset"], "--frames", trained["frames"], "--prompter",
+            trained["prompter"], "--prompt-bank", trained["bank"]]  # fmt: skip
+    _torchrun(step, out, ["pretrain.max_steps=2", f"model.losses=[{','.join(losses)}]"])
     steps = [m for m in metrics(out) if "step" in m]
     assert [m["step"] for m in steps] == [1, 2], "rank 0 alone writes the metrics"
     doc = json.loads(storage.read_text(storage.join(out, "model.json")))
     state = json.loads(storage.read_text(storage.join(out, doc["checkpoint"], "state.json")))
-    assert state["world_size"] == 2
-    assert all(torch.isfinite(torch.tensor(steps[-1][f"train/loss_{t}"])) for t in ("vtc", "pem", "mlm", "vtm"))
+    assert state["world_size"] == 2 and doc["config"]["losses"] == losses
+    assert sorted(k for k in steps[-1] if k.startswith("train/loss_")) == sorted(f"train/loss_{t}" for t in losses)
+    assert all(torch.isfinite(torch.tensor(steps[-1][f"train/loss_{t}"])) for t in losses)
+    if losses == ["vtc", "mlm"]:  # then fine-tune for retrieval with VTC only: no fusion, no VTM head at all
+        from safetensors.torch import load
+
+        ft = str(tmp_path / "retrieval_ddp")
+        step = ["finetune-retrieval", "--dataset", trained["dataset"], "--frames", trained["frames"],
+                "--pretrained", out]  # fmt: skip
+        _torchrun(step, ft, ["retrieval.max_steps=2", "retrieval.losses=[vtc]"])
+        doc = json.loads(storage.read_text(storage.join(ft, "model.json")))
+        names = load(storage.read_bytes(storage.join(ft, doc["checkpoint"], "model.safetensors"))).keys()
+        assert names and not [n for n in names if n.startswith(("fusion.", "vtm_head.", "mlm_head.", "pem_head."))]
 
 
 def test_group_by_scene_gives_batches_that_share_a_scene(tiny_world):

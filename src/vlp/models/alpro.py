@@ -120,18 +120,25 @@ class Alpro(nn.Module):
         self.cfg = cfg
         self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
         width = cfg.text.width
-        self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
-        # Heads of disabled objectives are not built: DDP requires every parameter to get a gradient.
+        # Only what the enabled objectives use is built: DDP (find_unused_parameters=False) requires every
+        # parameter to get a gradient. VTC alone needs no fusion; MLM, VTM and PEM all fuse.
+        fused = bool(set(cfg.losses) & {"mlm", "vtm", "pem"})
+        self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width) if fused else None
         self.mlm_head = MLMHead(cfg.text, self.dual.text.word_embeddings) if "mlm" in cfg.losses else None
-        self.vtm_head = nn.Linear(width, 2)
+        self.vtm_head = nn.Linear(width, 2) if "vtm" in cfg.losses else None
+        if "vtc" not in cfg.losses:  # the projections then only rank VTM's hard negatives, without a gradient
+            for p in (*self.dual.video_proj.parameters(), *self.dual.text_proj.parameters(), self.dual.temp):
+                p.requires_grad_(False)
         self.pem_head = (
             nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, cfg.num_entities))
-            if cfg.num_entities
+            if "pem" in cfg.losses
             else None
         )
 
     def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
         """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
+        if self.fusion is None:
+            raise ValueError(f"this ALPRO has no multimodal encoder: losses {list(self.cfg.losses)} use none")
         return self.fusion(text_tokens, text_mask, video_tokens)
 
     def forward(self, batch: PretrainBatch, **kwargs: Any) -> dict[str, Tensor]:
@@ -167,6 +174,8 @@ class AlproQA(nn.Module):
 
 def vtm_logits(model: Alpro, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
     """Fuse aligned rows of ``(P, L, C)`` text tokens and ``(P, 1+N, C)`` video tokens -> ``(P, 2)`` VTM logits."""
+    if model.vtm_head is None:
+        raise ValueError(f"this ALPRO has no VTM head: it was built for losses {list(model.cfg.losses)}")
     return model.vtm_head(model.fuse(text_tokens, text_mask, video_tokens).cls)
 
 

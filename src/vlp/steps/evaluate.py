@@ -135,8 +135,12 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             alpro, tok, texts, text_length(rc, alpro.cfg), rc.eval_batch_size
         )
         sim = text_feat @ video_feat.t()  # (T, V)
-        scorer = _pair_scorer(alpro, text_tok, text_mask, video_tok)
-        scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
+        if alpro.vtm_head is None:  # trained without VTM (e.g. retrieval.losses=[vtc]): the VTC ranking is final
+            log.warning("evaluate_retrieval: %s has no VTM head; ranking by VTC similarity only", model)
+            scores, pairs = sim, 0
+        else:
+            scorer = _pair_scorer(alpro, text_tok, text_mask, video_tok)
+            scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         metrics = retrieval_metrics(scores, text_video)
         metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
         metrics.update(num_texts=float(len(texts)), num_videos=float(len(video_ids)), pairs_scored=float(pairs))
