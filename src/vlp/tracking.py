@@ -19,15 +19,21 @@ re-evaluation can pick them by ``name@alias``, ``name/version`` or ``name`` (lat
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
+import os
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("vlp")
 PARENT_RUN_TAG = "mlflow.parentRunId"
 KFP_RUN_TAG = "vlp.kfp_run_id"
 KIND_TAG = "vlp.kind"  # "pipeline" for parent runs, "step" for nested step runs
@@ -45,6 +51,11 @@ class TrackingConfig:
     artifact_location: str = ""  # artifacts of a newly created experiment ("" = next to a sqlite db / server default)
     parent_run_id: str = ""  # new runs are nested under this run
     run_id: str = ""  # log into this existing run instead of opening one (the pipeline's step run)
+    # While training, a request to the server waits at most ~timeout_s x (retries + 1); after a failure the
+    # logger keeps its records and tries again after retry_every_s, so an outage never slows training down.
+    timeout_s: float = 10.0
+    retries: int = 1
+    retry_every_s: float = 30.0
 
 
 def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
@@ -187,54 +198,158 @@ def track_step(
     parent run (``kfp_run_id``) or ``cfg.parent_run_id``; while ``work`` runs, ``cfg.run_id`` names it, so
     a training step that builds an :class:`MlflowLogger` from the same ``cfg`` logs into it. The summary's
     numbers become metrics and its ``config`` params; the run ends FINISHED, or FAILED if ``work`` raises.
+
+    Tracking never decides the step's fate: when the server cannot be reached the step runs untracked (with
+    a warning; ``summary.json`` and ``metrics.jsonl`` hold everything), a failure to log the summary or end
+    the run is a warning, and an exception of ``work`` is re-raised as it is.
     """
     if not cfg.tracking_uri:
         return work()
-    parent = pipeline_run(cfg, kfp_run_id) if kfp_run_id else cfg.parent_run_id
     run_tags = {**dict(tags or {}), KIND_TAG: "step", "vlp.step": step}
     if kfp_run_id:
         run_tags[KFP_RUN_TAG] = kfp_run_id
-    run_id = start_run(cfg, step, run_tags, parent_run_id=parent)
+    opened: list[str] = []
+
+    def open_run() -> None:
+        parent = pipeline_run(cfg, kfp_run_id) if kfp_run_id else cfg.parent_run_id
+        opened.append(start_run(cfg, step, run_tags, parent_run_id=parent))
+
+    if not _quietly(cfg, f"opening the run of step {step} (it runs untracked)", open_run):
+        return work()
+    run_id = opened[0]
     previous, cfg.run_id = cfg.run_id, run_id
     try:
         summary = work()
     except BaseException:
-        end_run(cfg, run_id, "FAILED")
+        _quietly(cfg, f"marking run {run_id} FAILED", lambda: end_run(cfg, run_id, "FAILED"))  # the error wins
         raise
     finally:
         cfg.run_id = previous
-    log_params(cfg, run_id, summary.get("config") or {})
-    log_metrics(cfg, run_id, numeric_leaves({k: v for k, v in summary.items() if k != "config"}))
-    end_run(cfg, run_id)
+
+    def finish() -> None:
+        log_params(cfg, run_id, summary.get("config") or {})
+        log_metrics(cfg, run_id, numeric_leaves({k: v for k, v in summary.items() if k != "config"}))
+        end_run(cfg, run_id)
+
+    _quietly(cfg, f"logging the summary of {step} to run {run_id} (it is in summary.json)", finish)
     return summary
 
 
+def _quietly(cfg: TrackingConfig, what: str, call: Callable[[], Any]) -> bool:
+    """``call()`` with short requests; a failure is a warning (tracking never fails a step that did its work)."""
+    try:
+        with _short_requests(cfg):
+            call()
+        return True
+    except Exception as exc:
+        warnings.warn(f"MLflow at {cfg.tracking_uri}: {what} failed ({type(exc).__name__}: {exc})", stacklevel=3)
+        return False
+
+
+@contextlib.contextmanager
+def _short_requests(cfg: TrackingConfig) -> Iterator[None]:
+    """MLflow's HTTP client with ``cfg``'s timeout and retries (its defaults retry for minutes)."""
+    names = {
+        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(max(1, cfg.timeout_s))),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    }
+    before = {k: os.environ.get(k) for k in names}
+    os.environ.update(names)
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class MlflowLogger:
-    """One MLflow run; :meth:`log_metrics` / :meth:`log_params` as the training loop calls them.
+    """One MLflow run; :meth:`log_metrics` / :meth:`log_params` as the training loop calls them. Never raises.
 
     Opens a new run (nested under ``cfg.parent_run_id`` when set), or attaches to ``cfg.run_id`` when set;
-    an attached run is left open by :meth:`close` (its owner ends it).
+    an attached run is left open by :meth:`close` (its owner ends it). When the server cannot be reached
+    (or answers with an error), the records wait here, in order, a warning says tracking is down, and they
+    go out with the first call that reaches it again (at most every ``cfg.retry_every_s``): the run catches
+    up. Training never waits for the server beyond one short request; ``metrics.jsonl`` has every record
+    either way. :meth:`close` says whether everything arrived (:attr:`complete`, :attr:`unsent`).
     """
 
     def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None) -> None:
-        self._cfg = cfg
+        self._cfg, self._run_name, self._tags = cfg, run_name, dict(tags or {})
         self._owned = not cfg.run_id
-        if cfg.run_id:
-            self.run_id = cfg.run_id
-            if tags:
-                set_tags(cfg, self.run_id, tags)
-        else:
-            self.run_id = start_run(cfg, run_name, tags, parent_run_id=cfg.parent_run_id)
+        self.run_id: str | None = cfg.run_id or None
+        self._pending: list[tuple[str, Any]] = [("tags", self._tags)] if cfg.run_id and tags else []
+        self._down_since: float | None = None
+        self._next_try = 0.0
+        self.outages = 0
+        self._flush(force=True)
+
+    @property
+    def unsent(self) -> int:
+        """Records (metrics batches, params, tags, the run's end) not yet accepted by the server."""
+        return len(self._pending)
+
+    @property
+    def complete(self) -> bool:
+        return not self._pending and self.run_id is not None
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
-        log_metrics(self._cfg, self.run_id, metrics, step)
+        self._pending.append(("metrics", (dict(metrics), int(step))))
+        self._flush()
 
     def log_params(self, params: dict[str, Any]) -> None:
-        log_params(self._cfg, self.run_id, params)
+        self._pending.append(("params", params))
+        self._flush()
 
-    def close(self, status: str = "FINISHED") -> None:
+    def close(self, status: str = "FINISHED") -> dict[str, Any]:
+        """End an owned run (or mark an attached one ``FAILED``); returns ``{"run_id", "complete", "unsent"}``."""
         if self._owned or status != "FINISHED":
-            end_run(self._cfg, self.run_id, status)
+            self._pending.append(("end", status))
+        self._flush(force=True)
+        if self._pending:
+            warnings.warn(
+                f"MLflow run {self.run_id or '(never created)'} at {self._cfg.tracking_uri} is incomplete: "
+                f"{self.unsent} record(s) never reached the server; every metric is in metrics.jsonl",
+                stacklevel=2,
+            )
+        return {"run_id": self.run_id, "complete": self.complete, "unsent": self.unsent, "outages": self.outages}
+
+    def _send(self, kind: str, payload: Any) -> None:
+        if kind == "metrics":
+            log_metrics(self._cfg, self.run_id, payload[0], payload[1])
+        elif kind == "params":
+            log_params(self._cfg, self.run_id, payload)
+        elif kind == "tags":
+            set_tags(self._cfg, self.run_id, payload)
+        else:
+            end_run(self._cfg, self.run_id, payload)
+
+    def _flush(self, force: bool = False) -> None:
+        if not force and self._down_since is not None and time.monotonic() < self._next_try:
+            return
+        try:
+            with _short_requests(self._cfg):
+                if self.run_id is None:
+                    self.run_id = start_run(self._cfg, self._run_name, self._tags, self._cfg.parent_run_id)
+                while self._pending:
+                    self._send(*self._pending[0])
+                    self._pending.pop(0)
+        except Exception as exc:  # any failure of the server or the network: keep the records, train on
+            if self._down_since is None:
+                self._down_since, self.outages = time.monotonic(), self.outages + 1
+                warnings.warn(
+                    f"MLflow tracking at {self._cfg.tracking_uri} is down ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"training goes on, metrics go to metrics.jsonl and are sent when the server is back",
+                    stacklevel=3,
+                )
+            self._next_try = time.monotonic() + self._cfg.retry_every_s
+            return
+        if self._down_since is not None:
+            log.warning("MLflow tracking is back after %.0f s; caught up", time.monotonic() - self._down_since)
+            self._down_since = None
 
 
 class MultiLogger:

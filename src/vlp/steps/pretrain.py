@@ -197,15 +197,15 @@ def _train(
             mlflow_run = MlflowLogger(config.tracking, run_name=name, tags={"vlp.step": name, "vlp.out": out})
             loggers.append(mlflow_run)
         logger = MultiLogger(loggers)
+    identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
     try:
-        identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
         result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger, identity=identity)
     except BaseException:
         if mlflow_run is not None:
-            mlflow_run.close("FAILED")
+            mlflow_run.close("FAILED")  # never raises: the training error is the one that propagates
         raise
     if mlflow_run is not None:
-        mlflow_run.close()
+        result.tracking = mlflow_run.close()
     return result
 
 
@@ -221,6 +221,7 @@ def train_summary(result: Any) -> dict[str, Any]:
         "metrics": result.last_metrics,
         "resumed_from_step": result.start_step if result.resumed_from else None,
         "skipped": result.resumed_from is not None and result.start_step == result.step,
+        **({"tracking": result.tracking} if result.tracking else {}),
     }
 
 

@@ -322,6 +322,7 @@ class TrainResult:
     resumed_from: str | None  # checkpoint URI resumed from
     checkpoint: str | None  # last checkpoint written
     last_metrics: dict[str, float] = field(default_factory=dict)
+    tracking: dict[str, Any] = field(default_factory=dict)  # set by callers that track: what reached MLflow
 
 
 # --------------------------------------------------------------------------- helpers
