@@ -15,7 +15,7 @@ from vlp import cli, storage
 from vlp.data import manifest
 from vlp.data.ingest import IngestConfig, _run_pool, detect_format, ingest
 
-CFG = IngestConfig(workers=1, progress=False)
+CFG = IngestConfig(workers=1, progress=False, split="train")  # annotation files below name no split
 
 
 @pytest.fixture(scope="module")
@@ -243,7 +243,7 @@ def test_alpro_retrieval_jsonl_with_a_bad_line_and_a_non_utf8_caption(tmp_path, 
         b'{"caption": "   ", "clip_name": "video2"}',
     ]
     ann = put(tmp_path / "ann" / "train.jsonl", b"\n".join(lines) + b"\n")
-    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "videos"))
+    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "videos"), split="train")
 
     summary = ingest(str(ann), str(tmp_path / "out"), cfg)
 
@@ -301,7 +301,7 @@ def test_lavis_retrieval_and_qa_json(tmp_path, clip_bytes):
         {"video": "video9.mp4"},  # neither caption nor question
     ]
     ann = put(tmp_path / "ann" / "test.json", json.dumps(retrieval))
-    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "vids"))
+    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "vids"), split="train")
 
     summary = ingest(str(ann), str(tmp_path / "out"), cfg)
 
@@ -371,7 +371,7 @@ def test_webvid_csv_with_page_dirs_and_a_non_utf8_name(tmp_path, clip_bytes):
         b",https://example.invalid/x.mp4,PT00H00M05S,003,no id\n"
     )
     ann = put(tmp_path / "results_2M_val.csv", csv_bytes)
-    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "videos"))
+    cfg = IngestConfig(workers=1, progress=False, video_root=str(tmp_path / "videos"), split="train")
 
     summary = ingest(str(ann), str(tmp_path / "out"), cfg)
 
@@ -494,3 +494,78 @@ def test_config_fields_exist_for_the_cli_shortcuts():
     assert (cfg.ingest.format, cfg.ingest.video_root, cfg.ingest.workers) == ("webvid", "/data/videos", 4)
     with pytest.raises(ValueError, match=r"ingest\.format"):
         load_config(None, ['ingest.format="youtube"'])
+
+
+# --------------------------------------------------------------------------- hostile inputs
+
+
+def test_paths_that_leave_the_video_root_are_rejected_and_never_opened(tmp_path, clip_bytes, monkeypatch):
+    from vlp.data import video as video_mod
+
+    put(tmp_path / "root" / "inside.mp4", clip_bytes)
+    put(tmp_path / "outside" / "secret.mp4", clip_bytes)  # a valid video, but not under the root
+    (tmp_path / "root" / "link.mp4").symlink_to(tmp_path / "outside" / "secret.mp4")
+    records = [
+        {"video": "inside.mp4", "caption": "a clip inside the root"},
+        {"video": "../outside/secret.mp4", "caption": "climbs out"},
+        {"video": "/etc/passwd", "caption": "absolute path elsewhere"},
+        {"video": "link.mp4", "caption": "a link out of the root"},
+    ]
+    ann = put(tmp_path / "ann.json", json.dumps(records))
+    opened: list[str] = []
+    real_probe = video_mod.probe
+    monkeypatch.setattr(video_mod, "probe", lambda path: opened.append(path) or real_probe(path))
+    cfg = IngestConfig(workers=1, progress=False, split="train", video_root=str(tmp_path / "root"))
+    summary = ingest(str(ann), str(tmp_path / "out"), cfg)
+    assert opened == [str(tmp_path / "root" / "inside.mp4")], "nothing outside the root is opened"
+    assert [v["video_id"] for v in read(tmp_path / "out", manifest.VIDEOS)] == ["inside"]
+    reasons = rejects_by_id(tmp_path / "out", "video")
+    assert sorted(reasons) == ["../outside/secret", "link", "passwd"]  # lavis ids come from the path
+    assert all(r.startswith("path outside its root: ") for r in reasons.values()), reasons
+    assert reasons["passwd"] == f"path outside its root: '/etc/passwd' resolves outside {tmp_path / 'root'}"
+    caption = rejects_by_id(tmp_path / "out", "caption")["../outside/secret#0"]
+    assert caption.startswith("video rejected: path outside its root")
+    assert_invariant(summary)
+
+
+def test_a_raw_directory_row_that_points_outside_is_rejected(tmp_path, clip_bytes):
+    put(tmp_path / "elsewhere.mp4", clip_bytes)
+    extra = [{"video_id": "esc", "path": "../elsewhere.mp4", "split": "train", "media": "video", "source": "synth"}]
+    extra_captions = [{"video_id": "esc", "caption_id": "esc#0", "caption": "escapes", "split": "train"}]
+    src = make_raw_dir(tmp_path / "raw", clip_bytes, 2, {}, extra_videos=extra, extra_captions=extra_captions)
+    summary = ingest(str(src), str(tmp_path / "out"), CFG)
+    assert summary["videos"] == {"input": 3, "accepted": 2, "rejected": 1}
+    assert rejects_by_id(tmp_path / "out", "video")["esc"].startswith("path outside its root: '../elsewhere.mp4'")
+
+
+def test_resolve_inside_on_s3_refuses_other_prefixes_and_dot_dot_keys():
+    assert manifest.resolve_inside("s3://b/data", "v/a.mp4") == "s3://b/data/v/a.mp4"
+    for path in ("../other/a.mp4", "v/../../a.mp4", "s3://b/other/a.mp4", "s3://b/data-2/a.mp4", "/etc/passwd"):
+        with pytest.raises(manifest.PathEscapeError, match="path outside its root"):
+            manifest.resolve_inside("s3://b/data", path)
+    with pytest.raises(storage.StorageError, match="leaves"):
+        storage.local_path_under("/tmp/x", "../../etc/passwd")
+
+
+def test_an_annotation_file_without_splits_needs_ingest_split(tmp_path, clip_bytes):
+    put(tmp_path / "video7.mp4", clip_bytes)
+    ann = put(tmp_path / "msrvtt_test_1k.json", json.dumps([{"video_id": "video7", "caption": "a dog runs"}]))
+    with pytest.raises(ValueError, match=r"gives no split for its records: set ingest.split=train, val or test"):
+        ingest(str(ann), str(tmp_path / "out"), IngestConfig(workers=1, progress=False))
+    ingest(str(ann), str(tmp_path / "out"), IngestConfig(workers=1, progress=False, split="test"))
+    assert [v["split"] for v in read(tmp_path / "out", manifest.VIDEOS)] == ["test"]
+    assert [c["split"] for c in read(tmp_path / "out", manifest.CAPTIONS)] == ["test"]
+
+
+def test_zero_accepted_videos_warn_and_a_minimum_fails_the_step(tmp_path, caplog):
+    src = make_raw_dir(tmp_path / "raw", b"", 0, {"broken": b"not a video", "gone": None})
+    with caplog.at_level("WARNING", logger="vlp.data.ingest"):
+        summary = ingest(str(src), str(tmp_path / "out"), CFG)
+    assert summary["videos"]["accepted"] == 0
+    assert summary["warnings"] == [
+        f"no video accepted from {src} (missing file x1, not decodable x1); see {tmp_path / 'out'}/rejects.parquet"
+    ]
+    assert "no video accepted" in caplog.text
+    with pytest.raises(ValueError, match=r"accepted 0 video\(s\) .* fewer than ingest.min_videos=1"):
+        ingest(str(src), str(tmp_path / "out2"), IngestConfig(workers=1, progress=False, min_videos=1))
+    assert read(tmp_path / "out2", manifest.REJECTS), "the rejects are written before the step fails"

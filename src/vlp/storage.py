@@ -302,6 +302,18 @@ def download(uri: str | os.PathLike[str], local_path: str | os.PathLike[str]) ->
     return local_path
 
 
+def local_path_under(directory: str | os.PathLike[str], relative: str) -> str:
+    """``directory/relative`` for a key-derived relative path, refusing one that climbs out (``..``, absolute).
+
+    An S3 key may contain ``..`` segments; as a file name under a temporary directory it would escape it.
+    """
+    base = os.path.realpath(directory)
+    target = os.path.realpath(os.path.join(base, relative))
+    if os.path.isabs(relative) or os.path.commonpath([base, target]) != base or target == base:
+        raise StorageError(f"refusing the key-derived path {relative!r}: it leaves {directory}")
+    return target
+
+
 @contextlib.contextmanager
 def local_copy(uri: str | os.PathLike[str], suffix: str = "") -> Iterator[str]:
     """A local path holding ``uri``'s bytes for the duration of the block.

@@ -409,7 +409,7 @@ def _local_dir(uri: str, tmp: str) -> str:
         return uri
     root = uri.rstrip("/")
     for file_uri in storage.list_files(root):
-        storage.download(file_uri, str(Path(tmp) / file_uri[len(root) + 1 :]))
+        storage.download(file_uri, storage.local_path_under(tmp, file_uri[len(root) + 1 :]))
     return tmp
 
 

@@ -67,7 +67,8 @@ class IngestConfig:
 
     format: Literal["auto", "synth", "alpro", "lavis", "webvid", "msrvtt"] = "auto"  # source layout; auto = detect
     video_root: str = ""  # where an annotation file's relative video paths live; "" = the file's directory
-    split: Literal["train", "val", "test"] = "train"  # split of records whose source names none
+    split: Literal["", "train", "val", "test"] = ""  # split of records whose source names none; "" = an error
+    min_videos: int = 0  # fail the step when fewer videos are accepted (0 = never; 0 accepted always warns)
     video_ext: str = ".mp4"  # appended to ids by formats that name videos by id (alpro, webvid, msrvtt)
     workers: int = 2  # probe processes; 0 or 1 probes in this process
     min_duration_s: float = 0.0  # reject clips shorter than this (still images are exempt)
@@ -126,6 +127,17 @@ def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
     summary = _summary(raw, tables, rejects)
     _write(out, tables, rejects, raw.boxes)
     log.info("ingest: %s", json.dumps({k: summary[k] for k in KINDS_SUMMARY}))
+    accepted = summary["videos"]["accepted"]
+    if accepted == 0:
+        why = Counter(r["reason"].split(":", 1)[0] for r in rejects if r["kind"] == "video")
+        reasons = ", ".join(f"{k} x{n}" for k, n in sorted(why.items())) or "the source lists none"
+        summary["warnings"] = [f"no video accepted from {source} ({reasons}); see {out}/{manifest.REJECTS}"]
+        log.warning("ingest: %s", summary["warnings"][0])
+    if accepted < cfg.min_videos:
+        raise ValueError(
+            f"ingest accepted {accepted} video(s) from {source}, fewer than ingest.min_videos={cfg.min_videos}; "
+            f"the reasons are in {out}/{manifest.REJECTS}"
+        )
     return summary
 
 
@@ -155,8 +167,10 @@ def _detect(source: str) -> tuple[str, Any]:
 def _check_config(cfg: IngestConfig) -> None:
     if cfg.format not in ("auto", *FORMATS):
         raise ValueError(f"ingest.format={cfg.format!r} is not one of auto, {', '.join(FORMATS)}")
-    if cfg.split not in manifest.SPLITS:
-        raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)}")
+    if cfg.split and cfg.split not in manifest.SPLITS:
+        raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)} (or '' = unset)")
+    if cfg.min_videos < 0:
+        raise ValueError(f"ingest.min_videos must be >= 0, got {cfg.min_videos}")
     if cfg.workers < 0:
         raise ValueError(f"ingest.workers={cfg.workers} must be >= 0 (0 or 1 = probe in this process)")
     if cfg.min_duration_s < 0 or cfg.max_duration_s < 0:
@@ -165,6 +179,14 @@ def _check_config(cfg: IngestConfig) -> None:
         raise ValueError(f"ingest.max_duration_s={cfg.max_duration_s} is below min_duration_s={cfg.min_duration_s}")
     if cfg.video_ext and not cfg.video_ext.startswith("."):
         raise ValueError(f"ingest.video_ext={cfg.video_ext!r} must start with a dot, e.g. '.mp4'")
+
+
+def _inside(root: str, path: str) -> tuple[str, str | None]:
+    """``(URI, None)`` for a path inside ``root``; ``(path as given, reason)`` for one that escapes (never opened)."""
+    try:
+        return manifest.resolve_inside(root, path), None
+    except manifest.PathEscapeError as exc:
+        return _safe(path), str(exc)
 
 
 def _absolute(uri: str) -> str:
@@ -178,8 +200,9 @@ def _read_synth(source: str, cfg: IngestConfig) -> _Raw:
     raw = _Raw("synth", source)
     videos = manifest.read(source, manifest.VIDEOS, manifest.RAW_VIDEO_SCHEMA).to_pylist()
     for row in videos:
-        row["path"] = manifest.resolve(source, row["path"]) if row["path"] else ""
         row["_reject"] = None
+        if row["path"]:
+            row["path"], row["_reject"] = _inside(source, row["path"])
     raw.videos = videos
     captions = _read_text_table(source, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
     qa = _read_text_table(source, manifest.QA, manifest.QA_SCHEMA)
@@ -233,10 +256,10 @@ class _Annotations:
         """Register a video once; later records of the same id only add text."""
         if video_id in self._videos:
             return
-        path = manifest.resolve(self.root, rel_path or f"{video_id}{self.cfg.video_ext}")
+        path, problem = _inside(self.root, rel_path or f"{video_id}{self.cfg.video_ext}")
         media = "image" if video.is_image(path) else "video"
         row = {"video_id": video_id, "path": path, "split": self.split(split), "media": media, "source": self.raw.fmt}
-        self._videos[video_id] = row | {"_reject": None}
+        self._videos[video_id] = row | {"_reject": problem}
         self.raw.videos.append(self._videos[video_id])
         self.raw.inputs["video"] += 1
 
@@ -267,6 +290,12 @@ class _Annotations:
     def split(self, value: Any) -> str:
         text = _clean(value)
         if not text:
+            if not self.cfg.split:
+                raise ValueError(
+                    f"{self.raw.origin} ({self.raw.fmt}) gives no split for its records: set ingest.split=train, "
+                    "val or test for this file (e.g. the MSR-VTT 1k-A test file is all test), so that a test set "
+                    "is never trained on"
+                )
             return self.cfg.split
         return _SPLIT_ALIASES.get(text.lower(), text.lower())
 
@@ -438,7 +467,9 @@ def _check_videos(videos: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     first_row: dict[str, int] = {}
     for i, row in enumerate(videos):
         vid = row["video_id"]
-        if row["_reject"]:
+        if row["_reject"]:  # already rejected by its reader (a path outside the root): its texts follow it
+            if vid and vid not in winners:
+                winners[vid], first_row[vid] = row, i
             continue
         if not vid:
             row["_reject"] = "malformed record: empty video_id"

@@ -19,6 +19,8 @@ directory; :func:`resolve` turns it into a URI.
 
 from __future__ import annotations
 
+import os
+
 import pyarrow as pa
 
 from vlp import storage
@@ -151,3 +153,30 @@ def resolve(dataset: str, path: str) -> str:
     if storage.is_s3(path) or path.startswith("/"):
         return path
     return storage.join(dataset, path)
+
+
+class PathEscapeError(ValueError):
+    """A path read from a file (annotations, a manifest, ``model.json``) points outside its root."""
+
+
+def resolve_inside(root: str, path: str) -> str:
+    """:func:`resolve` ``path`` against ``root``, and insist that the result lies inside ``root``.
+
+    Local paths are compared after resolving ``..`` and symbolic links (``os.path.realpath``), so neither
+    ``../x``, an absolute path elsewhere nor a link out of the root gets through; ``s3://`` keys must sit
+    under ``root``'s bucket and prefix and may not contain a ``..`` segment (harmless to S3, but it would
+    climb out of a local directory once the key becomes a file name). Nothing is opened.
+
+    Raises:
+        PathEscapeError: the path leaves ``root``; the message names both.
+    """
+    uri = resolve(root, path)
+    if storage.is_s3(root) or storage.is_s3(uri):
+        prefix = root.rstrip("/") + "/"
+        inside = storage.is_s3(root) and uri.startswith(prefix) and ".." not in uri[len(prefix) :].split("/")
+    else:
+        real_root, real = os.path.realpath(root), os.path.realpath(uri)
+        inside = real != real_root and os.path.commonpath([real_root, real]) == real_root
+    if not inside:
+        raise PathEscapeError(f"path outside its root: {path!r} resolves outside {root}")
+    return uri

@@ -232,4 +232,4 @@ def checkpoint_of(model_dir: str, doc: dict[str, Any]) -> str:
 
     if not doc.get("checkpoint"):
         raise ValueError(f"{model_dir}/{MODEL_JSON} names no checkpoint: the step that wrote it did not finish")
-    return manifest.resolve(model_dir, doc["checkpoint"])
+    return manifest.resolve_inside(model_dir, doc["checkpoint"])  # a model.json cannot point elsewhere

@@ -256,7 +256,7 @@ def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
     prompter = DualEncoder(
         model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=model_cfg.init_temp
     )
-    ckpt = manifest.resolve(prompter_dir, doc["checkpoint"])
+    ckpt = manifest.resolve_inside(prompter_dir, doc["checkpoint"])
     load_model_weights(ckpt, prompter)
     prompter.eval().requires_grad_(False)
     return prompter, load_tokenizer(storage.join(prompter_dir, TOKENIZER_DIR)), model_cfg
