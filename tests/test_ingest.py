@@ -569,3 +569,42 @@ def test_zero_accepted_videos_warn_and_a_minimum_fails_the_step(tmp_path, caplog
     with pytest.raises(ValueError, match=r"accepted 0 video\(s\) .* fewer than ingest.min_videos=1"):
         ingest(str(src), str(tmp_path / "out2"), IngestConfig(workers=1, progress=False, min_videos=1))
     assert read(tmp_path / "out2", manifest.REJECTS), "the rejects are written before the step fails"
+
+
+# --------------------------------------------------------------------------- storage outages
+
+
+@pytest.mark.parametrize("fault", ["503", "reset"])
+def test_a_short_storage_outage_drops_no_video(tmp_path, clip_bytes, s3_bucket, s3_config, fault):
+    import dataclasses
+
+    from faulty_proxy import FaultyProxy, fail_first
+
+    src = make_raw_dir(tmp_path / "raw", clip_bytes, 3, {"text": b"not a video"})
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            storage.upload(path, storage.join(s3_bucket, "raw", str(path.relative_to(src))))
+    source = storage.join(s3_bucket, "raw")
+    cfg = IngestConfig(workers=2, progress=False, retry_wait_s=0.01)
+    with FaultyProxy(s3_config.endpoint_url, fail_first(2, fault, "videos/good01.mp4")) as url:
+        storage.configure(dataclasses.replace(s3_config, endpoint_url=url, max_attempts=1))  # every fault reaches us
+        summary = ingest(source, str(tmp_path / "out"), cfg)
+    assert summary["videos"] == {"input": 4, "accepted": 3, "rejected": 1}, "good01 survived two failed reads"
+    assert list(rejects_by_id(tmp_path / "out", "video")) == ["text"], "only the file's own defect is a reject"
+
+
+def test_a_storage_outage_that_lasts_fails_the_step_and_names_the_file(tmp_path, clip_bytes, s3_bucket, s3_config):
+    import dataclasses
+
+    from faulty_proxy import FaultyProxy, fail_first
+
+    src = make_raw_dir(tmp_path / "raw", clip_bytes, 2, {})
+    for path in sorted(src.rglob("*")):
+        if path.is_file():
+            storage.upload(path, storage.join(s3_bucket, "raw", str(path.relative_to(src))))
+    cfg = IngestConfig(workers=1, progress=False, storage_retries=2, retry_wait_s=0.01)
+    with FaultyProxy(s3_config.endpoint_url, fail_first(10**6, "503", "videos/good01.mp4")) as url:
+        storage.configure(dataclasses.replace(s3_config, endpoint_url=url, max_attempts=1))
+        with pytest.raises(storage.StorageError, match=r"failed on 1 file\(s\) after 3 attempts .*good01.mp4.*rerun"):
+            ingest(storage.join(s3_bucket, "raw"), str(tmp_path / "out"), cfg)
+    assert not (tmp_path / "out" / manifest.VIDEOS).exists(), "no dataset that silently lacks the video"

@@ -42,6 +42,7 @@ class StorageConfig:
     multipart_threshold_mb: int = 64  # files larger than this go through multipart upload
     multipart_chunk_mb: int = 16
     max_concurrency: int = 4
+    max_attempts: int = 5  # tries per request (botocore "standard" retries: 5xx, throttling, connection errors)
 
 
 class StorageError(OSError):
@@ -103,7 +104,8 @@ def client() -> Any:
     from botocore.config import Config as BotoConfig
 
     cfg = _config
-    key = (os.getpid(), threading.get_ident(), cfg.endpoint_url, cfg.region, cfg.access_key_id, cfg.addressing_style)
+    key = (os.getpid(), threading.get_ident(), cfg.endpoint_url, cfg.region, cfg.access_key_id, cfg.addressing_style,
+           cfg.max_attempts)  # fmt: skip
     with _lock:
         if key not in _clients:
             kwargs: dict[str, Any] = {}
@@ -116,7 +118,7 @@ def client() -> Any:
                 kwargs["aws_secret_access_key"] = cfg.secret_access_key
             boto_cfg = BotoConfig(
                 s3={"addressing_style": cfg.addressing_style},
-                retries={"max_attempts": 5, "mode": "standard"},
+                retries={"max_attempts": max(1, cfg.max_attempts), "mode": "standard"},
                 max_pool_connections=max(10, cfg.max_concurrency * 2),
             )
             _clients[key] = boto3.session.Session().client("s3", region_name=region, config=boto_cfg, **kwargs)
@@ -135,7 +137,8 @@ def _transfer_config() -> Any:
 
 
 def _is_missing(exc: Exception) -> bool:
-    code = str(getattr(exc, "response", {}).get("Error", {}).get("Code", ""))
+    response = getattr(exc, "response", None) or {}  # None on connection errors (reset, refused, timeout)
+    code = str(response.get("Error", {}).get("Code", ""))
     return code in {"404", "NoSuchKey", "NotFound", "NoSuchBucket"}
 
 

@@ -37,6 +37,7 @@ import json
 import logging
 import os
 import posixpath
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures.process import BrokenProcessPool
@@ -59,6 +60,7 @@ KINDS = ("video", "caption", "qa")  # reject kinds, in the order rejects.parquet
 KINDS_SUMMARY = ("videos", "captions", "qa")  # the matching summary keys
 _SPLIT_ALIASES = {"training": "train", "valid": "val", "validate": "val", "validation": "val", "dev": "val"}
 _WINDOW = 1024  # probe tasks handed to the pool at a time (bounds the futures held in memory)
+_STORAGE_FAILURE = "storage failure: "  # a probe result that says nothing about the file
 
 
 @dataclass
@@ -75,6 +77,8 @@ class IngestConfig:
     max_duration_s: float = 3600.0  # reject clips longer than this; 0 = no upper limit
     require_text: bool = True  # reject a video left without any valid caption or QA
     progress: bool = True  # tqdm progress bar on stderr while probing
+    storage_retries: int = 3  # re-reads of a file the store failed to serve, then the step fails (never a reject)
+    retry_wait_s: float = 2.0  # wait before the first re-read; doubled before each further one
 
 
 @dataclass
@@ -169,8 +173,8 @@ def _check_config(cfg: IngestConfig) -> None:
         raise ValueError(f"ingest.format={cfg.format!r} is not one of auto, {', '.join(FORMATS)}")
     if cfg.split and cfg.split not in manifest.SPLITS:
         raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)} (or '' = unset)")
-    if cfg.min_videos < 0:
-        raise ValueError(f"ingest.min_videos must be >= 0, got {cfg.min_videos}")
+    if cfg.min_videos < 0 or cfg.storage_retries < 0 or cfg.retry_wait_s < 0:
+        raise ValueError("ingest.min_videos, ingest.storage_retries and ingest.retry_wait_s must be >= 0")
     if cfg.workers < 0:
         raise ValueError(f"ingest.workers={cfg.workers} must be >= 0 (0 or 1 = probe in this process)")
     if cfg.min_duration_s < 0 or cfg.max_duration_s < 0:
@@ -543,6 +547,8 @@ def _probe_one(uri: str) -> tuple[dict[str, Any] | None, str]:
             size = os.path.getsize(local)
     except FileNotFoundError:
         return None, f"missing file: {uri}"
+    except storage.StorageError as exc:  # the store failed, not the file: retried by _probe_all, never a reject
+        return None, f"{_STORAGE_FAILURE}{video.short_reason(exc, 300)}"
     except Exception as exc:  # a worker answers for every file, whatever the decoder or the store did
         return None, f"probe failed: {type(exc).__name__}: {video.short_reason(exc, 200)}"
     fields = {"num_frames": info.num_frames, "fps": info.fps, "duration_s": info.duration_s}
@@ -550,10 +556,37 @@ def _probe_one(uri: str) -> tuple[dict[str, Any] | None, str]:
 
 
 def _probe_all(uris: list[str], cfg: IngestConfig) -> list[tuple[dict[str, Any] | None, str]]:
-    """Probe ``uris`` with ``cfg.workers`` processes and a progress bar; results in input order."""
-    with tqdm(
-        total=len(uris), desc="ingest: probe", unit="file", mininterval=1.0, disable=not cfg.progress or not uris
-    ) as bar:
+    """Probe ``uris`` with ``cfg.workers`` processes and a progress bar; results in input order.
+
+    A file the store failed to serve (5xx, connection reset, timeout: a ``StorageError``) is read again
+    ``cfg.storage_retries`` times with a doubling wait; if the store still fails, the step fails with an
+    error that names the files. Only a file's own defects become rejects, so an outage drops no video.
+
+    Raises:
+        storage.StorageError: the store kept failing for some files.
+    """
+    results: list[tuple[dict[str, Any] | None, str]] = [(None, "")] * len(uris)
+    todo, wait = list(range(len(uris))), cfg.retry_wait_s
+    for attempt in range(cfg.storage_retries + 1):
+        for i, result in zip(todo, _probe_pass([uris[i] for i in todo], cfg, attempt), strict=True):
+            results[i] = result
+        todo = [i for i in todo if results[i][1].startswith(_STORAGE_FAILURE)]
+        if not todo:
+            return results
+        if attempt < cfg.storage_retries:
+            log.warning("ingest: the store failed on %d file(s); reading them again in %.1f s", len(todo), wait)
+            time.sleep(wait)
+            wait *= 2
+    first = results[todo[0]][1][len(_STORAGE_FAILURE) :]
+    raise storage.StorageError(
+        f"ingest: the store failed on {len(todo)} file(s) after {cfg.storage_retries + 1} attempts (first: "
+        f"{uris[todo[0]]}: {first}); nothing was rejected for it - rerun when the store is back"
+    )
+
+
+def _probe_pass(uris: list[str], cfg: IngestConfig, attempt: int) -> list[tuple[dict[str, Any] | None, str]]:
+    desc = "ingest: probe" if attempt == 0 else f"ingest: probe again ({attempt})"
+    with tqdm(total=len(uris), desc=desc, unit="file", mininterval=1.0, disable=not cfg.progress or not uris) as bar:
         if cfg.workers <= 1 or len(uris) <= 1:
             results = []
             for uri in uris:

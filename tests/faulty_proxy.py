@@ -1,0 +1,99 @@
+"""An HTTP proxy in front of a real S3 server that injects 5xx answers and connection resets on chosen requests.
+
+boto3 talks to the proxy as to any S3 endpoint; every request is forwarded unchanged (headers included, so
+signatures still match) unless ``faults`` says otherwise. Used by the ingest outage tests and by
+``benchmarks/fault_battery.py``.
+"""
+
+from __future__ import annotations
+
+import http.client
+import socket
+import struct
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+# faults(method, path) -> None (forward), "503" (answer 503 SlowDown) or "reset" (drop the connection)
+Fault = Callable[[str, str], str | None]
+
+
+class FaultyProxy:
+    """``with FaultyProxy(upstream_url, faults) as url:`` an endpoint that misbehaves as ``faults`` decides."""
+
+    def __init__(self, upstream: str, faults: Fault) -> None:
+        self.upstream = urlsplit(upstream)
+        self.faults = faults
+        self.injected: list[tuple[str, str, str]] = []  # (method, path, fault) in order
+        self._lock = threading.Lock()
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: object) -> None:  # quiet
+                pass
+
+            def _handle(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                fault = proxy.faults(self.command, self.path)
+                if fault:
+                    with proxy._lock:
+                        proxy.injected.append((self.command, self.path, fault))
+                if fault == "reset":  # RST instead of FIN: the client sees "connection reset by peer"
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    self.close_connection = True
+                    return
+                if fault == "503":
+                    payload = b"<Error><Code>SlowDown</Code><Message>injected</Message></Error>"
+                    self.send_response(503)
+                    self.send_header("Content-Length", str(len(payload)))
+                    self.end_headers()
+                    self.wfile.write(payload)
+                    return
+                conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=60)
+                try:
+                    conn.request(self.command, self.path, body=body, headers=dict(self.headers))
+                    resp = conn.getresponse()
+                    data = resp.read()
+                finally:
+                    conn.close()
+                self.send_response(resp.status)
+                for key, value in resp.getheaders():
+                    if key.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> str:
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self.url
+
+    def __exit__(self, *exc: object) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def fail_first(n: int, fault: str, key_part: str, method: str = "GET") -> Fault:
+    """A policy that answers the first ``n`` ``method`` requests for paths containing ``key_part`` with ``fault``."""
+    seen = {"n": 0}
+    lock = threading.Lock()
+
+    def policy(req_method: str, path: str) -> str | None:
+        if req_method != method or key_part not in path:
+            return None
+        with lock:
+            seen["n"] += 1
+            return fault if seen["n"] <= n else None
+
+    return policy
