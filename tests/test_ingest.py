@@ -483,7 +483,7 @@ def test_process_pool_survives_a_worker_killed_by_a_decoder():
     ticks: list[int] = []
     results = _run_pool(_exit_on_crash, items, 2, lambda: ticks.append(1))
     assert results[:2] == [("A", ""), ("B", "")] and results[3:] == [("C", ""), ("D", ""), ("E", "")]
-    assert results[2] == (None, "probe crashed: the decoder killed its worker process")
+    assert results[2] == (None, "probe crashed: the decoder killed its worker process (crashed: exit code 3)")
     assert len(ticks) == len(items)
 
 

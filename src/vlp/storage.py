@@ -200,6 +200,8 @@ def size(uri: str | os.PathLike[str]) -> int:
     try:
         return int(client().head_object(Bucket=bucket, Key=key)["ContentLength"])
     except Exception as exc:
+        if _is_missing(exc):
+            raise FileNotFoundError(f"no such object: {uri}") from exc
         raise StorageError(f"cannot stat {uri}: {exc}") from exc
 
 

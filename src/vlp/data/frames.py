@@ -43,12 +43,16 @@ used ~2x less CPU than decord ``get_batch``, which cost about as much as decodin
 fails on a file, decord then sequential PyAV are tried (:func:`decode_frames`, through
 :func:`vlp.data.video.read_with_fallbacks`); a file all of them fail on becomes a reject whose reason
 names each decoder's error. Decoders run single-threaded so that worker processes scale.
+
+Before any decoding a file's size and the frame size its header declares are checked against
+``frames.max_bytes`` / ``frames.max_pixels``; with ``workers >= 2`` each file is decoded in a worker
+process (:mod:`vlp.data.isolate`), and a file whose decoder crashes its worker or runs past
+``frames.timeout_s`` becomes a reject, so one hostile file never fails the step or its reruns.
 """
 
 from __future__ import annotations
 
 import collections
-import concurrent.futures as cf
 import contextlib
 import functools
 import hashlib
@@ -114,6 +118,9 @@ class FramesConfig:
     workers: int = 2  # decoding processes; 0 = one per CPU core
     decoder: Literal["sparse", "decord", "pyav"] = "sparse"  # first decoder tried; see the module docstring
     progress: bool = True  # tqdm progress bar over videos (shown on a terminal only)
+    max_pixels: int = 8192 * 4320  # reject a clip whose header declares larger frames, before decoding (0 = off)
+    max_bytes: int = 4 << 30  # reject a larger file before decoding it (0 = off)
+    timeout_s: float = 300.0  # decode time per file; a hung or crashing decoder is a reject (workers >= 2; 0 = off)
 
 
 # --------------------------------------------------------------------------- planning
@@ -261,15 +268,21 @@ def _run_shards(plans: list[_ShardPlan], out: str, cfg: FramesConfig) -> dict[st
     """
     from tqdm import tqdm
 
+    from vlp.data.isolate import isolated_map
+
     tasks = [t for p in plans for t in p.tasks]
     workers = min(cfg.workers or os.cpu_count() or 1, max(len(tasks), 1))
     fn = functools.partial(_extract_video, cfg=cfg)
+
+    def failed(task: _VideoTask, reason: str) -> _VideoResult:  # the file is quarantined as a reject
+        return _VideoResult(task.video_id, reject=f"decoder {reason} (frames.timeout_s={cfg.timeout_s:g})")
+
     with contextlib.ExitStack() as stack:
         results: Iterator[_VideoResult] = map(fn, tasks)
-        if workers > 1:
-            pool = stack.enter_context(storage.process_pool(workers))  # fork: see storage.process_pool
-            stack.callback(pool.shutdown, wait=True, cancel_futures=True)
-            results = _OrderedMap(pool, fn, tasks, window=4 * workers)  # forks now, before tqdm starts a thread
+        if workers > 1:  # forks now, before tqdm starts a thread
+            results = isolated_map(fn, tasks, workers=workers, timeout_s=cfg.timeout_s, on_failure=failed)
+            next_result = next(results, None)
+            results = itertools.chain([] if next_result is None else [next_result], results)
         bar = stack.enter_context(
             tqdm(total=len(tasks), unit="video", desc="extract-frames", disable=None if cfg.progress else True)
         )
@@ -284,37 +297,11 @@ def _write_in_order(
     for plan in plans:
         got = []
         for _ in plan.tasks:
-            try:
-                got.append(next(results))
-            except cf.process.BrokenProcessPool as exc:
-                raise RuntimeError(
-                    f"a frame-extraction worker process died (decoder crash or out of memory) while working on "
-                    f"{plan.name}; the {len(written)} shard(s) completed in this run are kept - re-run to resume, "
-                    "and if it dies again try frames.decoder=pyav or frames.workers=1"
-                ) from exc
+            got.append(next(results))
             tick()
         written[plan.name] = _write_shard(out, plan, got, cfg)
         log.debug("wrote %s", plan.name)
     return written
-
-
-class _OrderedMap:
-    """Iterator over ``fn(item)`` for ``items`` in order, computed in ``pool`` with at most ``window`` in flight."""
-
-    def __init__(self, pool: cf.Executor, fn: Callable[[Any], Any], items: Iterable[Any], window: int) -> None:
-        self._pool, self._fn, self._items = pool, fn, iter(items)
-        self._pending = collections.deque(pool.submit(fn, item) for item in itertools.islice(self._items, window))
-
-    def __iter__(self) -> _OrderedMap:
-        return self
-
-    def __next__(self) -> Any:
-        if not self._pending:
-            raise StopIteration
-        result = self._pending.popleft().result()
-        for item in itertools.islice(self._items, 1):
-            self._pending.append(self._pool.submit(self._fn, item))
-        return result
 
 
 def _write_shard(out: str, plan: _ShardPlan, results: list[_VideoResult], cfg: FramesConfig) -> dict[str, Any]:
@@ -399,6 +386,9 @@ def _extract_video(task: _VideoTask, cfg: FramesConfig) -> _VideoResult:
         with storage.local_copy(task.uri) as local:
             if not os.path.exists(local):
                 raise FileNotFoundError(local)
+            problem = video.limits_problem(local, video.DecodeLimits(cfg.max_pixels, cfg.max_bytes, 0.0))
+            if problem:
+                return _VideoResult(task.video_id, reject=problem.replace("max_", "frames.max_", 1))
             frames = (
                 video.read_image(local)[None] if task.media == "image" else decode_frames(local, indices, cfg.decoder)
             )

@@ -32,6 +32,7 @@ its duration is outside the configured limits. Annotation formats list one video
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import json
 import logging
@@ -40,7 +41,6 @@ import posixpath
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -60,6 +60,7 @@ KINDS = ("video", "caption", "qa")  # reject kinds, in the order rejects.parquet
 KINDS_SUMMARY = ("videos", "captions", "qa")  # the matching summary keys
 _SPLIT_ALIASES = {"training": "train", "valid": "val", "validate": "val", "validation": "val", "dev": "val"}
 _WINDOW = 1024  # probe tasks handed to the pool at a time (bounds the futures held in memory)
+_NO_LIMITS = video.DecodeLimits(0, 0, 0.0)
 _STORAGE_FAILURE = "storage failure: "  # a probe result that says nothing about the file
 
 
@@ -77,6 +78,9 @@ class IngestConfig:
     max_duration_s: float = 3600.0  # reject clips longer than this; 0 = no upper limit
     require_text: bool = True  # reject a video left without any valid caption or QA
     progress: bool = True  # tqdm progress bar on stderr while probing
+    max_pixels: int = 8192 * 4320  # reject a clip whose header declares larger frames, before decoding (0 = off)
+    max_bytes: int = 4 << 30  # reject a larger file, before downloading or decoding it (0 = off)
+    timeout_s: float = 120.0  # probe time per file; a hung or crashing decoder is a reject (workers >= 2; 0 = off)
     storage_retries: int = 3  # re-reads of a file the store failed to serve, then the step fails (never a reject)
     retry_wait_s: float = 2.0  # wait before the first re-read; doubled before each further one
 
@@ -173,8 +177,9 @@ def _check_config(cfg: IngestConfig) -> None:
         raise ValueError(f"ingest.format={cfg.format!r} is not one of auto, {', '.join(FORMATS)}")
     if cfg.split and cfg.split not in manifest.SPLITS:
         raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)} (or '' = unset)")
-    if cfg.min_videos < 0 or cfg.storage_retries < 0 or cfg.retry_wait_s < 0:
-        raise ValueError("ingest.min_videos, ingest.storage_retries and ingest.retry_wait_s must be >= 0")
+    numbers = ("min_videos", "storage_retries", "retry_wait_s", "max_pixels", "max_bytes", "timeout_s")
+    if any(getattr(cfg, name) < 0 for name in numbers):
+        raise ValueError(f"ingest.{', ingest.'.join(numbers)} must be >= 0")
     if cfg.workers < 0:
         raise ValueError(f"ingest.workers={cfg.workers} must be >= 0 (0 or 1 = probe in this process)")
     if cfg.min_duration_s < 0 or cfg.max_duration_s < 0:
@@ -535,10 +540,21 @@ def _duration_problem(media: str, info: dict[str, Any] | None, cfg: IngestConfig
 # --------------------------------------------------------------------------- probing
 
 
-def _probe_one(uri: str) -> tuple[dict[str, Any] | None, str]:
-    """Probe one video/image URI (runs in a worker): ``(measurements, "")`` or ``(None, reason)``."""
+def _probe_one(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[str, Any] | None, str]:
+    """Probe one video/image URI (runs in a worker): ``(measurements, "")`` or ``(None, reason)``.
+
+    The file's size and declared frame size and duration are checked against ``limits`` first, so a
+    file too large to decode safely is rejected without decoding (an S3 object without downloading).
+    """
     try:
+        if storage.is_s3(uri) and limits.max_bytes and (size := storage.size(uri)) > limits.max_bytes:
+            return None, f"too large: {size} bytes > ingest.max_bytes={limits.max_bytes}"
         with storage.local_copy(uri) as local:
+            if not os.path.exists(local):
+                return None, f"missing file: {uri}"
+            problem = video.limits_problem(local, limits)
+            if problem:
+                return None, problem.replace("max_", "ingest.max_", 1)
             try:
                 info = video.probe(local)
             except video.VideoError as exc:
@@ -586,48 +602,38 @@ def _probe_all(uris: list[str], cfg: IngestConfig) -> list[tuple[dict[str, Any] 
 
 def _probe_pass(uris: list[str], cfg: IngestConfig, attempt: int) -> list[tuple[dict[str, Any] | None, str]]:
     desc = "ingest: probe" if attempt == 0 else f"ingest: probe again ({attempt})"
+    limits = video.DecodeLimits(cfg.max_pixels, cfg.max_bytes, cfg.max_duration_s)
+    probe = functools.partial(_probe_one, limits=limits)
     with tqdm(total=len(uris), desc=desc, unit="file", mininterval=1.0, disable=not cfg.progress or not uris) as bar:
         if cfg.workers <= 1 or len(uris) <= 1:
             results = []
             for uri in uris:
-                results.append(_probe_one(uri))
+                results.append(probe(uri))
                 bar.update()
             return results
-        return _run_pool(_probe_one, uris, cfg.workers, bar.update)
+        return _run_pool(probe, uris, cfg.workers, bar.update, timeout_s=cfg.timeout_s)
 
 
-def _run_pool(fn: Callable[[Any], Any], items: Sequence[Any], workers: int, tick: Callable[[], Any]) -> list[Any]:
-    """``[fn(x) for x in items]`` in a process pool that survives workers killed by a decoder crash.
+def _run_pool(
+    fn: Callable[[Any], Any], items: Sequence[Any], workers: int, tick: Callable[[], Any], timeout_s: float = 0.0
+) -> list[Any]:
+    """``[fn(x) for x in items]`` in worker processes (:func:`vlp.data.isolate.isolated_map`).
 
-    When the pool breaks, the earliest unfinished item is re-run alone in a fresh process (its
-    crash there becomes a ``probe crashed`` result) and a new pool takes the rest, so every break
-    settles at least one item and the loop ends.
+    A worker killed by a decoder crash, or still busy after ``timeout_s``, makes its item a reject
+    (``probe crashed: ...`` / ``probe timed out ...``: the file is quarantined) and the rest go on.
     """
-    results: dict[int, Any] = {}
-    pending = list(range(len(items)))
-    while pending:
-        try:
-            with storage.process_pool(min(workers, len(pending))) as pool:
-                for start in range(0, len(pending), _WINDOW):
-                    window = pending[start : start + _WINDOW]
-                    for i, result in zip(window, pool.map(fn, [items[i] for i in window]), strict=True):
-                        results[i] = result
-                        tick()
-            pending = []
-        except BrokenProcessPool:
-            pending = [i for i in pending if i not in results]
-            first = pending.pop(0)
-            results[first] = _run_alone(fn, items[first])
-            tick()
-    return [results[i] for i in range(len(items))]
+    from vlp.data.isolate import isolated_map
 
+    def failed(item: Any, reason: str) -> tuple[None, str]:
+        if reason.startswith("crashed"):
+            return None, f"probe crashed: the decoder killed its worker process ({reason})"
+        return None, f"probe {reason}: a hanging decoder (ingest.timeout_s)"
 
-def _run_alone(fn: Callable[[Any], Any], item: Any) -> Any:
-    try:
-        with storage.process_pool(1) as pool:
-            return pool.submit(fn, item).result()
-    except BrokenProcessPool:
-        return None, "probe crashed: the decoder killed its worker process"
+    results = []
+    for result in isolated_map(fn, items, workers=workers, timeout_s=timeout_s, on_failure=failed, window=_WINDOW):
+        results.append(result)
+        tick()
+    return results
 
 
 # --------------------------------------------------------------------------- outputs

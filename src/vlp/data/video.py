@@ -33,6 +33,55 @@ def is_image(path: str) -> bool:
     return path.lower().endswith(IMAGE_SUFFIXES)
 
 
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What a file may declare before anything decodes it (0 = no limit for that measure)."""
+
+    max_pixels: int = 8192 * 4320  # width x height of one frame (8K); a 16000 x 16000 frame is 256 Mpx
+    max_bytes: int = 4 << 30  # file size
+    max_duration_s: float = 0.0  # container duration (ingest passes its max_duration_s)
+
+
+def limits_problem(path: str, limits: DecodeLimits) -> str | None:
+    """Why ``path`` must not be decoded, from its size and container header alone (no frame is decoded).
+
+    A file whose header cannot be read returns None: the decoders then reject it with their own reason.
+    """
+    size = os.path.getsize(path)
+    if limits.max_bytes and size > limits.max_bytes:
+        return f"too large: {size} bytes > max_bytes={limits.max_bytes}"
+    try:
+        width, height, duration = _declared(path)
+    except Exception as exc:
+        if type(exc).__name__ == "DecompressionBombError":  # PIL refuses the header itself
+            return f"too large: {short_reason(exc)}"
+        return None
+    if limits.max_pixels and width * height > limits.max_pixels:
+        return f"too large: {width}x{height} = {width * height} pixels a frame > max_pixels={limits.max_pixels}"
+    if limits.max_duration_s and duration > limits.max_duration_s:
+        return f"too long: {duration:.3f} s > max_duration_s={limits.max_duration_s}"  # as the container declares
+    return None
+
+
+def _declared(path: str) -> tuple[int, int, float]:
+    """(width, height, duration in s) as the file's header states them."""
+    if is_image(path):
+        from PIL import Image
+
+        with Image.open(path) as img:  # reads the header only
+            return img.width, img.height, 0.0
+    import av
+
+    with av.open(path) as container:
+        stream = container.streams.video[0]
+        width, height = stream.codec_context.width, stream.codec_context.height
+        if stream.duration is not None and stream.time_base is not None:
+            duration = float(stream.duration * stream.time_base)
+        else:
+            duration = (container.duration or 0) / 1e6  # AV_TIME_BASE
+        return int(width), int(height), duration
+
+
 def probe(path: str) -> VideoInfo:
     """Measure a video (or still image) and prove it decodes: first and last frame are decoded."""
     if not os.path.exists(path):
