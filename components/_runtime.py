@@ -71,6 +71,12 @@ def output_location(artifact: Any, data_root: str = "") -> str:
     """
     Path(artifact.path).mkdir(parents=True, exist_ok=True)
     if not data_root:
+        if os.environ.get("KFP_POD_NAME") and getattr(artifact, "schema_title", "") == "system.Model":
+            print(  # a KFP pod on a cluster (kfp.local sets no KFP_POD_NAME): say what a retry will cost
+                f"warning: data_root is empty, so the checkpoints of {artifact.name!r} stay in this pod until the "
+                "step succeeds; a preempted or retried step restarts from step 0 (set the data_root parameter)",
+                file=sys.stderr,
+            )
         return artifact.path
     suffix = "/".join(artifact.uri.rstrip("/").split("/")[-3:])
     uri = f"{data_root.rstrip('/')}/{suffix}"

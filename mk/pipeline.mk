@@ -1,7 +1,7 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment).
-# With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro"
+# With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
 KFP_EXPERIMENT ?= vlp

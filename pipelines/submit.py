@@ -219,7 +219,41 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cron", required=True, help="6 fields, seconds first, e.g. '0 0 3 * * *'")
         else:
             p.add_argument("--run-name", default="", help="run display name")
+        p.add_argument(
+            "--allow-pod-local-checkpoints",
+            action="store_true",
+            help="submit a training pipeline without data_root (checkpoints then live in the pod until it succeeds)",
+        )
     return parser
+
+
+def check_durable_checkpoints(package: str | Path, params: dict[str, Any]) -> None:
+    """Refuse a pipeline that trains while ``data_root`` is empty (run parameter and compiled default).
+
+    Without an object-storage ``data_root`` a training step writes its checkpoints into its KFP output
+    artifact, which is uploaded only when the step succeeds: a preempted or failed step's retry starts
+    again from step 0. With ``data_root`` the checkpoints go straight to object storage and a retry resumes.
+    """
+    spec = next(yaml.safe_load_all(Path(package).read_text(encoding="utf-8")))
+    tasks = spec.get("root", {}).get("dag", {}).get("tasks", {})
+    trains = any(name.startswith(("pretrain", "finetune")) for name in _task_names(spec, tasks))
+    default = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {}).get("data_root", {})
+    data_root = params.get("data_root", default.get("defaultValue", ""))
+    if trains and "data_root" in pipeline_inputs(package) and not str(data_root).startswith("s3://"):
+        raise SubmitError(
+            f"{Path(package).name} trains, and with data_root={data_root!r} its checkpoints stay inside the pod "
+            "until the step succeeds, so a preempted or retried step restarts from step 0. Pass "
+            "--param data_root=s3://bucket/prefix (or set data_root in pipelines/config/default.yaml and "
+            "recompile), or --allow-pod-local-checkpoints to accept that"
+        )
+
+
+def _task_names(spec: dict[str, Any], tasks: dict[str, Any]) -> list[str]:
+    """Task names of the root DAG and of every sub-DAG (conditions, loops, exit handlers)."""
+    names = list(tasks)
+    for component in spec.get("components", {}).values():
+        names += list(component.get("dag", {}).get("tasks", {}))
+    return names
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -230,6 +264,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not package.is_file():
             raise SubmitError(f"{package} does not exist: run `make pipeline-compile` first")
         params = parse_params(args.param, package)
+        if not args.allow_pod_local_checkpoints:
+            check_durable_checkpoints(package, params)
         if args.command == "schedule":
             validate_cron(args.cron)
         client = make_client(args.host, args.namespace, args.token_path, os.environ.get("KFP_TOKEN", ""))

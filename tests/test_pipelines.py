@@ -373,12 +373,18 @@ def test_submit_run_sends_the_compiled_spec_and_params(fake_kfp: tuple[str, dict
     token = tmp_path / "token"
     token.write_text("sa-token-123")
     argv = ["run", "--host", host, "--namespace", "team-a", "--experiment", "nightly", "--token-path", str(token)]
-    assert submit.main([*argv, "--param", "family=alpro", "--param", "overrides=[pretrain.max_steps=5]"]) == 0
+    params = ["--param", "family=alpro", "--param", "overrides=[pretrain.max_steps=5]"]
+    assert submit.main([*argv, *params]) == 2, "no data_root: checkpoints would live in the pods, refused"
+    assert not [r for r in state["requests"] if r["path"] == "/apis/v2beta1/runs"]
+    assert submit.main([*argv, *params, "--param", "data_root=s3://bkt/vlp"]) == 0
     runs = [r for r in state["requests"] if r["method"] == "POST" and r["path"] == "/apis/v2beta1/runs"]
     assert len(runs) == 1
     body = runs[0]["body"]
     assert _spec_name(body) == "vlp-pretrain"
-    assert body["runtime_config"]["parameters"] == {"family": "alpro", "overrides": ["pretrain.max_steps=5"]}
+    assert body["runtime_config"]["parameters"] == {
+        "family": "alpro", "overrides": ["pretrain.max_steps=5"], "data_root": "s3://bkt/vlp",
+    }  # fmt: skip
+    assert submit.main([*argv, *params, "--allow-pod-local-checkpoints"]) == 0  # accepted on request
     experiment = state["experiments"][0]
     assert (experiment["display_name"], experiment["namespace"]) == ("nightly", "team-a")
     assert body["experiment_id"] == experiment["experiment_id"]

@@ -49,7 +49,7 @@ class PretrainConfig:
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
     log_every: int = 10  # updates between metric logs
-    ckpt_every: int = 0  # updates between checkpoints (0 = at the end only)
+    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
     seed: int = 0
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     progress: bool = True  # tqdm bar
@@ -79,7 +79,7 @@ class FinetuneConfig:
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
     split: str = "test"  # the split the evaluate step scores
     log_every: int = 10
-    ckpt_every: int = 0
+    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only)
     seed: int = 42  # app. A.2
     bf16: bool = True
     progress: bool = True
