@@ -50,10 +50,12 @@ def test_ingest_and_mine_entities_write_outputs_and_nested_runs(tiny_world, tmp_
     runs = {r.info.run_name: r for r in _runs(store)}
     parent = runs["pipeline-run-1"]
     assert parent.data.tags[tracking.KFP_RUN_TAG] == "run-1"
-    for step in ("ingest", "mine_entities"):
+    for step, out in (("ingest", "dataset"), ("mine_entities", "entities")):
         assert runs[step].data.tags[tracking.PARENT_RUN_TAG] == parent.info.run_id
         assert runs[step].info.status == "FINISHED"
-        assert runs[step].data.metrics  # the summary's numbers
+        summary = json.loads((tmp_path / out / "summary.json").read_text())
+        numbers = tracking.numeric_leaves({k: v for k, v in summary.items() if k != "config"})
+        assert numbers and runs[step].data.metrics == numbers  # every number of the summary, as written
     assert runs["mine_entities"].data.params["entities.top_m"] == "50"
 
 
@@ -194,8 +196,11 @@ def test_training_chain_through_the_components(tiny_world, tmp_path, store):
     training.pretrain.python_func(dataset=ds, frames=fr, prompter=prompter, bank=bank, model=model, **common)
     assert (tmp_path / "model" / "model.json").is_file()
     runs = {r.info.run_name: r for r in _runs(store)}
-    assert "loss" in " ".join(runs["pretrain"].data.metrics)  # training curves went into the step run
     assert runs["pretrain"].info.status == "FINISHED"
+    lines = [json.loads(x) for x in (tmp_path / "model" / "metrics.jsonl").read_text().splitlines()]
+    curve = {m["step"]: m["train/loss_vtm"] for m in lines if "step" in m}
+    history = tracking.client(_cfg(store)).get_metric_history(runs["pretrain"].info.run_id, "train/loss_vtm")
+    assert curve and {m.step: m.value for m in history} == curve  # the training curves went into the step run
     if not HAS_DOWNSTREAM:
         return
     tuned = _art(Model, tmp_path / "tuned")
@@ -205,5 +210,7 @@ def test_training_chain_through_the_components(tiny_world, tmp_path, store):
         dataset=ds, frames=fr, model=tuned, results=outs["res"], metrics=outs["m"], report_md=outs["md"],
         report_html=outs["html"], **common,
     )  # fmt: skip
-    assert "t2v_r1" in outs["m"].metadata
-    assert Path(outs["md"].path).read_text().strip()
+    written = json.loads((Path(outs["res"].path) / "metrics.json").read_text())
+    assert outs["m"].metadata == tracking.numeric_leaves(written) and "t2v_r1" in written
+    report = (Path(outs["res"].path) / "report.md").read_text()
+    assert Path(outs["md"].path).read_text() == report and "was not written" not in report  # the step's report

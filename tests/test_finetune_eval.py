@@ -104,16 +104,41 @@ def test_finetune_qa_then_evaluate_counts_oov_as_wrong(pretrained, tmp_path):
     assert "accuracy" in Path(out, "report.md").read_text().lower()
 
 
-def test_qa_model_reloads_and_predicts_the_same(pretrained, tmp_path):
+def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretrained, tmp_path, monkeypatch):
+    from safetensors.torch import load_file
+
+    import vlp.steps.finetune as finetune_module
+    from vlp.data.video_text import VideoQADataset
+    from vlp.models.tokenizer import load_tokenizer
+    from vlp.steps.evaluate import _predict_qa
+    from vlp.steps.finetune import task_data, text_length
+
+    trained = {}
+    real_train = finetune_module._train
+
+    def keep_the_model(model, *args, **kwargs):  # the model object training updated, before anything is saved
+        trained["model"] = model
+        return real_train(model, *args, **kwargs)
+
+    monkeypatch.setattr(finetune_module, "_train", keep_the_model)
     cfg = load_config(TINY)
     ft = str(tmp_path / "qa")
     finetune_qa(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)
-    a = evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e1"), cfg)
-    b = evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e2"), cfg)
-    assert a["metrics"] == b["metrics"]
-    p1 = storage.read_parquet(str(tmp_path / "e1" / "predictions.parquet"))
-    p2 = storage.read_parquet(str(tmp_path / "e2" / "predictions.parquet"))
-    assert p1.equals(p2)
+    model = trained["model"].eval()
+    doc = _json(f"{ft}/model.json")
+    saved = load_file(f"{ft}/{doc['checkpoint']}/model.safetensors")
+    in_memory = model.state_dict()
+    assert saved.keys() == in_memory.keys() and all(torch.equal(saved[k], in_memory[k]) for k in saved)
+
+    evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e1"), cfg)  # reloads from disk
+    written = storage.read_parquet(str(tmp_path / "e1" / "predictions.parquet")).to_pylist()
+    data = task_data(VideoQADataset, cfg.qa, pretrained["dataset"], pretrained["frames"], model.cfg.video.img_size,
+                     cfg.qa.split)  # fmt: skip
+    tok = load_tokenizer(f"{ft}/tokenizer")
+    preds, confidence = _predict_qa(model, tok, data, text_length(cfg.qa, model.cfg), cfg.qa.eval_batch_size, cfg)
+    answers = json.loads(Path(ft, "answers.json").read_text())
+    assert [r["prediction"] for r in written] == [answers[i] for i in preds]
+    assert [r["confidence"] for r in written] == pytest.approx(confidence, abs=1e-6)
 
 
 def test_wrong_model_kind_is_a_clear_error(pretrained, tmp_path):

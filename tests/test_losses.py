@@ -108,7 +108,7 @@ def test_clamp_temperature_in_place_and_still_learnable() -> None:
         out = clamp_temperature(temp)
         assert out is temp and temp.requires_grad
         assert temp.item() == pytest.approx(expected)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"bounds must satisfy lo < hi, got lo=0.5, hi=0.1"):
         clamp_temperature(torch.tensor(0.1), 0.5, 0.1)
 
 
@@ -286,7 +286,7 @@ def test_mask_tokens_special_mask_and_random_exclusion() -> None:
     excl, _ = mask_tokens(ids, random_excludes_special=True, generator=torch.Generator().manual_seed(2), **kw)
     assert torch.isin(default, torch.tensor([*specials, 4])).any()
     assert not torch.isin(excl, torch.tensor([*specials, 4])).any()
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"with sum <= 1; got prob=0.15, mask_frac=0.9, random_frac=0.2"):
         mask_tokens(ids, vocab_size=10, mask_token_id=4, mask_frac=0.9, random_frac=0.2)
     with pytest.raises(ValueError, match=r"\(B, L\)"):
         mask_tokens(ids[0], vocab_size=10, mask_token_id=4)
@@ -422,7 +422,7 @@ def test_pool_box_tokens_hand_mean() -> None:
     torch.testing.assert_close(pooled[0], (tokens[0, 0] + tokens[0, 2] + tokens[0, 5]) / 3)
     torch.testing.assert_close(pooled[1], torch.zeros(4))
     torch.testing.assert_close(pooled[2], tokens[2].mean(0))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"token_mask \(3, 5\) does not match tokens"):
         pool_box_tokens(tokens, mask[:, :5])
 
 

@@ -18,7 +18,7 @@ def test_the_twelve_alpro_templates():
 def test_prompts_are_template_major():
     prompts = build_prompts(["dog", "cat"], VIDEO_TEMPLATES[:2])
     assert prompts == ["A footage of a dog.", "A footage of a cat.", "A footage of the dog.", "A footage of the cat."]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="needs at least one entity"):
         build_prompts([])
 
 
@@ -28,7 +28,7 @@ def test_ensemble_is_the_mean_of_normalised_rows_and_renormalises_on_request():
     # entity 0: mean of [1, 0] and [0, 1]; entity 1: mean of [0, 1] and [0, 1]
     assert torch.allclose(mean, torch.tensor([[0.5, 0.5], [0.0, 1.0]]))
     assert torch.allclose(ensemble(rows, 2, renormalize=True), F.normalize(torch.tensor([[0.5, 0.5], [0.0, 1.0]])))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected \(3 \* M, D\) embeddings"):
         ensemble(rows, 3)
 
 

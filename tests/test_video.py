@@ -41,7 +41,7 @@ def test_read_frames_keeps_request_order_and_duplicates(mp4_factory):
 
 def test_out_of_range_index_is_an_error(mp4_factory):
     path = str(mp4_factory(num_frames=10))
-    with pytest.raises(VideoError):
+    with pytest.raises(VideoError, match=r"^decord: frame indices \[10\] out of range for 10 frames; pyav: "):
         read_frames(path, [3, 10])
 
 
