@@ -115,10 +115,12 @@ def restore_rng_state(state: RngState) -> None:
 def _encode_rng(state: RngState) -> bytes:
     version, mt, gauss = state.python
     name, keys, pos, has_gauss, cached = state.numpy
-    meta = {
-        "python": json.dumps([version, list(mt), gauss]),
-        "numpy": json.dumps([str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)]),
+    generators = {
+        "python": [version, list(mt), gauss],
+        "numpy": [str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached)],
     }
+    # one metadata entry: safetensors writes several in hash order, which made equal states differ in bytes
+    meta = {"generators": json.dumps(generators, sort_keys=True)}
     tensors = {"torch_cpu": state.torch_cpu.cpu()} | {
         f"torch_cuda.{i}": t.cpu() for i, t in enumerate(state.torch_cuda)
     }
@@ -128,8 +130,13 @@ def _encode_rng(state: RngState) -> bytes:
 def _decode_rng(uri: str) -> RngState:
     tensors, meta = _read_safetensors(uri)
     try:
-        version, mt, gauss = json.loads(meta["python"])
-        name, keys, pos, has_gauss, cached = json.loads(meta["numpy"])
+        generators = (
+            json.loads(meta["generators"])
+            if "generators" in meta
+            else {k: json.loads(meta[k]) for k in ("python", "numpy")}
+        )  # older files
+        version, mt, gauss = generators["python"]
+        name, keys, pos, has_gauss, cached = generators["numpy"]
     except (KeyError, ValueError) as exc:
         raise DamagedCheckpointError(f"{uri}: no readable Python/NumPy generator state ({exc!r})") from exc
     n_cuda = sum(k.startswith("torch_cuda.") for k in tensors)
