@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from faulty_servers import MlflowServer
 from vlp import tracking
 from vlp.config import load_config
 from vlp.models.tokenizer import train_wordpiece
@@ -25,40 +21,6 @@ from vlp.train.loop import ResumableSampler, SamplerBatches
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 STEPS = 12
-
-
-class MlflowServer:
-    """``mlflow server --workers 1`` on a fixed loopback port and sqlite file, so it can be killed and restarted."""
-
-    def __init__(self, root: Path) -> None:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.root, self.url, self.proc = root, f"http://127.0.0.1:{self.port}", None
-
-    def start(self) -> None:
-        cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1", "--host", "127.0.0.1",
-               "--port", str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               "--default-artifact-root", (self.root / "artifacts").as_uri(),
-               "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"]  # fmt: skip
-        log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 - the server process owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {(self.root / 'mlflow.log').read_text()[-3000:]}")
-            time.sleep(0.3)
-
-    def kill(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)  # as an OOM kill or a node loss would
-            self.proc.wait(timeout=30)
 
 
 @pytest.fixture

@@ -1,18 +1,27 @@
-"""An HTTP proxy in front of a real S3 server that injects 5xx answers and connection resets on chosen requests.
+"""Servers that fail on purpose, for the outage tests and ``benchmarks/fault_battery.py``.
 
-boto3 talks to the proxy as to any S3 endpoint; every request is forwarded unchanged (headers included, so
-signatures still match) unless ``faults`` says otherwise. Used by the ingest outage tests and by
-``benchmarks/fault_battery.py``.
+:class:`FaultyProxy`: an HTTP proxy in front of a real S3 server that injects 5xx answers and connection resets
+on chosen requests. boto3 talks to it as to any S3 endpoint; every request is forwarded unchanged (headers
+included, so signatures still match) unless ``faults`` says otherwise.
+
+:class:`MlflowServer`: a real ``mlflow server`` process on a fixed port and sqlite file, to kill and restart.
 """
 
 from __future__ import annotations
 
 import http.client
+import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import threading
+import time
+import urllib.request
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from urllib.parse import urlsplit
 
 # faults(method, path) -> None (forward), "503" (answer 503 SlowDown) or "reset" (drop the connection)
@@ -97,3 +106,37 @@ def fail_first(n: int, fault: str, key_part: str, method: str = "GET") -> Fault:
             return fault if seen["n"] <= n else None
 
     return policy
+
+
+class MlflowServer:
+    """``mlflow server --workers 1`` on a fixed loopback port and sqlite file, so it can be killed and restarted."""
+
+    def __init__(self, root: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.root, self.url, self.proc = root, f"http://127.0.0.1:{self.port}", None
+
+    def start(self) -> None:
+        cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1", "--host", "127.0.0.1",
+               "--port", str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
+               "--default-artifact-root", (self.root / "artifacts").as_uri(),
+               "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"]  # fmt: skip
+        log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 - the server process owns it
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.monotonic() + 90
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"mlflow server did not start: {(self.root / 'mlflow.log').read_text()[-3000:]}")
+            time.sleep(0.3)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # as an OOM kill or a node loss would
+            self.proc.wait(timeout=30)

@@ -1,0 +1,401 @@
+"""Fault battery: hostile inputs and outages against the real steps, one table of how each was handled.
+
+Usage::
+
+    .venv/bin/python benchmarks/fault_battery.py [--out /tmp/vlp-faults]
+
+Every case runs real components (real mp4 files through the real decoders, moto's S3 server behind a proxy
+that injects 5xx answers and connection resets, a real ``mlflow server`` process that is SIGKILLed, a
+training process that is SIGKILLed) and checks the outcome the design promises:
+
+=====================  =====================================================================================
+corrupt media          garbage, truncated, empty and missing files are rejects with a reason; good ones kept
+hostile paths          ``../``, an absolute path and a symlink out of the root are rejects; nothing is opened
+oversize declared      a 16000x16000 header is a reject before any decoding
+crashing decoder       a decoder that kills its worker (ingest, extract-frames) is a reject; the rest go on
+hanging decoder        a decoder that never returns is a reject after ``timeout_s``; the rest go on
+truncated checkpoint   each file of the newest checkpoint cut in half: resume from the previous one, same weights
+MLflow killed          the server SIGKILLed mid-training and restarted: training finishes, every metric arrives
+S3 faults              503s and connection resets on video reads: retried, nothing lost; a lasting outage fails
+                       the step naming the file, with no dataset written
+kill -9 + resume       a training process SIGKILLed after its 2nd checkpoint; the rerun ends bit-identical
+=====================  =====================================================================================
+
+A case "crashes" when it raises where the design says it must not, "hangs" when it runs past its limit (it is
+then abandoned), and "records lost" counts input records that are neither accepted nor rejected (ingest) or
+metrics steps missing (training). Goal: crashes 0, hangs 0, records lost 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+import traceback
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+import torch  # noqa: E402
+
+from conftest import write_mp4  # noqa: E402
+from faulty_servers import FaultyProxy, MlflowServer, fail_first  # noqa: E402
+from vlp import storage  # noqa: E402
+from vlp.data import manifest, video  # noqa: E402
+from vlp.data.ingest import IngestConfig, ingest  # noqa: E402
+
+TINY = ROOT / "configs" / "tiny.yaml"
+
+
+@dataclasses.dataclass
+class Outcome:
+    tried: int = 0  # faults injected (files, checkpoints, outages)
+    handled: int = 0  # of those, handled as designed
+    lost: int = 0  # records neither kept nor rejected / metric steps missing
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _png_header(path: Path, width: int, height: int) -> Path:
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    )
+    return path
+
+
+def _annotations(root: Path, names: list[str]) -> Path:
+    ann = root / "ann.json"
+    ann.write_text(json.dumps([{"video": n, "caption": f"a clip {n}"} for n in names]))
+    return ann
+
+
+def _rejects(out: Path) -> dict[str, str]:
+    rows = manifest.read(str(out), manifest.REJECTS, manifest.REJECT_SCHEMA).to_pylist()
+    return {r["record_id"]: r["reason"] for r in rows if r["kind"] == "video"}
+
+
+def _cfg(video_root: Path, workers: int = 2, **kw: object) -> IngestConfig:
+    return IngestConfig(workers=workers, progress=False, split="train", video_root=str(video_root), **kw)
+
+
+def _lost(summary: dict) -> int:
+    return sum(abs(c["input"] - c["accepted"] - c["rejected"]) for c in (summary[k] for k in ("videos", "captions")))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def corrupt_media(tmp: Path) -> Outcome:
+    vids = tmp / "videos"
+    good = write_mp4(vids / "good.mp4")
+    (vids / "garbage.mp4").write_bytes(os.urandom(5000))
+    (vids / "truncated.mp4").write_bytes(good.read_bytes()[: good.stat().st_size // 3])
+    (vids / "empty.mp4").write_bytes(b"")
+    bad = ["garbage", "truncated", "empty", "missing"]
+    ann = _annotations(tmp, ["good.mp4", *[f"{b}.mp4" for b in bad]])
+    summary = ingest(str(ann), str(tmp / "out"), _cfg(vids))
+    rejects = _rejects(tmp / "out")
+    handled = sum(b in rejects and bool(rejects[b]) for b in bad) if summary["videos"]["accepted"] == 1 else 0
+    return Outcome(len(bad), handled, _lost(summary))
+
+
+def hostile_paths(tmp: Path) -> Outcome:
+    root = tmp / "root"
+    write_mp4(root / "inside.mp4")
+    write_mp4(tmp / "outside" / "secret.mp4")
+    (root / "link.mp4").symlink_to(tmp / "outside" / "secret.mp4")
+    ann = _annotations(tmp, ["inside.mp4", "../outside/secret.mp4", "/etc/passwd", "link.mp4"])
+    opened: list[str] = []
+    real = video.probe
+    video.probe = lambda path: opened.append(path) or real(path)
+    try:
+        summary = ingest(str(ann), str(tmp / "out"), _cfg(root, workers=1))
+    finally:
+        video.probe = real
+    rejects = _rejects(tmp / "out")
+    escaped = ["../outside/secret", "passwd", "link"]
+    handled = sum(rejects.get(v, "").startswith("path outside its root") for v in escaped)
+    handled = handled if opened == [str(root / "inside.mp4")] else 0
+    return Outcome(len(escaped), handled, _lost(summary))
+
+
+def oversize_declared(tmp: Path) -> Outcome:
+    vids = tmp / "videos"
+    write_mp4(vids / "good.mp4")
+    _png_header(vids / "bomb.png", 16000, 16000)
+    ann = _annotations(tmp, ["good.mp4", "bomb.png"])
+    summary = ingest(str(ann), str(tmp / "out"), _cfg(vids))
+    return Outcome(1, int(_rejects(tmp / "out").get("bomb", "").startswith("too large")), _lost(summary))
+
+
+def _misbehaving(kind: str) -> Callable[[str], None]:
+    def act(path: str) -> None:
+        if path.endswith(f"{kind}.mp4"):
+            if kind == "crash":
+                os._exit(11)
+            time.sleep(3600)
+
+    return act
+
+
+def bad_decoder(tmp: Path, kind: str) -> Outcome:
+    from vlp.data import frames
+    from vlp.data.frames import FramesConfig, extract
+
+    vids = tmp / "videos"
+    for name in ("a", kind, "b"):
+        write_mp4(vids / f"{name}.mp4")
+    ann = _annotations(tmp, ["a.mp4", f"{kind}.mp4", "b.mp4"])
+    act, real_probe, real_decode = _misbehaving(kind), video.probe, frames.decode_frames
+    video.probe = lambda path: act(path) or real_probe(path)  # the forked workers inherit the patch
+    try:
+        cfg = _cfg(vids, timeout_s=3.0)
+        summary = ingest(str(ann), str(tmp / "ds"), cfg)
+        ingest_ok = summary["videos"]["accepted"] == 2 and kind in _rejects(tmp / "ds")
+    finally:
+        video.probe = real_probe
+    ingest(str(ann), str(tmp / "ds2"), _cfg(vids, workers=1))
+    frames.decode_frames = lambda path, idx, decoder="sparse": act(path) or real_decode(path, idx, decoder)
+    try:
+        fsum = extract(str(tmp / "ds2"), str(tmp / "frames"), FramesConfig(num_frames=4, size=32, progress=False,
+                                                                              workers=2, timeout_s=3.0))  # fmt: skip
+    finally:
+        frames.decode_frames = real_decode
+    frames_ok = fsum["stored_videos"] == 2 and fsum["rejected"] == 1
+    return Outcome(2, int(ingest_ok) + int(frames_ok), _lost(summary))
+
+
+def truncated_checkpoints(tmp: Path) -> Outcome:
+    from vlp.train.checkpoint import MODEL_FILE, OPTIM_FILE, STATE_FILE
+    from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
+
+    def run(out: Path, stop_at: int | None) -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 2))
+        x, y = torch.randn(12, 4, generator=torch.Generator().manual_seed(1)), torch.arange(12) % 2
+        data = SamplerBatches(ResumableSampler(12, seed=3), lambda i: (x[i], y[i]), 3)
+        calls = {"n": 0}
+
+        def step(m: torch.nn.Module, b: tuple) -> dict:
+            calls["n"] += 1
+            if stop_at is not None and calls["n"] > stop_at:
+                raise KeyboardInterrupt  # stands for the kill: the checkpoints so far stay
+            return {"loss": torch.nn.functional.cross_entropy(m(b[0]), b[1])}
+
+        cfg = TrainConfig(out_dir=str(out), max_steps=8, ckpt_every=2, keep_last=3, seed=3, progress=False)
+        with contextlib.suppress(KeyboardInterrupt):
+            train(model, step, data, cfg)
+        return model
+
+    reference = run(tmp / "straight", None)
+    files = [MODEL_FILE, OPTIM_FILE, "rng-rank00000.safetensors", STATE_FILE]
+    handled = 0
+    for name in files:
+        out = tmp / f"cut-{name}"
+        run(out, 5)  # checkpoints at 2 and 4
+        bad = out / "checkpoints" / "step-000004" / name
+        bad.write_bytes(bad.read_bytes()[: bad.stat().st_size // 2])
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            resumed = run(out, None)
+        named = any(str(bad) in str(w.message) for w in caught)
+        pairs = zip(reference.state_dict().values(), resumed.state_dict().values(), strict=True)
+        same = all(torch.equal(a, b) for a, b in pairs)
+        handled += int(named and same)
+    return Outcome(len(files), handled, 0)
+
+
+def mlflow_killed(tmp: Path) -> Outcome:
+    from vlp import tracking
+    from vlp.config import load_config
+    from vlp.models.tokenizer import train_wordpiece
+    from vlp.steps.pretrain import _train
+    from vlp.train.loop import ResumableSampler, SamplerBatches
+
+    server = MlflowServer(tmp)
+    server.start()
+    try:
+        x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+        data = SamplerBatches(ResumableSampler(16, seed=0), lambda i: {"x": x[i], "y": y[i]}, 4)
+        calls = {"n": 0}
+
+        def step(m: torch.nn.Module, b: dict) -> dict:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                server.kill()
+            if calls["n"] == 8:
+                server.start()
+            return {"loss": torch.nn.functional.cross_entropy(m(b["x"]), b["y"])}
+
+        cfg = load_config(TINY, [f"tracking.tracking_uri={server.url}", "tracking.retry_every_s=0",
+                                 "pretrain.max_steps=12", "pretrain.log_every=1"])  # fmt: skip
+        result = _train(torch.nn.Linear(4, 2), step, data, cfg, str(tmp / "out"), "pretrain",
+                        tokenizer=train_wordpiece(["a b c"], vocab_size=12))  # fmt: skip
+        client = tracking.client(tracking.TrackingConfig(tracking_uri=server.url))
+        history = {m.step for m in client.get_metric_history(result.tracking["run_id"], "train/loss")}
+        jsonl = [json.loads(s) for s in (tmp / "out" / "metrics.jsonl").read_text().splitlines()]
+        steps = {m["step"] for m in jsonl if "step" in m}
+        lost = (12 - len(history)) + (12 - len(steps))
+        return Outcome(1, int(result.step == 12 and lost == 0 and result.tracking["complete"]), lost)
+    finally:
+        server.kill()
+
+
+def s3_faults(tmp: Path) -> Outcome:
+    moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    port = _free_port()
+    proc = subprocess.Popen(
+        [moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                break
+            time.sleep(0.1)
+        base = storage.StorageConfig(endpoint_url=url, access_key_id="k", secret_access_key="s")
+        storage.configure(base)
+        storage.client().create_bucket(Bucket="faults")
+        names = ["a", "b", "c"]
+        for n in names:
+            storage.upload(write_mp4(tmp / "videos" / f"{n}.mp4"), f"s3://faults/raw/videos/{n}.mp4")
+        ann = "s3://faults/raw/ann.json"
+        storage.write_text(ann, json.dumps([{"video": f"videos/{n}.mp4", "caption": n} for n in names]))
+        cfg = IngestConfig(workers=2, progress=False, split="train", retry_wait_s=0.05)
+        outcome = Outcome()
+        for fault, key in (("503", "videos/a.mp4"), ("reset", "videos/b.mp4")):
+            with FaultyProxy(url, fail_first(2, fault, key)) as proxy:
+                storage.configure(dataclasses.replace(base, endpoint_url=proxy, max_attempts=1))
+                summary = ingest(ann, str(tmp / f"out-{fault}"), cfg)
+            outcome.tried += 1
+            outcome.handled += int(summary["videos"]["accepted"] == 3)
+            outcome.lost += _lost(summary) + (3 - summary["videos"]["accepted"])
+        with FaultyProxy(url, fail_first(10**6, "503", "videos/c.mp4")) as proxy:
+            storage.configure(dataclasses.replace(base, endpoint_url=proxy, max_attempts=1))
+            outcome.tried += 1
+            try:
+                ingest(ann, str(tmp / "out-lasting"), dataclasses.replace(cfg, storage_retries=2))
+            except storage.StorageError as exc:
+                outcome.handled += int("c.mp4" in str(exc) and not (tmp / "out-lasting" / manifest.VIDEOS).exists())
+        return outcome
+    finally:
+        storage.configure(storage.StorageConfig())
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def kill_and_resume(tmp: Path) -> Outcome:
+    from vlp.config import load_config
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+
+    cfg = load_config(TINY)
+    synth(str(tmp / "raw"), cfg)
+    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
+    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+
+    def cmd(out: Path) -> list[str]:
+        return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", str(tmp / "dataset"), "--frames",
+                str(tmp / "frames"), "--out", str(out), "--config", str(TINY), "pretrain.max_steps=6",
+                "pretrain.ckpt_every=1"]  # fmt: skip
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd(tmp / "straight"), check=True, capture_output=True, env=env)
+    proc = subprocess.Popen(cmd(tmp / "killed"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    while not (tmp / "killed" / "checkpoints" / "step-000002" / "state.json").exists() and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    subprocess.run(cmd(tmp / "killed"), check=True, capture_output=True, env=env)
+    last = Path("checkpoints") / "step-000006"
+    same = all((tmp / "killed" / last / f).read_bytes() == (tmp / "straight" / last / f).read_bytes()
+               for f in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"))  # fmt: skip
+    steps = {
+        json.loads(s)["step"] for s in (tmp / "killed" / "metrics.jsonl").read_text().splitlines() if '"step"' in s
+    }
+    return Outcome(1, int(same), 6 - len(steps))
+
+
+CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
+    ("corrupt media", corrupt_media, 120),
+    ("hostile paths", hostile_paths, 60),
+    ("oversize declared frames", oversize_declared, 60),
+    ("crashing decoder", lambda t: bad_decoder(t, "crash"), 120),
+    ("hanging decoder", lambda t: bad_decoder(t, "hang"), 120),
+    ("truncated checkpoints", truncated_checkpoints, 120),
+    ("MLflow killed mid-run", mlflow_killed, 300),
+    ("S3 5xx / resets / outage", s3_faults, 300),
+    ("kill -9 + resume", kill_and_resume, 600),
+]
+
+
+def _on_alarm(*_: object) -> None:
+    raise TimeoutError("the case ran past its limit")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default="/tmp/vlp-fault-battery", help="scratch directory (emptied first)")
+    args = parser.parse_args(argv)
+    out = Path(args.out)
+    shutil.rmtree(out, ignore_errors=True)
+    torch.set_num_threads(1)
+    rows, totals = [], {"tried": 0, "handled": 0, "crashes": 0, "hangs": 0, "lost": 0}
+    for i, (name, case, limit) in enumerate(CASES):
+        tmp = out / f"case{i}"
+        tmp.mkdir(parents=True)
+        start, crash, hang = time.monotonic(), 0, 0
+        signal.signal(signal.SIGALRM, _on_alarm)
+        signal.alarm(int(limit))
+        try:
+            result = case(tmp)
+        except TimeoutError:
+            result, hang = Outcome(1, 0, 0), 1
+        except Exception:
+            traceback.print_exc()
+            result, crash = Outcome(1, 0, 0), 1
+        finally:
+            signal.alarm(0)
+        seconds = time.monotonic() - start
+        rows.append((name, result.tried, result.handled, crash, hang, result.lost, seconds))
+        for key, value in zip(("tried", "handled", "crashes", "hangs", "lost"), rows[-1][1:6], strict=True):
+            totals[key] += value
+        print(f"{name}: {result.handled}/{result.tried} handled ({seconds:.1f} s)", file=sys.stderr, flush=True)
+    print("| case | tried | handled as designed | crashes | hangs | records lost | s |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, tried, handled, crash, hang, lost, seconds in rows:
+        print(f"| {name} | {tried} | {handled} | {crash} | {hang} | {lost} | {seconds:.1f} |")
+    print(f"| **total** | {totals['tried']} | {totals['handled']} | {totals['crashes']} | {totals['hangs']} | "
+          f"{totals['lost']} | |")  # fmt: skip
+    ok = totals["handled"] == totals["tried"] and not (totals["crashes"] or totals["hangs"] or totals["lost"])
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
