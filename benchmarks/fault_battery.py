@@ -36,12 +36,10 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import sys
 import time
 import traceback
-import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +48,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import torch  # noqa: E402
 
-from conftest import write_mp4  # noqa: E402
+from conftest import png_header, write_mp4  # noqa: E402
 from faulty_servers import FaultyProxy, MlflowServer, fail_first  # noqa: E402
 from vlp import storage  # noqa: E402
 from vlp.data import manifest, video  # noqa: E402
@@ -67,17 +65,6 @@ class Outcome:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _png_header(path: Path, width: int, height: int) -> Path:
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
-    )
-    return path
 
 
 def _annotations(root: Path, names: list[str]) -> Path:
@@ -145,7 +132,7 @@ def hostile_paths(tmp: Path) -> Outcome:
 def oversize_declared(tmp: Path) -> Outcome:
     vids = tmp / "videos"
     write_mp4(vids / "good.mp4")
-    _png_header(vids / "bomb.png", 16000, 16000)
+    png_header(vids / "bomb.png", 16000, 16000)
     ann = _annotations(tmp, ["good.mp4", "bomb.png"])
     summary = ingest(str(ann), str(tmp / "out"), _cfg(vids))
     return Outcome(1, int(_rejects(tmp / "out").get("bomb", "").startswith("too large")), _lost(summary))

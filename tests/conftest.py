@@ -117,6 +117,24 @@ def write_mp4(path: str | Path, num_frames: int = 24, fps: int = 12, size: tuple
     return path
 
 
+def png_header(path: str | Path, width: int, height: int) -> Path:
+    """A PNG whose header declares ``width x height``; its pixel data is a stub, so nothing may decode it.
+
+    What a decompression bomb looks like to a size check that reads headers only.
+    """
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
+    path = Path(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
+    return path
+
+
 @pytest.fixture
 def mp4_factory(tmp_path: Path):
     """``mp4_factory(name, **kw)`` -> path of a real mp4 under ``tmp_path`` (see :func:`write_mp4`)."""

@@ -111,19 +111,21 @@ def fail_first(n: int, fault: str, key_part: str, method: str = "GET") -> Fault:
 class MlflowServer:
     """``mlflow server --workers 1`` on a fixed loopback port and sqlite file, so it can be killed and restarted."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, artifacts: list[str] | None = None, env: dict[str, str] | None = None) -> None:
+        """``artifacts``: the server's artifact flags (default: a local ``--default-artifact-root``)."""
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
         self.root, self.url, self.proc = root, f"http://127.0.0.1:{self.port}", None
+        self.artifacts = artifacts or ["--default-artifact-root", (root / "artifacts").as_uri()]
+        self.env = {**os.environ, **(env or {})}
 
     def start(self) -> None:
         cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               "--default-artifact-root", (self.root / "artifacts").as_uri(),
-               "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"]  # fmt: skip
+               *self.artifacts, "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"]  # fmt: skip
         log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 - the server process owns it
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         deadline = time.monotonic() + 90
         while True:
             try:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import struct
 import time
-import zlib
-from pathlib import Path
 
 import pytest
 
+from conftest import png_header
 from vlp.data import video
 from vlp.data.isolate import isolated_map
 
@@ -41,24 +39,11 @@ def test_an_exception_of_fn_fails_the_map_and_leaves_no_worker_behind():
     assert multiprocessing.active_children() == []
 
 
-def _png_header(path: Path, width: int, height: int) -> Path:
-    """A PNG whose header declares ``width x height`` (its pixel data is a stub: nothing may decode it)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
-    )
-    return path
-
-
 def test_limits_are_read_from_the_header_before_any_decoding(tmp_path, mp4_factory):
-    bomb = _png_header(tmp_path / "bomb.png", 16000, 16000)
+    bomb = png_header(tmp_path / "bomb.png", 16000, 16000)
     limits = video.DecodeLimits()
     assert video.limits_problem(str(bomb), limits).startswith("too large: Image size (256000000 pixels) exceeds")
-    wide = _png_header(tmp_path / "wide.png", 9000, 4500)  # under PIL's own guard, over ours
+    wide = png_header(tmp_path / "wide.png", 9000, 4500)  # under PIL's own guard, over ours
     assert (
         video.limits_problem(str(wide), limits)
         == "too large: 9000x4500 = 40500000 pixels a frame > max_pixels=35389440"
@@ -84,7 +69,7 @@ def test_ingest_quarantines_a_crashing_a_hanging_and_an_oversize_file(tmp_path, 
     root = tmp_path / "videos"
     for name in ("good", "crash", "hang"):
         mp4_factory(f"videos/{name}.mp4")
-    _png_header(root / "bomb.png", 16000, 16000)
+    png_header(root / "bomb.png", 16000, 16000)
     records = [{"video": f, "caption": f"a clip {f}"} for f in ("good.mp4", "crash.mp4", "hang.mp4", "bomb.png")]
     (tmp_path / "ann.json").write_text(json.dumps(records))
     real_probe = video.probe

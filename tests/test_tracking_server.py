@@ -2,57 +2,28 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from faulty_servers import MlflowServer
 from vlp import storage, tracking
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path, s3_bucket: str, s3_env: dict[str, str]) -> Iterator[tuple[str, str]]:
     """``(url, artifact root)``: ``mlflow server --workers 1`` on loopback, sqlite backend, artifacts in S3."""
-    port = _free_port()
     artifacts = f"{s3_bucket}/mlartifacts"
-    env = {**os.environ, **s3_env, "MLFLOW_S3_ENDPOINT_URL": s3_env["AWS_ENDPOINT_URL"]}
-    cmd = [
-        str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1", "--host", "127.0.0.1",
-        "--port", str(port), "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--serve-artifacts",
-        "--artifacts-destination", artifacts, "--allowed-hosts", f"127.0.0.1:{port},localhost:{port}",
-    ]  # fmt: skip
-    log = tmp_path / "mlflow.log"
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
+    server = MlflowServer(
+        tmp_path, ["--serve-artifacts", "--artifacts-destination", artifacts],
+        {**s3_env, "MLFLOW_S3_ENDPOINT_URL": s3_env["AWS_ENDPOINT_URL"]},
+    )  # fmt: skip
+    server.start()
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/health", timeout=2) as resp:
-                    if resp.status == 200:
-                        break
-            except OSError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"mlflow server did not start: {log.read_text()[-3000:]}")
-            time.sleep(0.5)
-        yield url, artifacts
+        yield server.url, artifacts
     finally:
-        os.killpg(proc.pid, 15)  # the server's own process group (gunicorn/uvicorn children included)
-        proc.wait(timeout=30)
+        server.kill()
 
 
 @pytest.mark.slow
