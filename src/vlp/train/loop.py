@@ -5,8 +5,10 @@ draws ``cfg.grad_accum`` micro-batches from ``data``, calls ``step_fn(model, bat
 mapping of named scalars that must include ``"loss"``), back-propagates ``loss / grad_accum``, clips
 the global gradient norm, steps AdamW and the LR schedule (:mod:`vlp.train.optim`). It checkpoints
 every ``cfg.ckpt_every`` updates and at the end (:mod:`vlp.train.checkpoint`) and, with
-``resume=True``, continues bit-exactly from the newest checkpoint in ``<out_dir>/checkpoints``:
-model, optimiser, schedule, every global RNG and the data position.
+``resume=True``, continues bit-exactly from the newest intact checkpoint in ``<out_dir>/checkpoints``
+(a damaged one is skipped with a warning): model, optimiser, schedule, every global RNG and the data
+position. Checkpoints record the caller's ``identity`` (e.g. the tokenizer's digest) and the last
+logged metrics; a resume against another identity is refused.
 
 Contract for ``step_fn``
     * it must run the model through ``model(...)`` (the forward of the possibly DDP-wrapped module),
@@ -415,7 +417,7 @@ class _Run:
         self.sums: dict[str, Tensor] = {}
         self.window_micro, self.window_clips, self.window_start = 0, 0, time.perf_counter()
 
-    def resume(self, identity: Mapping[str, str]) -> str | None:
+    def resume(self) -> str | None:
         """Load the newest intact checkpoint (all ranks), if any; returns its URI.
 
         A damaged checkpoint (a truncated or unreadable file) is skipped with a warning that names the file,
@@ -429,7 +431,7 @@ class _Run:
         damaged: list[str] = []
         for uri in found:
             try:
-                self._check_identity(uri, identity)
+                self._check_identity(uri, self.identity)
                 loaded = load_checkpoint(uri, self.model, self.optimizer, self.scheduler, rank=self.rank)
             except DamagedCheckpointError as exc:
                 damaged.append(str(exc))
@@ -573,7 +575,7 @@ def train(
         _enable_grad_checkpointing(model)
     run = _Run(model, step_fn, data, cfg, optim_cfg)
     run.identity = dict(identity or {})
-    resumed_from = run.resume(run.identity) if resume else None
+    resumed_from = run.resume() if resume else None
     start = run.step
     logger = metrics_logger
     if logger is None and run.rank == 0:
