@@ -256,7 +256,7 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
     def cmd(out: Path) -> list[str]:
         return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", tiny_world["dataset"],
                 "--frames", tiny_world["frames"], "--out", str(out), "--config", str(TINY),
-                "pretrain.max_steps=6", "pretrain.ckpt_every=1"]  # fmt: skip
+                "pretrain.max_steps=10", "pretrain.ckpt_every=1"]  # fmt: skip
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     straight, killed = tmp_path / "straight", tmp_path / "killed"
@@ -272,8 +272,8 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
     done = subprocess.run(cmd(killed), capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-2000:]
     summary = json.loads((killed / "summary.json").read_text())
-    assert summary["resumed_from_step"] >= 2 and summary["steps"] == 6
-    last = Path("checkpoints") / "step-000006"
+    assert summary["resumed_from_step"] >= 2 and summary["steps"] == 10
+    last = Path("checkpoints") / "step-000010"
     for name in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"):
         assert (killed / last / name).read_bytes() == (straight / last / name).read_bytes(), name
     assert _metrics_by_step(killed) == _metrics_by_step(straight)
