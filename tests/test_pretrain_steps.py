@@ -145,7 +145,11 @@ def test_model_json_config_round_trip(preset):
     from vlp.train.settings import ModelConfig
 
     cfg = _model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
-    assert config_from_json(json.loads(json.dumps(dataclasses.asdict(cfg)))) == cfg
+    doc = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    assert config_from_json(doc, keep_init=True) == cfg
+    rebuilt = config_from_json(doc)  # a saved model rebuilds from its checkpoint, never from its starting weights
+    assert rebuilt.video.init == rebuilt.text.init == ""
+    assert dataclasses.replace(rebuilt, video=cfg.video, text=cfg.text) == cfg
 
 
 def test_metrics_and_params_reach_mlflow(tiny_world, tmp_path):
@@ -277,3 +281,61 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
     for name in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"):
         assert (killed / last / name).read_bytes() == (straight / last / name).read_bytes(), name
     assert _metrics_by_step(killed) == _metrics_by_step(straight)
+
+
+def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():
+    from vlp.steps.pretrain import _model_config, resolved_inits, tokenizer_source
+    from vlp.train.settings import ModelConfig
+
+    paper = ModelConfig(preset="paper", img_size=224)
+    assert resolved_inits(paper) == ("vit_base_patch16_224.orig_in21k", "bert-base-uncased")
+    assert tokenizer_source(paper) == "bert-base-uncased", "BERT's embeddings need BERT's vocabulary"
+    built = _model_config(paper, 30522, 0, ["vtc"])
+    assert (built.video.init, built.text.init) == ("vit_base_patch16_224.orig_in21k", "bert-base-uncased")
+    scratch = ModelConfig(preset="paper", video_init="random", text_init="random")  # random init is explicit
+    assert resolved_inits(scratch) == ("", "") and tokenizer_source(scratch) == ""
+    assert _model_config(scratch, 1000, 0, ["vtc"]).text.init == ""
+    assert tokenizer_source(ModelConfig(preset="paper", tokenizer="wordpiece")) == ""
+    assert resolved_inits(ModelConfig()) == ("", "") and tokenizer_source(ModelConfig()) == ""  # tiny: random
+    assert tokenizer_source(ModelConfig(text_init="/models/bert")) == "/models/bert"
+    assert tokenizer_source(ModelConfig(text_init="/models/bert", tokenizer="/tok")) == "/tok"
+
+
+def test_the_paper_preset_offline_says_how_to_provide_its_weights(tiny_world, tmp_path, monkeypatch):
+    from vlp.models.tokenizer import PretrainedUnavailableError
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    cfg = load_config(TINY, ["model.preset=paper", "model.img_size=224"])
+    with pytest.raises(PretrainedUnavailableError, match=r"'bert-base-uncased'.*Pass a local directory"):
+        pretrain_prompter(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / "p"), cfg)
+
+
+def test_local_bert_weights_bring_their_own_tokenizer(tiny_world, tmp_path):
+    import dataclasses
+
+    from transformers import BertForMaskedLM
+
+    from vlp.models.text import TextConfig
+    from vlp.models.tokenizer import load_tokenizer, tokenizer_digest, train_wordpiece
+
+    bert_dir = tmp_path / "bert"
+    tok = train_wordpiece(["a red circle", "a blue square on the grass"], vocab_size=40)
+    torch.manual_seed(0)
+    bert = BertForMaskedLM(TextConfig.tiny(vocab_size=len(tok), max_len=24).to_bert_config())
+    bert.save_pretrained(bert_dir)
+    tok.save_pretrained(bert_dir)
+    cfg = load_config(TINY, [f"model.text_init={bert_dir}", "pretrain.max_steps=1"])
+    out = tmp_path / "prompter"
+    pretrain_prompter(tiny_world["dataset"], tiny_world["frames"], str(out), cfg)
+    assert tokenizer_digest(load_tokenizer(str(out / "tokenizer"))) == tokenizer_digest(tok)
+    doc = json.loads((out / "model.json").read_text())
+    assert doc["config"]["text"]["init"] == str(bert_dir) and doc["config"]["text"]["vocab_size"] == len(tok)
+    from vlp.models.alpro import Alpro, DualEncoder
+    from vlp.steps.pretrain import config_from_json
+
+    model_cfg = config_from_json(doc["config"], keep_init=True)  # the towers as the step built them, before training
+    prompter = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
+    assert torch.equal(prompter.text.word_embeddings.weight, bert.bert.embeddings.word_embeddings.weight)
+    alpro = Alpro(dataclasses.replace(model_cfg, losses=("vtc", "mlm")))  # BERT layers 3-4 become the fusion
+    assert torch.equal(alpro.fusion.layers[1].output.dense.weight, bert.bert.encoder.layer[3].output.dense.weight)
+    assert torch.equal(alpro.mlm_head.bias, bert.cls.predictions.bias)

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
-from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput
+from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
 
@@ -75,10 +75,16 @@ class AlproConfig:
 class DualEncoder(nn.Module):
     """Video and text towers projected to one normalised space (the prompter, and ALPRO's unimodal half)."""
 
-    def __init__(self, video: TimeSformerConfig, text: TextConfig, *, embed_dim: int, init_temp: float) -> None:
+    def __init__(
+        self, video: TimeSformerConfig, text: TextConfig, *, embed_dim: int, init_temp: float, load_text: bool = True
+    ) -> None:
+        """``video.init`` / ``text.init`` name the starting weights (the video tower loads its own; the text
+        tower takes BERT's embeddings and first ``text_layers`` layers unless ``load_text`` is False)."""
         super().__init__()
         self.video = TimeSformer(video)
         self.text = TextEncoder(text)
+        if text.init and load_text:
+            load_bert_weights(self.text, None, text.init)
         self.video_proj = nn.Linear(self.video.width, embed_dim)
         self.text_proj = nn.Linear(self.text.width, embed_dim)
         self.temp = nn.Parameter(torch.tensor(float(init_temp)))
@@ -118,7 +124,7 @@ class Alpro(nn.Module):
     def __init__(self, cfg: AlproConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
+        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp, load_text=False)
         width = cfg.text.width
         # Only what the enabled objectives use is built: DDP (find_unused_parameters=False) requires every
         # parameter to get a gradient. VTC alone needs no fusion; MLM, VTM and PEM all fuse.
@@ -134,6 +140,8 @@ class Alpro(nn.Module):
             if "pem" in cfg.losses
             else None
         )
+        if cfg.text.init:  # BERT layers 1..6 -> text tower, 7..12 -> fusion (ALPRO §3.4), MLM head from BERT's
+            load_bert_weights(self.dual.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head)
 
     def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
         """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
@@ -159,9 +167,11 @@ class AlproQA(nn.Module):
         if num_answers < 1:
             raise ValueError(f"AlproQA needs at least one answer class, got {num_answers}")
         self.cfg = cfg
-        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
+        self.dual = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp, load_text=False)
         width = cfg.text.width
         self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
+        if cfg.text.init:
+            load_bert_weights(self.dual.text, self.fusion, cfg.text.init)
         self.classifier = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, num_answers))
 
     def forward(self, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:

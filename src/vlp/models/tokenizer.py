@@ -224,7 +224,7 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
                 f"no tokenizer at {name!r}: expected a directory with tokenizer.json (written by save_tokenizer / "
                 "save_pretrained) or vocab.txt"
             )
-        return AutoTokenizer.from_pretrained(str(path))
+        return _checked(AutoTokenizer.from_pretrained(str(path)), path)
     offline = hub_offline()
     try:
         return AutoTokenizer.from_pretrained(name, local_files_only=offline)
@@ -236,6 +236,23 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         ) from exc
 
 
+def _checked(tok: PreTrainedTokenizerBase, path: Path) -> PreTrainedTokenizerBase:
+    """``tok``, after checking that it has every entry of the directory's ``vocab.txt``.
+
+    transformers 5 was seen to build a 5-token vocabulary from ``BertTokenizer(vocab_file=...)`` without a
+    word; token ids from such a tokenizer would silently miss BERT's embeddings.
+    """
+    vocab = path / "vocab.txt"
+    if vocab.is_file():
+        expected = sum(1 for line in vocab.read_text(encoding="utf-8").splitlines() if line.strip())
+        if len(tok) < expected:
+            raise ValueError(
+                f"the tokenizer loaded from {path} has {len(tok)} tokens but its vocab.txt lists {expected}: "
+                "the files do not match (re-save it with save_pretrained)"
+            )
+    return tok
+
+
 def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:
     files = storage.list_files(uri, recursive=False)
     if not any(f.rsplit("/", 1)[-1] in ("tokenizer.json", "vocab.txt") for f in files):
@@ -243,4 +260,4 @@ def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:
     with tempfile.TemporaryDirectory(prefix="vlp-tok-") as tmp:
         for f in files:
             storage.download(f, os.path.join(tmp, f.rsplit("/", 1)[-1]))
-        return AutoTokenizer.from_pretrained(tmp)
+        return _checked(AutoTokenizer.from_pretrained(tmp), Path(tmp))

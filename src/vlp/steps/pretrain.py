@@ -31,20 +31,51 @@ TOKENIZER_DIR = "tokenizer"
 # --------------------------------------------------------------------------- building blocks
 
 
+# Weights each preset starts from (ALPRO §3.4): "" = random init. model.video_init / text_init override them.
+PRESET_WEIGHTS = {
+    "tiny": ("", ""),
+    "small": ("", ""),
+    "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
+}
+RANDOM = "random"
+
+
+def resolved_inits(model: ModelConfig) -> tuple[str, str]:
+    """``(video, text)`` weight sources of ``model``: its preset's unless set; ``""`` = random init."""
+    preset = PRESET_WEIGHTS[model.preset]
+
+    def pick(value: str, default: str) -> str:
+        return default if not value else "" if value == RANDOM else value
+
+    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
+
+
+def tokenizer_source(model: ModelConfig) -> str:
+    """Where the tokenizer comes from: a dir / hub name, or ``""`` = train WordPiece on the training captions.
+
+    By default a model whose text weights are loaded uses their tokenizer (BERT's vocabulary must match
+    BERT's embeddings); one with random text weights trains WordPiece.
+    """
+    if model.tokenizer == "wordpiece":
+        return ""
+    return model.tokenizer or resolved_inits(model)[1]
+
+
 def _model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
     from vlp.models.alpro import AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig
 
+    video_init, text_init = resolved_inits(model)
     if model.preset == "tiny":
-        video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
-        text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
+        video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
+        text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
     elif model.preset == "small":
         video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
-        video, text = replace(video, init=model.video_init), replace(text, init=model.text_init)
+        video, text = replace(video, init=video_init), replace(text, init=text_init)
     else:
-        video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=model.video_init)
-        text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=model.text_init)
+        video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
+        text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
     return AlproConfig(
         video,
         text,
@@ -69,29 +100,32 @@ def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) 
 
 
 def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
-    """The tokenizer of ``out``: the one saved there by an earlier run, else the configured one, else WordPiece
-    trained on the training captions; saved under ``<out>/tokenizer`` once.
+    """The tokenizer of ``out``: the one saved there by an earlier run, else :func:`tokenizer_source`'s (the
+    configured one, or the text weights' own), else WordPiece trained on the training captions; saved under
+    ``<out>/tokenizer`` once.
 
     A rerun or resume into ``out`` reuses the saved tokenizer, so token ids never change under trained weights.
 
     Raises:
-        ValueError: ``model.tokenizer`` names a tokenizer other than the one ``out`` was trained with.
+        ValueError: the configured tokenizer is not the one ``out`` was trained with.
+        PretrainedUnavailableError: a named tokenizer is neither local nor reachable (the message says how to
+            provide it).
     """
     from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
     from vlp.train import distributed
 
-    saved = storage.join(out, TOKENIZER_DIR)
+    saved, source = storage.join(out, TOKENIZER_DIR), tokenizer_source(cfg.model)
     if storage.exists(storage.join(saved, "tokenizer.json")):
         tok = load_tokenizer(saved)
-        if cfg.model.tokenizer and tokenizer_digest(load_tokenizer(cfg.model.tokenizer)) != tokenizer_digest(tok):
+        if source and tokenizer_digest(load_tokenizer(source)) != tokenizer_digest(tok):
             raise ValueError(
-                f"model.tokenizer={cfg.model.tokenizer!r} differs from the tokenizer {saved} was trained with; "
-                "use another output directory for another tokenizer"
+                f"the tokenizer {source!r} (model.tokenizer / model.text_init) differs from the one {saved} was "
+                "trained with; use another output directory for another tokenizer"
             )
         log.info("reusing the tokenizer saved in %s", saved)
         return tok
-    if cfg.model.tokenizer:
-        tok = load_tokenizer(cfg.model.tokenizer)
+    if source:
+        tok = load_tokenizer(source)
     else:
         captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
         pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)
@@ -262,14 +296,20 @@ def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
     return prompter, load_tokenizer(storage.join(prompter_dir, TOKENIZER_DIR)), model_cfg
 
 
-def config_from_json(data: dict[str, Any]) -> Any:
+def config_from_json(data: dict[str, Any], *, keep_init: bool = False) -> Any:
+    """The AlproConfig of a ``model.json``; its towers' ``init`` is cleared unless ``keep_init``.
+
+    A saved model's weights come from its checkpoint, so rebuilding it must not fetch its starting weights
+    again (``model.json`` keeps them as lineage).
+    """
     from vlp.models.alpro import AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig
 
     fields = dict(data)
-    video = TimeSformerConfig(**data["video"])
-    text_fields = {k: tuple(v) if isinstance(v, list) else v for k, v in data["text"].items()}
+    cleared = {} if keep_init else {"init": ""}
+    video = TimeSformerConfig(**(data["video"] | cleared))
+    text_fields = {k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()}
     text = TextConfig(**text_fields)
     fields.update(video=video, text=text, losses=tuple(data["losses"]))
     for key in ("pem_area", "pem_ratio"):

@@ -19,9 +19,13 @@ class ModelConfig:
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)
     max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
     vocab_size: int = 1000  # WordPiece size when the tokenizer is trained from the captions
-    tokenizer: str = ""  # tokenizer dir / hub name; "" = train WordPiece on the training captions
-    video_init: str = ""  # timm ViT name or local path for the video tower ("" = random init)
-    text_init: str = ""  # BERT name or local path for the text + fusion layers ("" = random init)
+    # "" = the text weights' own tokenizer when text weights are loaded (bert-base-uncased's for the paper
+    # preset), else WordPiece trained on the training captions; "wordpiece" = always train; else a dir / hub name
+    tokenizer: str = ""
+    # "" = the preset's weights (paper: timm vit_base_patch16_224.orig_in21k and bert-base-uncased; tiny and
+    # small: random init); "random" = random init; else a timm ViT name / a BERT name, or a local path
+    video_init: str = ""
+    text_init: str = ""
     embed_dim: int = 256  # VTC projection size
     losses: list[str] = field(default_factory=lambda: ["vtc", "pem", "mlm", "vtm"])  # terms of eq. 6
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
