@@ -74,7 +74,7 @@ class FinetuneConfig:
     weight_decay: float = 1e-3
     alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
     warmup_ratio: float = 0.1
-    grad_clip: float = 20.0  # ALPRO code (config_release/*.json: grad_norm 20.0)
+    grad_clip: float = 20.0  # config_release didemo_ret / msvd_qa (msrvtt_ret / msrvtt_qa: 5.0, configs/finetune)
     num_frames: int = 8  # paper: 8 for retrieval, 16 for QA
     max_len: int = 40  # text tokens (paper: 40; DiDeMo paragraphs 50)
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
@@ -108,4 +108,4 @@ class QAConfig(FinetuneConfig):
     lr: float = 5e-5
     grad_accum: int = 2
     num_frames: int = 16
-    answer_vocab: int = 1500  # the most frequent training answers (released code: 1,500)
+    answer_vocab: int = 1500  # the most frequent training answers (code: all train answers, >= 1,500; MSVD 2,423)
