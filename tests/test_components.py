@@ -170,6 +170,19 @@ def test_report_registers_models_and_reevaluation_compares(tmp_path, store):
     }
 
 
+def test_a_model_output_without_data_root_warns_in_a_cluster_pod_only(tmp_path, monkeypatch, capsys):
+    model, dataset = _art(Model, tmp_path / "model"), _art(Dataset, tmp_path / "data")
+    assert _runtime.output_location(model) == model.path
+    assert capsys.readouterr().err == "", "kfp.local sets no KFP_POD_NAME: nothing to warn about"
+    monkeypatch.setenv("KFP_POD_NAME", "vlp-pretrain-abc")
+    _runtime.output_location(dataset)
+    assert capsys.readouterr().err == "", "only training outputs (Model) hold checkpoints"
+    _runtime.output_location(model)
+    assert "checkpoints of 'model' stay in this pod" in capsys.readouterr().err
+    assert _runtime.output_location(model, "s3://bkt/vlp").startswith("s3://bkt/vlp/")
+    assert capsys.readouterr().err == ""
+
+
 def test_publish_eval_fills_the_kfp_artifacts(tmp_path):
     out = _results(tmp_path / "res", {"accuracy": 0.5, "acc_color": 0.25}).path
     (Path(out) / "report.md").write_text("# QA\n")

@@ -116,6 +116,17 @@ def test_tokenizer_save_load_identical_ids(tokenizer, tmp_path: Path) -> None:
     assert loaded.mask_token_id == 4 and loaded.model_max_length == 40
 
 
+def test_a_tokenizer_smaller_than_its_vocab_txt_is_refused(tokenizer, tmp_path: Path) -> None:
+    """transformers 5 was seen to build 5 tokens from a BERT vocab.txt: ids would then miss the embeddings."""
+    save_tokenizer(tokenizer, str(tmp_path / "tok"))
+    vocab = [t for t, _ in sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])]
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    assert len(load_tokenizer(str(tmp_path / "tok"))) == len(vocab)  # as many as listed: fine
+    (tmp_path / "tok" / "vocab.txt").write_text("\n".join([*vocab, "zebra", "giraffe"]) + "\n")
+    with pytest.raises(ValueError, match=rf"has {len(vocab)} tokens but its vocab.txt lists {len(vocab) + 2}"):
+        load_tokenizer(str(tmp_path / "tok"))
+
+
 def test_tokenizer_and_weights_through_s3(tokenizer, hf_bert, s3_bucket: str, tmp_path: Path) -> None:
     uri = f"{s3_bucket}/artifacts/tokenizer"
     save_tokenizer(tokenizer, uri)

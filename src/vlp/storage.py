@@ -307,16 +307,21 @@ def download(uri: str | os.PathLike[str], local_path: str | os.PathLike[str]) ->
     return local_path
 
 
+def is_below(directory: str | os.PathLike[str], path: str | os.PathLike[str]) -> bool:
+    """True when local ``path`` lies strictly inside ``directory`` once ``..`` and symbolic links are resolved."""
+    base, target = os.path.realpath(directory), os.path.realpath(path)
+    return target != base and os.path.commonpath([base, target]) == base
+
+
 def local_path_under(directory: str | os.PathLike[str], relative: str) -> str:
     """``directory/relative`` for a key-derived relative path, refusing one that climbs out (``..``, absolute).
 
     An S3 key may contain ``..`` segments; as a file name under a temporary directory it would escape it.
     """
-    base = os.path.realpath(directory)
-    target = os.path.realpath(os.path.join(base, relative))
-    if os.path.isabs(relative) or os.path.commonpath([base, target]) != base or target == base:
+    target = os.path.join(os.path.realpath(directory), relative)
+    if os.path.isabs(relative) or not is_below(directory, target):
         raise StorageError(f"refusing the key-derived path {relative!r}: it leaves {directory}")
-    return target
+    return os.path.realpath(target)
 
 
 @contextlib.contextmanager

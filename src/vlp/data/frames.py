@@ -386,9 +386,9 @@ def _extract_video(task: _VideoTask, cfg: FramesConfig) -> _VideoResult:
         with storage.local_copy(task.uri) as local:
             if not os.path.exists(local):
                 raise FileNotFoundError(local)
-            problem = video.limits_problem(local, video.DecodeLimits(cfg.max_pixels, cfg.max_bytes, 0.0))
+            problem = video.limits_problem(local, video.DecodeLimits(cfg.max_pixels, cfg.max_bytes), "frames.")
             if problem:
-                return _VideoResult(task.video_id, reject=problem.replace("max_", "frames.max_", 1))
+                return _VideoResult(task.video_id, reject=problem)
             frames = (
                 video.read_image(local)[None] if task.media == "image" else decode_frames(local, indices, cfg.decoder)
             )

@@ -552,9 +552,9 @@ def _probe_one(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[
         with storage.local_copy(uri) as local:
             if not os.path.exists(local):
                 return None, f"missing file: {uri}"
-            problem = video.limits_problem(local, limits)
+            problem = video.limits_problem(local, limits, "ingest.")
             if problem:
-                return None, problem.replace("max_", "ingest.max_", 1)
+                return None, problem
             try:
                 info = video.probe(local)
             except video.VideoError as exc:

@@ -19,8 +19,6 @@ directory; :func:`resolve` turns it into a URI.
 
 from __future__ import annotations
 
-import os
-
 import pyarrow as pa
 
 from vlp import storage
@@ -175,8 +173,7 @@ def resolve_inside(root: str, path: str) -> str:
         prefix = root.rstrip("/") + "/"
         inside = storage.is_s3(root) and uri.startswith(prefix) and ".." not in uri[len(prefix) :].split("/")
     else:
-        real_root, real = os.path.realpath(root), os.path.realpath(uri)
-        inside = real != real_root and os.path.commonpath([real_root, real]) == real_root
+        inside = storage.is_below(root, uri)
     if not inside:
         raise PathEscapeError(f"path outside its root: {path!r} resolves outside {root}")
     return uri

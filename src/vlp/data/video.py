@@ -42,14 +42,15 @@ class DecodeLimits:
     max_duration_s: float = 0.0  # container duration (ingest passes its max_duration_s)
 
 
-def limits_problem(path: str, limits: DecodeLimits) -> str | None:
+def limits_problem(path: str, limits: DecodeLimits, section: str = "") -> str | None:
     """Why ``path`` must not be decoded, from its size and container header alone (no frame is decoded).
 
-    A file whose header cannot be read returns None: the decoders then reject it with their own reason.
+    ``section`` prefixes the limit's name in the reason (``"ingest."`` -> ``ingest.max_pixels=...``). A file
+    whose header cannot be read returns None: the decoders then reject it with their own reason.
     """
     size = os.path.getsize(path)
     if limits.max_bytes and size > limits.max_bytes:
-        return f"too large: {size} bytes > max_bytes={limits.max_bytes}"
+        return f"too large: {size} bytes > {section}max_bytes={limits.max_bytes}"
     try:
         width, height, duration = _declared(path)
     except Exception as exc:
@@ -57,9 +58,10 @@ def limits_problem(path: str, limits: DecodeLimits) -> str | None:
             return f"too large: {short_reason(exc)}"
         return None
     if limits.max_pixels and width * height > limits.max_pixels:
-        return f"too large: {width}x{height} = {width * height} pixels a frame > max_pixels={limits.max_pixels}"
-    if limits.max_duration_s and duration > limits.max_duration_s:
-        return f"too long: {duration:.3f} s > max_duration_s={limits.max_duration_s}"  # as the container declares
+        pixels = f"{width}x{height} = {width * height} pixels a frame"
+        return f"too large: {pixels} > {section}max_pixels={limits.max_pixels}"
+    if limits.max_duration_s and duration > limits.max_duration_s:  # as the container declares it
+        return f"too long: {duration:.3f} s > {section}max_duration_s={limits.max_duration_s}"
     return None
 
 
