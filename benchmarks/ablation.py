@@ -83,17 +83,16 @@ def random_init(uris: dict[str, str], prompter: str, out: str, cfg: Config) -> N
     """The "none" row: an ALPRO output with random weights (same shapes as the pre-trained rows)."""
     import torch
 
+    from vlp.models import directory
     from vlp.models.alpro import Alpro
-    from vlp.models.tokenizer import load_tokenizer, save_tokenizer
-    from vlp.steps.pretrain import TOKENIZER_DIR, _model_config, _write_model_json
+    from vlp.steps.pretrain import model_config
     from vlp.train.checkpoint import save_checkpoint
 
-    tok = load_tokenizer(storage.join(prompter, TOKENIZER_DIR))
-    model_cfg = _model_config(cfg.model, len(tok), 0, ["vtc", "mlm", "vtm"])
+    tok = directory.describe(prompter, ("prompter",)).tokenizer()
+    model_cfg = model_config(cfg.model, len(tok), 0, ["vtc", "mlm", "vtm"])
     torch.manual_seed(cfg.pretrain.seed)
     ckpt = save_checkpoint(storage.join(out, "checkpoints"), 0, Alpro(model_cfg), None, None)
-    save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
-    _write_model_json(out, "alpro", model_cfg, ckpt, {"steps": 0, "entities": []})
+    directory.save(out, kind="alpro", config=model_cfg, checkpoint=ckpt, tokenizer=tok, steps=0, entities=[])
     storage.write_text(storage.join(out, "summary.json"), json.dumps({"step": "random_init"}) + "\n")
 
 

@@ -46,9 +46,10 @@ from vlp import storage
 from vlp.config import Config, load_config
 from vlp.data import manifest
 from vlp.eval import retrieval
+from vlp.models import directory
 from vlp.steps import evaluate
 from vlp.steps.extract_frames import extract_frames
-from vlp.steps.finetune import read_model_doc, retrieval_data, text_length
+from vlp.steps.finetune import retrieval_data, text_length
 from vlp.steps.ingest import ingest
 from vlp.steps.synth import synth
 
@@ -90,11 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def model_img_size(model_dir: str) -> int:
     """The clip side (pixels) the model was built for, from its ``model.json``."""
-    doc = read_model_doc(model_dir)
-    try:
-        return int(doc["config"]["video"]["img_size"])
-    except (KeyError, TypeError) as err:
-        raise ValueError(f"{model_dir}/model.json has no config.video.img_size; is it a vlp ALPRO output?") from err
+    return int(directory.describe(model_dir).config.video.img_size)
 
 
 def world_overrides(n: int, img_size: int, seed: int) -> list[str]:
@@ -208,7 +205,7 @@ def rerank_rows(args: argparse.Namespace, dataset: str, frames: str, ks: list[in
     """Encode clips and texts once, as the step does, then time ``topk_rerank`` alone for each k."""
     cfg = eval_config(args, ks[0])
     rc = cfg.retrieval
-    alpro, tok, _ = evaluate._load_alpro(args.model, evaluate.RETRIEVAL_KINDS)
+    alpro, tok, _ = directory.load(args.model, evaluate.RETRIEVAL_KINDS)
     data = retrieval_data(cfg, dataset, frames, alpro.cfg.video.img_size, rc.split)
     video_ids = sorted({v for v, _ in data.pairs})
     position = {v: i for i, v in enumerate(video_ids)}

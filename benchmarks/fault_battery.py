@@ -221,7 +221,7 @@ def mlflow_killed(tmp: Path) -> Outcome:
     from vlp import tracking
     from vlp.config import load_config
     from vlp.models.tokenizer import train_wordpiece
-    from vlp.steps.pretrain import _train
+    from vlp.steps.common import train_model
     from vlp.train.loop import ResumableSampler, SamplerBatches
 
     server = MlflowServer(tmp)
@@ -241,7 +241,7 @@ def mlflow_killed(tmp: Path) -> Outcome:
 
         cfg = load_config(TINY, [f"tracking.tracking_uri={server.url}", "tracking.retry_every_s=0",
                                  "pretrain.max_steps=12", "pretrain.log_every=1"])  # fmt: skip
-        result = _train(torch.nn.Linear(4, 2), step, data, cfg, str(tmp / "out"), "pretrain",
+        result = train_model(torch.nn.Linear(4, 2), step, data, cfg, str(tmp / "out"), "pretrain",
                         tokenizer=train_wordpiece(["a b c"], vocab_size=12))  # fmt: skip
         client = tracking.client(tracking.TrackingConfig(tracking_uri=server.url))
         history = {m.step for m in client.get_metric_history(result.tracking["run_id"], "train/loss")}

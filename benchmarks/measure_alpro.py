@@ -16,35 +16,26 @@
 from __future__ import annotations
 
 import argparse
-import json
 import re
 
 import torch
 
-from vlp import losses, storage
+from vlp import losses
 from vlp.data import manifest
 from vlp.data.synth import COLORS, SCENE_PHRASES, SHAPE_SYNONYMS
 from vlp.data.video_text import VideoTextDataset, collate_video_text
+from vlp.models import directory
 from vlp.models.alpro import Alpro, DualEncoder
 from vlp.models.prompts import PromptBank
-from vlp.steps.pretrain import MODEL_JSON, TOKENIZER_DIR, config_from_json
-from vlp.train.checkpoint import load_model_weights
 
 
 def load_dual(out: str, trained: bool) -> tuple[DualEncoder, int]:
     """The dual encoder of a prompter or ALPRO output (random init of the same shape when not ``trained``)."""
-    doc = json.loads(storage.read_text(storage.join(out, MODEL_JSON)))
-    cfg = config_from_json(doc["config"])
+    info = directory.describe(out, ("prompter", "alpro"))
     torch.manual_seed(0)
-    model = (
-        Alpro(cfg)
-        if doc["kind"] == "alpro"
-        else DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07)
-    )
-    if trained:
-        load_model_weights(manifest.resolve(out, doc["checkpoint"]), model)
+    model = info.load() if trained else info.build()
     dual = model.dual if isinstance(model, Alpro) else model
-    return dual.eval(), cfg.video.img_size
+    return dual.eval(), info.config.video.img_size
 
 
 @torch.no_grad()
@@ -210,10 +201,8 @@ def main() -> None:
     parser.add_argument("--num-frames", type=int, default=4)
     parser.add_argument("--crops", type=int, default=4, help="PEM boxes per test clip")
     args = parser.parse_args()
-    from vlp.models.tokenizer import load_tokenizer
-
     torch.set_grad_enabled(False)
-    tok = load_tokenizer(storage.join(args.prompter, TOKENIZER_DIR))
+    tok = directory.describe(args.prompter).tokenizer()
     prompter, size = load_dual(args.prompter, True)
     data = VideoTextDataset(
         args.frames, args.dataset, split=args.split, num_frames=args.num_frames, mode="uniform", size=size

@@ -114,13 +114,13 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
     from vlp.steps.finetune import task_data, text_length
 
     trained = {}
-    real_train = finetune_module._train
+    real_train = finetune_module.train_model
 
     def keep_the_model(model, *args, **kwargs):  # the model object training updated, before anything is saved
         trained["model"] = model
         return real_train(model, *args, **kwargs)
 
-    monkeypatch.setattr(finetune_module, "_train", keep_the_model)
+    monkeypatch.setattr(finetune_module, "train_model", keep_the_model)
     cfg = load_config(TINY)
     ft = str(tmp_path / "qa")
     finetune_qa(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)

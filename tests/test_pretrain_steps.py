@@ -141,13 +141,14 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
 def test_model_json_config_round_trip(preset):
     import dataclasses
 
-    from vlp.steps.pretrain import _model_config, config_from_json
+    from vlp.models.alpro import AlproConfig
+    from vlp.steps.pretrain import model_config
     from vlp.train.settings import ModelConfig
 
-    cfg = _model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
+    cfg = model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
     doc = json.loads(json.dumps(dataclasses.asdict(cfg)))
-    assert config_from_json(doc, keep_init=True) == cfg
-    rebuilt = config_from_json(doc)  # a saved model rebuilds from its checkpoint, never from its starting weights
+    assert AlproConfig.from_dict(doc, keep_init=True) == cfg
+    rebuilt = AlproConfig.from_dict(doc)  # a saved model rebuilds from its checkpoint, never from its starting weights
     assert rebuilt.video.init == rebuilt.text.init == ""
     assert dataclasses.replace(rebuilt, video=cfg.video, text=cfg.text) == cfg
 
@@ -284,17 +285,17 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
 
 
 def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():
-    from vlp.steps.pretrain import _model_config, resolved_inits, tokenizer_source
+    from vlp.steps.pretrain import model_config, resolved_inits, tokenizer_source
     from vlp.train.settings import ModelConfig
 
     paper = ModelConfig(preset="paper", img_size=224)
     assert resolved_inits(paper) == ("vit_base_patch16_224.orig_in21k", "bert-base-uncased")
     assert tokenizer_source(paper) == "bert-base-uncased", "BERT's embeddings need BERT's vocabulary"
-    built = _model_config(paper, 30522, 0, ["vtc"])
+    built = model_config(paper, 30522, 0, ["vtc"])
     assert (built.video.init, built.text.init) == ("vit_base_patch16_224.orig_in21k", "bert-base-uncased")
     scratch = ModelConfig(preset="paper", video_init="random", text_init="random")  # random init is explicit
     assert resolved_inits(scratch) == ("", "") and tokenizer_source(scratch) == ""
-    assert _model_config(scratch, 1000, 0, ["vtc"]).text.init == ""
+    assert model_config(scratch, 1000, 0, ["vtc"]).text.init == ""
     assert tokenizer_source(ModelConfig(preset="paper", tokenizer="wordpiece")) == ""
     assert resolved_inits(ModelConfig()) == ("", "") and tokenizer_source(ModelConfig()) == ""  # tiny: random
     assert tokenizer_source(ModelConfig(text_init="/models/bert")) == "/models/bert"
@@ -330,10 +331,9 @@ def test_local_bert_weights_bring_their_own_tokenizer(tiny_world, tmp_path):
     assert tokenizer_digest(load_tokenizer(str(out / "tokenizer"))) == tokenizer_digest(tok)
     doc = json.loads((out / "model.json").read_text())
     assert doc["config"]["text"]["init"] == str(bert_dir) and doc["config"]["text"]["vocab_size"] == len(tok)
-    from vlp.models.alpro import Alpro, DualEncoder
-    from vlp.steps.pretrain import config_from_json
+    from vlp.models.alpro import Alpro, AlproConfig, DualEncoder
 
-    model_cfg = config_from_json(doc["config"], keep_init=True)  # the towers as the step built them, before training
+    model_cfg = AlproConfig.from_dict(doc["config"], keep_init=True)  # the towers as the step built them
     prompter = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
     assert torch.equal(prompter.text.word_embeddings.weight, bert.bert.embeddings.word_embeddings.weight)
     alpro = Alpro(dataclasses.replace(model_cfg, losses=("vtc", "mlm")))  # BERT layers 3-4 become the fusion

@@ -16,7 +16,7 @@ from faulty_servers import MlflowServer
 from vlp import tracking
 from vlp.config import load_config
 from vlp.models.tokenizer import train_wordpiece
-from vlp.steps.pretrain import _train
+from vlp.steps.common import train_model
 from vlp.train.loop import ResumableSampler, SamplerBatches
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
@@ -32,7 +32,7 @@ def server(tmp_path: Path):
 
 
 def _tiny_run(out: Path, url: str, hook) -> tuple[dict, list[dict]]:
-    """12 updates of a linear model through the steps' ``_train`` with MLflow on; ``hook(call)`` runs per step."""
+    """12 updates of a linear model through the steps' ``train_model`` with MLflow on; ``hook(call)`` runs per step."""
     torch.manual_seed(0)
     x, y = torch.randn(16, 4), torch.randint(0, 2, (16,))
     data = SamplerBatches(ResumableSampler(16, seed=0), lambda idx: {"x": x[idx], "y": y[idx]}, 4)
@@ -47,7 +47,7 @@ def _tiny_run(out: Path, url: str, hook) -> tuple[dict, list[dict]]:
                  f"pretrain.max_steps={STEPS}", "pretrain.log_every=1", "pretrain.ckpt_every=4"]  # fmt: skip
     cfg = load_config(TINY, overrides)
     tok = train_wordpiece(["a red circle"], vocab_size=20)
-    result = _train(nn.Linear(4, 2), step_fn, data, cfg, str(out), "pretrain", tokenizer=tok)
+    result = train_model(nn.Linear(4, 2), step_fn, data, cfg, str(out), "pretrain", tokenizer=tok)
     lines = [json.loads(s) for s in (out / "metrics.jsonl").read_text().splitlines()]
     return result, [m for m in lines if "step" in m]
 

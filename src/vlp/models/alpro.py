@@ -66,6 +66,18 @@ class AlproConfig:
             raise ValueError("PEM needs num_entities >= 1 (the prompt-bank size); set it or drop 'pem' from losses")
 
     @classmethod
+    def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> AlproConfig:
+        """The config ``dataclasses.asdict`` gave (a ``model.json``'s ``config``); the towers' ``init`` is
+        cleared unless ``keep_init``: a saved model's weights come from its checkpoint, so rebuilding it must
+        not fetch its starting weights again (``model.json`` keeps them as lineage)."""
+        cleared = {} if keep_init else {"init": ""}
+        video = TimeSformerConfig(**(data["video"] | cleared))
+        text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
+        fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
+        fields |= {key: tuple(data[key]) for key in ("pem_area", "pem_ratio")}
+        return cls(**fields)
+
+    @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> AlproConfig:
         """2+2 text layers of width 64, a 2-layer width-64 TimeSformer on 32 px frames: seconds on a CPU."""
         base = {"video": TimeSformerConfig.tiny(), "text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32}

@@ -1,4 +1,5 @@
-"""What every step does around its work: storage set-up, timing, the summary file."""
+"""What every step does around its work (storage set-up, timing, the summary file), and what the training
+steps share: seeding, the device, the training loop with its loggers, the summary of a training run."""
 
 from __future__ import annotations
 
@@ -32,3 +33,98 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
     if os.environ.get("RANK", "0") == "0":  # under torchrun only rank 0 writes the step's files
         storage.write_text(storage.join(out, manifest.SUMMARY), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
+
+
+def seed_model_init(seed: int) -> None:
+    """Seed every global generator before a model is built, so its random initial weights follow the seed.
+
+    The same on every rank (DDP also broadcasts rank 0's weights); :func:`vlp.train.loop.train` re-seeds
+    with ``seed + rank`` for the training steps.
+    """
+    from vlp.train.loop import seed_everything
+
+    seed_everything(seed)
+
+
+def train_model(
+    model: Any,
+    step_fn: Any,
+    data: Any,
+    config: Config,
+    out: str,
+    name: str,
+    section: Any = None,
+    *,
+    tokenizer: Any,
+) -> Any:
+    """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0).
+
+    ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
+    The checkpoints record ``tokenizer``'s digest, and a resume with another tokenizer is refused.
+    """
+    from vlp.models.tokenizer import tokenizer_digest
+    from vlp.tracking import MlflowLogger, MultiLogger
+    from vlp.train import distributed
+    from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
+    from vlp.train.optim import OptimConfig
+
+    cfg = config.pretrain if section is None else section
+    train_cfg = TrainConfig(
+        out_dir=out,
+        max_steps=cfg.max_steps,
+        grad_accum=cfg.grad_accum,
+        log_every=cfg.log_every,
+        ckpt_every=cfg.ckpt_every,
+        seed=cfg.seed,
+        bf16=cfg.bf16,
+        progress=cfg.progress,
+    )
+    optim = OptimConfig(
+        lr=cfg.lr,
+        weight_decay=cfg.weight_decay,
+        warmup_ratio=cfg.warmup_ratio,
+        grad_clip=cfg.grad_clip,
+        alpro_code_weight_decay=cfg.alpro_code_weight_decay,
+    )
+    logger, mlflow_run = None, None
+    if distributed.rank() == 0:
+        loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]
+        if config.tracking.tracking_uri:
+            mlflow_run = MlflowLogger(config.tracking, run_name=name, tags={"vlp.step": name, "vlp.out": out})
+            loggers.append(mlflow_run)
+        logger = MultiLogger(loggers)
+    identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
+    try:
+        result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger, identity=identity)
+    except BaseException:
+        if mlflow_run is not None:
+            mlflow_run.close("FAILED")  # never raises: the training error is the one that propagates
+        raise
+    if mlflow_run is not None:
+        result.tracking = mlflow_run.close()
+    return result
+
+
+def train_summary(result: Any) -> dict[str, Any]:
+    """The summary entries of a training step: steps, checkpoint, metrics, and whether and where it resumed.
+
+    ``skipped`` is true when the output was already trained to the end (a rerun): nothing was trained, every
+    output stays as it was, and ``metrics`` are those the finished run logged last.
+    """
+    return {
+        "steps": result.step,
+        "checkpoint": result.checkpoint,
+        "metrics": result.last_metrics,
+        "resumed_from_step": result.start_step if result.resumed_from else None,
+        "skipped": result.resumed_from is not None and result.start_step == result.step,
+        **({"tracking": result.tracking} if result.tracking else {}),
+    }
+
+
+def device() -> Any:
+    """``cuda:<local rank>`` when a GPU is visible (torchrun sets the rank), else the CPU."""
+    import torch
+
+    from vlp.train import distributed
+
+    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")

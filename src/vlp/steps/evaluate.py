@@ -25,18 +25,9 @@ import torch
 from vlp import storage
 from vlp.config import Config
 from vlp.data.video_text import VideoQADataset
-from vlp.steps.common import StepResult, run_step
-from vlp.steps.finetune import (
-    ANSWERS_FILE,
-    QA_KIND,
-    RETRIEVAL_KIND,
-    checkpoint_of,
-    read_model_doc,
-    retrieval_data,
-    task_data,
-    text_length,
-)
-from vlp.steps.pretrain import _device, config_from_json
+from vlp.models import directory
+from vlp.steps.common import StepResult, device, run_step
+from vlp.steps.finetune import QA_KIND, RETRIEVAL_KIND, retrieval_data, task_data, text_length
 
 log = logging.getLogger("vlp")
 METRICS_FILE = "metrics.json"
@@ -56,10 +47,10 @@ def _encode_clips(model: Any, data: Any, video_ids: list[str], batch: int, cfg: 
     """(unit-norm ``(V, D)`` features, ``(V, 1+N, C)`` tokens) of each clip, sampled with the eval sampler."""
     import numpy as np
 
-    feats, tokens, device = [], [], _device()
+    feats, tokens, where = [], [], device()
     chunks = [video_ids[i : i + batch] for i in range(0, len(video_ids), batch)]
     for chunk in _progress(cfg.retrieval.progress, chunks, "clips", len(chunks)):
-        clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(device)
+        clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(where)
         feat, out = model.dual.encode_video(clips)
         feats.append(feat.float().cpu())
         tokens.append(out.tokens.float().cpu())
@@ -69,10 +60,10 @@ def _encode_clips(model: Any, data: Any, video_ids: list[str], batch: int, cfg: 
 @torch.no_grad()
 def _encode_texts(model: Any, tok: Any, texts: list[str], length: int, batch: int) -> tuple[Any, Any, Any]:
     """(unit-norm ``(T, D)`` features, ``(T, L, C)`` tokens, ``(T, L)`` masks)."""
-    feats, tokens, masks, device = [], [], [], _device()
+    feats, tokens, masks, where = [], [], [], device()
     for i in range(0, len(texts), batch):
         enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
-        feat, out = model.dual.encode_text(enc["input_ids"].to(device), enc["attention_mask"].to(device))
+        feat, out = model.dual.encode_text(enc["input_ids"].to(where), enc["attention_mask"].to(where))
         feats.append(feat.float().cpu())
         tokens.append(out.tokens.float().cpu())
         masks.append(out.attention_mask.cpu())
@@ -82,29 +73,14 @@ def _encode_texts(model: Any, tok: Any, texts: list[str], length: int, batch: in
 def _pair_scorer(model: Any, text_tok: Any, text_mask: Any, video_tok: Any) -> Callable[[Any, Any], Any]:
     from vlp.models.alpro import vtm_logits
 
-    device = _device()
+    where = device()
 
     @torch.no_grad()
     def score(t_idx: torch.Tensor, v_idx: torch.Tensor) -> torch.Tensor:
-        t, m, v = text_tok[t_idx].to(device), text_mask[t_idx].to(device), video_tok[v_idx].to(device)
+        t, m, v = text_tok[t_idx].to(where), text_mask[t_idx].to(where), video_tok[v_idx].to(where)
         return vtm_logits(model, t, m, v).float().cpu()  # (P, 2)
 
     return score
-
-
-def _load_alpro(model_dir: str, kinds: tuple[str, ...]) -> tuple[Any, Any, dict[str, Any]]:
-    from vlp.models.alpro import Alpro
-    from vlp.models.tokenizer import load_tokenizer
-    from vlp.steps.pretrain import TOKENIZER_DIR
-    from vlp.train.checkpoint import load_model_weights
-
-    doc = read_model_doc(model_dir)
-    if doc.get("kind") not in kinds:
-        raise ValueError(f"{model_dir} holds a {doc.get('kind')!r} model; this step needs one of {list(kinds)}")
-    model_cfg = config_from_json(doc["config"])
-    model = Alpro(model_cfg)
-    load_model_weights(checkpoint_of(model_dir, doc), model)
-    return model.to(_device()).eval(), load_tokenizer(storage.join(model_dir, TOKENIZER_DIR)), doc
 
 
 def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_name: str, report: Callable) -> None:
@@ -124,7 +100,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         from vlp.eval.retrieval import retrieval_metrics, topk_rerank
 
         rc = cfg.retrieval
-        alpro, tok, doc = _load_alpro(model, RETRIEVAL_KINDS)
+        alpro, tok, info = directory.load(model, RETRIEVAL_KINDS, device())
         data = retrieval_data(cfg, dataset, frames, alpro.cfg.video.img_size, rc.split)
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
@@ -152,9 +128,9 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             return retrieval_report(metrics, ranks_t2v(scores, text_video), examples, tmp)
 
         _write_outputs(out, metrics, table, "ranks.parquet", report)
-        kind = "zero-shot" if doc["kind"] == "alpro" else "fine-tuned"
+        kind = "zero-shot" if info.kind == "alpro" else "fine-tuned"
         log.info("evaluate_retrieval (%s): t2v R@1 %.1f, v2t R@1 %.1f", kind, metrics["t2v_r1"], metrics["v2t_r1"])
-        return {"metrics": metrics, "model": model, "model_kind": doc["kind"], "split": rc.split}
+        return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split}
 
     return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
 
@@ -201,21 +177,10 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
     def work() -> StepResult:
         from vlp.eval.qa import qa_metrics
         from vlp.eval.report import qa_report
-        from vlp.models.alpro import AlproQA
-        from vlp.models.tokenizer import load_tokenizer
-        from vlp.steps.pretrain import TOKENIZER_DIR
-        from vlp.train.checkpoint import load_model_weights
 
         qc = cfg.qa
-        doc = read_model_doc(model)
-        if doc.get("kind") != QA_KIND:
-            raise ValueError(f"{model} holds a {doc.get('kind')!r} model; evaluate-qa needs a `vlp finetune-qa` output")
-        answers = json.loads(storage.read_text(storage.join(model, doc.get("answers", ANSWERS_FILE))))
-        model_cfg = config_from_json(doc["config"])
-        net = AlproQA(model_cfg, len(answers))
-        load_model_weights(checkpoint_of(model, doc), net)
-        net.to(_device()).eval()
-        tok = load_tokenizer(storage.join(model, TOKENIZER_DIR))
+        net, tok, info = directory.load(model, (QA_KIND,), device())
+        answers, model_cfg = info.answers(), info.config
         data = task_data(VideoQADataset, qc, dataset, frames, model_cfg.video.img_size, qc.split)
         preds, confidence = _predict_qa(net, tok, data, text_length(qc, model_cfg), qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
@@ -252,14 +217,14 @@ def _norm(answer: str) -> str:
 
 @torch.no_grad()
 def _predict_qa(net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config) -> tuple[list[int], list[float]]:
-    device, preds, conf = _device(), [], []
+    where, preds, conf = device(), [], []
     chunks = [list(range(i, min(i + batch, len(data)))) for i in range(0, len(data), batch)]
     for chunk in _progress(cfg.qa.progress, chunks, "questions", len(chunks)):
         items = [data[i] for i in chunk]
         enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
                   return_tensors="pt")  # fmt: skip
-        video = torch.stack([it["video"] for it in items]).to(device)
-        probs = net(video, enc["input_ids"].to(device), enc["attention_mask"].to(device)).float().softmax(-1)
+        video = torch.stack([it["video"] for it in items]).to(where)
+        probs = net(video, enc["input_ids"].to(where), enc["attention_mask"].to(where)).float().softmax(-1)
         best = probs.max(-1)
         preds += best.indices.tolist()
         conf += best.values.tolist()

@@ -2,7 +2,7 @@
 
 Both start from a ``pretrain`` output (or a ``finetune-*`` output, to continue), use the shared training
 loop (AdamW, warm-up + linear decay, clipping, accumulation, DDP under ``torchrun``, exact resume) and write
-the same layout as pre-training: ``model.json`` + ``tokenizer/`` + ``checkpoints/`` + ``metrics.jsonl``.
+the same model directory as pre-training (:mod:`vlp.models.directory`) + ``metrics.jsonl``.
 The video tower keeps the pre-trained frame count in its config; clips with another frame count (8 or 16
 here, 4 in pre-training) use the interpolated time embedding (:mod:`vlp.models.layers.timesformer`).
 """
@@ -10,7 +10,6 @@ here, 4 in pre-training) use the interpolated time embedding (:mod:`vlp.models.l
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vlp import storage
 from vlp.config import Config
 from vlp.data.video_text import (
     ClipRandAugment,
@@ -27,30 +25,15 @@ from vlp.data.video_text import (
     collate_video_text,
     normalize_answer,
 )
-from vlp.steps.common import StepResult, run_step
-from vlp.steps.pretrain import (
-    MODEL_JSON,
-    TOKENIZER_DIR,
-    _device,
-    _train,
-    _write_model_json,
-    config_from_json,
-    seed_model_init,
-    train_summary,
-)
+from vlp.models import directory
+from vlp.steps.common import StepResult, device, run_step, seed_model_init, train_model, train_summary
 from vlp.train.settings import FinetuneConfig
 
 log = logging.getLogger("vlp")
 RETRIEVAL_KIND, QA_KIND = "alpro_retrieval", "alpro_qa"
-ANSWERS_FILE = "answers.json"
-
-
-def read_model_doc(model_dir: str) -> dict[str, Any]:
-    """``model.json`` of a pretrain/finetune output, with a clear error when it is not one."""
-    uri = storage.join(model_dir, MODEL_JSON)
-    if not storage.exists(uri):
-        raise FileNotFoundError(f"{uri} does not exist: pass the output of `vlp pretrain` or `vlp finetune-*`")
-    return json.loads(storage.read_text(uri))
+# What fine-tuning starts from: a pre-trained ALPRO, or a retrieval fine-tuned one (to continue, or as QA's
+# start). A QA model's classifier is tied to its answer vocabulary, so it is evaluated, not fine-tuned further.
+STARTS = ("alpro", RETRIEVAL_KIND)
 
 
 def text_length(section: FinetuneConfig, model_cfg: Any) -> int:
@@ -113,18 +96,6 @@ def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
     return SamplerBatches(sampler, fetch, min(section.batch_size, len(sampler)), drop_last=True)
 
 
-def _copy_tokenizer(src_dir: str, out: str) -> Any:
-    """The tokenizer of ``src_dir``, saved into ``out`` once (a rerun leaves the copy as it is)."""
-    from vlp.models.tokenizer import load_tokenizer, save_tokenizer
-    from vlp.train import distributed
-
-    tok = load_tokenizer(storage.join(src_dir, TOKENIZER_DIR))
-    copy = storage.join(out, TOKENIZER_DIR)
-    if distributed.rank() == 0 and not storage.exists(storage.join(copy, "tokenizer.json")):
-        save_tokenizer(tok, copy)
-    return tok
-
-
 def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
     """Fine-tune a pre-trained ALPRO for text-video retrieval with the ``retrieval.losses`` (VTC + VTM)."""
 
@@ -134,15 +105,14 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
-        doc = read_model_doc(pretrained)
-        base = config_from_json(doc["config"])
-        model_cfg = dataclasses.replace(base, num_entities=0, losses=tuple(cfg.retrieval.losses))
+        start = directory.describe(pretrained, STARTS)
+        model_cfg = dataclasses.replace(start.config, num_entities=0, losses=tuple(cfg.retrieval.losses))
         seed_model_init(cfg.retrieval.seed)
         model = Alpro(model_cfg)
-        skipped = load_pretrained_weights(checkpoint_of(pretrained, doc), model)
+        skipped = load_pretrained_weights(start.checkpoint, model)
         log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
-        model.to(_device())
-        tok = _copy_tokenizer(pretrained, out)
+        model.to(device())
+        tok = start.tokenizer()
         length = text_length(cfg.retrieval, model_cfg)
         data = retrieval_data(cfg, dataset, frames, model_cfg.video.img_size, "train")
 
@@ -158,9 +128,18 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             return m(batch, tokenizer=tok, gather=gather, rank=rank)
 
         batches = _batches(data, section, fetch)
-        result = _train(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
-        extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "task": "retrieval"}
-        _write_model_json(out, RETRIEVAL_KIND, model_cfg, result.checkpoint, extra)
+        result = train_model(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
+        directory.save(
+            out,
+            kind=RETRIEVAL_KIND,
+            config=model_cfg,
+            checkpoint=result.checkpoint,
+            tokenizer=tok,
+            lineage={"pretrained": pretrained},
+            steps=result.step,
+            max_len=length,
+            task="retrieval",
+        )
         return train_summary(result)
 
     return run_step("finetune_retrieval", out, cfg, "retrieval", work)
@@ -176,9 +155,9 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
-        doc = read_model_doc(pretrained)
+        start = directory.describe(pretrained, STARTS)
         # AlproQA uses the towers and the fusion only: no pre-training heads, so no PEM entities
-        model_cfg = dataclasses.replace(config_from_json(doc["config"]), num_entities=0, losses=("vtc",))
+        model_cfg = dataclasses.replace(start.config, num_entities=0, losses=("vtc",))
         data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg.video.img_size, "train")
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
@@ -190,9 +169,9 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
         seed_model_init(cfg.qa.seed)
         model = AlproQA(model_cfg, len(answers))
-        load_pretrained_weights(checkpoint_of(pretrained, doc), model, allow_missing=("classifier.",))
-        model.to(_device())
-        tok = _copy_tokenizer(pretrained, out)
+        load_pretrained_weights(start.checkpoint, model, allow_missing=("classifier.",))
+        model.to(device())
+        tok = start.tokenizer()
         length = text_length(cfg.qa, model_cfg)
 
         def fetch(indices: list[int]) -> dict[str, torch.Tensor]:
@@ -213,23 +192,23 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
 
         section = with_max_steps(cfg.qa, len(data))
-        result = _train(model, step_fn, _batches(data, section, fetch), cfg, out, "finetune_qa", section, tokenizer=tok)
-        if distributed.rank() == 0:
-            storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
-        extra = {"steps": result.step, "pretrained": pretrained, "max_len": length, "answers": ANSWERS_FILE}
-        _write_model_json(out, QA_KIND, model_cfg, result.checkpoint, {**extra, "task": "qa"})
+        batches = _batches(data, section, fetch)
+        result = train_model(model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok)
+        directory.save(
+            out,
+            kind=QA_KIND,
+            config=model_cfg,
+            checkpoint=result.checkpoint,
+            tokenizer=tok,
+            answers=answers,
+            lineage={"pretrained": pretrained},
+            steps=result.step,
+            max_len=length,
+            task="qa",
+        )
         return train_summary(result) | {
             "answers": len(answers),
             "train_answer_coverage": round(len(keep) / total, 4),
         }
 
     return run_step("finetune_qa", out, cfg, "qa", work)
-
-
-def checkpoint_of(model_dir: str, doc: dict[str, Any]) -> str:
-    """The checkpoint directory ``model.json`` (``doc``) of ``model_dir`` points at."""
-    from vlp.data import manifest
-
-    if not doc.get("checkpoint"):
-        raise ValueError(f"{model_dir}/{MODEL_JSON} names no checkpoint: the step that wrote it did not finish")
-    return manifest.resolve_inside(model_dir, doc["checkpoint"])  # a model.json cannot point elsewhere

@@ -1,14 +1,12 @@
 """Steps: ``pretrain_prompter`` -> ``build_prompt_bank`` -> ``pretrain`` (ALPRO).
 
-Every output directory holds ``model.json`` (the model config + the checkpoint that holds the final
-weights, relative to the directory) and, for the prompter, the tokenizer every later model shares.
-Weights are safetensors written by :mod:`vlp.train.checkpoint`; nothing is pickled.
+Every output is a model directory (:mod:`vlp.models.directory`): ``model.json``, the tokenizer every later
+model shares, and the checkpoints. Weights are safetensors written by :mod:`vlp.train.checkpoint`; nothing is
+pickled.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import logging
 from dataclasses import replace
 from typing import Any
@@ -20,12 +18,11 @@ from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
-from vlp.steps.common import StepResult, run_step
+from vlp.models import directory
+from vlp.steps.common import StepResult, device, run_step, seed_model_init, train_model, train_summary
 from vlp.train.settings import ModelConfig
 
 log = logging.getLogger("vlp")
-MODEL_JSON = "model.json"
-TOKENIZER_DIR = "tokenizer"
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -61,7 +58,7 @@ def tokenizer_source(model: ModelConfig) -> str:
     return model.tokenizer or resolved_inits(model)[1]
 
 
-def _model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
+def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
     from vlp.models.alpro import AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig
@@ -114,7 +111,7 @@ def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
     from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
     from vlp.train import distributed
 
-    saved, source = storage.join(out, TOKENIZER_DIR), tokenizer_source(cfg.model)
+    saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
     if storage.exists(storage.join(saved, "tokenizer.json")):
         tok = load_tokenizer(saved)
         if source and tokenizer_digest(load_tokenizer(source)) != tokenizer_digest(tok):
@@ -134,17 +131,6 @@ def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
     if distributed.rank() == 0:
         save_tokenizer(tok, saved)
     return tok
-
-
-def seed_model_init(seed: int) -> None:
-    """Seed every global generator before a model is built, so its random initial weights follow the seed.
-
-    The same on every rank (DDP also broadcasts rank 0's weights); :func:`vlp.train.loop.train` re-seeds
-    with ``seed + rank`` for the training steps.
-    """
-    from vlp.train.loop import seed_everything
-
-    seed_everything(seed)
 
 
 def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
@@ -184,137 +170,10 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
     return SamplerBatches(sampler, fetch, batch, drop_last=True)
 
 
-def _train(
-    model: torch.nn.Module,
-    step_fn: Any,
-    data: Any,
-    config: Config,
-    out: str,
-    name: str,
-    section: Any = None,
-    *,
-    tokenizer: Any,
-) -> Any:
-    """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0).
-
-    ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
-    The checkpoints record ``tokenizer``'s digest, and a resume with another tokenizer is refused.
-    """
-    from vlp.models.tokenizer import tokenizer_digest
-    from vlp.tracking import MlflowLogger, MultiLogger
-    from vlp.train import distributed
-    from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
-    from vlp.train.optim import OptimConfig
-
-    cfg = config.pretrain if section is None else section
-    train_cfg = TrainConfig(
-        out_dir=out,
-        max_steps=cfg.max_steps,
-        grad_accum=cfg.grad_accum,
-        log_every=cfg.log_every,
-        ckpt_every=cfg.ckpt_every,
-        seed=cfg.seed,
-        bf16=cfg.bf16,
-        progress=cfg.progress,
-    )
-    optim = OptimConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        warmup_ratio=cfg.warmup_ratio,
-        grad_clip=cfg.grad_clip,
-        alpro_code_weight_decay=cfg.alpro_code_weight_decay,
-    )
-    logger, mlflow_run = None, None
-    if distributed.rank() == 0:
-        loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]
-        if config.tracking.tracking_uri:
-            mlflow_run = MlflowLogger(config.tracking, run_name=name, tags={"vlp.step": name, "vlp.out": out})
-            loggers.append(mlflow_run)
-        logger = MultiLogger(loggers)
-    identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
-    try:
-        result = train(model, step_fn, data, train_cfg, optim, metrics_logger=logger, identity=identity)
-    except BaseException:
-        if mlflow_run is not None:
-            mlflow_run.close("FAILED")  # never raises: the training error is the one that propagates
-        raise
-    if mlflow_run is not None:
-        result.tracking = mlflow_run.close()
-    return result
-
-
-def train_summary(result: Any) -> dict[str, Any]:
-    """The summary entries of a training step: steps, checkpoint, metrics, and whether and where it resumed.
-
-    ``skipped`` is true when the output was already trained to the end (a rerun): nothing was trained, every
-    output stays as it was, and ``metrics`` are those the finished run logged last.
-    """
-    return {
-        "steps": result.step,
-        "checkpoint": result.checkpoint,
-        "metrics": result.last_metrics,
-        "resumed_from_step": result.start_step if result.resumed_from else None,
-        "skipped": result.resumed_from is not None and result.start_step == result.step,
-        **({"tracking": result.tracking} if result.tracking else {}),
-    }
-
-
-def _device() -> torch.device:
-    """``cuda:<local rank>`` when a GPU is visible (torchrun sets the rank), else the CPU."""
-    from vlp.train import distributed
-
-    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _write_model_json(out: str, kind: str, model_cfg: Any, checkpoint: str | None, extra: dict[str, Any]) -> None:
-    """``<out>/model.json``: what the model is and which checkpoint holds it (rank 0 only: others return)."""
-    from vlp.train import distributed
-
-    if distributed.rank() != 0:
-        return
-    if checkpoint is None:
-        raise RuntimeError(f"training into {out} finished without a checkpoint to point model.json at")
-    rel = checkpoint[len(out.rstrip("/")) + 1 :] if checkpoint.startswith(out.rstrip("/") + "/") else checkpoint
-    doc = {"kind": kind, "config": dataclasses.asdict(model_cfg), "checkpoint": rel, **extra}
-    storage.write_text(storage.join(out, MODEL_JSON), json.dumps(doc, indent=2, sort_keys=True) + "\n")
-
-
 def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:
     """(frozen :class:`DualEncoder` in eval mode, its tokenizer, its AlproConfig) from a prompter output."""
-    from vlp.models.alpro import DualEncoder
-    from vlp.models.tokenizer import load_tokenizer
-    from vlp.train.checkpoint import load_model_weights
-
-    doc = json.loads(storage.read_text(storage.join(prompter_dir, MODEL_JSON)))
-    model_cfg = config_from_json(doc["config"])
-    prompter = DualEncoder(
-        model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=model_cfg.init_temp
-    )
-    ckpt = manifest.resolve_inside(prompter_dir, doc["checkpoint"])
-    load_model_weights(ckpt, prompter)
-    prompter.eval().requires_grad_(False)
-    return prompter, load_tokenizer(storage.join(prompter_dir, TOKENIZER_DIR)), model_cfg
-
-
-def config_from_json(data: dict[str, Any], *, keep_init: bool = False) -> Any:
-    """The AlproConfig of a ``model.json``; its towers' ``init`` is cleared unless ``keep_init``.
-
-    A saved model's weights come from its checkpoint, so rebuilding it must not fetch its starting weights
-    again (``model.json`` keeps them as lineage).
-    """
-    from vlp.models.alpro import AlproConfig
-    from vlp.models.layers.timesformer import TimeSformerConfig
-    from vlp.models.text import TextConfig
-
-    fields = dict(data)
-    cleared = {} if keep_init else {"init": ""}
-    video = TimeSformerConfig(**(data["video"] | cleared))
-    text_fields = {k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()}
-    text = TextConfig(**text_fields)
-    fields.update(video=video, text=text, losses=tuple(data["losses"]))
-    for key in ("pem_area", "pem_ratio"):
-        fields[key] = tuple(data[key])
-    return AlproConfig(**fields)
+    prompter, tok, info = directory.load(prompter_dir, ("prompter",))
+    return prompter.requires_grad_(False), tok, info.config
 
 
 # --------------------------------------------------------------------------- steps
@@ -329,15 +188,15 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
 
         distributed.init_from_env()
         tok = _tokenizer(cfg, dataset, out)
-        model_cfg = _model_config(cfg.model, len(tok), 0, ["vtc"])
+        model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
         seed_model_init(cfg.pretrain.seed)
         model = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
-        model.to(_device())
+        model.to(device())
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
         data = _batches(cfg, dataset, frames, tok)
         step_fn = lambda m, b: m(b, gather=gather, rank=rank)  # noqa: E731
-        result = _train(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
-        _write_model_json(out, "prompter", model_cfg, result.checkpoint, {"steps": result.step})
+        result = train_model(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
+        directory.save(out, kind="prompter", config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
         return train_summary(result)
 
     return run_step("pretrain_prompter", out, cfg, "pretrain", work)
@@ -374,28 +233,33 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
     def work() -> StepResult:
         from vlp.models.alpro import Alpro, PemContext
         from vlp.models.prompts import PromptBank
-        from vlp.models.tokenizer import save_tokenizer
         from vlp.train import distributed
 
         distributed.init_from_env()
         prompter, tok, _ = load_prompter(prompter_dir)
         bank = PromptBank.load(bank_dir) if "pem" in cfg.model.losses else None
         num_entities = len(bank.entities) if bank is not None else 0
-        model_cfg = _model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
-        device = _device()
+        model_cfg = model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
+        where = device()
         seed_model_init(cfg.pretrain.seed)
-        model = Alpro(model_cfg).to(device)
-        pem = PemContext(prompter.to(device), bank.video, bank.image) if bank is not None else None
+        model = Alpro(model_cfg).to(where)
+        pem = PemContext(prompter.to(where), bank.video, bank.image) if bank is not None else None
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank)
 
-        result = _train(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
-        if distributed.rank() == 0 and not storage.exists(storage.join(out, TOKENIZER_DIR, "tokenizer.json")):
-            save_tokenizer(tok, storage.join(out, TOKENIZER_DIR))
-        extra = {"steps": result.step, "entities": bank.entities if bank is not None else []}
-        _write_model_json(out, "alpro", model_cfg, result.checkpoint, extra)
+        result = train_model(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
+        directory.save(
+            out,
+            kind="alpro",
+            config=model_cfg,
+            checkpoint=result.checkpoint,
+            tokenizer=tok,
+            lineage={"prompter": prompter_dir},
+            steps=result.step,
+            entities=bank.entities if bank is not None else [],
+        )
         figures = []
         if pem is not None and distributed.rank() == 0:
             figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg)

@@ -399,6 +399,14 @@ def read_state(uri: str) -> dict[str, Any]:
     return state
 
 
+def save_model_weights(uri: str, model: nn.Module | dict[str, Tensor]) -> str:
+    """Write only ``<uri>/model.safetensors`` (a model, or its state dict): weights without a training state,
+    e.g. an imported checkpoint. :func:`load_model_weights` reads it; there is nothing to resume from."""
+    state = model if isinstance(model, dict) else _unwrap(model).state_dict()
+    storage.write_bytes(storage.join(uri, MODEL_FILE), st_save(_tensors_for_safetensors(state, "model")))
+    return uri
+
+
 def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> None:
     """Load only the model weights of checkpoint directory ``uri`` (e.g. for evaluation or fine-tuning)."""
     tensors, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
