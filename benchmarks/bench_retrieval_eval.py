@@ -206,7 +206,7 @@ def rerank_rows(args: argparse.Namespace, dataset: str, frames: str, ks: list[in
     cfg = eval_config(args, ks[0])
     rc = cfg.retrieval
     alpro, tok, _ = directory.load(args.model, evaluate.RETRIEVAL_KINDS)
-    data = retrieval_data(cfg, dataset, frames, alpro.cfg.video.img_size, rc.split)
+    data = retrieval_data(cfg, dataset, frames, alpro.cfg, rc.split)
     video_ids = sorted({v for v, _ in data.pairs})
     position = {v: i for i, v in enumerate(video_ids)}
     text_video = torch.tensor([position[v] for v, _ in data.pairs])

@@ -180,3 +180,24 @@ def test_paper_presets_layer_over_a_base_config(name):
     assert s.warmup_ratio == 0.1 and s.randaug and s.seed == 42
     assert cfg.model == load_config(base).model, "layering keeps the base file's other sections"
     assert cfg.retrieval.paragraph == (name == "didemo-ret")
+
+
+def test_fine_tuning_and_evaluation_normalise_pixels_as_the_model_was_trained(pretrained):
+    """The normalisation is the model's (an imported ALPRO expects CLIP's), not a data-side default."""
+    import dataclasses
+
+    from vlp.models import directory
+    from vlp.steps.finetune import retrieval_data
+
+    cfg = load_config(TINY)
+    model_cfg = directory.describe(pretrained["alpro"]).config
+    clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
+    clip_cfg = dataclasses.replace(model_cfg, pixel_mean=clip_mean, pixel_std=clip_std)
+    plain = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], model_cfg, "test")
+    clipped = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], clip_cfg, "test")
+    video = plain.pairs[0][0]
+    rng = lambda: __import__("numpy").random.default_rng(0)  # noqa: E731
+    a, b = plain.clip(video, rng()), clipped.clip(video, rng())
+    assert not torch.allclose(a, b)
+    mean, std = torch.tensor(clip_mean).view(1, 3, 1, 1), torch.tensor(clip_std).view(1, 3, 1, 1)
+    torch.testing.assert_close(b * std + mean, a * 0.5 + 0.5)  # the same pixels, normalised two ways

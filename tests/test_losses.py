@@ -372,6 +372,13 @@ def test_crop_frames_both_modes() -> None:
     assert torch.equal(zeroed[0, :, :, 8:24, 16:40], frames[0, :, :, 8:24, 16:40])
     assert zeroed[0].abs().sum() == zeroed[0, :, :, 8:24, 16:40].abs().sum()
     assert torch.equal(zeroed[1], frames[1])
+    # the code blacks out raw pixels: on normalised frames that is -mean/std per channel, not 0 (grey)
+    black = torch.tensor([-1.0, -2.0, -3.0])
+    filled = crop_frames(frames, boxes, mode="zero_outside", fill=black)
+    assert torch.equal(filled[0, :, :, 8:24, 16:40], frames[0, :, :, 8:24, 16:40])
+    outside = torch.ones(h, w, dtype=torch.bool)
+    outside[8:24, 16:40] = False
+    assert torch.equal(filled[0][:, :, outside], black.view(1, 3, 1).expand(3, 3, int(outside.sum())))
     # resizing to the box's own size samples exactly the box pixels; the full box is the identity
     same = crop_frames(frames[:1], boxes[:1], size=(16, 24))
     torch.testing.assert_close(same[0], frames[0, :, :, 8:24, 16:40], atol=1e-3, rtol=1e-5)

@@ -232,6 +232,7 @@ def crop_frames(
     *,
     mode: Literal["resize", "zero_outside"] = "resize",
     size: tuple[int, int] | None = None,
+    fill: Tensor | None = None,
 ) -> Tensor:
     """Cut each clip's box out of all its frames, for the prompter.
 
@@ -240,9 +241,11 @@ def crop_frames(
         pixel_boxes: ``(B, 4)`` ``[top, left, height, width]`` in pixels.
         mode: ``"resize"`` crops and bilinearly resizes the box to ``size`` (a real crop, as the paper
             describes; equal to ``F.interpolate`` of the cropped pixels, vectorised with ``grid_sample``);
-            ``"zero_outside"`` keeps the frame size and zeroes everything outside the box,
-            which is what the ALPRO code feeds its prompter (``random_erase``).
+            ``"zero_outside"`` keeps the frame size and sets everything outside the box to ``fill``,
+            which is what the ALPRO code feeds its prompter (``random_erase`` zeroes the raw pixels).
         size: output ``(H', W')`` for ``"resize"``; defaults to ``(H, W)``.
+        fill: ``(C,)`` values outside the box for ``"zero_outside"``; None = 0. The frames are normalised,
+            so the code's black is ``-mean / std`` per channel (:meth:`vlp.models.alpro.AlproConfig.black`).
 
     Returns:
         ``(B, T, C, H', W')`` frames.
@@ -258,7 +261,8 @@ def crop_frames(
         rows = torch.arange(height, device=frames.device)[None, :, None]
         cols = torch.arange(width, device=frames.device)[None, None, :]
         inside = (rows >= top) & (rows < top + h) & (cols >= left) & (cols < left + w)  # (B, H, W)
-        return frames * inside[:, None, None].to(frames.dtype)
+        outside = torch.zeros(c, dtype=frames.dtype, device=frames.device) if fill is None else fill.to(frames)
+        return torch.where(inside[:, None, None], frames, outside.view(1, 1, c, 1, 1))
     if mode != "resize":
         raise ValueError(f"mode must be 'resize' or 'zero_outside', got {mode!r}")
     out_h, out_w = size or (height, width)

@@ -8,7 +8,8 @@ Modules return named outputs; the objectives live in :mod:`vlp.losses` and are c
   It is both the *prompter* (trained with VTC only, then frozen) and the unimodal half of ALPRO.
 - :class:`Alpro`: a :class:`DualEncoder` + the multimodal encoder (last 6 BERT layers over
   ``[text; video]`` tokens) + the MLM head (tied to the word embeddings), the binary VTM head on the
-  fused text [CLS], and the PEM MLP ``width -> 2*width -> M`` on box-pooled fused video tokens.
+  fused text [CLS], and the PEM MLP ``width -> 2*width -> M`` (ReLU between, as the released code's
+  ``mpm_head``; the paper only says "e.g. MLP") on box-pooled fused video tokens.
 
 One pre-training step (eq. 6, the unweighted sum of the enabled terms):
 
@@ -56,7 +57,12 @@ class AlproConfig:
     pem_ratio: tuple[float, float] = (0.3, 1 / 0.3)  # PEM box aspect ratio h/w (ALPRO code)
     pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
     pem_threshold: float = 0.2  # discard threshold of the rule
-    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or frame with outside zeroed
+    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or frame blacked outside
+    # Per-channel normalisation of [0, 1] pixels the model was trained with (it belongs to the weights: data
+    # steps read it from here). 0.5/0.5 = timm's ImageNet-21k ViT-B/16, the paper's init; the released ALPRO
+    # configs use CLIP's (0.48145466, 0.4578275, 0.40821073) / (0.26862954, 0.26130258, 0.27577711).
+    pixel_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    pixel_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.losses) - set(LOSS_TERMS))
@@ -64,6 +70,12 @@ class AlproConfig:
             raise ValueError(f"losses must be a non-empty subset of {LOSS_TERMS}, got {list(self.losses)}")
         if "pem" in self.losses and self.num_entities < 1:
             raise ValueError("PEM needs num_entities >= 1 (the prompt-bank size); set it or drop 'pem' from losses")
+        if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
+            raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
+
+    def black(self) -> Tensor:
+        """``(3,)``: a black pixel after normalisation (what ``pem_crop=zero_outside`` fills with)."""
+        return -torch.tensor(self.pixel_mean) / torch.tensor(self.pixel_std)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> AlproConfig:
@@ -74,7 +86,7 @@ class AlproConfig:
         video = TimeSformerConfig(**(data["video"] | cleared))
         text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
         fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
-        fields |= {key: tuple(data[key]) for key in ("pem_area", "pem_ratio")}
+        fields |= {key: tuple(data[key]) for key in ("pem_area", "pem_ratio", "pixel_mean", "pixel_std") if key in data}
         return cls(**fields)
 
     @classmethod
@@ -148,7 +160,7 @@ class Alpro(nn.Module):
             for p in (*self.dual.video_proj.parameters(), *self.dual.text_proj.parameters(), self.dual.temp):
                 p.requires_grad_(False)
         self.pem_head = (
-            nn.Sequential(nn.Linear(width, 2 * width), nn.GELU(), nn.Linear(2 * width, cfg.num_entities))
+            nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, cfg.num_entities))
             if "pem" in cfg.losses
             else None
         )
@@ -304,7 +316,7 @@ def _pem(
     boxes = losses.sample_pem_boxes(
         b, gh, gw, patch_size=cfg.video.patch_size, area=cfg.pem_area, ratio=cfg.pem_ratio, generator=generator
     )
-    crops = losses.entity.crop_frames(batch.video, boxes.pixel_boxes, mode=cfg.pem_crop)  # (B, T, 3, H, W)
+    crops = losses.entity.crop_frames(batch.video, boxes.pixel_boxes, mode=cfg.pem_crop, fill=cfg.black())
     with torch.no_grad():
         crop_feat, _ = pem.prompter.encode_video(crops)  # (B, D)
         bank = pem.bank_video.to(crop_feat)

@@ -101,7 +101,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
         rc = cfg.retrieval
         alpro, tok, info = directory.load(model, RETRIEVAL_KINDS, device())
-        data = retrieval_data(cfg, dataset, frames, alpro.cfg.video.img_size, rc.split)
+        data = retrieval_data(cfg, dataset, frames, alpro.cfg, rc.split)
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
         texts = [t for _, t in data.pairs]
@@ -181,7 +181,7 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         qc = cfg.qa
         net, tok, info = directory.load(model, (QA_KIND,), device())
         answers, model_cfg = info.answers(), info.config
-        data = task_data(VideoQADataset, qc, dataset, frames, model_cfg.video.img_size, qc.split)
+        data = task_data(VideoQADataset, qc, dataset, frames, model_cfg, qc.split)
         preds, confidence = _predict_qa(net, tok, data, text_length(qc, model_cfg), qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
         gold = [_norm(r["answer"]) for r in data.qa]

@@ -59,8 +59,9 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
     return dataclasses.replace(section, max_steps=max(1, math.ceil(section.epochs * updates_per_epoch)))
 
 
-def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, size: int, split: str) -> Any:
-    """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames, sampler and augmentation."""
+def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, model_cfg: Any, split: str) -> Any:
+    """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames, sampler and augmentation,
+    at the model's frame size and pixel normalisation."""
     return cls(
         frames,
         dataset,
@@ -69,7 +70,9 @@ def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, siz
         mode=section.sample_mode if split == "train" else section.eval_mode,
         augment=ClipRandAugment() if section.randaug and split == "train" else None,
         seed=section.seed,
-        size=size,
+        size=model_cfg.video.img_size,
+        mean=model_cfg.pixel_mean,
+        std=model_cfg.pixel_std,
     )
 
 
@@ -81,9 +84,9 @@ def _paragraphs(data: VideoTextDataset) -> None:
     data.pairs = [(video_id, " ".join(parts)) for video_id, parts in texts.items()]
 
 
-def retrieval_data(cfg: Config, dataset: str, frames: str, size: int, split: str) -> VideoTextDataset:
+def retrieval_data(cfg: Config, dataset: str, frames: str, model_cfg: Any, split: str) -> VideoTextDataset:
     """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
-    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, size, split)
+    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split)
     if cfg.retrieval.paragraph:
         _paragraphs(data)
     return data
@@ -114,7 +117,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         model.to(device())
         tok = start.tokenizer()
         length = text_length(cfg.retrieval, model_cfg)
-        data = retrieval_data(cfg, dataset, frames, model_cfg.video.img_size, "train")
+        data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
 
         def fetch(indices: list[int]) -> PretrainBatch:
             items = collate_video_text([data[i] for i in indices])
@@ -158,7 +161,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         start = directory.describe(pretrained, STARTS)
         # AlproQA uses the towers and the fusion only: no pre-training heads, so no PEM entities
         model_cfg = dataclasses.replace(start.config, num_entities=0, losses=("vtc",))
-        data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg.video.img_size, "train")
+        data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg, "train")
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
         total = len(data.qa)

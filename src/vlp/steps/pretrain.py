@@ -81,6 +81,8 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
         losses=tuple(losses),
         pem_rule=model.pem_rule,
         pem_crop=model.pem_crop,
+        pixel_mean=tuple(model.pixel_mean),
+        pixel_std=tuple(model.pixel_std),
     )
 
 
@@ -148,6 +150,8 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         augment=ClipRandAugment() if p.randaug else None,
         seed=p.seed,
         size=cfg.model.img_size,
+        mean=cfg.model.pixel_mean,
+        std=cfg.model.pixel_std,
     )
 
     def fetch(indices: list[int]) -> PretrainBatch:
@@ -290,7 +294,15 @@ def pem_examples(
     data = None
     for split in ("test", "train"):
         try:
-            data = VideoTextDataset(frames, dataset, split=split, num_frames=cfg.model.num_frames, mode="uniform")
+            data = VideoTextDataset(
+                frames,
+                dataset,
+                split=split,
+                num_frames=cfg.model.num_frames,
+                mode="uniform",
+                mean=cfg.model.pixel_mean,
+                std=cfg.model.pixel_std,
+            )
             break
         except ValueError:
             continue
@@ -305,7 +317,9 @@ def pem_examples(
             clip = F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True)
             clip = ((clip - data.mean) / data.std)[None].to(next(prompter.parameters()).device)  # (1, T, 3, S, S)
             boxes = losses.sample_pem_boxes(1, size // patch, size // patch, patch_size=patch, generator=gen)
-            feat, _ = prompter.encode_video(losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.pem_crop))
+            black = -torch.tensor(cfg.model.pixel_mean) / torch.tensor(cfg.model.pixel_std)
+            crop = losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.pem_crop, fill=black)
+            feat, _ = prompter.encode_video(crop)
             probs = losses.pseudo_labels(feat, bank.video.to(feat), prompter.temperature())[0]
             top = probs.topk(min(5, len(bank.entities)))
             top5 = [

@@ -29,7 +29,11 @@ class ModelConfig:
     embed_dim: int = 256  # VTC projection size
     losses: list[str] = field(default_factory=lambda: ["vtc", "pem", "mlm", "vtm"])  # terms of eq. 6
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
-    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or zeroed outside
+    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
+    # Pixel normalisation, stored with the model: 0.5/0.5 suits the paper's timm in21k ViT init; the released
+    # ALPRO configs (and their checkpoints) use CLIP's mean/std (imported checkpoints set those)
+    pixel_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    pixel_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
