@@ -78,10 +78,11 @@ ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 400 --pretrain-steps
 ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
 	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
-bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step, parity
 	$(PY) benchmarks/bench_extract.py
 	$(PY) benchmarks/bench_entities.py
 	$(PY) benchmarks/bench_alpro_step.py --preset tiny
+	$(PY) benchmarks/alpro_parity.py
 
 clean: ## Remove caches and local run outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info

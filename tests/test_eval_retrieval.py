@@ -271,3 +271,22 @@ def test_rerank_validation() -> None:
         topk_rerank(torch.zeros(3), 2, scorer, 4)
     with pytest.raises(ValueError, match=r"\(P, 2\)"):
         topk_rerank(sim, 2, lambda t, v: torch.zeros(t.numel()), 4)
+
+
+def test_chance_levels_are_what_random_rankings_score():
+    from vlp.eval.retrieval import chance_metrics
+
+    one = chance_metrics(torch.arange(100), 100)
+    assert (one["chance_t2v_r1"], one["chance_t2v_r10"], one["chance_t2v_medr"]) == (1.0, 10.0, 50.5)
+    assert one["chance_v2t_r1"] == pytest.approx(1.0) and one["chance_v2t_meanr"] == pytest.approx(50.5)
+    two = torch.arange(50).repeat_interleave(2)  # two captions per clip: video->text chance is higher
+    chance = chance_metrics(two, 50)
+    assert chance["chance_v2t_r1"] == pytest.approx(2.0) and chance["chance_v2t_meanr"] == pytest.approx(101 / 3)
+    gen, trials, mean = torch.Generator().manual_seed(0), 300, {}
+    for _ in range(trials):
+        for key, value in retrieval_metrics(torch.rand(100, 50, generator=gen), two).items():
+            mean[key] = mean.get(key, 0.0) + value / trials
+    for key in ("t2v_r1", "t2v_r5", "t2v_r10", "v2t_r1", "v2t_r5", "v2t_r10", "t2v_meanr", "v2t_meanr"):
+        assert mean[key] == pytest.approx(chance[f"chance_{key}"], rel=0.08, abs=0.4), key
+    with pytest.raises(ValueError, match="empty"):
+        chance_metrics(torch.zeros(0, dtype=torch.long), 3)

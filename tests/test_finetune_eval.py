@@ -132,7 +132,7 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
 
     evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e1"), cfg)  # reloads from disk
     written = storage.read_parquet(str(tmp_path / "e1" / "predictions.parquet")).to_pylist()
-    data = task_data(VideoQADataset, cfg.qa, pretrained["dataset"], pretrained["frames"], model.cfg.video.img_size,
+    data = task_data(VideoQADataset, cfg.qa, pretrained["dataset"], pretrained["frames"], model.cfg,
                      cfg.qa.split)  # fmt: skip
     tok = load_tokenizer(f"{ft}/tokenizer")
     preds, confidence = _predict_qa(model, tok, data, text_length(cfg.qa, model.cfg), cfg.qa.eval_batch_size, cfg)

@@ -91,6 +91,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     _common(p)
 
+    p = sub.add_parser(
+        "import-checkpoint",
+        help="released ALPRO weights (salesforce/ALPRO or LAVIS) -> a model directory for finetune-*/evaluate-*",
+        epilog=EPILOG,
+    )
+    p.add_argument("--source", required=True, help="checkpoint file (.pt/.pth/.bin/.safetensors), local or s3://")
+    p.add_argument("--out", required=True, help="output model directory or s3:// prefix")
+    p.add_argument("--format", dest="ckpt_format", default="auto", choices=["auto", "alpro", "lavis"],
+                   help="key layout (default: detected)")  # fmt: skip
+    p.add_argument("--kind", default="auto", choices=["auto", "alpro", "alpro_retrieval", "alpro_qa", "prompter"],
+                   help="what to build: pre-trained, retrieval, QA, or the pre-trained file's prompter "
+                   "(default: classifier -> QA, PEM head/prompter -> pre-trained, else retrieval)")  # fmt: skip
+    p.add_argument("--tokenizer", default="bert-base-uncased",
+                   help="the weights' tokenizer: hub name or local/s3:// dir (default: bert-base-uncased)")  # fmt: skip
+    p.add_argument("--answers", default="", help="QA: answer vocabulary, a JSON list or ALPRO's train_ans2label.json")
+    p.add_argument("--video-heads", type=int, default=0, help="ViT attention heads (default: width / 64)")
+    p.add_argument("--text-heads", type=int, default=0, help="BERT attention heads (default: width / 64)")
+    p.add_argument("--fusion-layers", type=int, default=0, help="BERT layers that fuse (default: half, ALPRO's 6/12)")
+    p.add_argument("--max-len", type=int, default=40, help="text length for fine-tuning/evaluation (default: 40)")
+    _common(p)
+
     for name, what, source in (
         ("finetune-retrieval", "fine-tune for text-video retrieval (VTC + VTM; section `retrieval`)", "pretrained"),
         ("finetune-qa", "fine-tune for open-ended video QA (answer classifier; section `qa`)", "pretrained"),
@@ -153,6 +174,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from vlp.steps.pretrain import pretrain
 
         return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
+    if args.command == "import-checkpoint":
+        from vlp.steps.import_checkpoint import import_checkpoint
+
+        return import_checkpoint(
+            args.source,
+            args.out,
+            cfg,
+            fmt=args.ckpt_format,
+            kind=args.kind,
+            tokenizer=args.tokenizer,
+            answers=args.answers,
+            video_heads=args.video_heads,
+            text_heads=args.text_heads,
+            fusion_layers=args.fusion_layers,
+            max_len=args.max_len,
+        )
     if args.command in ("finetune-retrieval", "finetune-qa"):
         from vlp.steps import finetune
 

@@ -26,6 +26,7 @@ __all__ = [
     "RULES",
     "Reranked",
     "candidate_pairs",
+    "chance_metrics",
     "full_rerank",
     "rank_summary",
     "ranks_t2v",
@@ -155,6 +156,44 @@ def retrieval_metrics(scores: Tensor, text_video: Tensor) -> dict[str, float]:
     out = rank_summary(ranks_t2v(scores, text_video), "t2v")
     out.update(rank_summary(ranks_v2t(scores, text_video), "v2t"))
     out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("t2v", "v2t") for k in RECALL_AT)
+    return out
+
+
+def chance_metrics(text_video: Tensor, num_videos: int) -> dict[str, float]:
+    """What a uniformly random ranking scores on this evaluation set (the level every figure must beat).
+
+    Text->video: each text's video is one of ``V``, so R@k = 100 min(k, V) / V and the expected rank is
+    (V + 1) / 2 (median and mean). Video->text, for a video with ``c`` of the ``T`` captions: its best caption
+    rank is <= k with probability 1 - C(T - c, k) / C(T, k); R@k is that averaged over the videos, MdR the median
+    over videos of each video's median best rank, and MnR the mean of (T + 1) / (c + 1). A constant scorer does
+    worse than this (ties count against the query: rank V).
+
+    Returns:
+        ``chance_t2v_{r1,r5,r10,medr,meanr}`` and ``chance_v2t_...`` (percent for recalls).
+    """
+    text_video = text_video.detach().cpu().long()
+    n_texts = int(text_video.numel())
+    if n_texts == 0 or num_videos < 1:
+        raise ValueError("no texts or no videos: chance is undefined for an empty evaluation set")
+    out = {f"chance_t2v_r{k}": 100.0 * min(k, num_videos) / num_videos for k in RECALL_AT}
+    out["chance_t2v_medr"] = out["chance_t2v_meanr"] = (num_videos + 1) / 2
+    counts = torch.bincount(text_video, minlength=num_videos).tolist()
+    recall = {k: 0.0 for k in RECALL_AT}
+    medians, means = [], []
+    cache: dict[int, tuple[np.ndarray, float]] = {}
+    for c in counts:
+        if c not in cache:  # P(best rank > k) for k = 0..T: prod_{i<k} (T - c - i) / (T - i)
+            i = np.arange(n_texts, dtype=np.float64)
+            above = np.concatenate([[1.0], np.cumprod(np.clip(n_texts - c - i, 0, None) / (n_texts - i))])
+            cache[c] = (above, float(np.argmax(above <= 0.5)))
+        above, median = cache[c]
+        for k in RECALL_AT:
+            recall[k] += 1.0 - float(above[min(k, n_texts)])
+        medians.append(median)
+        means.append((n_texts + 1) / (c + 1))
+    out.update({f"chance_v2t_r{k}": 100.0 * recall[k] / num_videos for k in RECALL_AT})
+    out["chance_v2t_medr"] = float(np.median(medians))
+    out["chance_v2t_meanr"] = float(np.mean(means))
     return out
 
 

@@ -1,0 +1,140 @@
+"""Step: ``import-checkpoint``, released ALPRO weights -> a vlp model directory.
+
+The output is what ``finetune-*`` and ``evaluate-*`` accept (:mod:`vlp.models.directory`): ``model.json``
+(kind, config read from the shapes, lineage: the file and its SHA-256), ``tokenizer/``, ``weights/`` and, for
+QA, ``answers.json``; plus ``import_report.json``, which lists every source key that has no place in the model
+and why. See :mod:`vlp.models.import_alpro` for the formats.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from vlp import storage
+from vlp.config import Config
+from vlp.models import directory
+from vlp.steps.common import StepResult, run_step
+
+log = logging.getLogger("vlp")
+REPORT_FILE = "import_report.json"
+WEIGHTS_DIR = "weights"
+
+
+def read_answers(uri: str, num_classes: int) -> list[str]:
+    """The answer of each classifier row: a JSON list, or ALPRO's ``{answer: label}`` (``train_ans2label.json``).
+
+    The released QA models have more rows than answers (the classifier size is ``max(#answers, 1500)``); the
+    extra rows become ``[unused answer N]`` placeholders that no gold answer equals.
+
+    Raises:
+        ValueError: not a list / mapping, labels not ``0..n-1``, or more answers than classifier rows.
+    """
+    data = json.loads(storage.read_text(uri))
+    if isinstance(data, dict):
+        by_label = {int(v): str(k) for k, v in data.items()}
+        if sorted(by_label) != list(range(len(data))):
+            raise ValueError(f"{uri}: the labels of the answer mapping must be 0..{len(data) - 1} without gaps")
+        answers = [by_label[i] for i in range(len(data))]
+    elif isinstance(data, list) and all(isinstance(a, str) for a in data):
+        answers = list(data)
+    else:
+        raise ValueError(f"{uri}: expected a JSON list of answers or an {{answer: label}} mapping")
+    if len(answers) > num_classes:
+        raise ValueError(f"{uri} lists {len(answers)} answers; the checkpoint's classifier has {num_classes} rows")
+    return answers + [f"[unused answer {i}]" for i in range(len(answers), num_classes)]
+
+
+def import_checkpoint(
+    source: str,
+    out: str,
+    cfg: Config,
+    *,
+    fmt: str = "auto",
+    kind: str = "auto",
+    tokenizer: str = "bert-base-uncased",
+    answers: str = "",
+    video_heads: int = 0,
+    text_heads: int = 0,
+    fusion_layers: int = 0,
+    max_len: int = 40,
+) -> StepResult:
+    """Turn an ALPRO (salesforce/ALPRO or LAVIS) checkpoint into a vlp model directory at ``out``.
+
+    Args:
+        source: the checkpoint file (local or ``s3://``; ``.pt``/``.pth``/``.bin`` or ``.safetensors``).
+        out: the model directory to write.
+        cfg: the config (storage settings).
+        fmt: ``alpro``, ``lavis`` or ``auto`` (from the key layout).
+        kind: ``alpro`` (pre-trained), ``alpro_retrieval``, ``alpro_qa``, ``prompter`` (the pre-trained file's
+            frozen prompter) or ``auto`` (classifier -> QA; PEM head or prompter -> pre-trained; else retrieval).
+        tokenizer: the tokenizer the weights were trained with: a hub name or local / ``s3://`` directory
+            (ALPRO: ``bert-base-uncased``).
+        answers: QA only: the answer vocabulary (JSON list, or ALPRO's ``{answer: label}``).
+        video_heads, text_heads: attention heads; 0 = width / 64 (12 for ALPRO's ViT-B and BERT-base).
+        fusion_layers: BERT layers that fuse; 0 = half (ALPRO: 6 of 12).
+        max_len: text length the fine-tuning and evaluation steps use by default (released configs: 40).
+    """
+
+    def work() -> StepResult:
+        from vlp.models import import_alpro as imp
+        from vlp.models.tokenizer import load_tokenizer
+        from vlp.train.checkpoint import save_model_weights
+
+        state, sha = imp.read_checkpoint(source)
+        chosen_fmt = imp.detect_format(state) if fmt == "auto" else fmt
+        chosen_kind = imp.detect_kind(state) if kind == "auto" else kind
+        if chosen_fmt not in imp.FORMATS or chosen_kind not in imp.KINDS:
+            raise ValueError(f"format must be one of {imp.FORMATS} or auto, kind one of {imp.KINDS} or auto")
+        model_cfg = imp.infer_config(
+            state,
+            chosen_kind,
+            video_heads=video_heads,
+            text_heads=text_heads,
+            fusion_layers=fusion_layers,
+            max_len=max_len,
+        )
+        answer_list = None
+        if chosen_kind == "alpro_qa":
+            if not answers:
+                raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
+            answer_list = read_answers(answers, int(state["classifier.2.weight"].shape[0]))
+        model = directory.FAMILIES["alpro"].build(chosen_kind, model_cfg, len(answer_list or []))
+        weights, report = imp.map_state_dict(
+            state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
+        )
+        model.load_state_dict(weights)  # strict: every key filled, as map_state_dict checked
+        tok = load_tokenizer(tokenizer)
+        if len(tok) > model_cfg.text.vocab_size:
+            raise ValueError(
+                f"the tokenizer {tokenizer!r} has {len(tok)} tokens but the checkpoint's word embeddings hold "
+                f"{model_cfg.text.vocab_size}: pass the tokenizer the weights were trained with"
+            )
+        ckpt = save_model_weights(storage.join(out, WEIGHTS_DIR), model)
+        lineage = {"imported_from": source, "sha256": sha, "format": chosen_fmt, "tokenizer": tokenizer}
+        directory.save(
+            out,
+            kind=chosen_kind,
+            config=model_cfg,
+            checkpoint=ckpt,
+            tokenizer=tok,
+            answers=answer_list,
+            lineage=lineage,
+            steps=0,
+            max_len=model_cfg.text.max_len,
+            entities=[],
+        )
+        summary = report.summary()
+        storage.write_text(storage.join(out, REPORT_FILE), json.dumps(summary, indent=2, sort_keys=True) + "\n")
+        unmapped = sum(group["keys"] for group in summary["unmapped"])
+        log.info(
+            "import_checkpoint: %s (%s, %s) -> %s: %d tensors mapped, %d unmapped (see %s)",
+            source, chosen_fmt, chosen_kind, out, summary["mapped"], unmapped, REPORT_FILE,
+        )  # fmt: skip
+        result: dict[str, Any] = {"import": summary, "sha256": sha, "model_kind": chosen_kind}
+        if answer_list is not None:
+            result["answers"] = len(answer_list)
+        return result
+
+    return run_step("import_checkpoint", out, cfg, "model", work)

@@ -1,0 +1,220 @@
+"""``vlp import-checkpoint``: released ALPRO / LAVIS weights give the reference code's numbers in vlp.
+
+The fixture (``tests/fixtures/alpro_parity/``, provenance in its README) holds tiny random-init models in both
+release formats, fixed inputs, and what salesforce/ALPRO's and LAVIS's own classes computed from them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp.cli import main
+from vlp.models import directory
+from vlp.models.alpro import vtm_logits
+from vlp.models.import_alpro import CheckpointFormatError, read_checkpoint
+
+FIXTURE = Path(__file__).parent / "fixtures" / "alpro_parity"
+ATOL = 1e-4  # the outputs are O(1)-O(10); a wrong key moves one by >= 4e-3 (README: per-key sensitivity)
+WORDS = ["red", "blue", "green", "circle", "square", "moves", "left", "a", "the", "spins", "two", "bounce",
+         "over", "grass", "sand", "star"]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def bert_style_tokenizer(tmp_path_factory) -> str:
+    """A bert-base-uncased-style directory (vocab.txt + tokenizer_config.json) with the fixture's 120 ids."""
+    d = tmp_path_factory.mktemp("tok")
+    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    assert len(vocab) == 120 and vocab.index("[CLS]") == 101 and vocab.index("[MASK]") == 103
+    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def answers_file(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("ans") / "train_ans2label.json"
+    path.write_text(json.dumps({"red": 0, "blue": 1, "two": 2}))  # fewer answers than the 5 classifier rows
+    return str(path)
+
+
+def _import(tmp: Path, name: str, tok: str, *extra: str) -> tuple[Path, dict]:
+    out = tmp / name.replace(".pt", "")
+    args = ["import-checkpoint", "--source", str(FIXTURE / name), "--out", str(out), "--tokenizer", tok,
+            "--video-heads", "2", "--text-heads", "2", *extra]  # fmt: skip
+    assert main(args) == 0
+    return out, json.loads((out / "summary.json").read_text())
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    return torch.load(FIXTURE / "inputs.pt", weights_only=True)
+
+
+@torch.no_grad()
+def _retrieval_outputs(model, x) -> dict[str, torch.Tensor]:
+    video_feat, video_out = model.dual.encode_video(x["video"])
+    text_feat, text_out = model.dual.encode_text(x["input_ids"], x["attention_mask"])
+    temp = model.dual.temperature()
+    b = x["video"].shape[0]
+    t_idx, v_idx = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)  # pair (i, j) = text i, video j
+    vtm = vtm_logits(model, text_out.tokens[t_idx], x["attention_mask"][t_idx], video_out.tokens[v_idx])
+    out = {
+        "video_embeds": video_out.tokens,
+        "text_embeds": text_out.tokens,
+        "video_feat": video_feat,
+        "text_feat": text_feat,
+        "sim_v2t": video_feat @ text_feat.t() / temp,
+        "sim_t2v": text_feat @ video_feat.t() / temp,
+        "vtm_logits": vtm.view(b, b, 2),
+        "temp": temp,
+    }
+    if model.mlm_head is not None:
+        masked = model.dual.text(x["mlm_input_ids"], x["attention_mask"])
+        fused = model.fuse(masked.tokens, x["attention_mask"], video_out.tokens)
+        out["mlm_logits"] = model.mlm_head(fused.text)
+    return out
+
+
+def _assert_parity(got: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
+    diffs = {k: float((got[k] - reference[k]).abs().max()) for k in got}
+    assert max(diffs.values()) < ATOL, diffs
+    return diffs
+
+
+@pytest.mark.parametrize(
+    ("name", "fmt", "kind", "outputs"),
+    [
+        ("alpro_pretrain.pt", "alpro", "alpro", "outputs_alpro.pt"),
+        ("lavis_retrieval.pt", "lavis", "alpro_retrieval", "outputs_lavis.pt"),
+    ],
+)
+def test_imported_retrieval_weights_give_the_reference_similarities_vtm_and_mlm_logits(
+    name, fmt, kind, outputs, bert_style_tokenizer, tmp_path
+):
+    out, summary = _import(tmp_path, name, bert_style_tokenizer)
+    assert (summary["import"]["format"], summary["model_kind"]) == (fmt, kind)
+    model, tok, info = directory.load(str(out))
+    assert len(tok) == 120 and info.config.pixel_mean == (0.48145466, 0.4578275, 0.40821073)
+    reference = torch.load(FIXTURE / outputs, weights_only=True)
+    got = _retrieval_outputs(model, _inputs())
+    assert ("mlm_logits" in got) == (fmt == "alpro")  # LAVIS's ALPRO has no MLM head
+    _assert_parity(got, reference)
+    assert info.doc["lineage"]["sha256"] == summary["sha256"] and info.doc["lineage"]["format"] == fmt
+
+
+@pytest.mark.parametrize(
+    ("name", "outputs"), [("alpro_qa.pt", "outputs_alpro.pt"), ("lavis_qa.pt", "outputs_lavis.pt")]
+)
+def test_imported_qa_weights_give_the_reference_answer_logits(
+    name, outputs, bert_style_tokenizer, answers_file, tmp_path
+):
+    out, summary = _import(tmp_path, name, bert_style_tokenizer, "--answers", answers_file)
+    assert summary["model_kind"] == "alpro_qa" and summary["answers"] == 5
+    model, _, info = directory.load(str(out))
+    assert info.answers() == ["red", "blue", "two", "[unused answer 3]", "[unused answer 4]"]
+    x = _inputs()
+    with torch.no_grad():
+        got = {
+            "qa_logits": model(x["video"], x["input_ids"], x["attention_mask"]),
+            "qa_video_embeds": model.dual.video(x["video"]).tokens,
+        }
+    _assert_parity(got, torch.load(FIXTURE / outputs, weights_only=True))
+
+
+def test_every_source_key_is_mapped_or_explained(bert_style_tokenizer, tmp_path):
+    state, _ = read_checkpoint(str(FIXTURE / "alpro_pretrain.pt"))
+    out, summary = _import(tmp_path, "alpro_pretrain.pt", bert_style_tokenizer)
+    report = json.loads((out / "import_report.json").read_text())
+    assert report == summary["import"]
+    unmapped = sum(group["keys"] for group in report["unmapped"])
+    ties = len(report["ties_checked"])
+    assert report["mapped"] + unmapped == len(state)  # tied copies are listed (as unmapped) and checked
+    reasons = {group["reason"]: group["keys"] for group in report["unmapped"]}
+    prompter = sum(1 for k in state if k.startswith("prompter."))
+    assert reasons["the frozen prompter (PEM's teacher in pre-training); import it with kind=prompter"] == prompter
+    assert ties == 2 and any("Kinetics-400" in r for r in reasons)
+    model = directory.load(str(out))[0]
+    assert model.pem_head is not None and model.cfg.num_entities == state["mpm_head.2.weight"].shape[0]
+    assert torch.equal(model.pem_head[2].weight, state["mpm_head.2.weight"])
+
+
+def test_the_pretrained_files_prompter_imports_as_a_prompter(bert_style_tokenizer, tmp_path):
+    state, _ = read_checkpoint(str(FIXTURE / "alpro_pretrain.pt"))
+    out, summary = _import(tmp_path, "alpro_pretrain.pt", bert_style_tokenizer, "--kind", "prompter")
+    prompter, _, info = directory.load(str(out), ("prompter",))
+    assert info.kind == "prompter" and summary["model_kind"] == "prompter"
+    assert torch.equal(prompter.temp, state["prompter.temp"])
+    assert torch.equal(prompter.video.blocks[1].temporal_fc.weight,
+                       state["prompter.visual_encoder.model.blocks.1.temporal_fc.weight"])  # fmt: skip
+    assert not torch.equal(prompter.video.cls_token, state["visual_encoder.model.cls_token"])  # not ALPRO's own
+
+
+def test_an_imported_model_fine_tunes_and_evaluates(tiny_world, bert_style_tokenizer, tmp_path):
+    out, _ = _import(tmp_path, "lavis_retrieval.pt", bert_style_tokenizer)
+    tiny = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
+    common = ["--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--config", tiny]
+    assert main(["evaluate-retrieval", *common, "--model", str(out), "--out", str(tmp_path / "zs")]) == 0
+    assert main(["finetune-retrieval", *common, "--pretrained", str(out), "--out", str(tmp_path / "ft"),
+                 "retrieval.max_steps=1"]) == 0  # fmt: skip
+    doc = json.loads((tmp_path / "ft" / "model.json").read_text())
+    assert doc["lineage"] == {"pretrained": str(out)} and doc["config"]["pixel_std"] == [
+        0.26862954,
+        0.26130258,
+        0.27577711,
+    ]
+
+
+def test_files_that_do_not_fit_are_refused_with_what_is_wrong(bert_style_tokenizer, answers_file, tmp_path):
+    state, _ = read_checkpoint(str(FIXTURE / "alpro_pretrain.pt"))
+
+    def attempt(sd: dict, *extra: str) -> str:
+        path = tmp_path / "bad.pt"
+        torch.save(sd, path)
+        with pytest.raises((CheckpointFormatError, ValueError)) as err:
+            from vlp.config import load_config
+            from vlp.steps.import_checkpoint import import_checkpoint
+
+            kwargs = dict(zip(extra[::2], extra[1::2], strict=True))
+            import_checkpoint(str(path), str(tmp_path / "out"), load_config(None), tokenizer=bert_style_tokenizer,
+                              video_heads=2, text_heads=2, **kwargs)  # fmt: skip
+        assert not (tmp_path / "out" / "model.json").exists()
+        return str(err.value)
+
+    renamed = dict(state)
+    renamed["itm_head.wieght"] = renamed.pop("itm_head.weight")
+    msg = attempt(renamed)
+    assert "unknown source keys ['itm_head.wieght']" in msg and "model keys the file lacks ['vtm_head.weight']" in msg
+    untied = dict(state)
+    untied["text_encoder.cls.predictions.decoder.weight"] = untied["text_encoder.cls.predictions.decoder.weight"] + 1
+    assert "differs from text_encoder.bert.embeddings.word_embeddings.weight" in attempt(untied)
+    wrong = dict(state)
+    wrong["vision_proj.weight"] = torch.zeros(16, 31)
+    assert "shape" in attempt(wrong)
+    qa, _ = read_checkpoint(str(FIXTURE / "alpro_qa.pt"))
+    assert "--answers" in attempt(qa)
+    assert "not an ALPRO checkpoint" in attempt({"encoder.weight": torch.zeros(2)})
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "vocab.txt").write_text((Path(bert_style_tokenizer) / "vocab.txt").read_text() + "oneword\n")
+    (big / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer"}))
+    path = tmp_path / "ok.pt"
+    torch.save(state, path)
+    from vlp.config import load_config
+    from vlp.steps.import_checkpoint import import_checkpoint
+
+    with pytest.raises(ValueError, match="has 121 tokens but the checkpoint's word embeddings hold 120"):
+        import_checkpoint(str(path), str(tmp_path / "out"), load_config(None), tokenizer=str(big), text_heads=2)
+
+
+class _Payload:  # stands for any object a pickle could carry
+    pass
+
+
+def test_a_pickle_with_arbitrary_objects_is_never_unpickled(tmp_path):
+    path = tmp_path / "evil.pt"
+    torch.save({"model": {"w": torch.zeros(1)}, "config": _Payload()}, path)
+    with pytest.raises(CheckpointFormatError, match=r"weights_only=True"):
+        read_checkpoint(str(path))
