@@ -219,7 +219,12 @@ def final_report(
         rows += [f"| {task} | {k} | {v:.4f} | {version} |" for k, v in sorted(metrics.items())]
     if cfg.tracking.tracking_uri and final:
         log_metrics(cfg.tracking, pipeline_run(cfg.tracking, kfp_run_id), final)
-    header = ["# vlp pipeline run", "", "| task | metric | value | registered |", "|---|---|---|---|"]
+    from vlp.eval.report import headline_table
+
+    headline = headline_table({task: {k[len(task) + 1 :]: v for k, v in final.items() if k.startswith(f"{task}.")}
+                               for task in results})  # fmt: skip
+    header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat:", "", headline.rstrip(), ""]
+    header += ["## Every metric", "", "| task | metric | value | registered |", "|---|---|---|---|"]
     return "\n".join([*header, *rows]) + "\n"
 
 

@@ -121,6 +121,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for task, items in result["outputs"].items():
         for name, path in items.items():
             print(f"  {task:20s} {name:14s} {path}")
+    summary = result["outputs"].get("report", {}).get("summary")
+    if summary and Path(summary).is_file():  # the report task's table: every figure next to chance / baselines
+        headline = Path(summary).read_text(encoding="utf-8").split("## Every metric")[0]
+        print("\n=== results ===")
+        print(headline.removeprefix("# vlp pipeline run").strip())
     tracked = result["mlflow"]
     print("\n=== MLflow ===")
     print(json.dumps(tracked, indent=2, sort_keys=True))

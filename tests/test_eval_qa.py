@@ -77,3 +77,15 @@ def test_input_errors() -> None:
         qa_metrics([], [], [], ["a"])
     with pytest.raises(ValueError, match="collide"):
         qa_metrics(["a"], ["a"], ["in_vocab"], ["a"])
+
+
+def test_baselines_chance_and_majority() -> None:
+    from vlp.eval.qa import majority_answer, qa_baselines
+
+    assert majority_answer(["Red", "blue", "red ", "blue", "green"]) == "blue"  # tie: alphabetical, normalised
+    gold = ["red", "red", "blue", "zebra"]  # "zebra" is outside the vocabulary
+    out = qa_baselines(gold, ["red", "blue", "green"], "red")
+    assert out == {"chance_accuracy": 3 / 4 / 3, "majority_accuracy": 2 / 4}
+    assert qa_baselines(gold, ["red", "blue"], "zebra")["majority_accuracy"] == 0.0  # a guess it cannot make
+    with pytest.raises(ValueError, match="no answers"):
+        majority_answer([])

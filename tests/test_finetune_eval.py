@@ -56,8 +56,18 @@ def test_finetune_retrieval_then_evaluate(pretrained, tmp_path):
     ranks = storage.read_parquet(f"{out}/ranks.parquet")
     assert ranks.num_rows == m["num_texts"]
     assert m["t2v_r1"] == pytest.approx(100 * sum(r == 1 for r in ranks["t2v_rank"].to_pylist()) / ranks.num_rows)
+    from vlp.eval.retrieval import chance_metrics
+
+    texts = storage.read_parquet(f"{out}/ranks.parquet")["video_id"].to_pylist()
+    position = {v: i for i, v in enumerate(sorted(set(texts)))}
+    assert {k: m[k] for k in m if k.startswith("chance_")} == chance_metrics(
+        torch.tensor([position[v] for v in texts]), len(position)
+    )
     report = Path(out, "report.md").read_text()
     assert f"{m['t2v_r1']:.2f}" in report
+    for row in ("| vtc text → video |", "| chance text → video |", "| chance video → text |"):
+        assert row in report, row  # the VTC-only ranking and chance sit next to the re-ranked figures
+    assert f"| chance text → video | {m['chance_t2v_r1']:.2f} |" in report
     assert Path(out, "report.html").stat().st_size > 0
 
 
@@ -99,6 +109,14 @@ def test_finetune_qa_then_evaluate_counts_oov_as_wrong(pretrained, tmp_path):
     assert m["accuracy"] == pytest.approx(n_correct / len(preds))
     assert m["oov_rate"] == pytest.approx(sum(not p["in_vocab"] for p in preds) / len(preds))
     assert m["oov_rate"] > 0
+    # the baselines: the training split's most frequent answer (here also the vocabulary's first), and chance
+    assert result["baseline"] == {"majority_answer": answers[0], "majority_from": "train split"}
+    assert m["majority_accuracy"] == pytest.approx(sum(p["answer"] == answers[0] for p in preds) / len(preds))
+    assert m["chance_accuracy"] == pytest.approx((1 - m["oov_rate"]) / len(answers))
+    assert (
+        f"majority-answer baseline (always {answers[0]!r}) (%) | {100 * m['majority_accuracy']:.2f}"
+        in (Path(out) / "report.md").read_text()
+    )
     types = {p["answer_type"] for p in preds}
     assert all(f"acc_{t}" in m for t in types)
     assert "accuracy" in Path(out, "report.md").read_text().lower()

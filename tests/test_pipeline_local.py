@@ -29,3 +29,13 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
     assert tracked["steps"] == expected
     if "evaluate-retrieval" in steps:
         assert "retrieval.t2v_r1" in tracked["metrics"] and "qa.accuracy" in tracked["metrics"]
+        summary = Path(outputs["report"]["summary"]).read_text()  # what `make pipeline-run` prints at the end
+        m = tracked["metrics"]
+        assert (
+            f"| retrieval | text → video R@1 | {m['retrieval.t2v_r1']:.2f} | {m['retrieval.vtc_t2v_r1']:.2f} | "
+            f"{m['retrieval.chance_t2v_r1']:.2f} |" in summary
+        )
+        assert (
+            f"| qa | accuracy (%) | {100 * m['qa.accuracy']:.2f} |  | {100 * m['qa.chance_accuracy']:.2f} | "
+            f"{100 * m['qa.majority_accuracy']:.2f} |" in summary
+        )

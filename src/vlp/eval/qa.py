@@ -68,6 +68,34 @@ def _check_lengths(predictions: Sequence[str], answers: Sequence[str], answer_ty
         raise ValueError(f"answer type(s) {clash} collide with metric names; rename them before evaluating")
 
 
+def majority_answer(answers: Iterable[str]) -> str:
+    """The most frequent normalised answer (ties: alphabetical), the majority-answer baseline's constant guess."""
+    vocab = build_answer_vocab(answers, 1)
+    if not vocab:
+        raise ValueError("no answers to take the majority of")
+    return vocab[0]
+
+
+def qa_baselines(answers: Sequence[str], vocab: Iterable[str], majority: str) -> dict[str, float]:
+    """What trivial predictors score on these gold ``answers``: the level a QA model must beat.
+
+    Returns:
+        ``chance_accuracy``: a uniformly random answer from the classifier's ``vocab`` (in-vocabulary share /
+        vocabulary size); ``majority_accuracy``: always answering ``majority`` (the most frequent training
+        answer). Fractions in [0, 1].
+    """
+    vocab_set = {normalize_answer(a) for a in vocab}
+    gold = [normalize_answer(a) for a in answers]
+    if not gold or not vocab_set:
+        raise ValueError("baselines need at least one gold answer and a non-empty vocabulary")
+    in_vocab = sum(g in vocab_set for g in gold)
+    guess = normalize_answer(majority)
+    return {
+        "chance_accuracy": in_vocab / len(gold) / len(vocab_set),
+        "majority_accuracy": sum(g == guess for g in gold) / len(gold) if guess in vocab_set else 0.0,
+    }
+
+
 def qa_metrics(
     predictions: Sequence[str],
     answers: Sequence[str],

@@ -240,10 +240,44 @@ def retrieval_report(
     return [str(out / "report.md"), str(out / "report.html"), str(out / "rank_histogram.png"), *thumbs]
 
 
-def _qa_tables(metrics: Mapping[str, Any]) -> list[tuple[str, str, tuple[str, str]]]:
+def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
+    """Markdown: each headline figure of each evaluation next to the levels it must beat.
+
+    ``results`` maps a task (``retrieval``, ``qa``) to its ``metrics.json``. Retrieval rows (R@1/5/10 in percent,
+    MdR, both directions) show the VTC-only ranking and chance (:func:`vlp.eval.retrieval.chance_metrics`); the
+    QA row shows the majority-answer baseline and chance (:func:`vlp.eval.qa.qa_baselines`). A missing level is
+    left blank.
+    """
+
+    def cell(value: float | None, scale: float = 1.0) -> str:
+        return "" if value is None else f"{scale * value:.2f}"
+
+    rows = ["| task | figure | value | VTC only | chance | majority answer |", "|---|---|---|---|---|---|"]
+    for task, m in results.items():
+        if "t2v_r1" in m:
+            for direction in ("t2v", "v2t"):
+                for key, label in _RANK_COLUMNS[:4]:
+                    name = f"{direction}_{key}"
+                    figure = f"{_direction_label(direction)} {label}"
+                    rows.append(f"| {task} | {figure} | {cell(m.get(name))} | {cell(m.get('vtc_' + name))} | "
+                                f"{cell(m.get('chance_' + name))} |  |")  # fmt: skip
+        if "accuracy" in m:
+            chance, majority = cell(m.get("chance_accuracy"), 100), cell(m.get("majority_accuracy"), 100)
+            rows.append(f"| {task} | accuracy (%) | {cell(m['accuracy'], 100)} |  | {chance} | {majority} |")
+    return "\n".join(rows) + "\n"
+
+
+def _qa_tables(metrics: Mapping[str, Any], majority: str | None) -> list[tuple[str, str, tuple[str, str]]]:
     confusion: Mapping[str, Mapping[str, int]] = metrics.get("confusion", {})
+    baselines = []
+    if "majority_accuracy" in metrics:
+        guess = f" (always {majority!r})" if majority is not None else ""
+        baselines.append([f"majority-answer baseline{guess} (%)", 100.0 * metrics["majority_accuracy"]])
+    if "chance_accuracy" in metrics:
+        baselines.append(["chance: a random vocabulary answer (%)", 100.0 * metrics["chance_accuracy"]])
     overall = [
         ["accuracy (%)", 100.0 * metrics["accuracy"]],
+        *baselines,
         ["accuracy on in-vocabulary questions (%)", 100.0 * metrics.get("acc_in_vocab", 0.0)],
         ["out-of-vocabulary answers (%)", 100.0 * metrics.get("oov_rate", 0.0)],
         ["questions", metrics.get("n", "")],
@@ -265,12 +299,14 @@ def _qa_tables(metrics: Mapping[str, Any]) -> list[tuple[str, str, tuple[str, st
     ]
 
 
-def qa_report(metrics: Mapping[str, Any], out_dir: str | Path) -> list[str]:
+def qa_report(metrics: Mapping[str, Any], out_dir: str | Path, *, majority_answer: str | None = None) -> list[str]:
     """Write ``report.md`` and ``report.html`` for one QA evaluation.
 
     Args:
-        metrics: as :func:`vlp.eval.qa.qa_metrics` returns (fractions; shown here in percent).
+        metrics: as :func:`vlp.eval.qa.qa_metrics` returns (fractions; shown here in percent), with the
+            baselines of :func:`vlp.eval.qa.qa_baselines` when given (shown under the accuracy).
         out_dir: local directory (created if needed; not a URI).
+        majority_answer: the majority baseline's constant answer, named in the report.
 
     Returns:
         Paths written: ``report.md``, ``report.html``.
@@ -279,7 +315,7 @@ def qa_report(metrics: Mapping[str, Any], out_dir: str | Path) -> list[str]:
         raise ValueError("QA metrics lack 'accuracy'; pass the dict vlp.eval.qa.qa_metrics returns")
     out = _local_dir(out_dir)
     md, body = ["# Video QA report", ""], []
-    for title, note, (md_table, html_table) in _qa_tables(metrics):
+    for title, note, (md_table, html_table) in _qa_tables(metrics, majority_answer):
         md += [f"## {title}", "", *([note, ""] if note else []), md_table, ""]
         body += [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(note)}</p>" if note else "", html_table]
     (out / "report.md").write_text("\n".join(md), encoding="utf-8")

@@ -97,7 +97,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
     def work() -> StepResult:
         from vlp.eval.report import retrieval_report
-        from vlp.eval.retrieval import retrieval_metrics, topk_rerank
+        from vlp.eval.retrieval import chance_metrics, retrieval_metrics, topk_rerank
 
         rc = cfg.retrieval
         alpro, tok, info = directory.load(model, RETRIEVAL_KINDS, device())
@@ -119,6 +119,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         metrics = retrieval_metrics(scores, text_video)
         metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
+        metrics.update(chance_metrics(text_video, len(video_ids)))
         metrics.update(num_texts=float(len(texts)), num_videos=float(len(video_ids)), pairs_scored=float(pairs))
         table, examples = _ranks_table(data, scores, text_video, video_ids, rc.report_examples)
 
@@ -129,7 +130,11 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
         _write_outputs(out, metrics, table, "ranks.parquet", report)
         kind = "zero-shot" if info.kind == "alpro" else "fine-tuned"
-        log.info("evaluate_retrieval (%s): t2v R@1 %.1f, v2t R@1 %.1f", kind, metrics["t2v_r1"], metrics["v2t_r1"])
+        log.info(
+            "evaluate_retrieval (%s): t2v R@1 %.1f (VTC only %.1f, chance %.1f), v2t R@1 %.1f (chance %.1f)",
+            kind, metrics["t2v_r1"], metrics["vtc_t2v_r1"], metrics["chance_t2v_r1"], metrics["v2t_r1"],
+            metrics["chance_v2t_r1"],
+        )  # fmt: skip
         return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split}
 
     return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
@@ -175,7 +180,7 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
     """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong)."""
 
     def work() -> StepResult:
-        from vlp.eval.qa import qa_metrics
+        from vlp.eval.qa import qa_baselines, qa_metrics
         from vlp.eval.report import qa_report
 
         qc = cfg.qa
@@ -187,6 +192,8 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         gold = [_norm(r["answer"]) for r in data.qa]
         types = [r["answer_type"] for r in data.qa]
         metrics = qa_metrics(predicted, gold, types, answers)
+        majority, source = _majority(dataset, answers)
+        metrics.update(qa_baselines(gold, answers, majority))
         vocab = set(answers)
         table = pa.table(
             {
@@ -202,11 +209,29 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
             }
         )
         flat = {k: float(v) for k, v in metrics.items() if isinstance(v, int | float)}
-        _write_outputs(out, flat, table, "predictions.parquet", lambda tmp: qa_report(metrics, tmp))
-        log.info("evaluate_qa: accuracy %.1f%% on %d questions", 100 * flat.get("accuracy", 0.0), len(gold))
-        return {"metrics": flat, "model": model, "split": qc.split}
+        report = lambda tmp: qa_report(metrics, tmp, majority_answer=majority)  # noqa: E731
+        _write_outputs(out, flat, table, "predictions.parquet", report)
+        log.info(
+            "evaluate_qa: accuracy %.1f%% on %d questions (majority answer %r: %.1f%%, chance %.1f%%)",
+            100 * flat["accuracy"], len(gold), majority, 100 * flat["majority_accuracy"], 100 * flat["chance_accuracy"],
+        )  # fmt: skip
+        baseline = {"majority_answer": majority, "majority_from": source}
+        return {"metrics": flat, "model": model, "split": qc.split, "baseline": baseline}
 
     return run_step("evaluate_qa", out, cfg, "qa", work)
+
+
+def _majority(dataset: str, answers: list[str]) -> tuple[str, str]:
+    """The majority-answer baseline's guess: the most frequent answer of the dataset's training questions, or,
+    without any, the fine-tuning vocabulary's first (``finetune-qa`` orders it by training frequency)."""
+    from vlp.data import manifest
+    from vlp.eval.qa import majority_answer
+
+    qa = manifest.read(dataset, manifest.QA, manifest.QA_SCHEMA)
+    train = [a for a, split in zip(qa["answer"].to_pylist(), qa["split"].to_pylist(), strict=True) if split == "train"]
+    if train:
+        return majority_answer(train), "train split"
+    return answers[0], "answer vocabulary"
 
 
 def _norm(answer: str) -> str:
