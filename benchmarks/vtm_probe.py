@@ -40,7 +40,8 @@ on a synthetic world built with the project's own steps (synth -> ingest -> extr
    Also printed: which kind of pair each negative sampler draws on training batches (same clip, same
    content, same scene, other scene).
 
-Run (about 10 minutes for the VTC stage and 1-2 minutes per frozen-tower run on 2 CPU cores)::
+Run (measured on 2 busy CPU cores: VTC stage 3-7 min, 1.5 min per frozen-tower run, 3-4 min per library
+run; the default set about 25 min)::
 
     OMP_NUM_THREADS=1 nice -n 10 python benchmarks/vtm_probe.py --work /tmp/vtm-exp
     python benchmarks/vtm_probe.py --work /tmp/vtm-exp --runs "uniform:neg=uniform" "hard:neg=hard,lr=1e-3"
