@@ -135,3 +135,34 @@ def test_three_tiny_steps_reproduce_the_recorded_losses():
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
+
+
+def test_same_clip_rules_and_negative_mode_reach_the_losses(tokenizer, batch, monkeypatch):
+    import dataclasses
+
+    from vlp import losses as losses_module
+
+    seen = {}
+    real = losses_module.sample_hard_negatives
+
+    def spy(*args, **kwargs):
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(losses_module, "sample_hard_negatives", spy)
+    same = dataclasses.replace(batch, video_index=torch.tensor([0, 0, 1, 2, 3, 4]))  # rows 0, 1: one clip
+    rules = {"same_video_vtc": "positive", "same_video_vtm": "exclude", "vtm_negatives": "mixed"}
+    model, pem = make(tokenizer, vtm_hard_fraction=0.25, **rules)
+    gen = torch.Generator().manual_seed(0)
+    out = alpro_pretrain_losses(model, same, tokenizer=tokenizer, pem=pem, generator=gen)
+    assert (seen["mode"], seen["hard_fraction"]) == ("mixed", 0.25)
+    assert seen["exclude"][0, 1] and seen["exclude"][1, 0] and not seen["exclude"][0, 2]
+    default, _ = make(tokenizer)
+    plain = alpro_pretrain_losses(
+        default, same, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(0)
+    )
+    assert not torch.allclose(out["loss_vtc"], plain["loss_vtc"])  # clip 0's second caption is now a positive
+    with pytest.raises(ValueError, match="video_index"):
+        alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem)
+    with pytest.raises(ValueError, match="vtm_negatives"):
+        AlproConfig.tiny(vocab_size=10, num_entities=2, vtm_negatives="hardest")

@@ -49,6 +49,7 @@ def test_finetune_retrieval_then_evaluate(pretrained, tmp_path):
     result = evaluate_retrieval(pretrained["dataset"], pretrained["frames"], ft, out, cfg)
     m = _json(f"{out}/metrics.json")
     assert m == pytest.approx(result["metrics"])
+    assert bool(result["warnings"]) == (m["t2v_r1"] < m["vtc_t2v_r1"])  # VTM that hurts the ranking is flagged
     for direction in ("t2v", "v2t"):
         assert 0 <= m[f"{direction}_r1"] <= m[f"{direction}_r5"] <= m[f"{direction}_r10"] <= 100
         candidates = m["num_videos"] if direction == "t2v" else m["num_texts"]
@@ -219,3 +220,15 @@ def test_fine_tuning_and_evaluation_normalise_pixels_as_the_model_was_trained(pr
     assert not torch.allclose(a, b)
     mean, std = torch.tensor(clip_mean).view(1, 3, 1, 1), torch.tensor(clip_std).view(1, 3, 1, 1)
     torch.testing.assert_close(b * std + mean, a * 0.5 + 0.5)  # the same pixels, normalised two ways
+
+
+def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained, tmp_path):
+    rules = ["retrieval.vtm_negatives=mixed", "retrieval.same_video_vtc=positive", "retrieval.same_video_vtm=exclude",
+             "retrieval.fusion_lr_mult=10"]  # fmt: skip
+    cfg = load_config(TINY, rules)
+    ft = str(tmp_path / "ret")
+    summary = finetune_retrieval(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)
+    assert summary["steps"] == 2 and summary["metrics"]["train/loss_vtm"] > 0
+    doc = _json(f"{ft}/model.json")["config"]
+    assert (doc["vtm_negatives"], doc["same_video_vtc"], doc["same_video_vtm"]) == ("mixed", "positive", "exclude")
+    assert summary["config"]["retrieval"]["fusion_lr_mult"] == 10

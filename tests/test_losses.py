@@ -451,3 +451,46 @@ def test_pem_loss_hand_value_gradient_and_none_kept() -> None:
     none = pem_loss(logits, pseudo, torch.zeros(3, dtype=torch.bool))
     none.backward()
     assert none.item() == 0.0 and none.requires_grad and torch.equal(logits.grad, torch.zeros(3, 2))
+
+
+def test_negative_modes_and_excluded_pairs() -> None:
+    from vlp.losses.matching import hard_negative_weights, sample_hard_negatives
+
+    b = 6
+    sim = torch.zeros(b, b)
+    sim[:, 1] = 50.0  # item 1 is everyone's hardest negative
+    same = torch.zeros(b, b, dtype=torch.bool)
+    same[0, 1] = same[1, 0] = True  # items 0 and 1 are two captions of one clip
+    w = hard_negative_weights(sim, exclude=same)
+    assert w[0, 1] == 0 and w[0, 0] == 0 and w[2, 1] > 0.99  # row 0 may not draw its clip's other caption
+    gen = torch.Generator().manual_seed(0)
+    draws = {mode: [] for mode in ("hard", "uniform", "mixed")}
+    for mode in draws:
+        for _ in range(300):
+            t, v = sample_hard_negatives(sim, sim.t(), gen, mode=mode, exclude=same)
+            assert (t != torch.arange(b)).all() and (v != torch.arange(b)).all()
+            assert t[0] != 1 and v[0] != 1 and t[1] != 0 and v[1] != 0  # never the same clip
+            draws[mode].append(t[2].item())
+    share = {mode: sum(x == 1 for x in xs) / len(xs) for mode, xs in draws.items()}
+    assert share["hard"] > 0.99 and 0.1 < share["uniform"] < 0.3 and 0.45 < share["mixed"] < 0.75, share
+    everything = ~torch.eye(b, dtype=torch.bool)  # a row with nothing left keeps every other item
+    assert torch.allclose(hard_negative_weights(torch.zeros(b, b), exclude=everything).sum(1), torch.ones(b))
+    with pytest.raises(ValueError, match="mode"):
+        sample_hard_negatives(sim, sim.t(), mode="hardest")
+
+
+def test_vtc_with_same_clip_positives_is_albefs_soft_target() -> None:
+    gen = torch.Generator().manual_seed(3)
+    v = F.normalize(torch.randn(4, 8, generator=gen), dim=-1)
+    t = F.normalize(torch.randn(4, 8, generator=gen), dim=-1)
+    eye = torch.eye(4, dtype=torch.bool)
+    assert torch.allclose(vtc_loss(v, t, 0.1, positives=eye), vtc_loss(v, t, 0.1))
+    ids = torch.tensor([0, 0, 1, 2])  # rows 0 and 1 caption the same clip
+    same = ids[:, None] == ids[None, :]
+    logits_v2t, logits_t2v = vtc_logits(v, t, 0.1)
+    target = same.float() / same.sum(1, keepdim=True)
+    manual = -(target * logits_v2t.log_softmax(1)).sum(1).mean() - (target * logits_t2v.log_softmax(1)).sum(1).mean()
+    assert torch.allclose(vtc_loss(v, t, 0.1, positives=same), manual / 2)
+    assert not torch.allclose(vtc_loss(v, t, 0.1, positives=same), vtc_loss(v, t, 0.1))
+    with pytest.raises(ValueError, match="own pair"):
+        vtc_loss(v, t, 0.1, positives=torch.zeros(4, 4, dtype=torch.bool))

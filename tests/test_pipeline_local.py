@@ -13,7 +13,7 @@ from pipelines.pretrain import downstream_enabled
 
 @pytest.mark.slow
 def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
-    result = local_run.run(tmp_path / "run")
+    result = local_run.run(tmp_path / "run", params={"register_alias": "local-test"})  # as PARAMS= on a cluster
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
     if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
@@ -29,6 +29,12 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
     assert tracked["steps"] == expected
     if "evaluate-retrieval" in steps:
         assert "retrieval.t2v_r1" in tracked["metrics"] and "qa.accuracy" in tracked["metrics"]
+        from mlflow import MlflowClient
+
+        registered = MlflowClient(tracked["tracking_uri"]).get_model_version_by_alias(
+            "vlp-local-retrieval", "local-test"
+        )
+        assert registered.version  # the parameter reached the pipeline
         summary = Path(outputs["report"]["summary"]).read_text()  # what `make pipeline-run` prints at the end
         m = tracked["metrics"]
         assert (
@@ -39,3 +45,8 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
             f"| qa | accuracy (%) | {100 * m['qa.accuracy']:.2f} |  | {100 * m['qa.chance_accuracy']:.2f} | "
             f"{100 * m['qa.majority_accuracy']:.2f} |" in summary
         )
+
+
+def test_local_run_checks_params_like_a_cluster_submission(capsys) -> None:
+    assert local_run.main(["--param", "no_such_param=1"]) == 2
+    assert "unknown parameter 'no_such_param'" in capsys.readouterr().err

@@ -626,3 +626,22 @@ def test_two_rank_gloo_kill_and_resume(tmp_path: Path) -> None:
         assert all(torch.equal(straight[k], resumed[k]) for k in straight), f"rank {rank} diverged after resume"
     rank0, rank1 = (load_file(str(tmp_path / "straight" / f"final-{r}-start0.safetensors")) for r in range(2))
     assert rank0.keys() == rank1.keys() and all(torch.equal(rank0[k], rank1[k]) for k in rank0), "DDP kept step"
+
+
+def test_fusion_lr_mult_scales_the_fusion_and_heads_through_the_schedule() -> None:
+    from vlp.train.optim import build_scheduler
+
+    model = nn.ModuleDict({"dual": nn.Linear(4, 4), "fusion": nn.Linear(4, 4), "vtm_head": nn.Linear(4, 2)})
+    cfg = OptimConfig(lr=1e-4, fusion_lr_mult=10.0, warmup_ratio=0.5)
+    opt = build_optimizer(model, cfg)
+    sched = build_scheduler(opt, cfg, total_steps=10)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for _ in range(3):
+        opt.step()
+        sched.step()
+        lrs = {names[id(p)]: g["lr"] for g in opt.param_groups for p in g["params"]}
+        assert lrs["fusion.weight"] == pytest.approx(10 * lrs["dual.weight"]) and lrs["dual.weight"] > 0
+        assert lrs["vtm_head.bias"] == pytest.approx(lrs["fusion.weight"])
+    assert len(build_optimizer(model, OptimConfig(lr=1e-4)).param_groups) == 2  # factor 1: groups as before
+    with pytest.raises(ValueError, match="fusion_lr_mult"):
+        OptimConfig(fusion_lr_mult=0.0)

@@ -89,6 +89,7 @@ def vtc_loss(
     *,
     gather: Callable[[Tensor], Tensor] = identity,
     rank: int = 0,
+    positives: Tensor | None = None,
 ) -> Tensor:
     """Symmetric InfoNCE between videos and texts, ``(L_v2t + L_t2v) / 2`` (ALPRO eq. 2-3).
 
@@ -99,6 +100,9 @@ def vtc_loss(
         gather: gathers ``(B, D)`` over ranks to ``(W * B, D)`` in rank order; use
             ``all_gather_with_grad`` so that negatives from other ranks carry gradient.
         rank: this process's rank; its positives are at columns ``rank * B + arange(B)``.
+        positives: ``(B, W * B)`` bool, every column that counts as a positive of each local row (its own pair
+            included), e.g. all captions of the same clip: the target is then uniform over them (ALBEF's
+            same-id targets). None = only the own pair (ALPRO: another caption of the clip is a negative).
 
     Returns:
         0-d loss, the mean over the ``B`` local rows of both directions, averaged.
@@ -111,4 +115,9 @@ def vtc_loss(
             f"got {logits_v2t.shape[1]}; pass the rank that matches the gather function"
         )
     targets = torch.arange(batch, device=video_feat.device) + rank * batch  # (B,)
-    return (F.cross_entropy(logits_v2t, targets) + F.cross_entropy(logits_t2v, targets)) / 2
+    if positives is None:
+        return (F.cross_entropy(logits_v2t, targets) + F.cross_entropy(logits_t2v, targets)) / 2
+    if positives.shape != logits_v2t.shape or not bool(positives[torch.arange(batch), targets].all()):
+        raise ValueError(f"positives must be ({batch}, {logits_v2t.shape[1]}) bool and hold each row's own pair")
+    soft = positives.to(logits_v2t.dtype) / positives.sum(dim=1, keepdim=True)  # (B, W*B), rows sum to 1
+    return (F.cross_entropy(logits_v2t, soft) + F.cross_entropy(logits_t2v, soft)) / 2

@@ -20,17 +20,34 @@ from torch import Tensor
 __all__ = ["hard_negative_weights", "sample_hard_negatives", "vtm_labels", "vtm_loss", "vtm_pair_indices"]
 
 
+NEGATIVES = ("hard", "uniform", "mixed")
+
+
+def _allowed(size: int, exclude: Tensor | None, device: torch.device) -> Tensor:
+    """``(B, B)`` bool: candidates a row may draw (never itself, never ``exclude``; a row left with none
+    falls back to every other item, so a negative always exists)."""
+    allowed = ~torch.eye(size, dtype=torch.bool, device=device)
+    if exclude is not None:
+        if exclude.shape != (size, size):
+            raise ValueError(f"exclude must be ({size}, {size}), got {tuple(exclude.shape)}")
+        keep = allowed & ~exclude.to(device=device, dtype=torch.bool)
+        allowed = torch.where(keep.any(dim=1, keepdim=True), keep, allowed)
+    return allowed
+
+
 @torch.no_grad()
-def hard_negative_weights(sim: Tensor) -> Tensor:
+def hard_negative_weights(sim: Tensor, exclude: Tensor | None = None) -> Tensor:
     """Row-wise sampling distribution over in-batch negatives.
 
     Args:
         sim: ``(B, B)`` similarity logits (ALPRO passes the VTC logits, i.e. cosine / temperature),
             row ``i`` = query ``i`` against all candidates, positive on the diagonal.
+        exclude: ``(B, B)`` bool, pairs never to draw, e.g. another caption of the same clip (a true
+            positive; ALBEF masks these, ALPRO does not). A row with nothing left keeps every other item.
 
     Returns:
-        ``(B, B)`` float32 probabilities, ``softmax`` of each row with the diagonal set to exactly 0.
-        Because the row maximum over off-diagonal entries gets weight ``exp(0)``, a row never
+        ``(B, B)`` float32 probabilities, ``softmax`` of each row with the diagonal (and excluded pairs) set to
+        exactly 0. Because the row maximum over allowed entries gets weight ``exp(0)``, a row never
         underflows to all zeros, even for near-one-hot similarities.
     """
     if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
@@ -40,21 +57,31 @@ def hard_negative_weights(sim: Tensor) -> Tensor:
         )
     if sim.shape[0] < 2:
         raise ValueError("hard negatives need a batch of at least 2 pairs (B=1 has no in-batch negative)")
-    eye = torch.eye(sim.shape[0], dtype=torch.bool, device=sim.device)
-    masked = sim.detach().float().masked_fill(eye, float("-inf"))  # (B, B)
+    allowed = _allowed(sim.shape[0], exclude, sim.device)
+    masked = sim.detach().float().masked_fill(~allowed, float("-inf"))  # (B, B)
     return F.softmax(masked, dim=1)
 
 
 @torch.no_grad()
 def sample_hard_negatives(
-    sim_v2t: Tensor, sim_t2v: Tensor, generator: torch.Generator | None = None
+    sim_v2t: Tensor,
+    sim_t2v: Tensor,
+    generator: torch.Generator | None = None,
+    *,
+    mode: str = "hard",
+    hard_fraction: float = 0.5,
+    exclude: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Draw one hard negative text per video and one hard negative video per text.
+    """Draw one negative text per video and one negative video per text.
 
     Args:
         sim_v2t: ``(B, B)`` video-to-text similarity logits (row = video).
         sim_t2v: ``(B, B)`` text-to-video similarity logits (row = text).
         generator: optional ``torch.Generator`` on the tensors' device, for reproducible draws.
+        mode: ``"hard"`` (ALPRO/ALBEF: in proportion to ``softmax(sim)``), ``"uniform"`` (any other item alike)
+            or ``"mixed"`` (each draw hard with probability ``hard_fraction``, else uniform).
+        hard_fraction: the hard share of ``"mixed"``.
+        exclude: ``(B, B)`` bool pairs never to draw (see :func:`hard_negative_weights`).
 
     Returns:
         ``(neg_text_idx, neg_video_idx)``, both ``(B,)`` int64 on the input device;
@@ -67,11 +94,24 @@ def sample_hard_negatives(
         raise ValueError(
             f"sim_v2t and sim_t2v must have the same shape, got {tuple(sim_v2t.shape)}, {tuple(sim_t2v.shape)}"
         )
-    w_v2t = hard_negative_weights(sim_v2t)  # (B, B)
-    w_t2v = hard_negative_weights(sim_t2v)  # (B, B)
-    neg_text_idx = torch.multinomial(w_v2t, 1, generator=generator).squeeze(1)  # (B,)
-    neg_video_idx = torch.multinomial(w_t2v, 1, generator=generator).squeeze(1)  # (B,)
-    return neg_text_idx, neg_video_idx
+    if mode not in NEGATIVES:
+        raise ValueError(f"negative sampling mode must be one of {NEGATIVES}, got {mode!r}")
+    if not 0.0 <= hard_fraction <= 1.0:
+        raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
+    picks = []
+    for sim, ex in ((sim_v2t, exclude), (sim_t2v, None if exclude is None else exclude.t())):
+        hard = hard_negative_weights(sim, ex)  # (B, B)
+        allowed = _allowed(sim.shape[0], ex, sim.device).float()
+        uniform = allowed / allowed.sum(dim=1, keepdim=True)
+        if mode == "hard":
+            weights = hard
+        elif mode == "uniform":
+            weights = uniform
+        else:  # per-row coin: hard with probability hard_fraction
+            coin = torch.rand(sim.shape[0], 1, generator=generator, device=sim.device) < hard_fraction
+            weights = torch.where(coin, hard, uniform)
+        picks.append(torch.multinomial(weights, 1, generator=generator).squeeze(1))  # (B,)
+    return picks[0], picks[1]
 
 
 def vtm_pair_indices(neg_text_idx: Tensor, neg_video_idx: Tensor) -> tuple[Tensor, Tensor]:

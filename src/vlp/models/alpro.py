@@ -63,6 +63,14 @@ class AlproConfig:
     # configs use CLIP's (0.48145466, 0.4578275, 0.40821073) / (0.26862954, 0.26130258, 0.27577711).
     pixel_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     pixel_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
+    # VTM negatives: "hard" (paper and code: drawn by in-batch VTC similarity), "uniform", or "mixed" (hard with
+    # probability vtm_hard_fraction). At CPU scale hard draws are ~90% same-scene clips (benchmarks/vtm_probe.py).
+    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
+    vtm_hard_fraction: float = 0.5
+    # Another caption of the same clip in the batch: ALPRO treats it as a VTC negative and may draw it as a VTM
+    # negative ("negative" / "draw"); ALBEF makes it a VTC positive and never draws it ("positive" / "exclude").
+    same_video_vtc: Literal["negative", "positive"] = "negative"
+    same_video_vtm: Literal["draw", "exclude"] = "draw"
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.losses) - set(LOSS_TERMS))
@@ -70,6 +78,16 @@ class AlproConfig:
             raise ValueError(f"losses must be a non-empty subset of {LOSS_TERMS}, got {list(self.losses)}")
         if "pem" in self.losses and self.num_entities < 1:
             raise ValueError("PEM needs num_entities >= 1 (the prompt-bank size); set it or drop 'pem' from losses")
+        if self.vtm_negatives not in losses.matching.NEGATIVES or not 0.0 <= self.vtm_hard_fraction <= 1.0:
+            raise ValueError(
+                f"vtm_negatives must be one of {losses.matching.NEGATIVES} and vtm_hard_fraction in [0, 1], got "
+                f"{self.vtm_negatives!r} / {self.vtm_hard_fraction}"
+            )
+        if self.same_video_vtc not in ("negative", "positive") or self.same_video_vtm not in ("draw", "exclude"):
+            raise ValueError(
+                f"same_video_vtc must be 'negative' or 'positive' and same_video_vtm 'draw' or 'exclude', got "
+                f"{self.same_video_vtc!r} / {self.same_video_vtm!r}"
+            )
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
 
@@ -221,6 +239,7 @@ class PretrainBatch:
     input_ids: Tensor  # (B, L)
     attention_mask: Tensor  # (B, L)
     is_image: Tensor | None = None  # (B,) bool: still images repeated into clips (image prompt templates)
+    video_index: Tensor | None = None  # (B,) int64 clip identity: equal for two captions of one clip
 
 
 @dataclass
@@ -241,6 +260,7 @@ def alpro_pretrain_losses(
     gather: Callable[[Tensor], Tensor] = losses.contrastive.identity,
     rank: int = 0,
     generator: torch.Generator | None = None,
+    gather_ids: Callable[[Tensor], Tensor] = losses.contrastive.identity,
 ) -> dict[str, Tensor]:
     """The enabled ALPRO objectives for one batch; ``"loss"`` is their unweighted sum (eq. 6).
 
@@ -252,6 +272,8 @@ def alpro_pretrain_losses(
         gather: all-gather with gradient over ranks (identity on one process) for VTC negatives.
         rank: this process's rank (where its VTC positives sit in the gathered batch).
         generator: CPU generator for masks, boxes and negatives (reproducible steps).
+        gather_ids: all-gather without gradient over ranks, for ``batch.video_index`` when
+            ``same_video_vtc="positive"`` (``vlp.train.distributed.all_gather_no_grad``).
 
     Returns:
         ``{"loss", "loss_vtc", "loss_vtm", "loss_mlm", "loss_pem", "temp", "pem_kept"}`` (enabled terms only).
@@ -262,10 +284,18 @@ def alpro_pretrain_losses(
     temp = model.dual.temperature()
     out["temp"] = temp.detach()
     if "vtc" in cfg.losses:
-        out["loss_vtc"] = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank)
+        positives = None
+        if cfg.same_video_vtc == "positive":
+            ids = _video_index(batch)
+            positives = ids[:, None] == gather_ids(ids)[None, :]  # (B, W*B)
+        out["loss_vtc"] = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank, positives=positives)
     positive = None
     if "vtm" in cfg.losses or "pem" in cfg.losses:
-        positive, vtm = _vtm(model, video_feat, text_feat, temp, video_out, text_out, generator)
+        exclude = None
+        if cfg.same_video_vtm == "exclude":
+            ids = _video_index(batch)
+            exclude = ids[:, None] == ids[None, :]  # (B, B)
+        positive, vtm = _vtm(model, video_feat, text_feat, temp, video_out, text_out, generator, exclude)
         if vtm is not None:
             out["loss_vtm"] = vtm
     if "pem" in cfg.losses:
@@ -286,6 +316,7 @@ def _vtm(
     video_out: VideoEncoderOutput,
     text_out: TextOutput,
     generator: torch.Generator | None,
+    exclude: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
     """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM loss)."""
     b = video_feat.shape[0]
@@ -294,7 +325,11 @@ def _vtm(
         return fused.video, None
     with torch.no_grad():
         sim = video_feat @ text_feat.t() / temp  # (B, B) local similarities
-        neg_t, neg_v = losses.sample_hard_negatives(sim, sim.t(), generator=_on(generator, sim))
+        cfg = model.cfg
+        neg_t, neg_v = losses.sample_hard_negatives(
+            sim, sim.t(), _on(generator, sim), mode=cfg.vtm_negatives, hard_fraction=cfg.vtm_hard_fraction,
+            exclude=exclude,
+        )  # fmt: skip
     t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
     fused = model.fuse(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
     logits = model.vtm_head(fused.cls)  # (3B, 2)
@@ -351,6 +386,12 @@ def _mlm(
     text_out = model.dual.text(masked_ids, batch.attention_mask)
     fused = model.fuse(text_out.tokens, batch.attention_mask, video_out.tokens)
     return losses.mlm_loss(model.mlm_head(fused.text), labels)
+
+
+def _video_index(batch: PretrainBatch) -> Tensor:
+    if batch.video_index is None:
+        raise ValueError("same_video_vtc='positive' / same_video_vtm='exclude' need batch.video_index (clip ids)")
+    return batch.video_index.to(batch.input_ids.device)
 
 
 def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:

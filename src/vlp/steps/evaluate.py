@@ -129,13 +129,21 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             return retrieval_report(metrics, ranks_t2v(scores, text_video), examples, tmp)
 
         _write_outputs(out, metrics, table, "ranks.parquet", report)
+        warnings = []
+        if pairs and metrics["t2v_r1"] < metrics["vtc_t2v_r1"]:  # the VTM head made the ranking worse
+            warnings.append(
+                f"VTM re-ranking lowers text->video R@1 below the contrastive ranking it re-ranks "
+                f"({metrics['t2v_r1']:.1f} vs vtc_t2v_r1 {metrics['vtc_t2v_r1']:.1f}): the VTM head has not learnt "
+                "to match (see benchmarks/vtm_probe.py); retrieval.score_rule=itm_plus_sim keeps the similarity"
+            )
+            log.warning("evaluate_retrieval: %s", warnings[-1])
         kind = "zero-shot" if info.kind == "alpro" else "fine-tuned"
         log.info(
             "evaluate_retrieval (%s): t2v R@1 %.1f (VTC only %.1f, chance %.1f), v2t R@1 %.1f (chance %.1f)",
             kind, metrics["t2v_r1"], metrics["vtc_t2v_r1"], metrics["chance_t2v_r1"], metrics["v2t_r1"],
             metrics["chance_v2t_r1"],
         )  # fmt: skip
-        return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split}
+        return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split, "warnings": warnings}
 
     return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
 

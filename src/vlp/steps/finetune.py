@@ -109,7 +109,16 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
 
         distributed.init_from_env()
         start = directory.describe(pretrained, STARTS)
-        model_cfg = dataclasses.replace(start.config, num_entities=0, losses=tuple(cfg.retrieval.losses))
+        rc = cfg.retrieval
+        model_cfg = dataclasses.replace(
+            start.config,
+            num_entities=0,
+            losses=tuple(rc.losses),
+            vtm_negatives=rc.vtm_negatives,
+            vtm_hard_fraction=rc.vtm_hard_fraction,
+            same_video_vtc=rc.same_video_vtc,
+            same_video_vtm=rc.same_video_vtm,
+        )
         seed_model_init(cfg.retrieval.seed)
         model = Alpro(model_cfg)
         skipped = load_pretrained_weights(start.checkpoint, model)
@@ -122,13 +131,17 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         def fetch(indices: list[int]) -> PretrainBatch:
             items = collate_video_text([data[i] for i in indices])
             enc = tok(items["text"], padding="max_length", truncation=True, max_length=length)
-            return PretrainBatch(items["video"], torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"]))
+            clips = torch.tensor([clip_index[v] for v in items["video_id"]])
+            ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
+            return PretrainBatch(items["video"], ids, mask, video_index=clips)
+
+        clip_index = {v: i for i, v in enumerate(sorted({v for v, _ in data.pairs}))}  # same clip -> same id
 
         section = with_max_steps(cfg.retrieval, len(data))
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return m(batch, tokenizer=tok, gather=gather, rank=rank)
+            return m(batch, tokenizer=tok, gather=gather, rank=rank, gather_ids=distributed.all_gather_no_grad)
 
         batches = _batches(data, section, fetch)
         result = train_model(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)

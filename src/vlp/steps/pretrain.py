@@ -83,6 +83,10 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
         pem_crop=model.pem_crop,
         pixel_mean=tuple(model.pixel_mean),
         pixel_std=tuple(model.pixel_std),
+        vtm_negatives=model.vtm_negatives,
+        vtm_hard_fraction=model.vtm_hard_fraction,
+        same_video_vtc=model.same_video_vtc,
+        same_video_vtm=model.same_video_vtm,
     )
 
 
@@ -159,7 +163,10 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
         is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
         ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
-        return PretrainBatch(items["video"], ids, mask, is_image)
+        clips = torch.tensor([clip_index[v] for v in items["video_id"]])
+        return PretrainBatch(items["video"], ids, mask, is_image, clips)
+
+    clip_index = {v: i for i, v in enumerate(sorted({v for v, _ in data.pairs}))}  # same clip -> same id
 
     batch = min(p.batch_size, len(ResumableSampler(len(data), seed=p.seed)))  # items per rank per epoch
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
@@ -251,7 +258,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         gather, rank = distributed.all_gather_with_grad, distributed.rank()
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank)
+            return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank, gather_ids=distributed.all_gather_no_grad)
 
         result = train_model(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
         directory.save(

@@ -74,10 +74,16 @@ class OptimConfig:
     grad_clip: float | None = 20.0  # max global L2 norm (ALPRO grad_norm 20); None or <= 0: no clipping
     no_decay_keywords: tuple[str, ...] = ("pos_embed", "time_embed", "cls_token")
     alpro_code_weight_decay: bool = False  # True: one group, weight decay 0 (the released code)
+    # lr factor of the parameters under fusion_prefixes: the multimodal encoder and the heads, which start from
+    # random weights when the towers do not (vtm_probe: at 1e-4 a random fusion stays at VTM's label prior)
+    fusion_lr_mult: float = 1.0
+    fusion_prefixes: tuple[str, ...] = ("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier.")
 
     def __post_init__(self) -> None:
         if self.lr < 0:
             raise ValueError(f"OptimConfig.lr must be >= 0, got {self.lr}")
+        if self.fusion_lr_mult <= 0:
+            raise ValueError(f"OptimConfig.fusion_lr_mult must be > 0, got {self.fusion_lr_mult}")
         if self.weight_decay < 0:
             raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -131,7 +137,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
     Returns:
         ``torch.optim.AdamW`` with two groups (decay, no decay), or one group with weight decay 0
-        when ``cfg.alpro_code_weight_decay``. Empty groups are omitted.
+        when ``cfg.alpro_code_weight_decay``; with ``fusion_lr_mult != 1`` each is split again, the parameters
+        under ``fusion_prefixes`` getting ``lr * fusion_lr_mult``. Empty groups are omitted.
 
     Raises:
         ValueError: if the model has no trainable parameter.
@@ -145,6 +152,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
             {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
             {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
         ]
+    if cfg.fusion_lr_mult != 1.0:
+        names = {id(p): n for n, p in params.items()}
+        split = []
+        for g in groups:
+            fused = [p for p in g["params"] if names[id(p)].startswith(cfg.fusion_prefixes)]
+            rest = [p for p in g["params"] if not names[id(p)].startswith(cfg.fusion_prefixes)]
+            split += [g | {"params": rest}, g | {"params": fused, "lr": cfg.lr * cfg.fusion_lr_mult}]
+        groups = split
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("build_optimizer: the model has no trainable parameter (all requires_grad=False?)")

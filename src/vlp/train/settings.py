@@ -34,6 +34,12 @@ class ModelConfig:
     # ALPRO configs (and their checkpoints) use CLIP's mean/std (imported checkpoints set those)
     pixel_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
     pixel_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    # VTM negatives: hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction); and what
+    # another caption of the same clip is: a VTC negative / drawable VTM negative (ALPRO) or not (ALBEF)
+    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
+    vtm_hard_fraction: float = 0.5
+    same_video_vtc: Literal["negative", "positive"] = "negative"
+    same_video_vtm: Literal["draw", "exclude"] = "draw"
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
@@ -61,6 +67,7 @@ class PretrainConfig:
     seed: int = 0
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     progress: bool = True  # tqdm bar
+    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
 
 
 @dataclass
@@ -91,6 +98,7 @@ class FinetuneConfig:
     seed: int = 42  # app. A.2
     bf16: bool = True
     progress: bool = True
+    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads
 
 
 @dataclass
@@ -101,6 +109,11 @@ class RetrievalConfig(FinetuneConfig):
     paragraph: bool = False  # DiDeMo: one text per video = its captions concatenated in caption_id order
     k: int = 16  # VTM re-ranks the top-k candidates per query; k >= #items = full N x N scoring (ALPRO code)
     score_rule: Literal["itm", "itm_plus_sim"] = "itm"  # VTM probability (ALPRO code) or logit + sim (LAVIS)
+    # fine-tuning's VTM negatives and same-clip rule (as model.*; they replace the pre-trained model's)
+    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
+    vtm_hard_fraction: float = 0.5
+    same_video_vtc: Literal["negative", "positive"] = "negative"
+    same_video_vtm: Literal["draw", "exclude"] = "draw"
     report_examples: int = 4  # queries shown with their top-5 videos in the report
 
 
