@@ -1,6 +1,7 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
-# PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment).
+# PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
+# PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster.
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
@@ -21,7 +22,8 @@ pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/
 
 pipeline-run: $(STAMP) ## Whole DAG: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
-	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) $(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)")
+	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) $(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") \
+		$(foreach p,$(PARAMS),--param '$(p)')
 else
 	$(PY) -m pipelines.compile
 	$(SUBMIT) run --pipeline pretrain $(SUBMIT_ARGS)

@@ -4,7 +4,11 @@ A fresh synthetic world, the tiny step config, CPU, the current Python environme
 ``use_venv=False``), a local pipeline root and a local MLflow store (sqlite) under ``--out``. At the end it
 prints where every output is and the MLflow parent run (with one nested run per step) to open::
 
-    python -m pipelines.local_run [--out runs/pipeline-local] [section.key=value ...]
+    python -m pipelines.local_run [--out runs/pipeline-local] [--param key=value ...] [section.key=value ...]
+
+``--param`` sets a pipeline parameter as ``make pipeline-run PARAMS="..."`` does on a cluster (same names and
+YAML values, checked against the compiled pipeline's inputs, e.g. ``family=alpro`` or ``data_root=s3://b/p``);
+``overrides`` given as a parameter are added after the trailing ones.
 """
 
 import argparse
@@ -33,6 +37,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--data-root", default=None, help="s3:// prefix for large outputs (default: the pipeline config's data_root)"
     )
+    parser.add_argument("--param", action="append", default=[], metavar="key=value",
+                        help="pipeline parameter, as PARAMS on a cluster (repeat)")  # fmt: skip
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="step config overrides")
     return parser.parse_args(argv)
 
@@ -44,6 +50,7 @@ def run(
     overrides: Sequence[str] = (),
     source_uri: str = "",
     data_root: str | None = None,
+    params: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the DAG locally into ``out``; returns ``{"outputs": {task: {name: path}}, "mlflow": {...}}``.
 
@@ -68,7 +75,10 @@ def run(
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         root = cfg.data_root if data_root is None else data_root
-        pretrain.build(cfg)(config=config, overrides=[*tracking, *overrides], source_uri=source_uri, data_root=root)
+        arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
+        arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
+        arguments["overrides"] = [*tracking, *overrides, *(params or {}).get("overrides", [])]
+        pretrain.build(cfg)(**arguments)
     new_dirs = sorted(set((run_dir / "kfp").glob("*")) - before)
     return {"outputs": list_outputs(new_dirs[-1]), "mlflow": mlflow_summary(sqlite_uri(run_dir))}
 
@@ -116,7 +126,14 @@ def mlflow_summary(tracking_uri: str) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    result = run(args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root)
+    from pipelines.submit import SubmitError, parse_params
+
+    try:
+        params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / "pretrain.yaml")
+    except SubmitError as exc:
+        print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
+        return 2
+    result = run(args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params)
     print("\n=== outputs (task -> artifact) ===")
     for task, items in result["outputs"].items():
         for name, path in items.items():
