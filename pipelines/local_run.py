@@ -1,8 +1,9 @@
 """Run the whole pre-training DAG on this machine with ``kfp.local`` (``make pipeline-run`` without KFP_HOST).
 
-A fresh synthetic world, the tiny step config, CPU, the current Python environment (SubprocessRunner,
-``use_venv=False``), a local pipeline root and a local MLflow store (sqlite) under ``--out``. At the end it
-prints where every output is and the MLflow parent run (with one nested run per step) to open::
+A fresh synthetic world, the main job's step config (``configs/pipeline-local.yaml``), CPU, the current Python
+environment (SubprocessRunner, ``use_venv=False``), a local pipeline root and a local MLflow store (sqlite)
+under ``--out``. At the end it prints where every output is, each figure next to chance and the baselines, and
+the MLflow parent run (with one nested run per step) to open::
 
     python -m pipelines.local_run [--out runs/pipeline-local] [--param key=value ...] [section.key=value ...]
 
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"/runs/{tracked['parent_run_id']})"
         )
     print(f"\nlocal pipeline run finished in {time.perf_counter() - start:.0f} s")
+    print("(KFP's cache is not reused across runs: every step takes the run id, for MLflow nesting, as an input)")
     return 0
 
 

@@ -13,7 +13,8 @@ from pipelines.pretrain import downstream_enabled
 
 @pytest.mark.slow
 def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
-    result = local_run.run(tmp_path / "run", params={"register_alias": "local-test"})  # as PARAMS= on a cluster
+    tiny = str(CONFIG_DIR.parents[1] / "configs" / "tiny.yaml")  # `make pipeline-run` uses configs/pipeline-local.yaml
+    result = local_run.run(tmp_path / "run", step_config=tiny, params={"register_alias": "local-test"})
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
     if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
