@@ -203,9 +203,10 @@ def final_report(
     from vlp.tracking import log_metrics, pipeline_run, register_model
 
     cfg, _ = load_step_config(config, overrides)
-    rows, final = [], {}
+    rows, final, per_task = [], {}, {}
     for task, (evaluation, model) in results.items():
         metrics = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
+        per_task[task] = metrics
         final.update({f"{task}.{k}": v for k, v in metrics.items()})
         version = ""
         if cfg.tracking.tracking_uri and model is not None and metrics:
@@ -221,9 +222,8 @@ def final_report(
         log_metrics(cfg.tracking, pipeline_run(cfg.tracking, kfp_run_id), final)
     from vlp.eval.report import headline_table
 
-    headline = headline_table({task: {k[len(task) + 1 :]: v for k, v in final.items() if k.startswith(f"{task}.")}
-                               for task in results})  # fmt: skip
-    header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat:", "", headline.rstrip(), ""]
+    header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat:", ""]
+    header += [headline_table(per_task).rstrip(), ""]
     header += ["## Every metric", "", "| task | metric | value | registered |", "|---|---|---|---|"]
     return "\n".join([*header, *rows]) + "\n"
 

@@ -222,7 +222,17 @@ def test_fine_tuning_and_evaluation_normalise_pixels_as_the_model_was_trained(pr
     torch.testing.assert_close(b * std + mean, a * 0.5 + 0.5)  # the same pixels, normalised two ways
 
 
-def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained, tmp_path):
+def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained, tmp_path, monkeypatch):
+    from vlp.train import loop
+
+    built = []
+    real = loop.build_optimizer
+
+    def spy(model, optim_cfg):
+        built.append(real(model, optim_cfg))
+        return built[-1]
+
+    monkeypatch.setattr(loop, "build_optimizer", spy)
     rules = ["retrieval.vtm_negatives=mixed", "retrieval.same_video_vtc=positive", "retrieval.same_video_vtm=exclude",
              "retrieval.fusion_lr_mult=10"]  # fmt: skip
     cfg = load_config(TINY, rules)
@@ -231,4 +241,5 @@ def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained
     assert summary["steps"] == 2 and summary["metrics"]["train/loss_vtm"] > 0
     doc = _json(f"{ft}/model.json")["config"]
     assert (doc["vtm_negatives"], doc["same_video_vtc"], doc["same_video_vtm"]) == ("mixed", "positive", "exclude")
-    assert summary["config"]["retrieval"]["fusion_lr_mult"] == 10
+    peaks = sorted({group["initial_lr"] for group in built[0].param_groups})  # the fusion and heads at 10x
+    assert peaks == pytest.approx([cfg.retrieval.lr, 10 * cfg.retrieval.lr])

@@ -113,6 +113,14 @@ def test_imported_qa_weights_give_the_reference_answer_logits(
 ):
     out, summary = _import(tmp_path, name, bert_style_tokenizer, "--answers", answers_file)
     assert summary["model_kind"] == "alpro_qa" and summary["answers"] == 5
+    # LAVIS's AlproQA has no VTC projections or temperature: only those keep their initialisation
+    unused = ["dual.temp", "dual.text_proj.bias", "dual.text_proj.weight", "dual.video_proj.bias",
+              "dual.video_proj.weight"]  # fmt: skip
+    assert sorted(summary["import"]["kept_init"]) == (unused if name.startswith("lavis") else [])
+    again, _ = _import(tmp_path / "again", name, bert_style_tokenizer, "--answers", answers_file)
+    assert (again / "weights" / "model.safetensors").read_bytes() == (
+        out / "weights" / "model.safetensors"
+    ).read_bytes()
     model, _, info = directory.load(str(out))
     assert info.answers() == ["red", "blue", "two", "[unused answer 3]", "[unused answer 4]"]
     x = _inputs()
@@ -205,7 +213,7 @@ def test_files_that_do_not_fit_are_refused_with_what_is_wrong(bert_style_tokeniz
     from vlp.config import load_config
     from vlp.steps.import_checkpoint import import_checkpoint
 
-    with pytest.raises(ValueError, match="has 121 tokens but the checkpoint's word embeddings hold 120"):
+    with pytest.raises(ValueError, match="has 121 tokens but the model's text tower has 120 embeddings"):
         import_checkpoint(str(path), str(tmp_path / "out"), load_config(None), tokenizer=str(big), text_heads=2)
 
 

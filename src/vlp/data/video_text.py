@@ -125,6 +125,11 @@ class VideoTextDataset(torch.utils.data.Dataset):
             )
         return pairs
 
+    def clip_index(self) -> dict[str, int]:
+        """``{video_id: int}`` over the clips of :attr:`pairs` (sorted ids): two captions of one clip share it
+        (``PretrainBatch.video_index``, for the same-clip rules of VTC and VTM)."""
+        return {video_id: i for i, video_id in enumerate(sorted({v for v, _ in self.pairs}))}
+
     def set_epoch(self, epoch: int) -> None:
         """Items of a new epoch draw new frames and augmentations (deterministically)."""
         self.epoch = epoch

@@ -100,16 +100,14 @@ def sample_hard_negatives(
         raise ValueError(f"hard_fraction must be in [0, 1], got {hard_fraction}")
     picks = []
     for sim, ex in ((sim_v2t, exclude), (sim_t2v, None if exclude is None else exclude.t())):
-        hard = hard_negative_weights(sim, ex)  # (B, B)
-        allowed = _allowed(sim.shape[0], ex, sim.device).float()
-        uniform = allowed / allowed.sum(dim=1, keepdim=True)
         if mode == "hard":
-            weights = hard
-        elif mode == "uniform":
-            weights = uniform
-        else:  # per-row coin: hard with probability hard_fraction
-            coin = torch.rand(sim.shape[0], 1, generator=generator, device=sim.device) < hard_fraction
-            weights = torch.where(coin, hard, uniform)
+            weights = hard_negative_weights(sim, ex)  # (B, B)
+        else:
+            allowed = _allowed(sim.shape[0], ex, sim.device).float()
+            weights = allowed / allowed.sum(dim=1, keepdim=True)  # uniform over the allowed items
+            if mode == "mixed":  # per-row coin: hard with probability hard_fraction
+                coin = torch.rand(sim.shape[0], 1, generator=generator, device=sim.device) < hard_fraction
+                weights = torch.where(coin, hard_negative_weights(sim, ex), weights)
         picks.append(torch.multinomial(weights, 1, generator=generator).squeeze(1))  # (B,)
     return picks[0], picks[1]
 

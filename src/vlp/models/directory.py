@@ -120,11 +120,7 @@ class ModelDir:
         from vlp.models.tokenizer import load_tokenizer
 
         tok = load_tokenizer(self.tokenizer_dir)
-        vocab = getattr(getattr(self.config, "text", None), "vocab_size", None)
-        if vocab is not None and len(tok) > vocab:
-            raise ValueError(
-                f"{self.tokenizer_dir} has {len(tok)} tokens but the model's text tower has {vocab} embeddings"
-            )
+        check_vocab(tok, self.config, self.tokenizer_dir)
         return tok
 
     def answers(self) -> list[str]:
@@ -147,6 +143,17 @@ class ModelDir:
         if device is not None:
             module.to(device)
         return module.eval()
+
+
+def check_vocab(tokenizer: Any, config: Any, where: str) -> None:
+    """Refuse a tokenizer with more tokens than ``config``'s text tower has embeddings (its ids would index past
+    them); ``where`` names the tokenizer in the message."""
+    vocab = getattr(getattr(config, "text", None), "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        raise ValueError(
+            f"the tokenizer {where} has {len(tokenizer)} tokens but the model's text tower has {vocab} embeddings: "
+            "use the tokenizer the weights were trained with"
+        )
 
 
 def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:

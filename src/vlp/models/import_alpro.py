@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -405,8 +404,3 @@ def _check_ties(state: Mapping[str, Tensor], root: str, prefix: str, report: Imp
             if not torch.equal(state[copy], state[owner]):
                 raise CheckpointFormatError(f"{copy} differs from {owner}: vlp's MLM head is tied and cannot hold both")
             report.checked_ties.append(f"{copy} == {owner}")
-
-
-def key_patterns(keys: list[str]) -> Counter[str]:
-    """Keys with layer indices folded (``blocks.{i}``), counted: a compact view of a state dict."""
-    return Counter(re.sub(r"\.\d+\.", ".{i}.", k) for k in keys)

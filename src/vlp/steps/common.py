@@ -85,7 +85,7 @@ def train_model(
         warmup_ratio=cfg.warmup_ratio,
         grad_clip=cfg.grad_clip,
         alpro_code_weight_decay=cfg.alpro_code_weight_decay,
-        fusion_lr_mult=getattr(cfg, "fusion_lr_mult", 1.0),
+        fusion_lr_mult=cfg.fusion_lr_mult,
     )
     logger, mlflow_run = None, None
     if distributed.rank() == 0:

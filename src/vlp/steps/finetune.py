@@ -135,7 +135,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
             return PretrainBatch(items["video"], ids, mask, video_index=clips)
 
-        clip_index = {v: i for i, v in enumerate(sorted({v for v, _ in data.pairs}))}  # same clip -> same id
+        clip_index = data.clip_index()
 
         section = with_max_steps(cfg.retrieval, len(data))
         gather, rank = distributed.all_gather_with_grad, distributed.rank()

@@ -15,7 +15,7 @@ from typing import Any
 from vlp import storage
 from vlp.config import Config
 from vlp.models import directory
-from vlp.steps.common import StepResult, run_step
+from vlp.steps.common import StepResult, run_step, seed_model_init
 
 log = logging.getLogger("vlp")
 REPORT_FILE = "import_report.json"
@@ -100,18 +100,14 @@ def import_checkpoint(
             if not answers:
                 raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
             answer_list = read_answers(answers, int(state["classifier.2.weight"].shape[0]))
+        seed_model_init(0)  # the parts a file lacks (LAVIS QA's unused projections) start the same every import
         model = directory.FAMILIES["alpro"].build(chosen_kind, model_cfg, len(answer_list or []))
         weights, report = imp.map_state_dict(
             state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
         )
-        model.load_state_dict(weights)  # strict: every key filled, as map_state_dict checked
         tok = load_tokenizer(tokenizer)
-        if len(tok) > model_cfg.text.vocab_size:
-            raise ValueError(
-                f"the tokenizer {tokenizer!r} has {len(tok)} tokens but the checkpoint's word embeddings hold "
-                f"{model_cfg.text.vocab_size}: pass the tokenizer the weights were trained with"
-            )
-        ckpt = save_model_weights(storage.join(out, WEIGHTS_DIR), model)
+        directory.check_vocab(tok, model_cfg, repr(tokenizer))
+        ckpt = save_model_weights(storage.join(out, WEIGHTS_DIR), weights)  # every model key, as mapped
         lineage = {"imported_from": source, "sha256": sha, "format": chosen_fmt, "tokenizer": tokenizer}
         directory.save(
             out,

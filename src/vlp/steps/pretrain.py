@@ -166,7 +166,7 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         clips = torch.tensor([clip_index[v] for v in items["video_id"]])
         return PretrainBatch(items["video"], ids, mask, is_image, clips)
 
-    clip_index = {v: i for i, v in enumerate(sorted({v for v, _ in data.pairs}))}  # same clip -> same id
+    clip_index = data.clip_index()
 
     batch = min(p.batch_size, len(ResumableSampler(len(data), seed=p.seed)))  # items per rank per epoch
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
@@ -324,7 +324,7 @@ def pem_examples(
             clip = F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True)
             clip = ((clip - data.mean) / data.std)[None].to(next(prompter.parameters()).device)  # (1, T, 3, S, S)
             boxes = losses.sample_pem_boxes(1, size // patch, size // patch, patch_size=patch, generator=gen)
-            black = -torch.tensor(cfg.model.pixel_mean) / torch.tensor(cfg.model.pixel_std)
+            black = -(data.mean / data.std).flatten()  # a black pixel in the clip's normalisation
             crop = losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.pem_crop, fill=black)
             feat, _ = prompter.encode_video(crop)
             probs = losses.pseudo_labels(feat, bank.video.to(feat), prompter.temperature())[0]
