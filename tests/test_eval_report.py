@@ -149,9 +149,12 @@ def test_pem_figure_rejects_a_box_outside_the_frame(tmp_path: Path) -> None:
 def test_headline_table_puts_each_figure_next_to_what_it_must_beat() -> None:
     from vlp.eval.report import headline_table
 
-    retrieval = {"t2v_r1": 12.0, "vtc_t2v_r1": 10.0, "chance_t2v_r1": 1.0, "v2t_r1": 8.0, "chance_v2t_r1": 1.0}
+    retrieval = {"t2v_r1": 12.0, "vtc_t2v_r1": 10.0, "chance_t2v_r1": 1.0, "v2t_r1": 8.0, "chance_v2t_r1": 1.0,
+                 "vtm_loss": 0.5, "vtm_loss_prior": 0.6365}  # fmt: skip
     qa = {"accuracy": 0.42, "majority_accuracy": 0.2, "chance_accuracy": 0.01}
     table = headline_table({"retrieval": retrieval, "qa": qa})
     assert "| retrieval | text → video R@1 | 12.00 | 10.00 | 1.00 |  |" in table
     assert "| retrieval | video → text R@1 | 8.00 |  | 1.00 |  |" in table  # a missing level stays blank
     assert "| qa | accuracy (%) | 42.00 |  | 1.00 | 20.00 |" in table
+    assert "| retrieval | held-out VTM loss (lower is better) | 0.50 |  | 0.64 (label prior) |  |" in table
+    assert "VTM loss" not in headline_table({"qa": qa})

@@ -290,3 +290,29 @@ def test_chance_levels_are_what_random_rankings_score():
         assert mean[key] == pytest.approx(chance[f"chance_{key}"], rel=0.08, abs=0.4), key
     with pytest.raises(ValueError, match="empty"):
         chance_metrics(torch.zeros(0, dtype=torch.long), 3)
+
+
+def test_heldout_vtm_scores_each_text_with_its_hardest_negatives():
+    from vlp.eval.retrieval import VTM_PRIOR_LOSS, heldout_vtm
+
+    text_video = _idx([0, 0, 1, 2])  # texts 0 and 1 describe the same clip: never each other's negative
+    sim = _t([[0.9, 0.8, 0.1], [0.7, 0.2, 0.6], [0.95, 0.5, 0.3], [0.1, 0.4, 0.2]])
+    seen: list[tuple[int, int]] = []
+
+    def oracle(t: Tensor, v: Tensor) -> Tensor:
+        seen.extend(zip(t.tolist(), v.tolist(), strict=True))
+        match = (text_video[t] == v).float() * 10 - 5  # +5 for a true pair, -5 otherwise
+        return torch.stack([-match, match], dim=1)
+
+    m = heldout_vtm(sim, text_video, oracle, batch_size=5)
+    # positives; the video each text ranks highest among other clips; for each text's clip, the highest text
+    # of another clip (clip 0: text 2 at 0.95; clip 1: text 0 at 0.8; clip 2: text 1 at 0.6)
+    assert seen == [(0, 0), (1, 0), (2, 1), (3, 2), (0, 1), (1, 2), (2, 0), (3, 1), (2, 0), (2, 0), (0, 1), (1, 2)]
+    assert (m["vtm_pos_acc"], m["vtm_neg_acc"]) == (100.0, 100.0)
+    assert m["vtm_loss"] == pytest.approx(math.log1p(math.exp(-10)), rel=1e-3)  # float32 logits
+    assert m["vtm_loss_prior"] == pytest.approx(-(math.log(1 / 3) + 2 * math.log(2 / 3)) / 3)
+    prior = heldout_vtm(sim, text_video, lambda t, v: torch.log(torch.tensor([[2 / 3, 1 / 3]])).expand(t.numel(), 2), 2)
+    assert prior["vtm_loss"] == pytest.approx(VTM_PRIOR_LOSS) and prior["vtm_pos_acc"] == 0.0
+    assert heldout_vtm(sim[:, :1], _idx([0, 0, 0, 0]), oracle, 4) == {}  # one clip: no negative exists
+    with pytest.raises(ValueError, match=r"\(P, 2\)"):
+        heldout_vtm(sim, text_video, lambda t, v: torch.zeros(t.numel()), 4)

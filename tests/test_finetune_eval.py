@@ -50,6 +50,8 @@ def test_finetune_retrieval_then_evaluate(pretrained, tmp_path):
     m = _json(f"{out}/metrics.json")
     assert m == pytest.approx(result["metrics"])
     assert bool(result["warnings"]) == (m["t2v_r1"] < m["vtc_t2v_r1"])  # VTM that hurts the ranking is flagged
+    assert m["vtm_loss_prior"] == pytest.approx(0.6365, abs=1e-4) and m["vtm_loss"] > 0  # held-out VTM, vs prior
+    assert 0 <= m["vtm_pos_acc"] <= 100 and 0 <= m["vtm_neg_acc"] <= 100
     for direction in ("t2v", "v2t"):
         assert 0 <= m[f"{direction}_r1"] <= m[f"{direction}_r5"] <= m[f"{direction}_r10"] <= 100
         candidates = m["num_videos"] if direction == "t2v" else m["num_texts"]
@@ -86,6 +88,32 @@ def test_topk_with_k_at_least_n_is_full_scoring(pretrained, tmp_path):
     top1 = _eval(pretrained, pretrained["alpro"], tmp_path / "c", "retrieval.k=1")["metrics"]
     assert top1["pairs_scored"] < full["pairs_scored"]
     assert top1["vtc_t2v_r1"] == full["vtc_t2v_r1"], "the contrastive ranking does not depend on k"
+
+
+def test_a_vtm_head_that_hurts_the_ranking_is_flagged(pretrained, tmp_path, monkeypatch):
+    """An anti-oracle VTM head (true pairs score lowest) drops R@1 to 0: the step warns, metrics keep VTC's."""
+    from vlp.steps import evaluate
+
+    first = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.split=train", "retrieval.k=1000")
+    videos = storage.read_parquet(str(tmp_path / "a" / "ranks.parquet"))["video_id"].to_pylist()
+    position = {v: i for i, v in enumerate(sorted(set(videos)))}
+    text_video = torch.tensor([position[v] for v in videos])
+    assert first["metrics"]["vtc_t2v_r1"] > 0, "the precondition: VTC ranks some caption's clip first"
+
+    def anti_oracle(*_):
+        def score(t, v):
+            match = torch.where(text_video[t] == v, -9.0, 9.0)  # (P,)
+            return torch.stack([-match, match], dim=1)
+
+        return score
+
+    monkeypatch.setattr(evaluate, "_pair_scorer", anti_oracle)
+    bad = _eval(pretrained, pretrained["alpro"], tmp_path / "b", "retrieval.split=train", "retrieval.k=1000")
+    m = bad["metrics"]
+    assert m["t2v_r1"] == 0.0 and m["vtc_t2v_r1"] == first["metrics"]["vtc_t2v_r1"]
+    assert len(bad["warnings"]) == 1 and "lowers text->video R@1" in bad["warnings"][0]
+    assert not first["warnings"] or first["metrics"]["t2v_r1"] < first["metrics"]["vtc_t2v_r1"]
+    assert m["vtm_neg_acc"] == 0.0 and m["vtm_pos_acc"] == 0.0 and m["vtm_loss"] > 2 * m["vtm_loss_prior"]
 
 
 def test_zero_shot_is_evaluate_on_a_pretrain_output(pretrained, tmp_path):

@@ -245,8 +245,9 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
 
     ``results`` maps a task (``retrieval``, ``qa``) to its ``metrics.json``. Retrieval rows (R@1/5/10 in percent,
     MdR, both directions) show the VTC-only ranking and chance (:func:`vlp.eval.retrieval.chance_metrics`); the
-    QA row shows the majority-answer baseline and chance (:func:`vlp.eval.qa.qa_baselines`). A missing level is
-    left blank.
+    QA row shows the majority-answer baseline and chance (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss
+    (:func:`vlp.eval.retrieval.heldout_vtm`) shows the loss of predicting the label prior. A missing level is left
+    blank.
     """
 
     def cell(value: float | None, scale: float = 1.0) -> str:
@@ -261,6 +262,9 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
                     figure = f"{_direction_label(direction)} {label}"
                     rows.append(f"| {task} | {figure} | {cell(m.get(name))} | {cell(m.get('vtc_' + name))} | "
                                 f"{cell(m.get('chance_' + name))} |  |")  # fmt: skip
+        if "vtm_loss" in m:  # the VTM head on held-out hard negatives; its trivial level is the 1:2 label prior
+            rows.append(f"| {task} | held-out VTM loss (lower is better) | {cell(m['vtm_loss'])} |  | "
+                        f"{cell(m.get('vtm_loss_prior'))} (label prior) |  |")  # fmt: skip
         if "accuracy" in m:
             chance, majority = cell(m.get("chance_accuracy"), 100), cell(m.get("majority_accuracy"), 100)
             rows.append(f"| {task} | accuracy (%) | {cell(m['accuracy'], 100)} |  | {chance} | {majority} |")

@@ -28,6 +28,7 @@ __all__ = [
     "candidate_pairs",
     "chance_metrics",
     "full_rerank",
+    "heldout_vtm",
     "rank_summary",
     "ranks_t2v",
     "ranks_v2t",
@@ -309,3 +310,51 @@ def full_rerank(sim: Tensor, pair_scores: PairScorer, batch_size: int, rule: str
     text_idx = torch.arange(n_texts, device=sim.device).repeat_interleave(n_videos)
     video_idx = torch.arange(n_videos, device=sim.device).repeat(n_texts)
     return _score_pairs(sim, text_idx, video_idx, pair_scores, batch_size, rule)
+
+
+VTM_PRIOR_LOSS = float(np.log(3.0) - (2.0 / 3.0) * np.log(2.0))
+"""Cross-entropy of a head that predicts the 1:2 label prior for every pair (0.6365): VTM's trivial baseline."""
+
+
+@torch.no_grad()
+def heldout_vtm(sim: Tensor, text_video: Tensor, pair_scores: PairScorer, batch_size: int) -> dict[str, float]:
+    """The VTM head on held-out pairs, laid out as in training: per text one positive and two hard negatives.
+
+    For text ``t`` of video ``v``: the positive ``(t, v)``; the video negative, the video other than ``v`` that
+    ``sim`` ranks highest for ``t``; the text negative, the text of another video that ``sim`` ranks highest
+    for ``v`` (ALPRO's hard negatives, drawn by argmax instead of sampled, so the figure is deterministic;
+    texts of the same clip are never negatives). The ``3T`` pairs keep training's 1:2 ratio, so the loss
+    compares directly with the training curve and with :data:`VTM_PRIOR_LOSS`.
+
+    Returns:
+        ``vtm_loss`` (mean cross-entropy), ``vtm_loss_prior`` (the prior's), ``vtm_pos_acc`` /
+        ``vtm_neg_acc`` (% of positives / negatives the head's argmax gets right); ``{}`` with fewer than two
+        videos (no negative exists).
+    """
+    _check_inputs(sim, text_video)
+    n_texts, n_videos = sim.shape
+    if n_videos < 2:
+        return {}
+    text_video = text_video.to(sim.device)
+    own = torch.nn.functional.one_hot(text_video, n_videos).bool()  # (T, V): text t describes video v
+    neg_video = sim.masked_fill(own, float("-inf")).argmax(dim=1)  # (T,)
+    neg_text = sim.masked_fill(own, float("-inf")).argmax(dim=0)[text_video]  # (T,): hardest text of the video
+    ar = torch.arange(n_texts, device=sim.device)
+    text_idx = torch.cat([ar, ar, neg_text])
+    video_idx = torch.cat([text_video, neg_video, text_video])
+    logits = torch.cat(
+        [
+            pair_scores(text_idx[i : i + batch_size], video_idx[i : i + batch_size]).float().cpu()
+            for i in range(0, text_idx.numel(), batch_size)
+        ]
+    )  # (3T, 2)
+    if logits.shape != (3 * n_texts, 2):
+        raise ValueError(f"pair_scores must return (P, 2) VTM logits, got {tuple(logits.shape)} in all")
+    labels = (torch.arange(3 * n_texts) < n_texts).long()
+    right = logits.argmax(dim=1) == labels
+    return {
+        "vtm_loss": float(torch.nn.functional.cross_entropy(logits, labels)),
+        "vtm_loss_prior": VTM_PRIOR_LOSS,
+        "vtm_pos_acc": 100.0 * float(right[:n_texts].float().mean()),
+        "vtm_neg_acc": 100.0 * float(right[n_texts:].float().mean()),
+    }

@@ -97,7 +97,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
     def work() -> StepResult:
         from vlp.eval.report import retrieval_report
-        from vlp.eval.retrieval import chance_metrics, retrieval_metrics, topk_rerank
+        from vlp.eval.retrieval import chance_metrics, heldout_vtm, retrieval_metrics, topk_rerank
 
         rc = cfg.retrieval
         alpro, tok, info = directory.load(model, RETRIEVAL_KINDS, device())
@@ -119,6 +119,8 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         metrics = retrieval_metrics(scores, text_video)
         metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
+        if alpro.vtm_head is not None:  # the head on held-out hard negatives, against the label prior
+            metrics.update(heldout_vtm(sim, text_video, scorer, rc.eval_batch_size))
         metrics.update(chance_metrics(text_video, len(video_ids)))
         metrics.update(num_texts=float(len(texts)), num_videos=float(len(video_ids)), pairs_scored=float(pairs))
         table, examples = _ranks_table(data, scores, text_video, video_ids, rc.report_examples)
@@ -143,6 +145,12 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             kind, metrics["t2v_r1"], metrics["vtc_t2v_r1"], metrics["chance_t2v_r1"], metrics["v2t_r1"],
             metrics["chance_v2t_r1"],
         )  # fmt: skip
+        if "vtm_loss" in metrics:
+            log.info(
+                "evaluate_retrieval: held-out VTM loss %.3f (label prior %.3f), positives %.0f%% / hard negatives "
+                "%.0f%% right", metrics["vtm_loss"], metrics["vtm_loss_prior"], metrics["vtm_pos_acc"],
+                metrics["vtm_neg_acc"],
+            )  # fmt: skip
         return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split, "warnings": warnings}
 
     return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
