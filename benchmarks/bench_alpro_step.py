@@ -23,11 +23,11 @@ from dataclasses import replace
 import torch
 
 from vlp import losses
-from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, PretrainBatch, alpro_pretrain_losses
+from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step, small_towers
+from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.timesformer import TimeSformerConfig
 from vlp.models.text import TextConfig
 from vlp.models.tokenizer import train_wordpiece
-from vlp.steps.pretrain import small_towers
 
 WORDS = [
     "red",
@@ -98,6 +98,7 @@ def main() -> None:
     prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07).to(device).eval()
     bank = torch.nn.functional.normalize(torch.randn(args.entities, cfg.embed_dim, device=device), dim=-1)
     pem = PemContext(prompter.requires_grad_(False), bank)
+    ctx = StepContext(vocab=TextVocab.of(tok), extra=pem)
     size = cfg.video.img_size
     enc = tok([captions[i % 200] for i in range(args.batch)], padding="max_length", max_length=args.text_len,
               truncation=True, return_tensors="pt")  # fmt: skip
@@ -111,7 +112,7 @@ def main() -> None:
 
     def step() -> None:
         with autocast:
-            out = alpro_pretrain_losses(model, batch, tokenizer=tok, pem=pem)
+            out = alpro_step(model, batch, ctx)
         opt.zero_grad(set_to_none=True)
         out["loss"].backward()
         opt.step()

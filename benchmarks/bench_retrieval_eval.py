@@ -205,20 +205,21 @@ def rerank_rows(args: argparse.Namespace, dataset: str, frames: str, ks: list[in
     """Encode clips and texts once, as the step does, then time ``topk_rerank`` alone for each k."""
     cfg = eval_config(args, ks[0])
     rc = cfg.retrieval
-    alpro, tok, _ = directory.load(args.model, evaluate.RETRIEVAL_KINDS)
-    data = retrieval_data(cfg, dataset, frames, alpro.cfg, rc.split)
+    net, tok, info = directory.load(args.model, evaluate.retrieval_kinds())
+    fam = info.family
+    data = retrieval_data(cfg, dataset, frames, info.config, rc.split)
     video_ids = sorted({v for v, _ in data.pairs})
     position = {v: i for i, v in enumerate(video_ids)}
     text_video = torch.tensor([position[v] for v, _ in data.pairs])
     start = time.perf_counter()
-    video_feat, video_tok = evaluate._encode_clips(alpro, data, video_ids, rc.eval_batch_size, cfg)
+    videos = evaluate._encode_clips(fam, net, data, video_ids, rc.eval_batch_size, cfg)
     texts = [t for _, t in data.pairs]
-    length = text_length(rc, alpro.cfg)
-    text_feat, text_tok, text_mask = evaluate._encode_texts(alpro, tok, texts, length, rc.eval_batch_size)
+    length = text_length(rc, info.config)
+    encoded = evaluate._encode_texts(fam, net, tok, texts, length, rc.eval_batch_size)
     encode = time.perf_counter() - start
-    sim = text_feat @ video_feat.t()  # (T, V)
+    sim = fam.similarity(net, encoded, videos)  # (T, V)
     vtc = retrieval.retrieval_metrics(sim, text_video)
-    fused = evaluate._pair_scorer(alpro, text_tok, text_mask, video_tok)
+    fused = evaluate._pair_scorer(fam, net, encoded, videos)
     logits = torch.full((*sim.shape, 2), float("nan"))  # every VTM logit computed, for the other rule's R@1
 
     def scorer(t_idx: torch.Tensor, v_idx: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ on a synthetic world built with the project's own steps (synth -> ingest -> extr
      from the trained text tower's layer *i*: a stand-in for ALPRO's BERT-initialised fusion),
      ``towers=train`` (towers trained too, with ``vtc=1`` VTC alongside; default ``towers=frozen``: the
      towers' tokens are computed once, 4 frame draws per training clip);
-   - ``impl=library``: the whole model trained with ``vlp.models.alpro.alpro_pretrain_losses`` exactly as
+   - ``impl=library``: the whole model trained with ``vlp.models.alpro.alpro_step`` exactly as
      ``vlp pretrain`` (``terms=vtc+mlm+vtm``) or ``finetune-retrieval`` (``terms=vtc+vtm``) do.
 
    For each run, on the held-out test split (model in eval mode):
@@ -75,7 +75,8 @@ from vlp.data.sampling import sample_indices
 from vlp.data.synth import plan_item
 from vlp.data.video_text import VideoTextDataset
 from vlp.eval import retrieval
-from vlp.models.alpro import Alpro, DualEncoder, PretrainBatch, alpro_pretrain_losses, vtm_logits
+from vlp.models.alpro import Alpro, DualEncoder, alpro_losses, alpro_step, vtm_logits
+from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 from vlp.steps.extract_frames import extract_frames
 from vlp.steps.ingest import ingest
@@ -145,7 +146,7 @@ class RunSpec:
     """One VTM stage (see the module docstring for the keys)."""
 
     name: str
-    impl: str = "probe"  # "probe" (this script's loop) | "library" (alpro_pretrain_losses)
+    impl: str = "probe"  # "probe" (this script's loop) | "library" (alpro_step)
     neg: str = "hard"  # uniform | hard | hard_masked
     lr: float = 1e-3
     steps: int = 1500
@@ -318,7 +319,7 @@ def ensure_vtc(args: argparse.Namespace, tok: Any, train: Split, test: Split) ->
     for step in range(1, args.vtc_steps + 1):
         idx = sampler.next()
         video = pick_frames(train.frames[train.text_clip[idx]], args.num_frames, "rand", rng)
-        out = dual(PretrainBatch(video, ids[idx], mask[idx]))
+        out = alpro_losses(dual(PretrainBatch(video, ids[idx], mask[idx])))
         out["loss"].backward()
         clip_gradients(dual.parameters(), 20.0)
         opt.step(), sched.step(), opt.zero_grad(set_to_none=True)
@@ -471,7 +472,8 @@ def train_vtm(
         clip = train.text_clip[idx]
         if spec.impl == "library":
             video = pick_frames(train.frames[clip], args.num_frames, "rand", rng)
-            out = alpro_pretrain_losses(model, PretrainBatch(video, ids[idx], mask[idx]), tokenizer=tok, generator=gen)
+            ctx = StepContext(vocab=TextVocab.of(tok), generator=gen)
+            out = alpro_step(model, PretrainBatch(video, ids[idx], mask[idx]), ctx)
             loss = out["loss"]
             for key in curve:
                 if f"loss_{key}" in out:

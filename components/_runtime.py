@@ -133,13 +133,13 @@ def read_json(base: str, name: str) -> dict[str, Any] | None:
 
 
 def pretrain_fn(family: str) -> Callable[..., dict[str, Any]]:
-    """The pre-training step function of a model ``family``."""
+    """The pre-training step function for a model ``family`` (``model.family`` picks the model inside it)."""
+    from vlp.models.family import NAMES
     from vlp.steps import pretrain
 
-    families = {"alpro": pretrain.pretrain}
-    if family not in families:
-        raise ValueError(f"model family {family!r} is not available; choose one of {sorted(families)}")
-    return families[family]
+    if family not in NAMES:
+        raise ValueError(f"model family {family!r} is not available; choose one of {sorted(NAMES)}")
+    return pretrain.pretrain
 
 
 def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> dict[str, float]:

@@ -109,7 +109,7 @@ def pretrain(
     ds, fr, pr, bk = location(dataset), location(frames), location(prompter), location(bank)
     out = output_location(model, data_root)
     cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr, "--prompter", pr, "--prompt-bank", bk]
-    run = Step("pretrain", config, overrides, kfp_run_id, nproc).run
+    run = Step("pretrain", config, [*overrides, f"model.family={family}"], kfp_run_id, nproc).run
     run(lambda cfg: step(ds, fr, pr, bk, out, cfg), [*cli, "--out", out], out)
 
 

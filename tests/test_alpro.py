@@ -7,7 +7,8 @@ import torch
 
 from vlp.data import manifest
 from vlp.data.video_text import VideoTextDataset, collate_video_text
-from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, PretrainBatch, alpro_pretrain_losses
+from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step
+from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 
 NUM_ENTITIES = 6
@@ -28,6 +29,11 @@ def batch(tiny_world, tokenizer):
     return PretrainBatch(items["video"], enc["input_ids"], enc["attention_mask"], is_image)
 
 
+def losses_of(model, batch, tokenizer, *, pem=None, generator=None):
+    """One step's losses, as the training loop computes them (forward, then the loss functions)."""
+    return alpro_step(model, batch, StepContext(vocab=TextVocab.of(tokenizer), extra=pem, generator=generator))
+
+
 def make(tokenizer, **overrides):
     torch.manual_seed(0)
     cfg = AlproConfig.tiny(vocab_size=len(tokenizer), num_entities=NUM_ENTITIES, **overrides)
@@ -39,7 +45,7 @@ def make(tokenizer, **overrides):
 
 def test_all_four_objectives_are_finite_and_sum_to_the_loss(tokenizer, batch):
     model, pem = make(tokenizer)
-    out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(0))
+    out = losses_of(model, batch, tokenizer, pem=pem, generator=torch.Generator().manual_seed(0))
     terms = [out[f"loss_{t}"] for t in ("vtc", "pem", "mlm", "vtm")]
     assert all(torch.isfinite(t) and t > 0 for t in terms)
     assert torch.allclose(out["loss"], sum(terms))
@@ -48,7 +54,7 @@ def test_all_four_objectives_are_finite_and_sum_to_the_loss(tokenizer, batch):
 
 def test_every_parameter_gets_a_gradient_and_the_prompter_none(tokenizer, batch):
     model, pem = make(tokenizer, pem_rule="official_code")  # keeps (nearly) every crop, so the PEM head learns
-    out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(1))
+    out = losses_of(model, batch, tokenizer, pem=pem, generator=torch.Generator().manual_seed(1))
     out["loss"].backward()
     missing = [n for n, p in model.named_parameters() if p.grad is None or not torch.isfinite(p.grad).all()]
     assert not missing, f"parameters without a finite gradient: {missing}"
@@ -58,7 +64,7 @@ def test_every_parameter_gets_a_gradient_and_the_prompter_none(tokenizer, batch)
 @pytest.mark.parametrize("terms", [("mlm", "vtm"), ("vtc",), ("vtc", "pem"), ("vtc", "mlm")])
 def test_switching_terms_off(tokenizer, batch, terms):
     model, pem = make(tokenizer, losses=terms, pem_rule="official_code")
-    out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(1))
+    out = losses_of(model, batch, tokenizer, pem=pem, generator=torch.Generator().manual_seed(1))
     assert {k for k in out if k.startswith("loss_")} == {f"loss_{t}" for t in terms}
     assert torch.allclose(out["loss"], sum(out[f"loss_{t}"] for t in terms))
     # only what the enabled terms use exists, and all of it learns (what DDP without unused parameters needs)
@@ -79,7 +85,7 @@ def test_config_and_context_errors(tokenizer, batch):
         AlproConfig.tiny(vocab_size=len(tokenizer), num_entities=3, losses=("vtc", "itc"))
     model, _ = make(tokenizer)
     with pytest.raises(ValueError, match="no prompter"):
-        alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=None)
+        losses_of(model, batch, tokenizer, pem=None)
 
 
 def test_a_few_steps_reduce_the_loss_on_one_batch(tokenizer, batch):
@@ -87,7 +93,7 @@ def test_a_few_steps_reduce_the_loss_on_one_batch(tokenizer, batch):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     losses = []
     for step in range(12):
-        out = alpro_pretrain_losses(model, batch, tokenizer=tokenizer, generator=torch.Generator().manual_seed(step))
+        out = losses_of(model, batch, tokenizer, generator=torch.Generator().manual_seed(step))
         opt.zero_grad()
         out["loss"].backward()
         opt.step()
@@ -99,9 +105,9 @@ def test_vtm_on_a_batch_of_one_is_a_clear_error(tokenizer, batch):
     model, pem = make(tokenizer)
     one = PretrainBatch(batch.video[:1], batch.input_ids[:1], batch.attention_mask[:1], batch.is_image[:1])
     with pytest.raises(ValueError, match="at least 2"):
-        alpro_pretrain_losses(model, one, tokenizer=tokenizer, pem=pem)
+        losses_of(model, one, tokenizer, pem=pem)
     model, pem = make(tokenizer, losses=("vtc", "mlm", "pem"))  # without VTM a single clip is fine
-    assert torch.isfinite(alpro_pretrain_losses(model, one, tokenizer=tokenizer, pem=pem)["loss"])
+    assert torch.isfinite(losses_of(model, one, tokenizer, pem=pem)["loss"])
 
 
 # Recorded on the CPU with torch 2.14.1: three AdamW steps of the tiny ALPRO
@@ -130,7 +136,7 @@ def test_three_tiny_steps_reproduce_the_recorded_losses():
     pem = PemContext(prompter, bank, bank.flip(0))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     for step, expected in enumerate(RECORDED):
-        out = alpro_pretrain_losses(model, batch, tokenizer=tok, pem=pem, generator=torch.Generator().manual_seed(step))
+        out = losses_of(model, batch, tok, pem=pem, generator=torch.Generator().manual_seed(step))
         assert {k: float(out[k].detach()) for k in expected} == pytest.approx(expected, rel=1e-4), f"step {step}"
         opt.zero_grad()
         out["loss"].backward()
@@ -154,15 +160,13 @@ def test_same_clip_rules_and_negative_mode_reach_the_losses(tokenizer, batch, mo
     rules = {"same_video_vtc": "positive", "same_video_vtm": "exclude", "vtm_negatives": "mixed"}
     model, pem = make(tokenizer, vtm_hard_fraction=0.25, **rules)
     gen = torch.Generator().manual_seed(0)
-    out = alpro_pretrain_losses(model, same, tokenizer=tokenizer, pem=pem, generator=gen)
+    out = losses_of(model, same, tokenizer, pem=pem, generator=gen)
     assert (seen["mode"], seen["hard_fraction"]) == ("mixed", 0.25)
     assert seen["exclude"][0, 1] and seen["exclude"][1, 0] and not seen["exclude"][0, 2]
     default, _ = make(tokenizer)
-    plain = alpro_pretrain_losses(
-        default, same, tokenizer=tokenizer, pem=pem, generator=torch.Generator().manual_seed(0)
-    )
+    plain = losses_of(default, same, tokenizer, pem=pem, generator=torch.Generator().manual_seed(0))
     assert not torch.allclose(out["loss_vtc"], plain["loss_vtc"])  # clip 0's second caption is now a positive
     with pytest.raises(ValueError, match="video_index"):
-        alpro_pretrain_losses(model, batch, tokenizer=tokenizer, pem=pem)
+        losses_of(model, batch, tokenizer, pem=pem)
     with pytest.raises(ValueError, match="vtm_negatives"):
         AlproConfig.tiny(vocab_size=10, num_entities=2, vtm_negatives="hardest")

@@ -156,6 +156,7 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
 
     import vlp.steps.finetune as finetune_module
     from vlp.data.video_text import VideoQADataset
+    from vlp.models.alpro import FAMILY
     from vlp.models.tokenizer import load_tokenizer
     from vlp.steps.evaluate import _predict_qa
     from vlp.steps.finetune import task_data, text_length
@@ -182,7 +183,8 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
     data = task_data(VideoQADataset, cfg.qa, pretrained["dataset"], pretrained["frames"], model.cfg,
                      cfg.qa.split)  # fmt: skip
     tok = load_tokenizer(f"{ft}/tokenizer")
-    preds, confidence = _predict_qa(model, tok, data, text_length(cfg.qa, model.cfg), cfg.qa.eval_batch_size, cfg)
+    length = text_length(cfg.qa, model.cfg)
+    preds, confidence = _predict_qa(FAMILY, model, tok, data, length, cfg.qa.eval_batch_size, cfg)
     answers = json.loads(Path(ft, "answers.json").read_text())
     assert [r["prediction"] for r in written] == [answers[i] for i in preds]
     assert [r["confidence"] for r in written] == pytest.approx(confidence, abs=1e-6)

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from vlp import __version__
+from vlp.models.family import NAMES as FAMILY_NAMES
 
 EPILOG = (
     "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
@@ -78,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("pretrain", help="pre-train ALPRO (VTC + PEM + MLM + VTM)", epilog=EPILOG)
-    p.add_argument("--model", default="alpro", choices=["alpro"], help="model family")
+    p.add_argument("--model", dest="family", choices=FAMILY_NAMES, help="model family (default: model.family)")
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
     p.add_argument("--prompter", required=True, help="pretrain-prompter output")
@@ -138,6 +139,7 @@ def _cli_overrides(args: argparse.Namespace) -> list[str]:
         "synth.seed": getattr(args, "seed", None),
         "ingest.format": getattr(args, "format", None),
         "ingest.video_root": getattr(args, "video_root", None),
+        "model.family": getattr(args, "family", None),
     }
     return [f"{k}={json.dumps(v)}" for k, v in pairs.items() if v is not None]
 

@@ -1,7 +1,8 @@
 """ALPRO (Align and Prompt, arXiv 2112.09583): unimodal towers, fusion, heads, and the pre-training losses.
 
-Modules return named outputs; the objectives live in :mod:`vlp.losses` and are combined by
-:func:`alpro_pretrain_losses`, the step function the training loop calls.
+Modules return typed outputs (:class:`AlproOutput`); the objectives are functions in :mod:`vlp.losses`,
+combined by :func:`alpro_losses`. :func:`alpro_step` (forward, then the losses) is the step function the
+training loop calls, and :data:`FAMILY` is ALPRO as a :class:`vlp.models.family.Family`.
 
 - :class:`DualEncoder`: TimeSformer video tower + 6-layer BERT text tower, each projected to a shared
   normalised ``embed_dim`` space, with a learnable temperature (init 0.07, clamped to [0.001, 0.5]).
@@ -13,7 +14,7 @@ Modules return named outputs; the objectives live in :mod:`vlp.losses` and are c
 
 One pre-training step (eq. 6, the unweighted sum of the enabled terms):
 
-1. unimodal features -> **VTC** over the gathered global batch;
+1. unimodal features -> **VTC** over the gathered global batch (computed by the losses, from the features);
 2. **VTM**: one hard negative text per video and one video per text from the in-batch similarity
    softmax, positive excluded; the ``3B`` pairs are fused once; labels ``[1]*B + [0]*2B``;
 3. **PEM**: a random box (30-50% of the frame, snapped to the patch grid, same in every frame); the
@@ -27,8 +28,7 @@ extra fusion pass; MLM needs one (its text is corrupted).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import torch
@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
+from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, TextVocab
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
 
@@ -145,19 +146,11 @@ class DualEncoder(nn.Module):
         out = self.text(input_ids, attention_mask)
         return F.normalize(self.text_proj(out.tokens[:, 0]), dim=-1), out
 
-    def forward(
-        self,
-        batch: PretrainBatch,
-        *,
-        gather: Callable[[Tensor], Tensor] = losses.contrastive.identity,
-        rank: int = 0,
-    ) -> dict[str, Tensor]:
-        """Prompter pre-training: VTC only. Returns ``{"loss", "loss_vtc", "temp"}``."""
+    def forward(self, batch: PretrainBatch, ctx: StepContext | None = None) -> AlproOutput:
+        """Prompter pre-training: the unimodal features VTC scores (:func:`alpro_losses`)."""
         video_feat, _ = self.encode_video(batch.video)
         text_feat, _ = self.encode_text(batch.input_ids, batch.attention_mask)
-        temp = self.temperature()
-        loss = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank)
-        return {"loss": loss, "loss_vtc": loss.detach(), "temp": temp.detach()}
+        return AlproOutput(terms=("vtc",), video_feat=video_feat, text_feat=text_feat, temp=self.temperature())
 
 
 class Alpro(nn.Module):
@@ -191,9 +184,9 @@ class Alpro(nn.Module):
             raise ValueError(f"this ALPRO has no multimodal encoder: losses {list(self.cfg.losses)} use none")
         return self.fusion(text_tokens, text_mask, video_tokens)
 
-    def forward(self, batch: PretrainBatch, **kwargs: Any) -> dict[str, Tensor]:
-        """The pre-training objectives (see :func:`alpro_pretrain_losses`; DDP needs them inside forward)."""
-        return alpro_pretrain_losses(self, batch, **kwargs)
+    def forward(self, batch: PretrainBatch, ctx: StepContext | None = None) -> AlproOutput:
+        """Everything the enabled objectives score, for one batch (:func:`alpro_forward`)."""
+        return alpro_forward(self, batch, ctx or StepContext())
 
 
 class AlproQA(nn.Module):
@@ -232,79 +225,103 @@ def vtm_logits(model: Alpro, text_tokens: Tensor, text_mask: Tensor, video_token
 
 
 @dataclass
-class PretrainBatch:
-    """One tokenised pre-training batch."""
-
-    video: Tensor  # (B, T, 3, H, W) normalised frames
-    input_ids: Tensor  # (B, L)
-    attention_mask: Tensor  # (B, L)
-    is_image: Tensor | None = None  # (B,) bool: still images repeated into clips (image prompt templates)
-    video_index: Tensor | None = None  # (B,) int64 clip identity: equal for two captions of one clip
-
-
-@dataclass
 class PemContext:
-    """What PEM needs besides the model: the frozen prompter and its prompt bank."""
+    """What PEM needs besides the model (``StepContext.extra``): the frozen prompter and its prompt bank."""
 
     prompter: DualEncoder
     bank_video: Tensor  # (M, D) video-template entity embeddings
     bank_image: Tensor | None = None  # (M, D) image-template entity embeddings, for still images
 
 
-def alpro_pretrain_losses(
-    model: Alpro,
-    batch: PretrainBatch,
-    *,
-    tokenizer: Any,
-    pem: PemContext | None = None,
-    gather: Callable[[Tensor], Tensor] = losses.contrastive.identity,
-    rank: int = 0,
-    generator: torch.Generator | None = None,
-    gather_ids: Callable[[Tensor], Tensor] = losses.contrastive.identity,
-) -> dict[str, Tensor]:
-    """The enabled ALPRO objectives for one batch; ``"loss"`` is their unweighted sum (eq. 6).
+@dataclass
+class AlproOutput:
+    """What one ALPRO forward pass produces for the losses (:func:`alpro_losses`); unused terms stay None.
 
-    Args:
-        model: the ALPRO model (unwrapped, or its DDP ``.module``).
-        batch: the tokenised batch.
-        tokenizer: the text tokenizer (mask/special token ids, vocabulary size for MLM).
-        pem: the frozen prompter and prompt bank; required when "pem" is enabled.
-        gather: all-gather with gradient over ranks (identity on one process) for VTC negatives.
-        rank: this process's rank (where its VTC positives sit in the gathered batch).
-        generator: CPU generator for masks, boxes and negatives (reproducible steps).
-        gather_ids: all-gather without gradient over ranks, for ``batch.video_index`` when
-            ``same_video_vtc="positive"`` (``vlp.train.distributed.all_gather_no_grad``).
+    Attributes:
+        terms: the enabled objectives, in eq. 6's order of the config.
+        video_feat, text_feat: ``(B, D)`` unit-norm projected [CLS] features (VTC).
+        temp: the clamped temperature (0-d).
+        vtc_positives: ``(B, W*B)`` bool, pairs VTC counts as positive (``same_video_vtc="positive"``), or None
+            for the diagonal.
+        vtm_logits: ``(3B, 2)`` match logits in :func:`vlp.losses.matching.vtm_pair_indices` order.
+        pem_logits, pem_target, pem_keep: ``(B, M)`` entity logits, ``(B, M)`` prompter pseudo-labels, ``(B,)``
+            which pseudo-labels the discard rule keeps.
+        mlm_logits, mlm_labels: ``(B, L, V)`` and ``(B, L)`` (-100 = not masked).
+    """
+
+    terms: tuple[str, ...]
+    video_feat: Tensor
+    text_feat: Tensor
+    temp: Tensor
+    vtc_positives: Tensor | None = None
+    vtm_logits: Tensor | None = None
+    pem_logits: Tensor | None = None
+    pem_target: Tensor | None = None
+    pem_keep: Tensor | None = None
+    mlm_logits: Tensor | None = None
+    mlm_labels: Tensor | None = None
+
+
+def alpro_losses(out: AlproOutput, ctx: StepContext | None = None) -> dict[str, Tensor]:
+    """The enabled ALPRO objectives of one forward pass; ``"loss"`` is their unweighted sum (eq. 6).
+
+    ``ctx.gather`` / ``ctx.rank`` give VTC its global batch (identity / 0 on one process).
 
     Returns:
-        ``{"loss", "loss_vtc", "loss_vtm", "loss_mlm", "loss_pem", "temp", "pem_kept"}`` (enabled terms only).
+        ``{"temp", "loss_vtc", "loss_vtm", "loss_pem", "pem_kept", "loss_mlm", "loss"}`` (enabled terms only).
     """
-    cfg, out = model.cfg, {}
+    ctx = ctx or StepContext()
+    result = {"temp": out.temp.detach()}
+    if "vtc" in out.terms:
+        result["loss_vtc"] = losses.vtc_loss(
+            out.video_feat, out.text_feat, out.temp, gather=ctx.gather, rank=ctx.rank, positives=out.vtc_positives
+        )
+    if "vtm" in out.terms:
+        result["loss_vtm"] = losses.vtm_loss(out.vtm_logits)
+    if "pem" in out.terms:
+        result["loss_pem"] = losses.pem_loss(out.pem_logits, out.pem_target, out.pem_keep)
+        result["pem_kept"] = out.pem_keep.float().mean().detach()
+    if "mlm" in out.terms:
+        result["loss_mlm"] = losses.mlm_loss(out.mlm_logits, out.mlm_labels)
+    result["loss"] = sum(result[f"loss_{term}"] for term in out.terms)
+    return result
+
+
+def alpro_step(model: nn.Module, batch: PretrainBatch, ctx: StepContext | None = None) -> dict[str, Tensor]:
+    """One training step's losses: the module's forward (``model`` may be DDP-wrapped), then :func:`alpro_losses`."""
+    return alpro_losses(model(batch, ctx), ctx)
+
+
+def alpro_forward(model: Alpro, batch: PretrainBatch, ctx: StepContext) -> AlproOutput:
+    """The forward pass of every enabled ALPRO objective (the module's ``forward``; DDP needs it there).
+
+    Random draws (``ctx.generator``, else the global generator) come in a fixed order: VTM negatives, PEM boxes,
+    MLM masks. ``ctx.extra`` must be a :class:`PemContext` when PEM is enabled, and ``ctx.vocab`` set for MLM.
+    """
+    cfg, generator = model.cfg, ctx.generator
     video_feat, video_out = model.dual.encode_video(batch.video)  # (B, D), tokens (B, 1+N, C)
     text_feat, text_out = model.dual.encode_text(batch.input_ids, batch.attention_mask)  # (B, D), (B, L, C)
-    temp = model.dual.temperature()
-    out["temp"] = temp.detach()
-    if "vtc" in cfg.losses:
-        positives = None
-        if cfg.same_video_vtc == "positive":
-            ids = _video_index(batch)
-            positives = ids[:, None] == gather_ids(ids)[None, :]  # (B, W*B)
-        out["loss_vtc"] = losses.vtc_loss(video_feat, text_feat, temp, gather=gather, rank=rank, positives=positives)
+    out = AlproOutput(
+        terms=tuple(cfg.losses), video_feat=video_feat, text_feat=text_feat, temp=model.dual.temperature()
+    )
+    if "vtc" in cfg.losses and cfg.same_video_vtc == "positive":
+        ids = _video_index(batch)
+        out.vtc_positives = ids[:, None] == ctx.gather_ids(ids)[None, :]  # (B, W*B)
     positive = None
     if "vtm" in cfg.losses or "pem" in cfg.losses:
         exclude = None
         if cfg.same_video_vtm == "exclude":
             ids = _video_index(batch)
             exclude = ids[:, None] == ids[None, :]  # (B, B)
-        positive, vtm = _vtm(model, video_feat, text_feat, temp, video_out, text_out, generator, exclude)
-        if vtm is not None:
-            out["loss_vtm"] = vtm
+        positive, out.vtm_logits = _vtm(model, video_feat, text_feat, out.temp, video_out, text_out, generator, exclude)
     if "pem" in cfg.losses:
-        if pem is None:
-            raise ValueError("PEM is enabled but no prompter/prompt bank was given (pem=PemContext(...))")
-        out["loss_pem"], out["pem_kept"] = _pem(model, batch, positive, video_out, pem, generator)
+        if not isinstance(ctx.extra, PemContext):
+            raise ValueError("PEM is enabled but no prompter/prompt bank was given: StepContext(extra=PemContext(...))")
+        out.pem_logits, out.pem_target, out.pem_keep = _pem(model, batch, positive, video_out, ctx.extra, generator)
     if "mlm" in cfg.losses:
-        out["loss_mlm"] = _mlm(model, batch, video_out, tokenizer, generator)
-    out["loss"] = sum(out[f"loss_{term}"] for term in cfg.losses)
+        if ctx.vocab is None:
+            raise ValueError("MLM is enabled but the step has no vocabulary: StepContext(vocab=TextVocab.of(tok))")
+        out.mlm_logits, out.mlm_labels = _mlm(model, batch, video_out, ctx.vocab, generator)
     return out
 
 
@@ -318,7 +335,7 @@ def _vtm(
     generator: torch.Generator | None,
     exclude: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM loss)."""
+    """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM logits)."""
     b = video_feat.shape[0]
     if "vtm" not in model.cfg.losses:
         fused = model.fuse(text_out.tokens, text_out.attention_mask, video_out.tokens)
@@ -332,8 +349,7 @@ def _vtm(
         )  # fmt: skip
     t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
     fused = model.fuse(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
-    logits = model.vtm_head(fused.cls)  # (3B, 2)
-    return fused.video[:b], losses.vtm_loss(logits)
+    return fused.video[:b], model.vtm_head(fused.cls)  # (B, 1+N, C), (3B, 2)
 
 
 def _pem(
@@ -343,8 +359,8 @@ def _pem(
     video_out: VideoEncoderOutput,
     pem: PemContext,
     generator: torch.Generator | None,
-) -> tuple[Tensor, Tensor]:
-    """Prompting entity modeling on the positive pairs' fused video tokens."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Prompting entity modeling on the positive pairs' fused video tokens: (logits, pseudo-labels, keep)."""
     cfg = model.cfg
     b = batch.video.shape[0]
     gh, gw = video_out.grid
@@ -364,20 +380,19 @@ def _pem(
         keep = losses.pem_keep_mask(pseudo, rule=cfg.pem_rule, threshold=cfg.pem_threshold)  # (B,)
     patch_tokens = fused_video[:, 1:]  # (B, N, C): drop the video [CLS]
     pooled = losses.pool_box_tokens(patch_tokens, boxes.token_mask.to(patch_tokens.device))  # (B, C)
-    logits = model.pem_head(pooled)  # (B, M)
-    return losses.pem_loss(logits, pseudo, keep), keep.float().mean().detach()
+    return model.pem_head(pooled), pseudo, keep  # (B, M), (B, M), (B,)
 
 
 def _mlm(
-    model: Alpro, batch: PretrainBatch, video_out: VideoEncoderOutput, tokenizer: Any, gen: torch.Generator | None
-) -> Tensor:
-    """Masked language modeling from the fused sequence with the unmasked video."""
-    specials = torch.tensor(tokenizer.all_special_ids, device=batch.input_ids.device)
+    model: Alpro, batch: PretrainBatch, video_out: VideoEncoderOutput, vocab: TextVocab, gen: torch.Generator | None
+) -> tuple[Tensor, Tensor]:
+    """Masked language modeling from the fused sequence with the unmasked video: (logits, labels)."""
+    specials = torch.tensor(vocab.special_ids, device=batch.input_ids.device)
     special = (batch.input_ids.unsqueeze(-1) == specials).any(-1)  # (B, L)
     masked_ids, labels = losses.mask_tokens(
         batch.input_ids.cpu(),
-        vocab_size=len(tokenizer),
-        mask_token_id=tokenizer.mask_token_id,
+        vocab_size=vocab.size,
+        mask_token_id=vocab.mask_token_id,
         special_mask=special.cpu() | ~batch.attention_mask.bool().cpu(),
         prob=model.cfg.mlm_prob,
         generator=gen,
@@ -385,7 +400,7 @@ def _mlm(
     masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
     text_out = model.dual.text(masked_ids, batch.attention_mask)
     fused = model.fuse(text_out.tokens, batch.attention_mask, video_out.tokens)
-    return losses.mlm_loss(model.mlm_head(fused.text), labels)
+    return model.mlm_head(fused.text), labels  # (B, L, V), (B, L)
 
 
 def _video_index(batch: PretrainBatch) -> Tensor:
@@ -397,3 +412,128 @@ def _video_index(batch: PretrainBatch) -> Tensor:
 def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:
     """The generator if it lives on ``like``'s device, else None (CUDA tensors need a CUDA generator)."""
     return generator if generator is None or generator.device == like.device else None
+
+
+# --------------------------------------------------------------------------- the family
+
+
+# Weights each preset starts from (ALPRO §3.4): "" = random init. model.video_init / text_init override them.
+PRESET_WEIGHTS = {
+    "tiny": ("", ""),
+    "small": ("", ""),
+    "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
+}
+RANDOM = "random"  # model.video_init / text_init: random init even where the preset names weights
+
+
+def resolved_inits(model: Any) -> tuple[str, str]:
+    """``(video, text)`` weight sources of a ``model`` config section: its preset's unless set; ``""`` = random."""
+    preset = PRESET_WEIGHTS[model.preset]
+
+    def pick(value: str, default: str) -> str:
+        return default if not value else "" if value == RANDOM else value
+
+    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
+
+
+def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) -> tuple[Any, Any]:
+    """The ``small`` preset: 4-layer width-256 TimeSformer (16 px patches) and 2+2-layer width-256 BERT."""
+    video = TimeSformerConfig(
+        img_size=img_size, patch_size=16, num_frames=num_frames, width=256, depth=4, heads=4, drop_path=0.0
+    )
+    text = TextConfig.tiny(vocab_size=vocab_size, max_len=max_len, width=256, heads=4, intermediate=1024)
+    return video, text
+
+
+class AlproFamily:
+    """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
+
+    name = "alpro"
+    kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
+
+    def weights(self, model: Any) -> tuple[str, str]:
+        """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""
+        return resolved_inits(model)
+
+    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlproConfig:
+        """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
+        video_init, text_init = resolved_inits(model)
+        if model.preset == "tiny":
+            video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
+            text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
+        elif model.preset == "small":
+            video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
+            video, text = replace(video, init=video_init), replace(text, init=text_init)
+        else:
+            video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
+            text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
+        return AlproConfig(
+            video,
+            text,
+            embed_dim=model.embed_dim,
+            num_entities=num_entities,
+            losses=tuple(model.losses),
+            pem_rule=model.pem_rule,
+            pem_crop=model.pem_crop,
+            pixel_mean=tuple(model.pixel_mean),
+            pixel_std=tuple(model.pixel_std),
+            vtm_negatives=model.vtm_negatives,
+            vtm_hard_fraction=model.vtm_hard_fraction,
+            same_video_vtc=model.same_video_vtc,
+            same_video_vtm=model.same_video_vtm,
+        )
+
+    def config_from_dict(self, data: dict[str, Any]) -> AlproConfig:
+        return AlproConfig.from_dict(data)
+
+    def build(self, kind: str, config: AlproConfig, num_answers: int = 0) -> nn.Module:
+        if kind == self.kinds.prompter:
+            return DualEncoder(config.video, config.text, embed_dim=config.embed_dim, init_temp=config.init_temp)
+        if kind == self.kinds.qa:
+            return AlproQA(config, num_answers)
+        if kind in (self.kinds.pretrained, self.kinds.retrieval):
+            return Alpro(config)
+        raise ValueError(f"ALPRO has no {kind!r} model; its kinds are {self.kinds.all()}")
+
+    def task_config(self, config: AlproConfig, task: Task, section: Any) -> AlproConfig:
+        """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses and its VTM
+        negative rules from ``section``; QA keeps the towers and the fusion only."""
+        if task == "qa":
+            return replace(config, num_entities=0, losses=("vtc",))
+        return replace(
+            config,
+            num_entities=0,
+            losses=tuple(section.losses),
+            vtm_negatives=section.vtm_negatives,
+            vtm_hard_fraction=section.vtm_hard_fraction,
+            same_video_vtc=section.same_video_vtc,
+            same_video_vtm=section.same_video_vtm,
+        )
+
+    def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
+        return alpro_step(model, batch, ctx)
+
+    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return model(video, input_ids, attention_mask)
+
+    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
+        feat, out = model.dual.encode_video(video)
+        return Encoded(feat, out.tokens)
+
+    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        feat, out = model.dual.encode_text(input_ids, attention_mask)
+        return Encoded(feat, out.tokens, out.attention_mask)
+
+    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
+        """Cosine similarity of the projected [CLS] features (what VTC trains and LAVIS adds to the VTM logit)."""
+        return texts.feat @ videos.feat.t()
+
+    def reranks(self, model: nn.Module) -> bool:
+        """Whether VTM re-ranks: a model trained without VTM ranks by similarity alone."""
+        return getattr(model, "vtm_head", None) is not None
+
+    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
+        return vtm_logits(model, text_tokens, text_mask, video_tokens)
+
+
+FAMILY = AlproFamily()

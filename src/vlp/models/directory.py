@@ -11,8 +11,9 @@ or :func:`load`. Layout (local path or ``s3://`` prefix)::
                           imported model, ``weights/``
     answers.json          the answer vocabulary, in classifier order (QA kinds only)
 
-``model.json`` keys: ``format`` (this module's :data:`FORMAT`), ``family`` (``alpro``), ``kind`` (one of the
-family's kinds: ``prompter``, ``alpro``, ``alpro_retrieval``, ``alpro_qa``), ``config`` (the model config as a
+``model.json`` keys: ``format`` (this module's :data:`FORMAT`), ``family`` (``alpro``; see
+:mod:`vlp.models.family`), ``kind`` (one of the family's kinds, e.g. ALPRO's ``prompter``, ``alpro``,
+``alpro_retrieval``, ``alpro_qa``), ``config`` (the model config as a
 dict; the towers' ``init`` is kept as lineage, never re-fetched: the weights come from the checkpoint),
 ``checkpoint`` (relative to the directory, and it must stay inside it), ``lineage`` (where the model came
 from: the directory it was trained from, an imported file and its SHA-256) and task entries (``steps``,
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,59 +36,31 @@ ANSWERS_FILE = "answers.json"
 FORMAT = 1
 
 
-@dataclass(frozen=True)
-class Family:
-    """How a model family turns a ``model.json`` into a module.
-
-    Attributes:
-        name: the family (``model.json``'s ``family``).
-        kinds: the kinds of model it has, e.g. pre-trained, retrieval- and QA-fine-tuned.
-        config_from_dict: ``model.json``'s ``config`` -> the family's config object (``init`` cleared).
-        build: ``(kind, config, num_answers)`` -> a randomly initialised module of that kind.
-    """
-
-    name: str
-    kinds: tuple[str, ...]
-    config_from_dict: Callable[[dict[str, Any]], Any]
-    build: Callable[[str, Any, int], Any]
-
-
-def _alpro_config(data: dict[str, Any]) -> Any:
-    from vlp.models.alpro import AlproConfig
-
-    return AlproConfig.from_dict(data)
-
-
-def _alpro_build(kind: str, config: Any, num_answers: int) -> Any:
-    from vlp.models.alpro import Alpro, AlproQA, DualEncoder
-
-    if kind == "prompter":
-        return DualEncoder(config.video, config.text, embed_dim=config.embed_dim, init_temp=config.init_temp)
-    if kind == "alpro_qa":
-        return AlproQA(config, num_answers)
-    return Alpro(config)
-
-
-FAMILIES: dict[str, Family] = {
-    "alpro": Family("alpro", ("prompter", "alpro", "alpro_retrieval", "alpro_qa"), _alpro_config, _alpro_build),
-}
-QA_KINDS = ("alpro_qa",)
-# The command that makes a model of each kind (for the errors that ask for one).
-MADE_BY = {
+# The command that makes a model of each role (for the errors that ask for one).
+_MADE_BY = {
     "prompter": "vlp pretrain-prompter",
-    "alpro": "vlp pretrain",
-    "alpro_retrieval": "vlp finetune-retrieval",
-    "alpro_qa": "vlp finetune-qa",
+    "pretrained": "vlp pretrain",
+    "retrieval": "vlp finetune-retrieval",
+    "qa": "vlp finetune-qa",
 }
 
 
-def family_of(kind: str) -> Family:
-    """The family that has models of ``kind``."""
-    for family in FAMILIES.values():
-        if kind in family.kinds:
-            return family
-    known = sorted(k for f in FAMILIES.values() for k in f.kinds)
-    raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")
+def made_by(kind: str) -> str:
+    """The command that writes a model of ``kind`` ("" for an unknown kind)."""
+    from vlp.models import family
+
+    try:
+        kinds = family.of_kind(kind).kinds
+    except ValueError:
+        return ""
+    return next(_MADE_BY[role] for role, k in kinds._asdict().items() if k == kind)
+
+
+def is_qa(kind: str) -> bool:
+    """Whether ``kind`` is a family's QA kind (a model with an answer vocabulary)."""
+    from vlp.models import family
+
+    return family.of_kind(kind).kinds.qa == kind
 
 
 @dataclass(frozen=True)
@@ -97,8 +69,8 @@ class ModelDir:
 
     Attributes:
         uri: the directory.
-        kind: the model's kind (see :data:`FAMILIES`).
-        family: its family.
+        kind: the model's kind (one of its family's :class:`vlp.models.family.Kinds`).
+        family: its family (:class:`vlp.models.family.Family`).
         config: the family's config object, towers' ``init`` cleared (the weights come from ``checkpoint``).
         checkpoint: absolute URI of the directory that holds ``model.safetensors``.
         doc: the whole ``model.json`` (lineage and task entries).
@@ -106,7 +78,7 @@ class ModelDir:
 
     uri: str
     kind: str
-    family: Family
+    family: Any
     config: Any
     checkpoint: str
     doc: dict[str, Any] = field(repr=False)
@@ -125,13 +97,13 @@ class ModelDir:
 
     def answers(self) -> list[str]:
         """The QA answer vocabulary, in classifier order."""
-        if self.kind not in QA_KINDS:
+        if not is_qa(self.kind):
             raise ValueError(f"{self.uri} holds a {self.kind!r} model, which has no answer vocabulary")
         return json.loads(storage.read_text(storage.join(self.uri, self.doc.get("answers", ANSWERS_FILE))))
 
     def build(self) -> Any:
         """A randomly initialised module of this kind and config (the weights are :meth:`load`'s job)."""
-        answers = len(self.answers()) if self.kind in QA_KINDS else 0
+        answers = len(self.answers()) if is_qa(self.kind) else 0
         return self.family.build(self.kind, self.config, answers)
 
     def load(self, device: Any = None) -> Any:
@@ -166,6 +138,7 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
         ManifestError: the checkpoint path leaves the directory.
     """
     from vlp.data import manifest
+    from vlp.models import family as families
 
     doc_uri = storage.join(uri, MODEL_JSON)
     if not storage.exists(doc_uri):
@@ -176,11 +149,11 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
     if doc.get("format", FORMAT) != FORMAT:
         raise ValueError(f"{doc_uri}: model directory format {doc.get('format')!r}; this vlp reads format {FORMAT}")
     kind = doc.get("kind")
-    family = family_of(kind)
+    family = families.of_kind(kind)
     if doc.get("family", family.name) != family.name:
         raise ValueError(f"{doc_uri}: kind {kind!r} belongs to family {family.name!r}, not {doc.get('family')!r}")
     if kinds is not None and kind not in kinds:
-        wanted = ", ".join(f"{k} (`{MADE_BY[k]}`)" if k in MADE_BY else k for k in kinds)
+        wanted = ", ".join(f"{k} (`{made_by(k)}`)" if made_by(k) else k for k in kinds)
         raise ValueError(f"{uri} holds a {kind!r} model; this step needs one of: {wanted}")
     if not doc.get("checkpoint"):
         raise ValueError(f"{doc_uri} names no checkpoint: the step that wrote it did not finish")
@@ -231,9 +204,10 @@ def save(
         RuntimeError: there is no checkpoint (training finished without one).
         ValueError: the checkpoint is outside ``out``, or answers are missing for a QA kind.
     """
+    from vlp.models import family as families
     from vlp.train import distributed
 
-    family = family_of(kind)
+    family = families.of_kind(kind)
     if distributed.rank() != 0:
         return
     if checkpoint is None:
@@ -241,8 +215,8 @@ def save(
     root = out.rstrip("/") + "/"
     if not checkpoint.startswith(root):
         raise ValueError(f"the checkpoint {checkpoint} is not inside the model directory {out}")
-    if (kind in QA_KINDS) != (answers is not None):
-        raise ValueError(f"a {kind!r} model {'needs' if kind in QA_KINDS else 'has no'} answer vocabulary")
+    if is_qa(kind) != (answers is not None):
+        raise ValueError(f"a {kind!r} model {'needs' if is_qa(kind) else 'has no'} answer vocabulary")
     if tokenizer is not None:
         save_tokenizer_once(tokenizer, out)
     doc: dict[str, Any] = {

@@ -27,11 +27,22 @@ from vlp.config import Config
 from vlp.data.video_text import VideoQADataset
 from vlp.models import directory
 from vlp.steps.common import StepResult, device, run_step
-from vlp.steps.finetune import QA_KIND, RETRIEVAL_KIND, retrieval_data, task_data, text_length
+from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
 log = logging.getLogger("vlp")
 METRICS_FILE = "metrics.json"
-RETRIEVAL_KINDS = ("alpro", RETRIEVAL_KIND)  # a pretrain output (zero-shot) or a fine-tuned one
+
+
+def retrieval_kinds() -> tuple[str, ...]:
+    """What retrieval evaluates: any family's pretrain output (zero-shot) or retrieval fine-tuned model."""
+    return starts()
+
+
+def qa_kinds() -> tuple[str, ...]:
+    """What QA evaluates: any family's QA fine-tuned model."""
+    from vlp.models import family
+
+    return tuple(f.kinds.qa for f in family.families().values())
 
 
 def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
@@ -43,42 +54,45 @@ def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
 
 
 @torch.no_grad()
-def _encode_clips(model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> tuple[Any, Any]:
-    """(unit-norm ``(V, D)`` features, ``(V, 1+N, C)`` tokens) of each clip, sampled with the eval sampler."""
+def _encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> Any:
+    """The family's :class:`vlp.models.family.Encoded` of every clip (on the CPU), sampled with the eval sampler."""
     import numpy as np
+
+    from vlp.models.family import Encoded
 
     feats, tokens, where = [], [], device()
     chunks = [video_ids[i : i + batch] for i in range(0, len(video_ids), batch)]
     for chunk in _progress(cfg.retrieval.progress, chunks, "clips", len(chunks)):
         clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(where)
-        feat, out = model.dual.encode_video(clips)
-        feats.append(feat.float().cpu())
-        tokens.append(out.tokens.float().cpu())
-    return torch.cat(feats), torch.cat(tokens)
+        enc = fam.encode_video(model, clips)
+        feats.append(enc.feat.float().cpu())
+        tokens.append(enc.tokens.float().cpu())
+    return Encoded(torch.cat(feats), torch.cat(tokens))
 
 
 @torch.no_grad()
-def _encode_texts(model: Any, tok: Any, texts: list[str], length: int, batch: int) -> tuple[Any, Any, Any]:
-    """(unit-norm ``(T, D)`` features, ``(T, L, C)`` tokens, ``(T, L)`` masks)."""
+def _encode_texts(fam: Any, model: Any, tok: Any, texts: list[str], length: int, batch: int) -> Any:
+    """The family's :class:`vlp.models.family.Encoded` of every text (on the CPU)."""
+    from vlp.models.family import Encoded
+
     feats, tokens, masks, where = [], [], [], device()
     for i in range(0, len(texts), batch):
         enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
-        feat, out = model.dual.encode_text(enc["input_ids"].to(where), enc["attention_mask"].to(where))
-        feats.append(feat.float().cpu())
+        out = fam.encode_text(model, enc["input_ids"].to(where), enc["attention_mask"].to(where))
+        feats.append(out.feat.float().cpu())
         tokens.append(out.tokens.float().cpu())
-        masks.append(out.attention_mask.cpu())
-    return torch.cat(feats), torch.cat(tokens), torch.cat(masks)
+        masks.append(out.mask.cpu())
+    return Encoded(torch.cat(feats), torch.cat(tokens), torch.cat(masks))
 
 
-def _pair_scorer(model: Any, text_tok: Any, text_mask: Any, video_tok: Any) -> Callable[[Any, Any], Any]:
-    from vlp.models.alpro import vtm_logits
-
+def _pair_scorer(fam: Any, model: Any, texts: Any, videos: Any) -> Callable[[Any, Any], Any]:
+    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass over encoded rows."""
     where = device()
 
     @torch.no_grad()
     def score(t_idx: torch.Tensor, v_idx: torch.Tensor) -> torch.Tensor:
-        t, m, v = text_tok[t_idx].to(where), text_mask[t_idx].to(where), video_tok[v_idx].to(where)
-        return vtm_logits(model, t, m, v).float().cpu()  # (P, 2)
+        t, m, v = texts.tokens[t_idx].to(where), texts.mask[t_idx].to(where), videos.tokens[v_idx].to(where)
+        return fam.pair_logits(model, t, m, v).float().cpu()  # (P, 2)
 
     return score
 
@@ -93,33 +107,33 @@ def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_n
 
 
 def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:
-    """Text->video and video->text retrieval metrics of a pre-trained (zero-shot) or fine-tuned ALPRO."""
+    """Text->video and video->text retrieval metrics of a pre-trained (zero-shot) or fine-tuned model."""
 
     def work() -> StepResult:
         from vlp.eval.report import retrieval_report
         from vlp.eval.retrieval import chance_metrics, heldout_vtm, retrieval_metrics, topk_rerank
 
         rc = cfg.retrieval
-        alpro, tok, info = directory.load(model, RETRIEVAL_KINDS, device())
-        data = retrieval_data(cfg, dataset, frames, alpro.cfg, rc.split)
+        net, tok, info = directory.load(model, retrieval_kinds(), device())
+        fam = info.family
+        data = retrieval_data(cfg, dataset, frames, info.config, rc.split)
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
         texts = [t for _, t in data.pairs]
         text_video = torch.tensor([position[v] for v, _ in data.pairs])
-        video_feat, video_tok = _encode_clips(alpro, data, video_ids, rc.eval_batch_size, cfg)
-        text_feat, text_tok, text_mask = _encode_texts(
-            alpro, tok, texts, text_length(rc, alpro.cfg), rc.eval_batch_size
-        )
-        sim = text_feat @ video_feat.t()  # (T, V)
-        if alpro.vtm_head is None:  # trained without VTM (e.g. retrieval.losses=[vtc]): the VTC ranking is final
-            log.warning("evaluate_retrieval: %s has no VTM head; ranking by VTC similarity only", model)
+        videos = _encode_clips(fam, net, data, video_ids, rc.eval_batch_size, cfg)
+        encoded = _encode_texts(fam, net, tok, texts, text_length(rc, info.config), rc.eval_batch_size)
+        sim = fam.similarity(net, encoded, videos)  # (T, V)
+        reranks = fam.reranks(net)
+        if not reranks:  # e.g. trained without VTM (retrieval.losses=[vtc]): the similarity ranking is final
+            log.warning("evaluate_retrieval: %s has no pair scorer; ranking by similarity only", model)
             scores, pairs = sim, 0
         else:
-            scorer = _pair_scorer(alpro, text_tok, text_mask, video_tok)
+            scorer = _pair_scorer(fam, net, encoded, videos)
             scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         metrics = retrieval_metrics(scores, text_video)
         metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
-        if alpro.vtm_head is not None:  # the head on held-out hard negatives, against the label prior
+        if reranks:  # the pair scorer on held-out hard negatives, against the label prior
             metrics.update(heldout_vtm(sim, text_video, scorer, rc.eval_batch_size))
         metrics.update(chance_metrics(text_video, len(video_ids)))
         metrics.update(num_texts=float(len(texts)), num_videos=float(len(video_ids)), pairs_scored=float(pairs))
@@ -139,7 +153,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
                 "to match (see benchmarks/vtm_probe.py); retrieval.score_rule=itm_plus_sim keeps the similarity"
             )
             log.warning("evaluate_retrieval: %s", warnings[-1])
-        kind = "zero-shot" if info.kind == "alpro" else "fine-tuned"
+        kind = "zero-shot" if info.kind == fam.kinds.pretrained else "fine-tuned"
         log.info(
             "evaluate_retrieval (%s): t2v R@1 %.1f (VTC only %.1f, chance %.1f), v2t R@1 %.1f (chance %.1f)",
             kind, metrics["t2v_r1"], metrics["vtc_t2v_r1"], metrics["chance_t2v_r1"], metrics["v2t_r1"],
@@ -200,10 +214,11 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         from vlp.eval.report import qa_report
 
         qc = cfg.qa
-        net, tok, info = directory.load(model, (QA_KIND,), device())
+        net, tok, info = directory.load(model, qa_kinds(), device())
         answers, model_cfg = info.answers(), info.config
         data = task_data(VideoQADataset, qc, dataset, frames, model_cfg, qc.split)
-        preds, confidence = _predict_qa(net, tok, data, text_length(qc, model_cfg), qc.eval_batch_size, cfg)
+        length = text_length(qc, model_cfg)
+        preds, confidence = _predict_qa(info.family, net, tok, data, length, qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
         gold = [_norm(r["answer"]) for r in data.qa]
         types = [r["answer_type"] for r in data.qa]
@@ -257,7 +272,9 @@ def _norm(answer: str) -> str:
 
 
 @torch.no_grad()
-def _predict_qa(net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config) -> tuple[list[int], list[float]]:
+def _predict_qa(
+    fam: Any, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
+) -> tuple[list[int], list[float]]:
     where, preds, conf = device(), [], []
     chunks = [list(range(i, min(i + batch, len(data)))) for i in range(0, len(data), batch)]
     for chunk in _progress(cfg.qa.progress, chunks, "questions", len(chunks)):
@@ -265,7 +282,8 @@ def _predict_qa(net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Con
         enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
                   return_tensors="pt")  # fmt: skip
         video = torch.stack([it["video"] for it in items]).to(where)
-        probs = net(video, enc["input_ids"].to(where), enc["attention_mask"].to(where)).float().softmax(-1)
+        logits = fam.qa_logits(net, video, enc["input_ids"].to(where), enc["attention_mask"].to(where))
+        probs = logits.float().softmax(-1)
         best = probs.max(-1)
         preds += best.indices.tolist()
         conf += best.values.tolist()

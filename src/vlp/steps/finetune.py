@@ -1,8 +1,10 @@
-"""Fine-tuning steps: ``finetune-retrieval`` (VTC + VTM) and ``finetune-qa`` (answer classifier), ALPRO §4.1.
+"""Fine-tuning steps: ``finetune-retrieval`` (ALPRO: VTC + VTM) and ``finetune-qa`` (ALPRO: answer classifier).
 
-Both start from a ``pretrain`` output (or a ``finetune-*`` output, to continue), use the shared training
-loop (AdamW, warm-up + linear decay, clipping, accumulation, DDP under ``torchrun``, exact resume) and write
-the same model directory as pre-training (:mod:`vlp.models.directory`) + ``metrics.jsonl``.
+The model's family (:mod:`vlp.models.family`, read from the starting model directory) builds the model, its
+fine-tuning config and its step function. Both start from a ``pretrain`` output (or a ``finetune-*`` output,
+to continue), use the shared training loop (AdamW, warm-up + linear decay, clipping, accumulation, DDP under
+``torchrun``, exact resume) and write the same model directory as pre-training (:mod:`vlp.models.directory`)
++ ``metrics.jsonl``.
 The video tower keeps the pre-trained frame count in its config; clips with another frame count (8 or 16
 here, 4 in pre-training) use the interpolated time embedding (:mod:`vlp.models.layers.timesformer`).
 """
@@ -30,10 +32,14 @@ from vlp.steps.common import StepResult, device, run_step, seed_model_init, trai
 from vlp.train.settings import FinetuneConfig
 
 log = logging.getLogger("vlp")
-RETRIEVAL_KIND, QA_KIND = "alpro_retrieval", "alpro_qa"
-# What fine-tuning starts from: a pre-trained ALPRO, or a retrieval fine-tuned one (to continue, or as QA's
-# start). A QA model's classifier is tied to its answer vocabulary, so it is evaluated, not fine-tuned further.
-STARTS = ("alpro", RETRIEVAL_KIND)
+
+
+def starts() -> tuple[str, ...]:
+    """What fine-tuning starts from: any family's pre-trained model, or a retrieval fine-tuned one (to continue,
+    or as QA's start). A QA model's classifier is tied to its answer vocabulary: it is evaluated, not fine-tuned."""
+    from vlp.models import family
+
+    return tuple(k for f in family.families().values() for k in (f.kinds.pretrained, f.kinds.retrieval))
 
 
 def text_length(section: FinetuneConfig, model_cfg: Any) -> int:
@@ -103,24 +109,16 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
     """Fine-tune a pre-trained ALPRO for text-video retrieval with the ``retrieval.losses`` (VTC + VTM)."""
 
     def work() -> StepResult:
-        from vlp.models.alpro import Alpro, PretrainBatch
+        from vlp.models.family import PretrainBatch, StepContext, TextVocab
         from vlp.train import distributed
         from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
-        start = directory.describe(pretrained, STARTS)
-        rc = cfg.retrieval
-        model_cfg = dataclasses.replace(
-            start.config,
-            num_entities=0,
-            losses=tuple(rc.losses),
-            vtm_negatives=rc.vtm_negatives,
-            vtm_hard_fraction=rc.vtm_hard_fraction,
-            same_video_vtc=rc.same_video_vtc,
-            same_video_vtm=rc.same_video_vtm,
-        )
+        start = directory.describe(pretrained, starts())
+        fam = start.family
+        model_cfg = fam.task_config(start.config, "retrieval", cfg.retrieval)
         seed_model_init(cfg.retrieval.seed)
-        model = Alpro(model_cfg)
+        model = fam.build(fam.kinds.retrieval, model_cfg)
         skipped = load_pretrained_weights(start.checkpoint, model)
         log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
         model.to(device())
@@ -138,16 +136,21 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         clip_index = data.clip_index()
 
         section = with_max_steps(cfg.retrieval, len(data))
-        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+        ctx = StepContext(
+            vocab=TextVocab.of(tok),
+            gather=distributed.all_gather_with_grad,
+            gather_ids=distributed.all_gather_no_grad,
+            rank=distributed.rank(),
+        )
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return m(batch, tokenizer=tok, gather=gather, rank=rank, gather_ids=distributed.all_gather_no_grad)
+            return fam.train_step(m, batch, ctx)
 
         batches = _batches(data, section, fetch)
         result = train_model(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
         directory.save(
             out,
-            kind=RETRIEVAL_KIND,
+            kind=fam.kinds.retrieval,
             config=model_cfg,
             checkpoint=result.checkpoint,
             tokenizer=tok,
@@ -166,14 +169,13 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
 
     def work() -> StepResult:
         from vlp.eval.qa import build_answer_vocab
-        from vlp.models.alpro import AlproQA
         from vlp.train import distributed
         from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
-        start = directory.describe(pretrained, STARTS)
-        # AlproQA uses the towers and the fusion only: no pre-training heads, so no PEM entities
-        model_cfg = dataclasses.replace(start.config, num_entities=0, losses=("vtc",))
+        start = directory.describe(pretrained, starts())
+        fam = start.family
+        model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
         data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg, "train")
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
@@ -184,7 +186,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
         seed_model_init(cfg.qa.seed)
-        model = AlproQA(model_cfg, len(answers))
+        model = fam.build(fam.kinds.qa, model_cfg, len(answers))
         load_pretrained_weights(start.checkpoint, model, allow_missing=("classifier.",))
         model.to(device())
         tok = start.tokenizer()
@@ -201,7 +203,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             }
 
         def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            logits = m(batch["video"], batch["input_ids"], batch["attention_mask"])
+            logits = fam.qa_logits(m, batch["video"], batch["input_ids"], batch["attention_mask"])
             label = batch["label"].to(logits.device)
             loss = F.cross_entropy(logits, label)
             acc = (logits.argmax(-1) == label).float().mean()
@@ -212,7 +214,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         result = train_model(model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok)
         directory.save(
             out,
-            kind=QA_KIND,
+            kind=fam.kinds.qa,
             config=model_cfg,
             checkpoint=result.checkpoint,
             tokenizer=tok,

@@ -78,6 +78,7 @@ def import_checkpoint(
     """
 
     def work() -> StepResult:
+        from vlp.models import alpro
         from vlp.models import import_alpro as imp
         from vlp.models.tokenizer import load_tokenizer
         from vlp.train.checkpoint import save_model_weights
@@ -101,7 +102,7 @@ def import_checkpoint(
                 raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
             answer_list = read_answers(answers, int(state["classifier.2.weight"].shape[0]))
         seed_model_init(0)  # the parts a file lacks (LAVIS QA's unused projections) start the same every import
-        model = directory.FAMILIES["alpro"].build(chosen_kind, model_cfg, len(answer_list or []))
+        model = alpro.FAMILY.build(chosen_kind, model_cfg, len(answer_list or []))
         weights, report = imp.map_state_dict(
             state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
         )

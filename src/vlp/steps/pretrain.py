@@ -28,23 +28,16 @@ log = logging.getLogger("vlp")
 # --------------------------------------------------------------------------- building blocks
 
 
-# Weights each preset starts from (ALPRO §3.4): "" = random init. model.video_init / text_init override them.
-PRESET_WEIGHTS = {
-    "tiny": ("", ""),
-    "small": ("", ""),
-    "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
-}
-RANDOM = "random"
+def family_of(model: ModelConfig) -> Any:
+    """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
+    from vlp.models import family
+
+    return family.get(model.family)
 
 
 def resolved_inits(model: ModelConfig) -> tuple[str, str]:
-    """``(video, text)`` weight sources of ``model``: its preset's unless set; ``""`` = random init."""
-    preset = PRESET_WEIGHTS[model.preset]
-
-    def pick(value: str, default: str) -> str:
-        return default if not value else "" if value == RANDOM else value
-
-    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
+    """``(video, text)`` weight sources of ``model``: its family's preset's unless set; ``""`` = random init."""
+    return family_of(model).weights(model)
 
 
 def tokenizer_source(model: ModelConfig) -> str:
@@ -59,47 +52,8 @@ def tokenizer_source(model: ModelConfig) -> str:
 
 
 def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
-    from vlp.models.alpro import AlproConfig
-    from vlp.models.layers.timesformer import TimeSformerConfig
-    from vlp.models.text import TextConfig
-
-    video_init, text_init = resolved_inits(model)
-    if model.preset == "tiny":
-        video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
-        text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
-    elif model.preset == "small":
-        video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
-        video, text = replace(video, init=video_init), replace(text, init=text_init)
-    else:
-        video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
-        text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
-    return AlproConfig(
-        video,
-        text,
-        embed_dim=model.embed_dim,
-        num_entities=num_entities,
-        losses=tuple(losses),
-        pem_rule=model.pem_rule,
-        pem_crop=model.pem_crop,
-        pixel_mean=tuple(model.pixel_mean),
-        pixel_std=tuple(model.pixel_std),
-        vtm_negatives=model.vtm_negatives,
-        vtm_hard_fraction=model.vtm_hard_fraction,
-        same_video_vtc=model.same_video_vtc,
-        same_video_vtm=model.same_video_vtm,
-    )
-
-
-def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) -> tuple[Any, Any]:
-    """The ``small`` preset: 4-layer width-256 TimeSformer (16 px patches) and 2+2-layer width-256 BERT."""
-    from vlp.models.layers.timesformer import TimeSformerConfig
-    from vlp.models.text import TextConfig
-
-    video = TimeSformerConfig(
-        img_size=img_size, patch_size=16, num_frames=num_frames, width=256, depth=4, heads=4, drop_path=0.0
-    )
-    text = TextConfig.tiny(vocab_size=vocab_size, max_len=max_len, width=256, heads=4, intermediate=1024)
-    return video, text
+    """The family's model config for ``model`` with these ``losses`` (the prompter's: VTC only)."""
+    return family_of(model).config(replace(model, losses=list(losses)), vocab_size, num_entities)
 
 
 def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
@@ -141,7 +95,7 @@ def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
 
 def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
     """Resumable batches of :class:`PretrainBatch` over the training pairs."""
-    from vlp.models.alpro import PretrainBatch
+    from vlp.models.family import PretrainBatch
     from vlp.train.loop import ResumableSampler, SamplerBatches
 
     p = cfg.pretrain
@@ -194,20 +148,22 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
     """Train the prompter: a video-text dual encoder with VTC only (ALPRO §3.2.2)."""
 
     def work() -> StepResult:
-        from vlp.models.alpro import DualEncoder
+        from vlp.models.family import StepContext
         from vlp.train import distributed
 
         distributed.init_from_env()
         tok = _tokenizer(cfg, dataset, out)
+        fam = family_of(cfg.model)
+        if not fam.kinds.prompter:
+            raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
         model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
         seed_model_init(cfg.pretrain.seed)
-        model = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)
-        model.to(device())
-        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+        model = fam.build(fam.kinds.prompter, model_cfg).to(device())
+        ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
         data = _batches(cfg, dataset, frames, tok)
-        step_fn = lambda m, b: m(b, gather=gather, rank=rank)  # noqa: E731
+        step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
         result = train_model(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
-        directory.save(out, kind="prompter", config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
+        directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
         return train_summary(result)
 
     return run_step("pretrain_prompter", out, cfg, "pretrain", work)
@@ -242,7 +198,8 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
     """ALPRO pre-training with VTC + PEM + MLM + VTM (the enabled ``model.losses``)."""
 
     def work() -> StepResult:
-        from vlp.models.alpro import Alpro, PemContext
+        from vlp.models.alpro import PemContext
+        from vlp.models.family import StepContext, TextVocab
         from vlp.models.prompts import PromptBank
         from vlp.train import distributed
 
@@ -250,20 +207,27 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         prompter, tok, _ = load_prompter(prompter_dir)
         bank = PromptBank.load(bank_dir) if "pem" in cfg.model.losses else None
         num_entities = len(bank.entities) if bank is not None else 0
+        fam = family_of(cfg.model)
         model_cfg = model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
         where = device()
         seed_model_init(cfg.pretrain.seed)
-        model = Alpro(model_cfg).to(where)
+        model = fam.build(fam.kinds.pretrained, model_cfg).to(where)
         pem = PemContext(prompter.to(where), bank.video, bank.image) if bank is not None else None
-        gather, rank = distributed.all_gather_with_grad, distributed.rank()
+        ctx = StepContext(
+            vocab=TextVocab.of(tok),
+            gather=distributed.all_gather_with_grad,
+            gather_ids=distributed.all_gather_no_grad,
+            rank=distributed.rank(),
+            extra=pem,
+        )
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return m(batch, tokenizer=tok, pem=pem, gather=gather, rank=rank, gather_ids=distributed.all_gather_no_grad)
+            return fam.train_step(m, batch, ctx)
 
         result = train_model(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
         directory.save(
             out,
-            kind="alpro",
+            kind=fam.kinds.pretrained,
             config=model_cfg,
             checkpoint=result.checkpoint,
             tokenizer=tok,

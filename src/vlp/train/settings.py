@@ -12,8 +12,9 @@ from typing import Literal
 
 @dataclass
 class ModelConfig:
-    """Which ALPRO-family model to build, and from what."""
+    """Which model to build, and from what (the family's presets; most keys are ALPRO's, see each family)."""
 
+    family: str = "alpro"  # vlp.models.family: alpro (ALBEF and TS2-Net to come)
     preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)

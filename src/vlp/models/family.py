@@ -1,0 +1,172 @@
+"""What a model family gives the steps, and the plain mapping from a family's name to it.
+
+A family (ALPRO today; ALBEF and TS2-Net next) is one object with the attributes and methods of
+:class:`Family`. The training and evaluation steps hold no family code: they read the family's name from the
+step config or the model directory and call these methods, so a new family is a new module and one entry in
+:data:`FAMILIES`, with no step, DAG component or other family touched.
+
+The contract, in the order a model's life uses it:
+
+- ``config(model, vocab_size, num_entities)`` -> the family's model config from the step config's ``model``
+  section; ``config_from_dict`` rebuilds it from a ``model.json``. Every family config has ``pixel_mean``,
+  ``pixel_std`` (the normalisation its weights expect), ``video.img_size`` (frame side), ``text.max_len``
+  (text positions) and ``text.vocab_size``: the data steps read those, nothing else.
+- ``build(kind, config, num_answers)`` -> a randomly initialised module of one of ``kinds``.
+- ``task_config(config, task, section)`` -> the config of a model fine-tuned for ``task`` from a pre-trained one.
+- ``train_step(model, batch, ctx)`` -> ``{"loss": ..., "loss_<term>": ...}`` for one pre-training or
+  retrieval fine-tuning batch (the module's ``forward`` returns typed outputs; the family's loss functions
+  take them); ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores, also what fine-tuning trains.
+- ``encode_video`` / ``encode_text`` -> :class:`Encoded`; ``similarity(model, texts, videos)`` -> the ``(T, V)``
+  unimodal score matrix that ranks candidates; ``pair_logits(model, text_tokens, text_mask, video_tokens)`` ->
+  ``(P, 2)`` match logits of a fused re-ranking pass, used when ``reranks(model)`` (a dot-product family
+  returns False and evaluation ranks by ``similarity`` alone).
+
+Modules never see a tokenizer: what MLM needs from it travels as a :class:`TextVocab`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+if TYPE_CHECKING:  # the CLI reads NAMES without importing torch
+    from torch import Tensor, nn
+
+Task = Literal["retrieval", "qa"]
+NAMES = ("alpro",)  # the families :func:`families` maps, by name (the CLI's choices, without importing them)
+
+
+class Kinds(NamedTuple):
+    """The ``model.json`` kinds of one family's models."""
+
+    pretrained: str  # what ``vlp pretrain`` writes (zero-shot retrieval evaluates it)
+    retrieval: str  # ``vlp finetune-retrieval``
+    qa: str  # ``vlp finetune-qa``
+    prompter: str = ""  # ALPRO's frozen VTC prompter (``vlp pretrain-prompter``); "" = the family has none
+
+    def all(self) -> tuple[str, ...]:
+        return tuple(k for k in self if k)
+
+
+@dataclass(frozen=True)
+class TextVocab:
+    """What a masked-language objective needs from the tokenizer: its size, [MASK] and the special ids."""
+
+    size: int
+    mask_token_id: int
+    special_ids: tuple[int, ...]
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TextVocab:
+        if tokenizer.mask_token_id is None:
+            raise ValueError("the tokenizer has no [MASK] token: masked language modelling needs one")
+        return cls(len(tokenizer), int(tokenizer.mask_token_id), tuple(int(i) for i in tokenizer.all_special_ids))
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x
+
+
+@dataclass
+class StepContext:
+    """Everything a training step needs besides the module and the batch.
+
+    Attributes:
+        vocab: the tokenizer's :class:`TextVocab` (required by masked-language objectives).
+        gather: all-gather with gradient over ranks (identity on one process), for contrastive negatives.
+        gather_ids: all-gather without gradient (clip ids of the global batch).
+        rank: this process's rank (where its positives sit in the gathered batch).
+        generator: CPU generator for masks, boxes and negatives (reproducible steps); None = the global one.
+        extra: the family's own context (ALPRO: the frozen prompter and prompt bank for PEM).
+    """
+
+    vocab: TextVocab | None = None
+    gather: Callable[[Tensor], Tensor] = _identity
+    gather_ids: Callable[[Tensor], Tensor] = _identity
+    rank: int = 0
+    generator: Any = None
+    extra: Any = None
+
+
+@dataclass
+class PretrainBatch:
+    """One tokenised batch of (clip, caption) pairs: pre-training and retrieval fine-tuning, every family."""
+
+    video: Tensor  # (B, T, 3, H, W) normalised frames
+    input_ids: Tensor  # (B, L)
+    attention_mask: Tensor  # (B, L)
+    is_image: Tensor | None = None  # (B,) bool: still images repeated into clips (image prompt templates)
+    video_index: Tensor | None = None  # (B,) int64 clip identity: equal for two captions of one clip
+
+
+@dataclass
+class Encoded:
+    """A unimodal encoder's output for a batch of clips or texts.
+
+    Attributes:
+        feat: ``(B, D)`` the pooled feature the similarity uses (unit-norm for contrastive families).
+        tokens: ``(B, N, C)`` the token sequence a fusion pass or a token-level score reads.
+        mask: ``(B, N)`` 1 = real token (texts); None for clips.
+    """
+
+    feat: Tensor
+    tokens: Tensor
+    mask: Tensor | None = None
+
+
+@runtime_checkable
+class Family(Protocol):
+    """What a model family provides (see the module docstring for the order of use)."""
+
+    name: str
+    kinds: Kinds
+
+    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> Any: ...
+
+    def config_from_dict(self, data: dict[str, Any]) -> Any: ...
+
+    def build(self, kind: str, config: Any, num_answers: int = 0) -> nn.Module: ...
+
+    def task_config(self, config: Any, task: Task, section: Any) -> Any: ...
+
+    def train_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict[str, Tensor]: ...
+
+    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor: ...
+
+    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded: ...
+
+    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded: ...
+
+    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor: ...
+
+    def reranks(self, model: nn.Module) -> bool: ...
+
+    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor: ...
+
+
+def families() -> dict[str, Family]:
+    """The plain mapping from a family's name to it (each module imported on first use)."""
+    from vlp.models import alpro
+
+    mapping: dict[str, Family] = {"alpro": alpro.FAMILY}
+    if tuple(mapping) != NAMES:
+        raise RuntimeError(f"family.NAMES {NAMES} must list the families {tuple(mapping)}")
+    return mapping
+
+
+def get(name: str) -> Family:
+    """The family called ``name``; an unknown name is an error that lists the known ones."""
+    known = families()
+    if name not in known:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(known)}")
+    return known[name]
+
+
+def of_kind(kind: str) -> Family:
+    """The family that has models of ``kind``."""
+    for family in families().values():
+        if kind in family.kinds.all():
+            return family
+    known = sorted(k for f in families().values() for k in f.kinds.all())
+    raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")

@@ -1,0 +1,119 @@
+"""The model-family interface: ALPRO through it, typed outputs, no tokenizer in forward, no family code in steps."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlp.models import family
+from vlp.models.alpro import FAMILY, Alpro, AlproConfig, AlproOutput, alpro_losses, alpro_step
+from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, TextVocab
+from vlp.models.tokenizer import train_wordpiece
+from vlp.train.settings import ModelConfig, RetrievalConfig
+
+CAPTIONS = ["a red circle moves left", "a blue square bounces", "a green star drifts", "a yellow cube spins"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_wordpiece(CAPTIONS * 4, vocab_size=60)
+
+
+def _batch(tok) -> PretrainBatch:
+    enc = tok(CAPTIONS, padding="max_length", truncation=True, max_length=10, return_tensors="pt")
+    video = torch.randn(4, 2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    return PretrainBatch(video, enc["input_ids"], enc["attention_mask"], video_index=torch.arange(4))
+
+
+def test_the_mapping_names_every_family_and_each_meets_the_interface():
+    known = family.families()
+    assert tuple(known) == family.NAMES == ("alpro",)
+    for name, fam in known.items():
+        assert isinstance(fam, family.Family) and fam.name == name
+        assert isinstance(fam.kinds, Kinds) and len(set(fam.kinds.all())) == len(fam.kinds.all())
+        assert family.get(name) is fam and all(family.of_kind(k) is fam for k in fam.kinds.all())
+    with pytest.raises(ValueError, match=r"unknown model family 'albef'; choose one of \['alpro'\]"):
+        family.get("albef")
+    with pytest.raises(ValueError, match="unknown model kind 'clip_retrieval'"):
+        family.of_kind("clip_retrieval")
+
+
+def test_forward_takes_no_tokenizer_and_returns_typed_outputs_the_losses_read(tok):
+    assert "tokenizer" not in inspect.signature(Alpro.forward).parameters
+    cfg = AlproConfig.tiny(vocab_size=len(tok), losses=("vtc", "mlm", "vtm"))
+    torch.manual_seed(0)
+    model, batch = Alpro(cfg), _batch(tok)
+    ctx = StepContext(vocab=TextVocab.of(tok), generator=torch.Generator().manual_seed(0))
+    torch.manual_seed(1)  # dropout draws from the global generator
+    out = model(batch, ctx)
+    assert isinstance(out, AlproOutput) and out.terms == ("vtc", "mlm", "vtm")
+    assert out.vtm_logits.shape == (12, 2) and out.mlm_logits.shape == (4, 10, cfg.text.vocab_size)
+    assert out.pem_logits is None and out.vtc_positives is None
+    # the losses are a function of the outputs: the same numbers as the step the loop calls, on the same draws
+    by_parts = alpro_losses(out, ctx)
+    torch.manual_seed(1)
+    whole = alpro_step(model, batch, dataclasses.replace(ctx, generator=torch.Generator().manual_seed(0)))
+    values = {k: float(v.detach()) for k, v in by_parts.items()}
+    assert values == {k: float(v.detach()) for k, v in whole.items()}
+    assert values["loss"] == pytest.approx(sum(values[f"loss_{t}"] for t in out.terms))
+    with pytest.raises(ValueError, match="no vocabulary"):
+        model(batch, StepContext())
+
+
+def test_text_vocab_is_what_mlm_reads_from_the_tokenizer(tok):
+    vocab = TextVocab.of(tok)
+    assert vocab.size == len(tok) and vocab.mask_token_id == tok.mask_token_id
+    assert set(vocab.special_ids) == set(tok.all_special_ids)
+
+    class NoMask:
+        mask_token_id = None
+
+    with pytest.raises(ValueError, match=r"no \[MASK\]"):
+        TextVocab.of(NoMask())
+
+
+def test_alpro_family_builds_configs_and_kinds(tok):
+    cfg = FAMILY.config(ModelConfig(losses=["vtc", "vtm"], embed_dim=16), len(tok), 0)
+    assert isinstance(cfg, AlproConfig) and cfg.losses == ("vtc", "vtm") and cfg.embed_dim == 16
+    assert FAMILY.config_from_dict(dataclasses.asdict(cfg)) == cfg
+    assert type(FAMILY.build("prompter", cfg)).__name__ == "DualEncoder"
+    assert type(FAMILY.build("alpro_qa", cfg, 3)).__name__ == "AlproQA"
+    with pytest.raises(ValueError, match="has no 'albef' model"):
+        FAMILY.build("albef", cfg)
+    section = RetrievalConfig(losses=["vtc"], vtm_negatives="mixed", same_video_vtm="exclude")
+    ret = FAMILY.task_config(dataclasses.replace(cfg, num_entities=4, losses=("vtc", "pem")), "retrieval", section)
+    assert (ret.num_entities, ret.losses, ret.vtm_negatives, ret.same_video_vtm) == (0, ("vtc",), "mixed", "exclude")
+    assert FAMILY.task_config(cfg, "qa", section).losses == ("vtc",)
+
+
+def test_evaluation_methods_rank_with_the_similarity_and_rerank_with_vtm(tok):
+    torch.manual_seed(0)
+    model = Alpro(AlproConfig.tiny(vocab_size=len(tok), losses=("vtc", "vtm"))).eval()
+    batch = _batch(tok)
+    with torch.no_grad():
+        videos = FAMILY.encode_video(model, batch.video)
+        texts = FAMILY.encode_text(model, batch.input_ids, batch.attention_mask)
+        sim = FAMILY.similarity(model, texts, videos)
+        logits = FAMILY.pair_logits(model, texts.tokens, texts.mask, videos.tokens)
+    assert isinstance(videos, Encoded) and videos.mask is None and texts.mask.shape == (4, 10)
+    assert torch.allclose(sim, texts.feat @ videos.feat.t()) and sim.shape == (4, 4)
+    assert torch.allclose(videos.feat.norm(dim=-1), torch.ones(4), atol=1e-5) and logits.shape == (4, 2)
+    assert FAMILY.reranks(model)
+    assert not FAMILY.reranks(Alpro(AlproConfig.tiny(vocab_size=len(tok), losses=("vtc",))))
+
+
+def test_fine_tuning_and_evaluation_steps_hold_no_family_code():
+    steps = Path(__file__).parents[1] / "src" / "vlp" / "steps"
+    for name in ("finetune.py", "evaluate.py", "common.py"):
+        modules = set()
+        for node in ast.walk(ast.parse((steps / name).read_text())):
+            if isinstance(node, ast.ImportFrom):
+                modules.add(node.module or "")
+                modules.update(f"{node.module}.{a.name}" for a in node.names)
+        family_modules = {m for m in modules if m.startswith("vlp.models.") and m.split(".")[2] in family.NAMES}
+        assert not family_modules, f"{name} imports {sorted(family_modules)}: go through vlp.models.family"
