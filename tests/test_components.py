@@ -79,8 +79,8 @@ def test_config_can_be_yaml_text_and_bad_input_fails_loudly(tiny_world, tmp_path
     assert json.loads((tmp_path / "entities" / "summary.json").read_text())["config"]["entities"]["top_m"] == 5
     with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
         data.mine_entities.python_func(dataset=ds, entities=entities, config="nope.yaml", overrides=[])
-    with pytest.raises(ValueError, match="albef"):
-        _runtime.pretrain_fn("albef")
+    with pytest.raises(ValueError, match="'ts2net' is not available; choose one of"):
+        _runtime.pretrain_fn("ts2net")
 
 
 def test_tracking_uri_comes_from_the_pod_environment_unless_the_config_sets_one(store, tmp_path, monkeypatch):

@@ -32,13 +32,13 @@ def _batch(tok) -> PretrainBatch:
 
 def test_the_mapping_names_every_family_and_each_meets_the_interface():
     known = family.families()
-    assert tuple(known) == family.NAMES == ("alpro",)
+    assert tuple(known) == family.NAMES == ("alpro", "albef")
     for name, fam in known.items():
         assert isinstance(fam, family.Family) and fam.name == name
         assert isinstance(fam.kinds, Kinds) and len(set(fam.kinds.all())) == len(fam.kinds.all())
         assert family.get(name) is fam and all(family.of_kind(k) is fam for k in fam.kinds.all())
-    with pytest.raises(ValueError, match=r"unknown model family 'albef'; choose one of \['alpro'\]"):
-        family.get("albef")
+    with pytest.raises(ValueError, match=r"unknown model family 'ts2net'; choose one of \['albef', 'alpro'\]"):
+        family.get("ts2net")
     with pytest.raises(ValueError, match="unknown model kind 'clip_retrieval'"):
         family.of_kind("clip_retrieval")
 
@@ -84,7 +84,7 @@ def test_alpro_family_builds_configs_and_kinds(tok):
     assert type(FAMILY.build("prompter", cfg)).__name__ == "DualEncoder"
     assert type(FAMILY.build("alpro_qa", cfg, 3)).__name__ == "AlproQA"
     with pytest.raises(ValueError, match="has no 'albef' model"):
-        FAMILY.build("albef", cfg)
+        FAMILY.build("albef", cfg)  # another family's kind
     section = RetrievalConfig(losses=["vtc"], vtm_negatives="mixed", same_video_vtm="exclude")
     ret = FAMILY.task_config(dataclasses.replace(cfg, num_entities=4, losses=("vtc", "pem")), "retrieval", section)
     assert (ret.num_entities, ret.losses, ret.vtm_negatives, ret.same_video_vtm) == (0, ("vtc",), "mixed", "exclude")

@@ -78,12 +78,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     _common(p)
 
-    p = sub.add_parser("pretrain", help="pre-train ALPRO (VTC + PEM + MLM + VTM)", epilog=EPILOG)
+    p = sub.add_parser(
+        "pretrain", help="pre-train ALPRO (VTC + PEM + MLM + VTM) or ALBEF (ITC + MLM + ITM, distilled)", epilog=EPILOG
+    )
     p.add_argument("--model", dest="family", choices=FAMILY_NAMES, help="model family (default: model.family)")
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
-    p.add_argument("--prompter", required=True, help="pretrain-prompter output")
-    p.add_argument("--prompt-bank", required=True, help="build-prompt-bank output")
+    p.add_argument("--prompter", default="", help="pretrain-prompter output (ALPRO; ALBEF uses none)")
+    p.add_argument("--prompt-bank", default="", help="build-prompt-bank output (ALPRO with PEM)")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     _common(p)
 

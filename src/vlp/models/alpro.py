@@ -306,7 +306,7 @@ def alpro_forward(model: Alpro, batch: PretrainBatch, ctx: StepContext) -> Alpro
     )
     if "vtc" in cfg.losses and cfg.same_video_vtc == "positive":
         ids = _video_index(batch)
-        out.vtc_positives = ids[:, None] == ctx.gather_ids(ids)[None, :]  # (B, W*B)
+        out.vtc_positives = ids[:, None] == ctx.gather_nograd(ids)[None, :]  # (B, W*B)
     positive = None
     if "vtm" in cfg.losses or "pem" in cfg.losses:
         exclude = None
@@ -450,6 +450,7 @@ class AlproFamily:
 
     name = "alpro"
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
+    default_losses = LOSS_TERMS
 
     def weights(self, model: Any) -> tuple[str, str]:
         """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""
@@ -472,11 +473,11 @@ class AlproFamily:
             text,
             embed_dim=model.embed_dim,
             num_entities=num_entities,
-            losses=tuple(model.losses),
+            losses=tuple(model.losses or LOSS_TERMS),
             pem_rule=model.pem_rule,
             pem_crop=model.pem_crop,
-            pixel_mean=tuple(model.pixel_mean),
-            pixel_std=tuple(model.pixel_std),
+            pixel_mean=tuple(model.pixel_mean or AlproConfig.pixel_mean),
+            pixel_std=tuple(model.pixel_std or AlproConfig.pixel_std),
             vtm_negatives=model.vtm_negatives,
             vtm_hard_fraction=model.vtm_hard_fraction,
             same_video_vtc=model.same_video_vtc,
@@ -509,6 +510,15 @@ class AlproFamily:
             same_video_vtc=section.same_video_vtc,
             same_video_vtm=section.same_video_vtm,
         )
+
+    def prepare(self, config: AlproConfig, batches_per_epoch: int, global_batch: int) -> AlproConfig:
+        return config
+
+    def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
+        """The towers and the fusion from the starting model; QA's classifier keeps its initialisation."""
+        from vlp.train.checkpoint import load_pretrained_weights
+
+        return load_pretrained_weights(checkpoint, model, allow_missing=("classifier.",) if task == "qa" else ())
 
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
         return alpro_step(model, batch, ctx)

@@ -1,18 +1,24 @@
 """What a model family gives the steps, and the plain mapping from a family's name to it.
 
-A family (ALPRO today; ALBEF and TS2-Net next) is one object with the attributes and methods of
+A family (ALPRO, ALBEF; TS2-Net next) is one object with the attributes and methods of
 :class:`Family`. The training and evaluation steps hold no family code: they read the family's name from the
 step config or the model directory and call these methods, so a new family is a new module and one entry in
 :data:`FAMILIES`, with no step, DAG component or other family touched.
 
 The contract, in the order a model's life uses it:
 
+- ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its preset's
+  unless set; ``""`` = random init).
 - ``config(model, vocab_size, num_entities)`` -> the family's model config from the step config's ``model``
   section; ``config_from_dict`` rebuilds it from a ``model.json``. Every family config has ``pixel_mean``,
   ``pixel_std`` (the normalisation its weights expect), ``video.img_size`` (frame side), ``text.max_len``
   (text positions) and ``text.vocab_size``: the data steps read those, nothing else.
 - ``build(kind, config, num_answers)`` -> a randomly initialised module of one of ``kinds``.
-- ``task_config(config, task, section)`` -> the config of a model fine-tuned for ``task`` from a pre-trained one.
+- ``task_config(config, task, section)`` -> the config of a model fine-tuned for ``task`` from a pre-trained one;
+  ``prepare(config, batches_per_epoch, global_batch)`` -> the config once the training data is known (ALBEF:
+  alpha's ramp of one epoch, and a queue the global batch divides, else a clear error before step 1);
+  ``init_from(model, checkpoint, task)`` fills a fine-tuning model from the model it starts from (returns
+  the checkpoint entries it skipped).
 - ``train_step(model, batch, ctx)`` -> ``{"loss": ..., "loss_<term>": ...}`` for one pre-training or
   retrieval fine-tuning batch (the module's ``forward`` returns typed outputs; the family's loss functions
   take them); ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores, also what fine-tuning trains.
@@ -34,7 +40,7 @@ if TYPE_CHECKING:  # the CLI reads NAMES without importing torch
     from torch import Tensor, nn
 
 Task = Literal["retrieval", "qa"]
-NAMES = ("alpro",)  # the families :func:`families` maps, by name (the CLI's choices, without importing them)
+NAMES = ("alpro", "albef")  # the families :func:`families` maps, by name (the CLI's choices, without importing them)
 
 
 class Kinds(NamedTuple):
@@ -75,16 +81,18 @@ class StepContext:
     Attributes:
         vocab: the tokenizer's :class:`TextVocab` (required by masked-language objectives).
         gather: all-gather with gradient over ranks (identity on one process), for contrastive negatives.
-        gather_ids: all-gather without gradient (clip ids of the global batch).
+        gather_nograd: all-gather without gradient (clip ids of the global batch, ALBEF's momentum features).
         rank: this process's rank (where its positives sit in the gathered batch).
+        world: the number of processes.
         generator: CPU generator for masks, boxes and negatives (reproducible steps); None = the global one.
         extra: the family's own context (ALPRO: the frozen prompter and prompt bank for PEM).
     """
 
     vocab: TextVocab | None = None
     gather: Callable[[Tensor], Tensor] = _identity
-    gather_ids: Callable[[Tensor], Tensor] = _identity
+    gather_nograd: Callable[[Tensor], Tensor] = _identity
     rank: int = 0
+    world: int = 1
     generator: Any = None
     extra: Any = None
 
@@ -121,6 +129,9 @@ class Family(Protocol):
 
     name: str
     kinds: Kinds
+    default_losses: tuple[str, ...]  # the objectives ``model.losses = []`` stands for
+
+    def weights(self, model: Any) -> tuple[str, str]: ...
 
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> Any: ...
 
@@ -129,6 +140,10 @@ class Family(Protocol):
     def build(self, kind: str, config: Any, num_answers: int = 0) -> nn.Module: ...
 
     def task_config(self, config: Any, task: Task, section: Any) -> Any: ...
+
+    def prepare(self, config: Any, batches_per_epoch: int, global_batch: int) -> Any: ...
+
+    def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]: ...
 
     def train_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict[str, Tensor]: ...
 
@@ -147,9 +162,9 @@ class Family(Protocol):
 
 def families() -> dict[str, Family]:
     """The plain mapping from a family's name to it (each module imported on first use)."""
-    from vlp.models import alpro
+    from vlp.models import albef, alpro
 
-    mapping: dict[str, Family] = {"alpro": alpro.FAMILY}
+    mapping: dict[str, Family] = {"alpro": alpro.FAMILY, "albef": albef.FAMILY}
     if tuple(mapping) != NAMES:
         raise RuntimeError(f"family.NAMES {NAMES} must list the families {tuple(mapping)}")
     return mapping

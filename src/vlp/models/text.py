@@ -348,7 +348,7 @@ _IGNORED = re.compile(
 
 def load_bert_weights(
     text_enc: TextEncoder,
-    fusion_enc: MultimodalEncoder | None,
+    fusion_enc: nn.Module | None,
     source: str | os.PathLike[str] | dict[str, Tensor],
     *,
     mlm_head: MLMHead | None = None,
@@ -361,8 +361,8 @@ def load_bert_weights(
 
     Args:
         text_enc: receives ``embeddings`` and layers ``0 .. text_layers - 1``.
-        fusion_enc: receives layers ``text_layers ..`` (its ``video_proj`` is not BERT and keeps its init); None
-            when there is no fusion (a dual encoder): those layers are then ignored.
+        fusion_enc: receives layers ``text_layers ..`` (its ``video_proj`` and ``crossattention`` parts are not BERT
+            and keep their init); None when there is no fusion (a dual encoder): those layers are then ignored.
         source: a state dict, a local ``.safetensors``/``.bin`` file or directory (``model.safetensors`` or
             ``pytorch_model.bin``), an ``s3://`` file, or a hub id (offline -> :class:`PretrainedUnavailableError`).
         mlm_head: receives ``cls.predictions.transform.*`` and ``cls.predictions.bias`` when present (and the
@@ -399,7 +399,8 @@ def load_bert_weights(
             f"{name}: checkpoint has {len(found_layers)} BERT layers, the config splits "
             f"{n_layers} (text_layers + fusion_layers)"
         )
-    required = [k for k in targets if not k.startswith(("fusion.video_proj.", "mlm."))]
+    # not BERT: the fusion's video projection (ALPRO), its cross-attention (ALBEF; random, as ALBEF starts it)
+    required = [k for k in targets if not k.startswith(("fusion.video_proj.", "mlm.")) and ".crossattention." not in k]
     missing = [k for k in required if k not in new_values]
     if missing:
         raise ValueError(
@@ -413,9 +414,7 @@ def load_bert_weights(
     return report
 
 
-def _target_params(
-    text_enc: TextEncoder, fusion_enc: MultimodalEncoder | None, head: MLMHead | None
-) -> dict[str, Tensor]:
+def _target_params(text_enc: TextEncoder, fusion_enc: nn.Module | None, head: MLMHead | None) -> dict[str, Tensor]:
     out = {f"text.{k}": v for k, v in text_enc.state_dict(keep_vars=True).items()}
     if fusion_enc is not None:
         out |= {f"fusion.{k}": v for k, v in fusion_enc.state_dict(keep_vars=True).items()}

@@ -111,20 +111,23 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
     def work() -> StepResult:
         from vlp.models.family import PretrainBatch, StepContext, TextVocab
         from vlp.train import distributed
-        from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
         start = directory.describe(pretrained, starts())
         fam = start.family
         model_cfg = fam.task_config(start.config, "retrieval", cfg.retrieval)
-        seed_model_init(cfg.retrieval.seed)
-        model = fam.build(fam.kinds.retrieval, model_cfg)
-        skipped = load_pretrained_weights(start.checkpoint, model)
-        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
-        model.to(device())
         tok = start.tokenizer()
         length = text_length(cfg.retrieval, model_cfg)
         data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
+        section = with_max_steps(cfg.retrieval, len(data))
+        batch = min(section.batch_size, len(data) // distributed.world_size())
+        per_epoch = max(1, len(data) // distributed.world_size() // max(1, batch))
+        model_cfg = fam.prepare(model_cfg, per_epoch, batch * distributed.world_size())
+        seed_model_init(cfg.retrieval.seed)
+        model = fam.build(fam.kinds.retrieval, model_cfg)
+        skipped = fam.init_from(model, start.checkpoint, "retrieval")
+        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+        model.to(device())
 
         def fetch(indices: list[int]) -> PretrainBatch:
             items = collate_video_text([data[i] for i in indices])
@@ -135,12 +138,12 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
 
         clip_index = data.clip_index()
 
-        section = with_max_steps(cfg.retrieval, len(data))
         ctx = StepContext(
             vocab=TextVocab.of(tok),
             gather=distributed.all_gather_with_grad,
-            gather_ids=distributed.all_gather_no_grad,
+            gather_nograd=distributed.all_gather_no_grad,
             rank=distributed.rank(),
+            world=distributed.world_size(),
         )
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
@@ -170,7 +173,6 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
     def work() -> StepResult:
         from vlp.eval.qa import build_answer_vocab
         from vlp.train import distributed
-        from vlp.train.checkpoint import load_pretrained_weights
 
         distributed.init_from_env()
         start = directory.describe(pretrained, starts())
@@ -187,7 +189,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
         seed_model_init(cfg.qa.seed)
         model = fam.build(fam.kinds.qa, model_cfg, len(answers))
-        load_pretrained_weights(start.checkpoint, model, allow_missing=("classifier.",))
+        fam.init_from(model, start.checkpoint, "qa")
         model.to(device())
         tok = start.tokenizer()
         length = text_length(cfg.qa, model_cfg)

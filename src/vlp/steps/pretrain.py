@@ -93,8 +93,9 @@ def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
     return tok
 
 
-def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
-    """Resumable batches of :class:`PretrainBatch` over the training pairs."""
+def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any = None) -> Any:
+    """Resumable batches of :class:`PretrainBatch` over the training pairs, normalised with ``pixels``' (a model
+    config's) ``pixel_mean`` / ``pixel_std`` (None: the ``model`` section's, else 0.5 / 0.5)."""
     from vlp.models.family import PretrainBatch
     from vlp.train.loop import ResumableSampler, SamplerBatches
 
@@ -108,8 +109,8 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any) -> Any:
         augment=ClipRandAugment() if p.randaug else None,
         seed=p.seed,
         size=cfg.model.img_size,
-        mean=cfg.model.pixel_mean,
-        std=cfg.model.pixel_std,
+        mean=pixels.pixel_mean if pixels is not None else cfg.model.pixel_mean or (0.5, 0.5, 0.5),
+        std=pixels.pixel_std if pixels is not None else cfg.model.pixel_std or (0.5, 0.5, 0.5),
     )
 
     def fetch(indices: list[int]) -> PretrainBatch:
@@ -160,7 +161,7 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.prompter, model_cfg).to(device())
         ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
-        data = _batches(cfg, dataset, frames, tok)
+        data = _batches(cfg, dataset, frames, tok, model_cfg)
         step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
         result = train_model(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
         directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
@@ -195,49 +196,68 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
 
 
 def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: str, cfg: Config) -> StepResult:
-    """ALPRO pre-training with VTC + PEM + MLM + VTM (the enabled ``model.losses``)."""
+    """Pre-train a model of ``model.family`` with the enabled ``model.losses`` (ALPRO: VTC + PEM + MLM + VTM, from
+    a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
 
     def work() -> StepResult:
-        from vlp.models.alpro import PemContext
         from vlp.models.family import StepContext, TextVocab
-        from vlp.models.prompts import PromptBank
         from vlp.train import distributed
 
         distributed.init_from_env()
-        prompter, tok, _ = load_prompter(prompter_dir)
-        bank = PromptBank.load(bank_dir) if "pem" in cfg.model.losses else None
-        num_entities = len(bank.entities) if bank is not None else 0
         fam = family_of(cfg.model)
-        model_cfg = model_config(cfg.model, len(tok), num_entities, cfg.model.losses)
+        terms = list(cfg.model.losses or fam.default_losses)
+        prompter = bank = None
+        if fam.kinds.prompter:
+            if not prompter_dir:
+                raise ValueError(f"{fam.name} pre-training needs a prompter (--prompter) and its prompt bank")
+            prompter, tok, _ = load_prompter(prompter_dir)
+            if "pem" in terms:
+                from vlp.models.prompts import PromptBank
+
+                bank = PromptBank.load(bank_dir)
+        else:
+            if prompter_dir or bank_dir:
+                log.warning("pretrain: model family %s uses no prompter; ignoring %s", fam.name, prompter_dir)
+            tok = _tokenizer(cfg, dataset, out)
+        num_entities = len(bank.entities) if bank is not None else 0
+        model_cfg = model_config(cfg.model, len(tok), num_entities, terms)
+        batches = _batches(cfg, dataset, frames, tok, model_cfg)
+        world = distributed.world_size()
+        model_cfg = fam.prepare(model_cfg, len(batches.sampler) // batches.batch_size, batches.batch_size * world)
         where = device()
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.pretrained, model_cfg).to(where)
-        pem = PemContext(prompter.to(where), bank.video, bank.image) if bank is not None else None
+        extra = None
+        if bank is not None:
+            from vlp.models.alpro import PemContext
+
+            extra = PemContext(prompter.to(where), bank.video, bank.image)
         ctx = StepContext(
             vocab=TextVocab.of(tok),
             gather=distributed.all_gather_with_grad,
-            gather_ids=distributed.all_gather_no_grad,
+            gather_nograd=distributed.all_gather_no_grad,
             rank=distributed.rank(),
-            extra=pem,
+            world=world,
+            extra=extra,
         )
 
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return fam.train_step(m, batch, ctx)
 
-        result = train_model(model, step_fn, _batches(cfg, dataset, frames, tok), cfg, out, "pretrain", tokenizer=tok)
+        result = train_model(model, step_fn, batches, cfg, out, "pretrain", tokenizer=tok)
         directory.save(
             out,
             kind=fam.kinds.pretrained,
             config=model_cfg,
             checkpoint=result.checkpoint,
             tokenizer=tok,
-            lineage={"prompter": prompter_dir},
+            lineage={"prompter": prompter_dir} if prompter_dir and fam.kinds.prompter else {"dataset": dataset},
             steps=result.step,
             entities=bank.entities if bank is not None else [],
         )
         figures = []
-        if pem is not None and distributed.rank() == 0:
-            figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg)
+        if bank is not None and distributed.rank() == 0:
+            figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg, model_cfg)
         return train_summary(result) | {"pem_examples": figures}
 
     return run_step("pretrain", out, cfg, "pretrain", work)
@@ -248,12 +268,13 @@ PEM_EXAMPLES = "pem_examples"
 
 @torch.no_grad()
 def pem_examples(
-    dataset: str, frames: str, prompter: Any, bank: Any, out: str, cfg: Config, n: int = 4, seed: int = 0
+    dataset: str, frames: str, prompter: Any, bank: Any, out: str, cfg: Config, pixels: Any, n: int = 4, seed: int = 0
 ) -> list[str]:
     """ALPRO Fig. 3 for ``n`` clips: a random PEM box on the frames and the frozen prompter's top-5 entities.
 
     Clips come from the test split (the training split when there is none); the box is drawn like PEM's
-    (:func:`vlp.losses.sample_pem_boxes`). Writes ``<out>/<video_id>.png`` and ``<out>/README.md``.
+    (:func:`vlp.losses.sample_pem_boxes`); clips are normalised with ``pixels``' (the model config's) statistics.
+    Writes ``<out>/<video_id>.png`` and ``<out>/README.md``.
     """
     import tempfile
     from pathlib import Path
@@ -271,8 +292,8 @@ def pem_examples(
                 split=split,
                 num_frames=cfg.model.num_frames,
                 mode="uniform",
-                mean=cfg.model.pixel_mean,
-                std=cfg.model.pixel_std,
+                mean=pixels.pixel_mean,
+                std=pixels.pixel_std,
             )
             break
         except ValueError:

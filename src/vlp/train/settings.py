@@ -14,7 +14,7 @@ from typing import Literal
 class ModelConfig:
     """Which model to build, and from what (the family's presets; most keys are ALPRO's, see each family)."""
 
-    family: str = "alpro"  # vlp.models.family: alpro (ALBEF and TS2-Net to come)
+    family: str = "alpro"  # vlp.models.family: alpro or albef (TS2-Net to come)
     preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)
@@ -28,13 +28,15 @@ class ModelConfig:
     video_init: str = ""
     text_init: str = ""
     embed_dim: int = 256  # VTC projection size
-    losses: list[str] = field(default_factory=lambda: ["vtc", "pem", "mlm", "vtm"])  # terms of eq. 6
+    # [] = the family's objectives (ALPRO: vtc, pem, mlm, vtm, eq. 6; ALBEF: itc, mlm, itm, eq. 5)
+    losses: list[str] = field(default_factory=list)
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
-    # Pixel normalisation, stored with the model: 0.5/0.5 suits the paper's timm in21k ViT init; the released
-    # ALPRO configs (and their checkpoints) use CLIP's mean/std (imported checkpoints set those)
-    pixel_mean: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
-    pixel_std: list[float] = field(default_factory=lambda: [0.5, 0.5, 0.5])
+    # Pixel normalisation, stored with the model. [] = the family's: ALPRO 0.5/0.5, which suits the paper's timm
+    # in21k ViT init (the released ALPRO configs and checkpoints use CLIP's; imported checkpoints set those);
+    # ALBEF CLIP's, as its released code
+    pixel_mean: list[float] = field(default_factory=list)
+    pixel_std: list[float] = field(default_factory=list)
     # VTM negatives: hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction); and what
     # another caption of the same clip is: a VTC negative / drawable VTM negative (ALPRO) or not (ALBEF)
     vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
@@ -44,6 +46,14 @@ class ModelConfig:
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
+    # ALBEF (vlp.models.albef): momentum model, queues, distillation, where ITM's negatives come from, frames
+    momentum: float = 0.995
+    queue_size: int = 65536  # a multiple of the global batch
+    distill: bool = True  # momentum distillation (MoD)
+    alpha: float = 0.4
+    alpha_ramp_steps: int = -1  # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
+    itm_negatives_from: Literal["global", "local"] = "global"  # paper: the batch; released code: the local batch
+    temporal: Literal["concat", "mean"] = "concat"  # frame tokens the fusion sees: all frames', or their mean
 
 
 @dataclass

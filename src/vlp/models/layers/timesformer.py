@@ -232,7 +232,7 @@ class TimeSformer(nn.Module):
         """
         B, T, gh, gw = self._check_input(video)
         N, C = gh * gw, self.width
-        pos = _resample_pos_embed(self.pos_embed, (gh, gw), self.config.pos_interp)  # (1, 1+N, C)
+        pos = resample_pos_embed(self.pos_embed, (gh, gw), self.config.pos_interp)  # (1, 1+N, C)
         time = _resample_time_embed(self.time_embed, T, self.config.time_interp)  # (1, T, C)
         x = self.patch_embed(video.flatten(0, 1)).reshape(B, T, N, C)  # (B, T, N, C)
         patches = x + pos[:, None, 1:] + time[:, :, None]  # (B, T, N, C)
@@ -262,7 +262,7 @@ class TimeSformer(nn.Module):
         return B, T, H // P, W // P
 
 
-def _resample_pos_embed(pos_embed: Tensor, grid: tuple[int, int], mode: str) -> Tensor:
+def resample_pos_embed(pos_embed: Tensor, grid: tuple[int, int], mode: str) -> Tensor:
     """Resize (1, 1 + g*g, C) position embeddings to (1, 1 + gh*gw, C); the [CLS] position is kept as is."""
     n_old = pos_embed.shape[1] - 1
     g = math.isqrt(n_old)
@@ -312,13 +312,13 @@ def load_vit_weights(model: TimeSformer, source: str | os.PathLike[str]) -> list
         RuntimeError: a timm model name could not be loaded (e.g. offline); the message says to pass a path.
         ValueError: the checkpoint is unreadable or does not fit the model (width, depth, patch size, extra parts).
     """
-    state = _read_state_dict(source)
+    state = read_vit_state_dict(source)
     mapped, ignored = _map_vit_state_dict(state, model, str(source))
     model.load_state_dict(mapped, strict=True)
     return ignored
 
 
-def _read_state_dict(source: str | os.PathLike[str]) -> dict[str, Tensor]:
+def read_vit_state_dict(source: str | os.PathLike[str]) -> dict[str, Tensor]:
     path = Path(source).expanduser()
     if path.is_file():
         return _read_checkpoint_file(path)
@@ -375,7 +375,7 @@ def _map_vit_state_dict(
         )
     out = {k: v for k, v in state.items() if k in target}
     if "pos_embed" in out:
-        out["pos_embed"] = _resample_pos_embed(out["pos_embed"], (cfg.grid, cfg.grid), cfg.pos_interp)
+        out["pos_embed"] = resample_pos_embed(out["pos_embed"], (cfg.grid, cfg.grid), cfg.pos_interp)
     if "time_embed" in out:
         out["time_embed"] = _resample_time_embed(out["time_embed"], cfg.num_frames, cfg.time_interp)
     for key in target:  # temporal parts a ViT lacks: copies of the spatial ones, or zero

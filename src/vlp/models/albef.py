@@ -1,0 +1,516 @@
+"""ALBEF (Align before Fuse, arXiv 2107.07651): align the unimodal towers, then fuse with cross-attention, with
+momentum distillation, on vlp's frame shards.
+
+- Visual tower: a ViT over each frame (:class:`vlp.models.layers.vit.FrameViT`; ViT-B/16 from DeiT in the paper
+  preset), its [CLS] averaged over frames and projected to ``embed_dim``, L2-normalised.
+- Text tower: BERT layers 1-6 (:class:`vlp.models.text.TextEncoder`), [CLS] projected and normalised.
+- Multimodal encoder: BERT layers 7-12 with cross-attention to the visual tokens in every layer
+  (:class:`vlp.models.layers.cross.CrossFusionEncoder`); the cross-attention starts random, as in ALBEF.
+- Heads: ITM (``Linear(width, 2)`` on the fused [CLS]) and BERT's MLM head tied to the word embeddings.
+- Momentum model: an EMA copy (momentum 0.995) of both towers, the fusion, the projections and the MLM head,
+  never trained by gradient, updated at the start of every training forward (as the released code); feature
+  queues of its last ``queue_size`` image / text features (and their clip ids), random unit vectors at start
+  (as the code). Momentum weights, queues, the queue pointer and the step counter are buffers or frozen
+  parameters of the module, so a checkpoint holds them and a resume continues exactly.
+
+One pre-training step (eq. 5, the unweighted sum of the enabled terms; random draws in this order: ITM
+negatives, MLM masks):
+
+1. **ITC** (eq. 1-2, 6): each local image against the momentum texts of the batch then the text queue (and
+   each text against the images), targets ``alpha * softmax(teacher) + (1 - alpha) * y``;
+2. **ITM** (eq. 4): the fused positives and, per image and per text, one negative drawn from the ITC softmax
+   over the local batch (``itm_negatives_from="local"``, the code) or the global batch (``"global"``, the
+   paper: "from the same batch", with features gathered from every rank);
+3. **MLM** (eq. 3, 7): 15% of the tokens masked (80/10/10), predicted from the fused sequence against
+   ``(1 - alpha) * one_hot + alpha * teacher``, the teacher the momentum model's fused pass on the same masks.
+
+``alpha`` ramps linearly from 0 to ``alpha`` over ``alpha_ramp_steps`` training forwards (ALBEF: the first
+epoch), counted by the model's own step buffer. The module's ``forward`` returns :class:`AlbefOutput`; the
+losses are :func:`albef_losses`, functions of it (:mod:`vlp.losses.distill`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from vlp import losses
+from vlp.losses import distill
+from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, TextVocab
+from vlp.models.layers.cross import CrossFusionEncoder
+from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
+from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
+
+LOSS_TERMS = ("itc", "mlm", "itm")
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # ALBEF's dataset normalisation (the paper states none)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class AlbefConfig:
+    """Sizes, objectives and momentum settings of an ALBEF model."""
+
+    video: FrameViTConfig = field(default_factory=FrameViTConfig.tiny)
+    text: TextConfig = field(default_factory=TextConfig.tiny)
+    embed_dim: int = 256  # ITC projection size (paper: 256)
+    init_temp: float = 0.07  # learnable temperature (code: 0.07; the paper gives no initial value)
+    temp_clamp: bool = True  # code: clamp to [0.001, 0.5] at every forward; the paper states no bound
+    losses: tuple[str, ...] = LOSS_TERMS
+    mlm_prob: float = 0.15
+    momentum: float = 0.995
+    queue_size: int = 65536  # M; must be a multiple of the global batch (checked before training)
+    distill: bool = True  # momentum distillation (MoD) of ITC and MLM; False = the ground truth alone
+    alpha: float = 0.4
+    alpha_ramp_steps: int = 0  # training forwards over which alpha ramps from 0; -1 = one epoch (set by prepare)
+    itm_negatives: Literal["hard", "uniform", "mixed"] = "hard"  # "uniform": the "w/o hard negatives" ablation
+    itm_hard_fraction: float = 0.5
+    itm_negatives_from: Literal["global", "local"] = "global"  # paper: the (global) batch; code: the local one
+    # Another caption of the same clip: an ITC negative ("negative", ALBEF pre-training) or a positive that
+    # shares the target with the own pair and is never an ITM negative ("positive", ALBEF retrieval fine-tuning,
+    # with the clip-id queue)
+    same_video: Literal["negative", "positive"] = "negative"
+    pixel_mean: tuple[float, float, float] = CLIP_MEAN
+    pixel_std: tuple[float, float, float] = CLIP_STD
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.losses) - set(LOSS_TERMS))
+        if unknown or not self.losses:
+            hint = " (ALBEF names them itc, mlm, itm; pem is ALPRO's)" if unknown else ""
+            raise ValueError(f"losses must be a non-empty subset of {LOSS_TERMS}, got {list(self.losses)}{hint}")
+        if not 0.0 <= self.momentum < 1.0 or not 0.0 <= self.alpha <= 1.0 or self.alpha_ramp_steps < -1:
+            raise ValueError(
+                f"need momentum in [0, 1), alpha in [0, 1], alpha_ramp_steps >= -1; got {self.momentum}, "
+                f"{self.alpha}, {self.alpha_ramp_steps}"
+            )
+        if self.queue_size < 0:
+            raise ValueError(f"queue_size must be >= 0 (0 = in-batch ITC only), got {self.queue_size}")
+        if self.itm_negatives not in losses.matching.NEGATIVES or self.itm_negatives_from not in ("global", "local"):
+            raise ValueError(
+                f"itm_negatives must be one of {losses.matching.NEGATIVES} and itm_negatives_from 'global' or "
+                f"'local', got {self.itm_negatives!r} / {self.itm_negatives_from!r}"
+            )
+        if self.same_video not in ("negative", "positive"):
+            raise ValueError(f"same_video must be 'negative' or 'positive', got {self.same_video!r}")
+        if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
+            raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
+
+    @property
+    def fused(self) -> bool:
+        return bool(set(self.losses) & {"mlm", "itm"})
+
+    def check_queue(self, global_batch: int) -> None:
+        """Refuse a queue the global batch does not divide (every enqueue writes one whole gathered batch)."""
+        if self.queue_size and (global_batch < 1 or self.queue_size % global_batch):
+            raise ValueError(
+                f"ALBEF's queue_size {self.queue_size} must be a multiple of the global batch {global_batch} "
+                "(batch_size x processes): change model.queue_size or the batch size"
+            )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> AlbefConfig:
+        """The config ``dataclasses.asdict`` gave; the towers' ``init`` is cleared unless ``keep_init``."""
+        cleared = {} if keep_init else {"init": ""}
+        video = FrameViTConfig(**(data["video"] | cleared))
+        text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
+        fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
+        fields |= {key: tuple(data[key]) for key in ("pixel_mean", "pixel_std") if key in data}
+        return cls(**fields)
+
+    @classmethod
+    def tiny(cls, vocab_size: int, **overrides: Any) -> AlbefConfig:
+        """2 + 2 text layers and a 2-layer ViT, width 64, 32 px frames, a 32-entry queue: seconds on a CPU."""
+        base = {"text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32, "queue_size": 32}
+        return cls(**(base | overrides))
+
+
+class Towers(nn.Module):
+    """One set of ALBEF's weights: visual and text towers, projections, fusion, MLM head (online or momentum)."""
+
+    def __init__(self, cfg: AlbefConfig, *, load: bool) -> None:
+        super().__init__()
+        self.visual = FrameViT(cfg.video if load else replace(cfg.video, init=""))
+        self.text = TextEncoder(cfg.text)
+        self.vision_proj = nn.Linear(self.visual.width, cfg.embed_dim)
+        self.text_proj = nn.Linear(cfg.text.width, cfg.embed_dim)
+        self.fusion = CrossFusionEncoder(cfg.text, visual_width=self.visual.width) if cfg.fused else None
+        self.mlm_head = MLMHead(cfg.text, self.text.word_embeddings) if "mlm" in cfg.losses else None
+        if load and cfg.text.init:  # BERT layers 1..6 -> text, 7..12 -> fusion (cross-attention stays random)
+            load_bert_weights(self.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head)
+
+    def encode_video(self, video: Tensor) -> tuple[Tensor, FrameOutput]:
+        out = self.visual(video)
+        return F.normalize(self.vision_proj(out.cls), dim=-1), out
+
+    def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Any]:
+        out = self.text(input_ids, attention_mask)
+        return F.normalize(self.text_proj(out.tokens[:, 0]), dim=-1), out
+
+
+class Albef(nn.Module):
+    """ALBEF with its momentum model and queues (see the module docstring)."""
+
+    def __init__(self, cfg: AlbefConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.online = Towers(cfg, load=True)
+        self.momentum = Towers(cfg, load=False)
+        self.momentum.load_state_dict(self.online.state_dict())  # the teacher starts as a copy (ALBEF copy_params)
+        self.momentum.requires_grad_(False)
+        self.temp = nn.Parameter(torch.tensor(float(cfg.init_temp)))
+        self.itm_head = nn.Linear(cfg.text.width, 2) if "itm" in cfg.losses else None
+        if self.online.fusion is not None and self.itm_head is None and "mlm" not in cfg.losses:
+            raise ValueError("a fusion encoder without ITM or MLM would get no gradient")
+        if self.online.visual.time_embed is not None and not cfg.fused:
+            self.online.visual.time_embed.requires_grad_(False)  # only the fused tokens read it
+        m = cfg.queue_size
+        self.register_buffer("image_queue", F.normalize(torch.randn(cfg.embed_dim, m), dim=0))
+        self.register_buffer("text_queue", F.normalize(torch.randn(cfg.embed_dim, m), dim=0))
+        self.register_buffer("idx_queue", torch.full((m,), -1, dtype=torch.long))
+        self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # training forwards: alpha's ramp
+
+    def temperature(self) -> Tensor:
+        return losses.clamp_temperature(self.temp) if self.cfg.temp_clamp else self.temp
+
+    def alpha(self) -> float:
+        """This forward's distillation weight (0 without MoD)."""
+        if not self.cfg.distill:
+            return 0.0
+        if self.cfg.alpha_ramp_steps < 0:
+            raise ValueError("alpha_ramp_steps=-1 (one epoch) must be resolved first: family.prepare(config, ...)")
+        return distill.alpha_at(int(self.steps), self.cfg.alpha, self.cfg.alpha_ramp_steps)
+
+    @torch.no_grad()
+    def momentum_update(self) -> None:
+        """``p_m <- m * p_m + (1 - m) * p`` for every momentum parameter (ALBEF ``_momentum_update``)."""
+        m = self.cfg.momentum
+        for online, teacher in zip(self.online.parameters(), self.momentum.parameters(), strict=True):
+            teacher.mul_(m).add_(online.detach(), alpha=1.0 - m)
+
+    @torch.no_grad()
+    def enqueue(self, image_feat: Tensor, text_feat: Tensor, idx: Tensor) -> None:
+        """Write a gathered batch of momentum features (and clip ids) at the pointer; the oldest are overwritten."""
+        n, size = image_feat.shape[0], self.cfg.queue_size
+        if size == 0:
+            return
+        self.cfg.check_queue(n)
+        ptr = int(self.queue_ptr)
+        self.image_queue[:, ptr : ptr + n] = image_feat.t()
+        self.text_queue[:, ptr : ptr + n] = text_feat.t()
+        self.idx_queue[ptr : ptr + n] = idx
+        self.queue_ptr.fill_((ptr + n) % size)
+
+    def fuse(self, text_tokens: Tensor, text_mask: Tensor, visual_tokens: Tensor) -> Any:
+        if self.online.fusion is None:
+            raise ValueError(f"this ALBEF has no multimodal encoder: losses {list(self.cfg.losses)} use none")
+        return self.online.fusion(text_tokens, text_mask, visual_tokens)
+
+    def forward(self, batch: PretrainBatch, ctx: StepContext | None = None) -> AlbefOutput:
+        return albef_forward(self, batch, ctx or StepContext())
+
+
+def itm_logits(model: Albef, text_tokens: Tensor, text_mask: Tensor, visual_tokens: Tensor) -> Tensor:
+    """Fuse aligned rows of text tokens and visual tokens -> ``(P, 2)`` ITM logits."""
+    if model.itm_head is None:
+        raise ValueError(f"this ALBEF has no ITM head: it was built for losses {list(model.cfg.losses)}")
+    return model.itm_head(model.fuse(text_tokens, text_mask, visual_tokens).cls)
+
+
+@dataclass
+class AlbefOutput:
+    """What one ALBEF forward pass produces for :func:`albef_losses`; unused terms stay None.
+
+    Attributes:
+        terms: the enabled objectives.
+        alpha: this forward's distillation weight.
+        temp: the (clamped) temperature.
+        itc_i2t, itc_t2i: ``(B, B + M)`` student similarities / temperature against the momentum batch + queue.
+        itc_i2t_m, itc_t2i_m: the momentum model's, on the same grid.
+        itc_positives: ``(B, B + M)`` bool positives of each row.
+        itm_logits: ``(3B, 2)`` in :func:`vlp.losses.matching.vtm_pair_indices` order.
+        mlm_logits, mlm_labels, mlm_teacher: ``(B, L, V)``, ``(B, L)``, ``(B, L, V)`` (teacher None without MoD).
+    """
+
+    terms: tuple[str, ...]
+    alpha: float
+    temp: Tensor
+    itc_i2t: Tensor | None = None
+    itc_t2i: Tensor | None = None
+    itc_i2t_m: Tensor | None = None
+    itc_t2i_m: Tensor | None = None
+    itc_positives: Tensor | None = None
+    itm_logits: Tensor | None = None
+    mlm_logits: Tensor | None = None
+    mlm_labels: Tensor | None = None
+    mlm_teacher: Tensor | None = None
+
+
+def albef_losses(out: AlbefOutput, ctx: StepContext | None = None) -> dict[str, Tensor]:
+    """ITC + MLM + ITM of one forward pass (eq. 5), each in the paper's logged form (:mod:`vlp.losses.distill`).
+
+    Returns:
+        ``{"temp", "alpha", "loss_itc", "loss_itm", "loss_mlm", "loss"}`` (enabled terms only).
+    """
+    result = {"temp": out.temp.detach(), "alpha": torch.tensor(out.alpha)}
+    if "itc" in out.terms:
+        result["loss_itc"] = distill.itc_distill_loss(
+            out.itc_i2t, out.itc_t2i, out.itc_i2t_m, out.itc_t2i_m, out.itc_positives, out.alpha
+        )
+    if "itm" in out.terms:
+        result["loss_itm"] = losses.vtm_loss(out.itm_logits)
+    if "mlm" in out.terms:
+        result["loss_mlm"] = distill.mlm_distill_loss(out.mlm_logits, out.mlm_labels, out.mlm_teacher, out.alpha)
+    result["loss"] = sum(result[f"loss_{term}"] for term in out.terms)
+    return result
+
+
+def albef_step(model: nn.Module, batch: PretrainBatch, ctx: StepContext | None = None) -> dict[str, Tensor]:
+    """One training step's losses: the module's forward (``model`` may be DDP-wrapped), then :func:`albef_losses`."""
+    return albef_losses(model(batch, ctx), ctx)
+
+
+def _clip_ids(batch: PretrainBatch) -> Tensor:
+    if batch.video_index is None:
+        raise ValueError("same_video='positive' needs batch.video_index (clip ids)")
+    return batch.video_index.to(batch.input_ids.device)
+
+
+def albef_forward(model: Albef, batch: PretrainBatch, ctx: StepContext) -> AlbefOutput:
+    """Everything ALBEF's enabled objectives score for one batch (the module's ``forward``)."""
+    cfg, generator = model.cfg, ctx.generator
+    b = batch.input_ids.shape[0]
+    temp, alpha = model.temperature(), model.alpha()
+    if model.training:
+        model.steps.add_(1)
+    image_feat, visual = model.online.encode_video(batch.video)  # (B, D), tokens (B, S, C)
+    text_feat, text = model.online.encode_text(batch.input_ids, batch.attention_mask)  # (B, D), (B, L, C)
+    out = AlbefOutput(terms=tuple(cfg.losses), alpha=alpha, temp=temp)
+    same_clip = cfg.same_video == "positive"
+    idx = _clip_ids(batch) if same_clip else torch.arange(b, device=batch.input_ids.device)
+    with torch.no_grad():
+        if model.training:
+            model.momentum_update()
+        image_feat_m, visual_m = model.momentum.encode_video(batch.video)
+        text_feat_m, _ = model.momentum.encode_text(batch.input_ids, batch.attention_mask)
+        image_all = torch.cat([image_feat_m, model.image_queue.t().to(image_feat_m)])  # (B + M, D)
+        text_all = torch.cat([text_feat_m, model.text_queue.t().to(text_feat_m)])
+        if same_clip:
+            positives = idx[:, None] == torch.cat([idx, model.idx_queue])[None, :]  # (B, B + M)
+        else:
+            positives = torch.eye(b, image_all.shape[0], dtype=torch.bool, device=idx.device)
+        out.itc_i2t_m, out.itc_t2i_m = image_feat_m @ text_all.t() / temp, text_feat_m @ image_all.t() / temp
+    out.itc_i2t, out.itc_t2i = image_feat @ text_all.t() / temp, text_feat @ image_all.t() / temp
+    out.itc_positives = positives
+    if model.training and cfg.queue_size:  # every rank writes the same gathered batch: the queues stay equal
+        gather = ctx.gather_nograd
+        ids = gather(idx)
+        model.enqueue(gather(image_feat_m), gather(text_feat_m), ids if same_clip else torch.full_like(ids, -1))
+    if "itm" in cfg.losses:
+        out.itm_logits = _itm(model, out, image_feat, text_feat_m, visual.tokens, text, idx, same_clip, ctx)
+    if "mlm" in cfg.losses:
+        if ctx.vocab is None:
+            raise ValueError("MLM is enabled but the step has no vocabulary: StepContext(vocab=TextVocab.of(tok))")
+        out.mlm_logits, out.mlm_labels, out.mlm_teacher = _mlm(model, batch, visual, visual_m, ctx.vocab, generator)
+    return out
+
+
+def _itm(
+    model: Albef,
+    out: AlbefOutput,
+    image_feat: Tensor,
+    text_feat_m: Tensor,
+    visual_tokens: Tensor,
+    text: Any,
+    idx: Tensor,
+    same_clip: bool,
+    ctx: StepContext,
+) -> Tensor:
+    """The fused positives and one hard negative per image and per text -> ``(3B, 2)`` ITM logits."""
+    cfg, b = model.cfg, image_feat.shape[0]
+    tokens, mask, vis, offset = text.tokens, text.attention_mask, visual_tokens, 0
+    pool_image, pool_text, pool_idx = image_feat.detach(), text_feat_m, idx
+    if cfg.itm_negatives_from == "global" and ctx.world > 1:
+        # the paper: negatives from the whole batch; tokens gathered with gradient (they are fused), features
+        # and ids without (they only weight the draw)
+        tokens, vis = ctx.gather(tokens), ctx.gather(vis)
+        mask, pool_idx = ctx.gather_nograd(mask), ctx.gather_nograd(idx)
+        pool_image, pool_text = ctx.gather_nograd(pool_image), ctx.gather_nograd(pool_text)
+        offset = ctx.rank * b
+    with torch.no_grad():
+        sim = pool_image @ pool_text.t() / out.temp  # (P, P): images x momentum texts, as the code's sim[:, :B]
+        exclude = pool_idx[:, None] == pool_idx[None, :] if same_clip else None
+        neg_t, neg_v = losses.sample_hard_negatives(
+            sim, sim.t(), _on(ctx.generator, sim), mode=cfg.itm_negatives, hard_fraction=cfg.itm_hard_fraction,
+            exclude=exclude,
+        )  # fmt: skip
+        rows = torch.arange(b, device=sim.device) + offset
+        neg_t, neg_v = neg_t[rows], neg_v[rows]
+    t_idx = torch.cat([rows, rows, neg_t])  # (3B,): positives, (t_i, v_neg), (t_neg, v_i)
+    v_idx = torch.cat([rows, neg_v, rows])
+    return itm_logits(model, tokens[t_idx], mask[t_idx], vis[v_idx])
+
+
+def _mlm(
+    model: Albef,
+    batch: PretrainBatch,
+    visual: FrameOutput,
+    visual_m: FrameOutput,
+    vocab: TextVocab,
+    gen: torch.Generator | None,
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """Masked tokens predicted from the fused sequence; the momentum model's prediction on the same masks."""
+    specials = torch.tensor(vocab.special_ids, device=batch.input_ids.device)
+    special = (batch.input_ids.unsqueeze(-1) == specials).any(-1)  # (B, L)
+    masked_ids, labels = losses.mask_tokens(
+        batch.input_ids.cpu(),
+        vocab_size=vocab.size,
+        mask_token_id=vocab.mask_token_id,
+        special_mask=special.cpu() | ~batch.attention_mask.bool().cpu(),
+        prob=model.cfg.mlm_prob,
+        generator=gen,
+    )
+    masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
+    text = model.online.text(masked_ids, batch.attention_mask)
+    logits = model.online.mlm_head(model.fuse(text.tokens, batch.attention_mask, visual.tokens).text)
+    teacher = None
+    if model.cfg.distill:
+        with torch.no_grad():
+            text_m = model.momentum.text(masked_ids, batch.attention_mask)
+            fused_m = model.momentum.fusion(text_m.tokens, batch.attention_mask, visual_m.tokens)
+            teacher = model.momentum.mlm_head(fused_m.text)
+    return logits, labels, teacher
+
+
+def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:
+    return generator if generator is None or generator.device == like.device else None
+
+
+# --------------------------------------------------------------------------- the family
+
+
+PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
+RANDOM = "random"
+
+
+def resolved_inits(model: Any) -> tuple[str, str]:
+    """``(visual, text)`` weight sources of a ``model`` config section: the preset's unless set; ``""`` = random."""
+    preset = PRESET_WEIGHTS[model.preset]
+
+    def pick(value: str, default: str) -> str:
+        return default if not value else "" if value == RANDOM else value
+
+    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
+
+
+class AlbefFamily:
+    """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
+
+    name = "albef"
+    kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
+    default_losses = LOSS_TERMS
+
+    def weights(self, model: Any) -> tuple[str, str]:
+        return resolved_inits(model)
+
+    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
+        """The ALBEF config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
+        if num_entities:
+            raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
+        video_init, text_init = resolved_inits(model)
+        frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
+        frames["temporal"] = model.temporal
+        if model.preset == "tiny":
+            video, text = FrameViTConfig.tiny(**frames), TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len)
+        elif model.preset == "small":
+            video = FrameViTConfig(patch_size=16, width=256, depth=4, heads=4, **frames)
+            text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, width=256, heads=4, intermediate=1024)
+        else:
+            video = FrameViTConfig.paper(**frames)
+            text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len)
+        return AlbefConfig(
+            video,
+            replace(text, init=text_init),
+            embed_dim=model.embed_dim,
+            losses=tuple(model.losses or LOSS_TERMS),
+            momentum=model.momentum,
+            queue_size=model.queue_size,
+            distill=model.distill,
+            alpha=model.alpha,
+            alpha_ramp_steps=model.alpha_ramp_steps,
+            itm_negatives=model.vtm_negatives,
+            itm_hard_fraction=model.vtm_hard_fraction,
+            itm_negatives_from=model.itm_negatives_from,
+            same_video="positive" if model.same_video_vtc == "positive" else "negative",
+            pixel_mean=tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
+            pixel_std=tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
+        )
+
+    def config_from_dict(self, data: dict[str, Any]) -> AlbefConfig:
+        return AlbefConfig.from_dict(data)
+
+    def build(self, kind: str, config: AlbefConfig, num_answers: int = 0) -> nn.Module:
+        if kind in (self.kinds.pretrained, self.kinds.retrieval):
+            return Albef(config)
+        if kind == self.kinds.qa:
+            raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+        raise ValueError(f"ALBEF has no {kind!r} model; its kinds are {self.kinds.all()}")
+
+    def task_config(self, config: AlbefConfig, task: Task, section: Any) -> AlbefConfig:
+        """Retrieval fine-tuning: ITC + ITM (the section's losses, ALPRO names mapped) with distillation, and the
+        section's negative and same-clip rules."""
+        if task == "qa":
+            raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+        names = {"vtc": "itc", "vtm": "itm"}
+        return replace(
+            config,
+            losses=tuple(names.get(t, t) for t in section.losses),
+            alpha_ramp_steps=-1,  # the code ramps alpha over the first fine-tuning epoch too
+            itm_negatives=section.vtm_negatives,
+            itm_hard_fraction=section.vtm_hard_fraction,
+            same_video="positive" if section.same_video_vtc == "positive" else "negative",
+        )
+
+    def prepare(self, config: AlbefConfig, batches_per_epoch: int, global_batch: int) -> AlbefConfig:
+        """Alpha's ramp of one epoch (``alpha_ramp_steps=-1``) and the queue check, before the first step."""
+        config.check_queue(global_batch)
+        if config.alpha_ramp_steps < 0:
+            config = replace(config, alpha_ramp_steps=max(1, batches_per_epoch))
+        return config
+
+    def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
+        """Every weight, the momentum model and the queues from the starting model; alpha's ramp restarts."""
+        from vlp.train.checkpoint import load_pretrained_weights
+
+        skipped = load_pretrained_weights(checkpoint, model)
+        model.steps.zero_()
+        return skipped
+
+    def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
+        return albef_step(model, batch, ctx)
+
+    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+
+    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
+        feat, out = model.online.encode_video(video)
+        return Encoded(feat, out.tokens)
+
+    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        feat, out = model.online.encode_text(input_ids, attention_mask)
+        return Encoded(feat, out.tokens, out.attention_mask)
+
+    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
+        return texts.feat @ videos.feat.t()
+
+    def reranks(self, model: nn.Module) -> bool:
+        return getattr(model, "itm_head", None) is not None
+
+    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
+        return itm_logits(model, text_tokens, text_mask, video_tokens)
+
+
+FAMILY = AlbefFamily()

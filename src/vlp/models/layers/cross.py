@@ -1,0 +1,97 @@
+"""BERT layers with cross-attention to visual tokens: ALBEF's multimodal encoder (arXiv 2107.07651 §3.1).
+
+Each :class:`CrossAttentionLayer` is a BERT layer (self-attention, then feed-forward) with a cross-attention
+block between the two, whose queries are the text tokens and whose keys and values are the visual tokens.
+transformers 5 only builds cross-attention into ``BertLayer`` for a causal decoder (``is_decoder=True``), so
+these layers are assembled here from its bidirectional parts (``BertAttention``, ``BertIntermediate``,
+``BertOutput``). Parameter names are BERT's (``attention.*``, ``intermediate.*``, ``output.*``) plus
+``crossattention.*``, ALBEF's name, so BERT layers 7-12 load into the self-attention and feed-forward parts
+(:func:`vlp.models.text.load_bert_weights`) and the cross-attention starts random, as in ALBEF; an ALBEF
+checkpoint's ``crossattention`` weights map one to one.
+
+Masks: text padding is masked in self-attention (bidirectional, as BERT's encoder); visual tokens are never
+padded, so cross-attention sees all of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.models.bert.modeling_bert import BertAttention, BertIntermediate, BertOutput
+
+from vlp.models.text import TextConfig, init_bert_weights
+
+__all__ = ["CrossAttentionLayer", "CrossFusionEncoder", "CrossFusionOutput"]
+
+
+class CrossAttentionLayer(nn.Module):
+    """Self-attention over the text, cross-attention to the visual tokens, then BERT's feed-forward."""
+
+    def __init__(self, cfg: TextConfig, layer_idx: int, visual_width: int) -> None:
+        super().__init__()
+        bert = cfg.to_bert_config()
+        self.attention = BertAttention(bert, is_causal=False, layer_idx=layer_idx)
+        self.crossattention = BertAttention(bert, is_causal=False, layer_idx=layer_idx, is_cross_attention=True)
+        if visual_width != cfg.width:  # ALBEF's encoder_width: keys and values read the visual width
+            self.crossattention.self.key = nn.Linear(visual_width, cfg.width)
+            self.crossattention.self.value = nn.Linear(visual_width, cfg.width)
+        self.intermediate = BertIntermediate(bert)
+        self.output = BertOutput(bert)
+
+    def forward(self, x: Tensor, self_mask: Tensor | None, visual: Tensor) -> Tensor:
+        """``(B, L, C)`` text, its 4-D self-attention mask (or None), ``(B, S, Cv)`` visual tokens -> ``(B, L, C)``."""
+        x, _ = self.attention(x, self_mask)
+        x, _ = self.crossattention(x, None, visual, None)
+        return self.output(self.intermediate(x), x)
+
+
+@dataclass
+class CrossFusionOutput:
+    """Output of :class:`CrossFusionEncoder`: the fused text tokens."""
+
+    tokens: Tensor  # (B, L, C)
+    attention_mask: Tensor  # (B, L)
+
+    @property
+    def text(self) -> Tensor:  # (B, L, C): the sequence MLM predicts from
+        return self.tokens
+
+    @property
+    def cls(self) -> Tensor:  # (B, C): the fused text [CLS], input of the ITM head
+        return self.tokens[:, 0]
+
+
+class CrossFusionEncoder(nn.Module):
+    """The last ``cfg.fusion_layers`` BERT layers, each with cross-attention to the visual tokens (ALBEF)."""
+
+    def __init__(self, cfg: TextConfig, *, visual_width: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.width = cfg.width
+        self.bert_config = cfg.to_bert_config()
+        self.grad_checkpointing = cfg.grad_checkpointing
+        self.layers = nn.ModuleList(
+            CrossAttentionLayer(cfg, cfg.text_layers + i, visual_width) for i in range(cfg.fusion_layers)
+        )
+        init_bert_weights(self, cfg.init_std)
+
+    def forward(self, text_tokens: Tensor, text_mask: Tensor, visual_tokens: Tensor) -> CrossFusionOutput:
+        """Fuse ``(B, L, C)`` text tokens (mask ``(B, L)``, 1 = real) with ``(B, S, Cv)`` visual tokens."""
+        b, length = text_mask.shape
+        if text_tokens.shape[:2] != (b, length) or visual_tokens.ndim != 3 or visual_tokens.shape[0] != b:
+            raise ValueError(
+                f"text tokens {tuple(text_tokens.shape)}, mask {tuple(text_mask.shape)} and visual tokens "
+                f"{tuple(visual_tokens.shape)} must share the batch (B, L, C) / (B, L) / (B, S, Cv)"
+            )
+        mask = create_bidirectional_mask(config=self.bert_config, inputs_embeds=text_tokens, attention_mask=text_mask)
+        x, visual = text_tokens, visual_tokens.to(text_tokens.dtype)
+        for layer in self.layers:
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, mask, visual, use_reentrant=False)
+            else:
+                x = layer(x, mask, visual)
+        return CrossFusionOutput(tokens=x, attention_mask=text_mask)

@@ -1,0 +1,292 @@
+"""ALBEF: momentum model and queues on hand cases, distillation against hand-computed values, every gradient,
+and the pre-train -> fine-tune -> evaluate path through the same steps as ALPRO."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vlp.losses import distill
+from vlp.models.albef import FAMILY, Albef, AlbefConfig, AlbefOutput, albef_losses, albef_step
+from vlp.models.family import PretrainBatch, StepContext, TextVocab
+from vlp.models.tokenizer import train_wordpiece
+from vlp.train.settings import ModelConfig
+
+CAPTIONS = ["a red circle moves left", "a blue square bounces", "a green star drifts", "a yellow cube spins"]
+TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_wordpiece(CAPTIONS * 4, vocab_size=60)
+
+
+def _batch(tok, ids=(0, 1, 2, 3)) -> PretrainBatch:
+    enc = tok(CAPTIONS, padding="max_length", truncation=True, max_length=10, return_tensors="pt")
+    video = torch.randn(4, 2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    return PretrainBatch(video, enc["input_ids"], enc["attention_mask"], video_index=torch.tensor(ids))
+
+
+def _model(tok, **overrides) -> Albef:
+    torch.manual_seed(0)
+    return Albef(AlbefConfig.tiny(vocab_size=len(tok), **({"queue_size": 8} | overrides)))
+
+
+def _ctx(tok, seed=0) -> StepContext:
+    return StepContext(vocab=TextVocab.of(tok), generator=torch.Generator().manual_seed(seed))
+
+
+# --------------------------------------------------------------------------- momentum model and queues
+
+
+def test_the_teacher_starts_as_a_copy_and_moves_by_ema_only(tok):
+    model = _model(tok, momentum=0.9)
+    online, teacher = dict(model.online.named_parameters()), dict(model.momentum.named_parameters())
+    assert online.keys() == teacher.keys()
+    assert all(torch.equal(online[k], teacher[k]) for k in online) and not any(
+        p.requires_grad for p in teacher.values()
+    )
+    with torch.no_grad():
+        for k, p in online.items():
+            p.fill_(1.0)
+            teacher[k].fill_(3.0)
+    model.momentum_update()
+    assert all(torch.allclose(p, torch.full_like(p, 0.9 * 3.0 + 0.1 * 1.0)) for p in teacher.values())
+    # a training forward updates it once more, an eval forward does not
+    model.eval()
+    model(_batch(tok), _ctx(tok))
+    assert all(torch.allclose(p, torch.full_like(p, 2.8)) for p in teacher.values())
+
+
+def test_enqueue_writes_whole_batches_at_the_pointer_and_wraps(tok):
+    model = _model(tok, queue_size=8)
+    feats = [F.normalize(torch.randn(4, 32), dim=1) for _ in range(3)]
+    for i, f in enumerate(feats):
+        model.enqueue(f, -f, torch.arange(4) + 10 * i)
+    assert int(model.queue_ptr) == 4  # 0 -> 4 -> 0 -> 4
+    assert torch.equal(model.image_queue[:, :4], feats[2].t()) and torch.equal(model.image_queue[:, 4:], feats[1].t())
+    assert torch.equal(model.text_queue[:, :4], -feats[2].t())
+    assert model.idx_queue.tolist() == [20, 21, 22, 23, 10, 11, 12, 13]
+    with pytest.raises(ValueError, match="queue_size 8 must be a multiple of the global batch 3"):
+        model.enqueue(feats[0][:3], feats[0][:3], torch.arange(3))
+    with pytest.raises(ValueError, match="multiple of the global batch 6"):
+        FAMILY.prepare(AlbefConfig.tiny(vocab_size=10, queue_size=8), 5, 6)  # refused before training starts
+
+
+def test_a_training_forward_scores_against_the_queue_then_enqueues(tok):
+    model = _model(tok, queue_size=8, same_video="positive")
+    before = model.text_queue.clone()
+    out = model(_batch(tok, ids=(5, 5, 6, 7)), _ctx(tok))
+    assert isinstance(out, AlbefOutput) and out.itc_i2t.shape == (4, 4 + 8) and out.itm_logits.shape == (12, 2)
+    with torch.no_grad():  # the student's text columns: momentum batch features, then the queue as it was
+        image_feat, _ = model.online.encode_video(_batch(tok).video)
+    assert torch.allclose(out.itc_i2t[:, 4:], image_feat @ before / out.temp, atol=1e-5)
+    # clips 0 and 1 are one clip: each other's positive; the queue's ids (-1 at start) never are
+    assert out.itc_positives[:, :4].tolist()[0] == [True, True, False, False] and not out.itc_positives[:, 4:].any()
+    assert model.idx_queue[:4].tolist() == [5, 5, 6, 7] and int(model.queue_ptr) == 4
+    assert int(model.steps) == 1
+
+
+# --------------------------------------------------------------------------- distillation
+
+
+def test_alpha_ramps_linearly_over_the_first_steps():
+    assert [distill.alpha_at(s, 0.4, 4) for s in range(6)] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.4])
+    assert distill.alpha_at(0, 0.4, 0) == 0.4
+    with pytest.raises(ValueError):
+        distill.alpha_at(-1, 0.4, 4)
+    cfg = FAMILY.prepare(AlbefConfig.tiny(vocab_size=10, queue_size=8, alpha_ramp_steps=-1), 7, 4)
+    assert cfg.alpha_ramp_steps == 7  # -1 = one epoch of batches
+    with pytest.raises(ValueError, match="prepare"):
+        Albef(AlbefConfig.tiny(vocab_size=10, queue_size=8, alpha_ramp_steps=-1)).alpha()
+
+
+def test_itc_targets_mix_the_teacher_and_the_truth():
+    teacher = torch.tensor([[0.0, math.log(3.0)], [math.log(3.0), 0.0]])  # softmax rows: [1/4, 3/4], [3/4, 1/4]
+    targets = distill.itc_targets(teacher, torch.eye(2, dtype=torch.bool), alpha=0.4)
+    assert targets.flatten().tolist() == pytest.approx([0.4 * 0.25 + 0.6, 0.4 * 0.75, 0.4 * 0.75, 0.4 * 0.25 + 0.6])
+    two = distill.itc_targets(torch.zeros(1, 4), torch.tensor([[True, True, False, False]]), alpha=0.0)
+    assert two.tolist() == [[0.5, 0.5, 0.0, 0.0]]  # several positives share the truth (ALBEF fine-tuning)
+    with pytest.raises(ValueError, match="positive in every row"):
+        distill.itc_targets(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), 0.4)
+
+
+def test_the_paper_and_code_forms_differ_by_the_teacher_entropy_with_the_same_gradient():
+    gen = torch.Generator().manual_seed(0)
+    student = torch.randn(3, 5, generator=gen, requires_grad=True)
+    teacher = torch.randn(3, 5, generator=gen)
+    positives = torch.eye(3, 5, dtype=torch.bool)
+    grads, values = {}, {}
+    for form in ("paper", "code"):
+        loss = distill.itc_distill_loss(student, student, teacher, teacher, positives, 0.4, form=form)
+        (grads[form],) = torch.autograd.grad(loss, student)
+        values[form] = float(loss.detach())
+    q = teacher.softmax(dim=1)
+    entropy = float(-(q * q.log()).sum(dim=1).mean())
+    assert values["code"] - values["paper"] == pytest.approx(0.4 * entropy, rel=1e-5)
+    assert torch.allclose(grads["paper"], grads["code"])
+    # by hand: -sum(mix * log_softmax(student)) averaged over rows, mix = 0.4 q + 0.6 one-hot
+    mix = 0.4 * q + 0.6 * positives.float()
+    assert values["code"] == pytest.approx(float(-(mix * student.detach().log_softmax(1)).sum(1).mean()), rel=1e-6)
+
+
+def test_mlm_distillation_by_hand():
+    logits = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])  # (1, 2, 3)
+    labels = torch.tensor([[-100, 1]])  # only position 1 is masked
+    teacher = torch.tensor([[[0.0, 0.0, 0.0], [0.0, 0.0, math.log(2.0)]]])  # q = [1/4, 1/4, 1/2] there
+    p = torch.tensor([0.0, 1.0, 0.0]).log_softmax(0)
+    q = torch.tensor([0.25, 0.25, 0.5])
+    hard, soft_ce = float(-p[1]), float(-(q * p).sum())
+    kl = soft_ce - float(-(q * q.log()).sum())
+    assert float(distill.mlm_distill_loss(logits, labels, teacher, 0.4)) == pytest.approx(0.6 * hard + 0.4 * kl)
+    assert float(distill.mlm_distill_loss(logits, labels, teacher, 0.4, form="code")) == pytest.approx(
+        0.6 * hard + 0.4 * soft_ce
+    )
+    assert float(distill.mlm_distill_loss(logits, labels, None, 0.4)) == pytest.approx(hard)
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def test_every_trainable_parameter_learns_and_no_momentum_parameter_does(tok):
+    model = _model(tok, alpha_ramp_steps=0)  # alpha 0.4 from the first step: the distillation terms are live
+    out = albef_step(model, _batch(tok), _ctx(tok))
+    assert {k for k in out if k.startswith("loss_")} == {"loss_itc", "loss_itm", "loss_mlm"}
+    assert float(out["alpha"]) == pytest.approx(0.4) and float(out["temp"]) == pytest.approx(0.07)
+    out["loss"].backward()
+    no_grad = [
+        n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.isfinite().all())
+    ]
+    assert not no_grad, no_grad
+    assert all(p.grad is None and not p.requires_grad for p in model.momentum.parameters())
+    from vlp.train.optim import OptimConfig, build_optimizer
+
+    opt = build_optimizer(model, OptimConfig(lr=1e-3))
+    in_opt = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert not any(id(p) in in_opt for p in model.momentum.parameters())
+
+
+def test_a_few_steps_reduce_the_contrastive_loss(tok):
+    """ITC learns. From random init every clip (and every caption) gets nearly the same feature (cosine 0.95-0.99
+    here), so a 0.995-momentum teacher's columns stay alike and ITC sits at ln(B) for many steps; a teacher that
+    follows the student (momentum 0) shows the objective itself learning within 20 steps."""
+    model = _model(tok, queue_size=0, losses=("itc",), distill=False, momentum=0.0)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    batch, curve = _batch(tok), []
+    for step in range(20):
+        out = albef_step(model, batch, _ctx(tok, step))
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+        curve.append(float(out["loss_itc"].detach()))
+    assert sum(curve[-4:]) < 0.8 * sum(curve[:4]), curve
+
+
+def test_config_errors_are_clear(tok):
+    with pytest.raises(ValueError, match="pem is ALPRO's"):
+        AlbefConfig.tiny(vocab_size=10, losses=("itc", "pem"))
+    with pytest.raises(ValueError, match="PEM is ALPRO's"):
+        FAMILY.config(ModelConfig(family="albef"), 100, num_entities=5)
+    cfg = FAMILY.config(ModelConfig(family="albef", queue_size=16, embed_dim=32), len(tok))
+    assert cfg.losses == ("itc", "mlm", "itm") and cfg.pixel_mean == pytest.approx((0.48145466, 0.4578275, 0.40821073))
+    assert FAMILY.config_from_dict(json.loads(json.dumps(__import__("dataclasses").asdict(cfg)))) == cfg
+    with pytest.raises(NotImplementedError, match="answer decoder"):
+        FAMILY.build("albef_qa", cfg, 3)
+    model = _model(tok)
+    with pytest.raises(ValueError, match="no vocabulary"):
+        model(_batch(tok), StepContext())
+
+
+def test_the_losses_are_a_function_of_the_outputs(tok):
+    model = _model(tok, alpha_ramp_steps=0)
+    ctx = _ctx(tok)
+    torch.manual_seed(1)
+    out = model(_batch(tok), ctx)
+    parts = {k: float(v.detach()) for k, v in albef_losses(out).items()}
+    assert parts["loss"] == pytest.approx(parts["loss_itc"] + parts["loss_itm"] + parts["loss_mlm"])
+    expected_itc = distill.itc_distill_loss(
+        out.itc_i2t, out.itc_t2i, out.itc_i2t_m, out.itc_t2i_m, out.itc_positives, 0.4
+    )
+    assert parts["loss_itc"] == pytest.approx(float(expected_itc))
+
+
+# --------------------------------------------------------------------------- through the steps
+
+
+ALBEF = ["model.family=albef", "model.queue_size=8", "model.momentum=0.9"]
+
+
+@pytest.fixture(scope="module")
+def pretrained(tiny_world, tmp_path_factory) -> dict[str, str]:
+    """A 3-step ALBEF pre-training on the tiny world (no prompter, no prompt bank)."""
+    from vlp.config import load_config
+    from vlp.steps.pretrain import pretrain
+
+    out = str(tmp_path_factory.mktemp("albef") / "albef")
+    summary = pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", out, load_config(TINY, ALBEF))
+    return dict(tiny_world, albef=out, summary=summary)
+
+
+def test_pretrain_step_writes_an_albef_model_directory(pretrained):
+    from safetensors.torch import load_file
+
+    from vlp.models import directory
+
+    info = directory.describe(pretrained["albef"])
+    assert (info.kind, info.family.name) == ("albef", "albef") and info.config.queue_size == 8
+    assert set(pretrained["summary"]["metrics"]) >= {
+        "train/loss_itc",
+        "train/loss_itm",
+        "train/loss_mlm",
+        "train/alpha",
+    }
+    # alpha ramps over one epoch of the tiny world's batches (batch 4), and the checkpoint holds the queues
+    assert info.config.alpha_ramp_steps >= 1 and 0 < pretrained["summary"]["metrics"]["train/alpha"] <= 0.4
+    weights = load_file(f"{info.checkpoint}/model.safetensors")
+    assert {"image_queue", "text_queue", "idx_queue", "queue_ptr", "steps"} <= set(weights)
+    assert int(weights["steps"]) == 3 and int(weights["queue_ptr"]) == (3 * 4) % 8
+    model = info.load()
+    assert torch.equal(model.text_queue, weights["text_queue"])
+
+
+def test_resume_continues_exactly_including_the_queues(tiny_world, tmp_path):
+    """A run that lost everything after its step-2 checkpoint resumes there and ends byte-identical."""
+    import shutil
+
+    from vlp.config import load_config
+    from vlp.steps.pretrain import pretrain
+
+    cfg = load_config(TINY, [*ALBEF, "pretrain.max_steps=4", "pretrain.ckpt_every=2"])
+    last = Path("checkpoints") / "step-000004"
+    for out in ("straight", "resumed"):
+        pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / out), cfg)
+    shutil.rmtree(tmp_path / "resumed" / last)  # as if killed after the step-2 checkpoint
+    (tmp_path / "resumed" / "model.json").unlink()
+    again = pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / "resumed"), cfg)
+    assert again["resumed_from_step"] == 2 and again["steps"] == 4
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        assert (tmp_path / "resumed" / last / name).read_bytes() == (tmp_path / "straight" / last / name).read_bytes()
+
+
+def test_zero_shot_fine_tune_and_evaluate_through_the_shared_steps(pretrained, tmp_path):
+    from vlp.config import load_config
+    from vlp.models import directory
+    from vlp.steps.evaluate import evaluate_retrieval
+    from vlp.steps.finetune import finetune_retrieval
+
+    cfg = load_config(TINY, [*ALBEF, "retrieval.same_video_vtc=positive"])
+    ds, fr = pretrained["dataset"], pretrained["frames"]
+    zero = evaluate_retrieval(ds, fr, pretrained["albef"], str(tmp_path / "zs"), cfg)
+    assert zero["model_kind"] == "albef" and zero["metrics"]["pairs_scored"] > 0  # ITM re-ranks the ITC top-k
+    ft = str(tmp_path / "ret")
+    summary = finetune_retrieval(ds, fr, pretrained["albef"], ft, cfg)
+    info = directory.describe(ft)
+    assert info.kind == "albef_retrieval" and info.config.losses == ("itc", "itm")
+    assert info.config.same_video == "positive" and summary["metrics"]["train/alpha"] < 0.4  # ramp restarted
+    m = evaluate_retrieval(ds, fr, ft, str(tmp_path / "eval"), cfg)["metrics"]
+    assert m["chance_t2v_r1"] > 0 and 0 <= m["t2v_r1"] <= 100 and "vtc_t2v_r1" in m and "vtm_loss" in m
