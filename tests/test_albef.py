@@ -290,3 +290,72 @@ def test_zero_shot_fine_tune_and_evaluate_through_the_shared_steps(pretrained, t
     assert info.config.same_video == "positive" and summary["metrics"]["train/alpha"] < 0.4  # ramp restarted
     m = evaluate_retrieval(ds, fr, ft, str(tmp_path / "eval"), cfg)["metrics"]
     assert m["chance_t2v_r1"] > 0 and 0 <= m["t2v_r1"] <= 100 and "vtc_t2v_r1" in m and "vtm_loss" in m
+
+
+def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
+    """Two ALBEF steps on this rank's half of a batch of 8, global ITM negatives; saves the queues and weights."""
+    import faulthandler
+    import os
+
+    from safetensors.torch import save_file
+
+    from vlp.train import distributed
+
+    torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(240, exit=True)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2")  # fmt: skip
+    distributed.init_from_env("gloo", timeout_s=120)
+    tok = train_wordpiece(CAPTIONS * 4, vocab_size=60)
+    torch.manual_seed(0)
+    model = Albef(AlbefConfig.tiny(vocab_size=len(tok), queue_size=16, itm_negatives_from="global"))
+    ddp = distributed.wrap_ddp(model)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    enc = tok(CAPTIONS * 2, padding="max_length", truncation=True, max_length=10, return_tensors="pt")
+    video = torch.randn(8, 2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
+    mine = slice(4 * rank, 4 * rank + 4)
+    batch = PretrainBatch(video[mine], enc["input_ids"][mine], enc["attention_mask"][mine])
+    ctx = StepContext(
+        vocab=TextVocab.of(tok), gather=distributed.all_gather_with_grad, gather_nograd=distributed.all_gather_no_grad,
+        rank=rank, world=2, generator=torch.Generator().manual_seed(rank),
+    )  # fmt: skip
+    torch.manual_seed(100 + rank)  # dropout differs per rank, as in training
+    for _ in range(2):
+        out = albef_step(ddp, batch, ctx)
+        opt.zero_grad()
+        out["loss"].backward()
+        opt.step()
+    state = {
+        k: v.detach().contiguous()
+        for k, v in model.state_dict().items()
+        if not k.startswith("online.text.embeddings.position_ids")
+    }
+    save_file(state, str(Path(out_dir) / f"rank{rank}.safetensors"))
+    distributed.cleanup()
+
+
+@pytest.mark.slow
+def test_two_processes_keep_identical_queues_and_momentum_models(tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.set_forkserver_preload(["torch", "torch._dynamo", "torch.nn.parallel"])
+    mp.start_processes(_ddp_worker, args=(port, str(tmp_path)), nprocs=2, join=True, start_method="forkserver")
+    a, b = (load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(2))
+    assert a.keys() == b.keys()
+    different = [k for k in a if not torch.equal(a[k], b[k])]
+    assert not different, different  # queues, pointer, step counter, online and momentum weights
+    assert int(a["queue_ptr"]) == 0 and int(a["steps"]) == 2  # 2 steps x a global batch of 8 fill the 16 slots
+    # both ranks' features reached the queue: no column is left from the initial noise, all are distinct
+    tok = train_wordpiece(CAPTIONS * 4, vocab_size=60)
+    torch.manual_seed(0)
+    noise = Albef(AlbefConfig.tiny(vocab_size=len(tok), queue_size=16)).image_queue
+    queue = a["image_queue"]
+    assert not (queue[:, :, None] == noise[:, None, :]).all(dim=0).any()
+    assert len({tuple(col.tolist()) for col in queue.t()}) == 16
+    assert torch.allclose(queue.norm(dim=0), torch.ones(16), atol=1e-5)
