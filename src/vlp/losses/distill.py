@@ -24,7 +24,15 @@ from torch import Tensor
 
 from vlp.losses.mlm import IGNORE_INDEX
 
-__all__ = ["alpha_at", "itc_distill_loss", "itc_targets", "mlm_distill_loss", "soft_cross_entropy"]
+__all__ = [
+    "alpha_at",
+    "answer_lm_loss",
+    "answer_log_likelihood",
+    "itc_distill_loss",
+    "itc_targets",
+    "mlm_distill_loss",
+    "soft_cross_entropy",
+]
 
 Form = Literal["paper", "code"]
 
@@ -121,3 +129,42 @@ def mlm_distill_loss(
     if form == "paper":
         soft = soft - _entropy(q).mean()
     return (1.0 - alpha) * hard + alpha * soft
+
+
+def _shifted(logits: Tensor, ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Next-token view of an answer: logits at positions ``0..L-2``, targets ``1..L-1``, which targets are real."""
+    if logits.shape[:2] != ids.shape or ids.shape != mask.shape:
+        raise ValueError(f"logits {tuple(logits.shape)}, ids {tuple(ids.shape)}, mask {tuple(mask.shape)} disagree")
+    return logits[:, :-1].float(), ids[:, 1:], mask[:, 1:].bool()
+
+
+def answer_log_likelihood(logits: Tensor, ids: Tensor, mask: Tensor) -> Tensor:
+    """``(N,)`` log-probability of each answer under the decoder: the sum over its real tokens after the first
+    (ALBEF's ``rank_answer`` scores candidates by this)."""
+    pred, target, real = _shifted(logits, ids, mask)
+    token = pred.log_softmax(dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (N, L-1)
+    return (token * real).sum(dim=1)
+
+
+def answer_lm_loss(
+    logits: Tensor,
+    ids: Tensor,
+    mask: Tensor,
+    teacher_logits: Tensor | None = None,
+    alpha: float = 0.0,
+    *,
+    form: Form = "paper",
+) -> Tensor:
+    """ALBEF's answer-generation loss: per answer, the sum over its tokens of ``(1 - alpha) CE(token, p) + alpha
+    KL(q || p)`` (``q`` the momentum decoder's next-token distribution; ``form="code"``: CE(q, p)), averaged over
+    answers (ALBEF weights each answer by its share of annotators; here every question has one answer, weight 1).
+    """
+    pred, target, real = _shifted(logits, ids, mask)
+    hard = -(pred.log_softmax(dim=-1).gather(-1, target.unsqueeze(-1)).squeeze(-1) * real).sum(dim=1)  # (N,)
+    if teacher_logits is None or alpha == 0.0:
+        return hard.mean()
+    q = F.softmax(teacher_logits[:, :-1].float(), dim=-1)
+    soft = -(q * pred.log_softmax(dim=-1)).sum(dim=-1)  # (N, L-1)
+    if form == "paper":
+        soft = soft - _entropy(q)
+    return ((1.0 - alpha) * hard + alpha * (soft * real).sum(dim=1)).mean()

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 from vlp import losses
 from vlp.losses import distill
 from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, TextVocab
-from vlp.models.layers.cross import CrossFusionEncoder
+from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
 from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
 
@@ -73,6 +73,8 @@ class AlbefConfig:
     # shares the target with the own pair and is never an ITM negative ("positive", ALBEF retrieval fine-tuning,
     # with the clip-id queue)
     same_video: Literal["negative", "positive"] = "negative"
+    answer_len: int = 8  # QA: answer tokens incl. [CLS] / [SEP] (the answer list's token ids are model buffers)
+    answer_topk: int = 128  # QA: candidates the decoder scores per question, by first-token probability (code)
     pixel_mean: tuple[float, float, float] = CLIP_MEAN
     pixel_std: tuple[float, float, float] = CLIP_STD
 
@@ -130,14 +132,17 @@ class AlbefConfig:
 class Towers(nn.Module):
     """One set of ALBEF's weights: visual and text towers, projections, fusion, MLM head (online or momentum)."""
 
-    def __init__(self, cfg: AlbefConfig, *, load: bool) -> None:
+    def __init__(self, cfg: AlbefConfig, *, load: bool, projections: bool = True, mlm: bool | None = None) -> None:
         super().__init__()
         self.visual = FrameViT(cfg.video if load else replace(cfg.video, init=""))
         self.text = TextEncoder(cfg.text)
-        self.vision_proj = nn.Linear(self.visual.width, cfg.embed_dim)
-        self.text_proj = nn.Linear(cfg.text.width, cfg.embed_dim)
-        self.fusion = CrossFusionEncoder(cfg.text, visual_width=self.visual.width) if cfg.fused else None
-        self.mlm_head = MLMHead(cfg.text, self.text.word_embeddings) if "mlm" in cfg.losses else None
+        if projections:  # ITC's (QA has no use for them)
+            self.vision_proj = nn.Linear(self.visual.width, cfg.embed_dim)
+            self.text_proj = nn.Linear(cfg.text.width, cfg.embed_dim)
+        fused = cfg.fused or not projections
+        self.fusion = CrossFusionEncoder(cfg.text, visual_width=self.visual.width) if fused else None
+        with_mlm = "mlm" in cfg.losses if mlm is None else mlm
+        self.mlm_head = MLMHead(cfg.text, self.text.word_embeddings) if with_mlm else None
         if load and cfg.text.init:  # BERT layers 1..6 -> text, 7..12 -> fusion (cross-attention stays random)
             load_bert_weights(self.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head)
 
@@ -218,6 +223,115 @@ def itm_logits(model: Albef, text_tokens: Tensor, text_mask: Tensor, visual_toke
     if model.itm_head is None:
         raise ValueError(f"this ALBEF has no ITM head: it was built for losses {list(model.cfg.losses)}")
     return model.itm_head(model.fuse(text_tokens, text_mask, visual_tokens).cls)
+
+
+class AlbefQA(nn.Module):
+    """ALBEF for open-ended video QA (ALBEF §5, VQA as generation): the question fused with the clip, an answer
+    decoder started from the fusion layers, trained with the answers' LM loss (distilled from a momentum copy when
+    ``distill``), answering by ranking the ``answer_topk`` candidates of the answer list that the decoder's first
+    token prefers by their full likelihood (ALBEF ``rank_answer``)."""
+
+    def __init__(self, cfg: AlbefConfig, num_answers: int) -> None:
+        super().__init__()
+        if num_answers < 1:
+            raise ValueError(f"AlbefQA needs at least one answer, got {num_answers}")
+        self.cfg = cfg
+        self.online = Towers(cfg, load=False, projections=False, mlm=False)
+        self.decoder = AnswerDecoder(cfg.text, states_width=cfg.text.width)
+        self.momentum = self.momentum_decoder = None
+        if cfg.distill:
+            self.momentum = Towers(cfg, load=False, projections=False, mlm=False).requires_grad_(False)
+            self.momentum_decoder = AnswerDecoder(cfg.text, states_width=cfg.text.width).requires_grad_(False)
+        self.register_buffer("answer_ids", torch.zeros(num_answers, cfg.answer_len, dtype=torch.long))
+        self.register_buffer("answer_mask", torch.zeros(num_answers, cfg.answer_len, dtype=torch.long))
+        self.register_buffer("steps", torch.zeros((), dtype=torch.long))
+
+    def sync_momentum(self) -> None:
+        """The momentum copies start equal to the online weights (after those are loaded)."""
+        if self.momentum is not None:
+            self.momentum.load_state_dict(self.online.state_dict())
+            self.momentum_decoder.load_state_dict(self.decoder.state_dict())
+
+    @torch.no_grad()
+    def momentum_update(self) -> None:
+        m = self.cfg.momentum
+        pairs = [(self.online, self.momentum), (self.decoder, self.momentum_decoder)]
+        for online, teacher in pairs:
+            for p, q in zip(online.parameters(), teacher.parameters(), strict=True):
+                q.mul_(m).add_(p.detach(), alpha=1.0 - m)
+
+    def set_answers(self, answers: list[str], tokenizer: Any) -> None:
+        """Tokenise the answer list into the ``answer_ids`` / ``answer_mask`` buffers (saved with the weights)."""
+        enc = tokenizer(answers, padding="max_length", truncation=True, max_length=self.cfg.answer_len,
+                        return_tensors="pt")  # fmt: skip
+        if enc["input_ids"].shape != self.answer_ids.shape:
+            raise ValueError(f"{len(answers)} answers do not fit the {tuple(self.answer_ids.shape)} answer buffer")
+        self.answer_ids.copy_(enc["input_ids"])
+        self.answer_mask.copy_(enc["attention_mask"])
+
+    def _question(self, towers: Towers, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        visual = towers.visual(video)
+        text = towers.text(input_ids, attention_mask)
+        return towers.fusion(text.tokens, attention_mask, visual.tokens).tokens  # (B, Lq, C)
+
+    def forward(
+        self, video: Tensor, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
+    ) -> AlbefQAOutput | Tensor:
+        """Training (``labels``: answer indices): :class:`AlbefQAOutput` for :func:`albef_qa_losses`. Inference:
+        ``(B, A)`` answer scores, the candidates' log-likelihoods and ``-inf`` for answers not ranked."""
+        states = self._question(self.online, video, input_ids, attention_mask)
+        if labels is None:
+            return self.rank_answers(states, attention_mask)
+        alpha = 0.0
+        if self.cfg.distill:
+            if self.cfg.alpha_ramp_steps < 0:
+                raise ValueError("alpha_ramp_steps=-1 (one epoch) must be resolved first: family.prepare(config, ...)")
+            alpha = distill.alpha_at(int(self.steps), self.cfg.alpha, self.cfg.alpha_ramp_steps)
+        if self.training:
+            self.steps.add_(1)
+        ids, mask = self.answer_ids[labels], self.answer_mask[labels]
+        logits = self.decoder(ids, mask, states, attention_mask)
+        teacher = None
+        if self.cfg.distill:
+            with torch.no_grad():
+                if self.training:
+                    self.momentum_update()
+                states_m = self._question(self.momentum, video, input_ids, attention_mask)
+                teacher = self.momentum_decoder(ids, mask, states_m, attention_mask)
+        return AlbefQAOutput(logits=logits, answer_ids=ids, answer_mask=mask, teacher=teacher, alpha=alpha)
+
+    @torch.no_grad()
+    def rank_answers(self, states: Tensor, states_mask: Tensor) -> Tensor:
+        """``(B, A)``: the top-``answer_topk`` answers by first-token probability, scored by their likelihood."""
+        b, a = states.shape[0], self.answer_ids.shape[0]
+        k = min(self.cfg.answer_topk, a)
+        start = self.answer_ids[:1, :1].expand(b, 1)  # the [CLS] every answer starts with
+        first = self.decoder(start, torch.ones_like(start), states, states_mask)[:, 0].float().log_softmax(-1)
+        first_prob = first.gather(1, self.answer_ids[:, 1][None, :].expand(b, a))  # (B, A)
+        top = first_prob.topk(k, dim=1).indices  # (B, k)
+        ids, mask = self.answer_ids[top].flatten(0, 1), self.answer_mask[top].flatten(0, 1)  # (B*k, La)
+        rep = lambda x: x.repeat_interleave(k, dim=0)  # noqa: E731
+        logits = self.decoder(ids, mask, rep(states), rep(states_mask))
+        scores = distill.answer_log_likelihood(logits, ids, mask).view(b, k)
+        out = torch.full((b, a), float("-inf"), device=states.device)
+        return out.scatter(1, top, scores)
+
+
+@dataclass
+class AlbefQAOutput:
+    """One training forward of :class:`AlbefQA`: decoder logits of each question's answer (and the teacher's)."""
+
+    logits: Tensor  # (B, La, V)
+    answer_ids: Tensor  # (B, La)
+    answer_mask: Tensor  # (B, La)
+    teacher: Tensor | None
+    alpha: float
+
+
+def albef_qa_losses(out: AlbefQAOutput) -> dict[str, Tensor]:
+    """The answer LM loss (distilled when the output has a teacher) and its alpha."""
+    loss = distill.answer_lm_loss(out.logits, out.answer_ids, out.answer_mask, out.teacher, out.alpha)
+    return {"loss": loss, "loss_qa": loss.detach(), "alpha": torch.tensor(out.alpha)}
 
 
 @dataclass
@@ -456,14 +570,14 @@ class AlbefFamily:
         if kind in (self.kinds.pretrained, self.kinds.retrieval):
             return Albef(config)
         if kind == self.kinds.qa:
-            raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+            return AlbefQA(config, num_answers)
         raise ValueError(f"ALBEF has no {kind!r} model; its kinds are {self.kinds.all()}")
 
     def task_config(self, config: AlbefConfig, task: Task, section: Any) -> AlbefConfig:
         """Retrieval fine-tuning: ITC + ITM (the section's losses, ALPRO names mapped) with distillation, and the
         section's negative and same-clip rules."""
-        if task == "qa":
-            raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+        if task == "qa":  # the code ramps alpha over the first QA epoch too
+            return replace(config, alpha_ramp_steps=-1, answer_len=getattr(section, "answer_len", config.answer_len))
         names = {"vtc": "itc", "vtm": "itm"}
         return replace(
             config,
@@ -482,18 +596,36 @@ class AlbefFamily:
         return config
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
-        """Every weight, the momentum model and the queues from the starting model; alpha's ramp restarts."""
-        from vlp.train.checkpoint import load_pretrained_weights
+        """Retrieval: every weight, the momentum model and the queues from the starting model. QA: the towers and
+        the fusion, the answer decoder as a copy of the fusion (and its LM head from the MLM head), as ALBEF's VQA
+        does; the momentum copies start equal. Alpha's ramp restarts."""
+        from vlp.train.checkpoint import load_pretrained_weights, read_model_weights
 
-        skipped = load_pretrained_weights(checkpoint, model)
+        if task == "retrieval":
+            skipped = load_pretrained_weights(checkpoint, model)
+        else:
+            new = ("decoder.", "momentum_decoder.", "momentum.", "answer_ids", "answer_mask")
+            skipped = load_pretrained_weights(checkpoint, model, allow_missing=new)
+            mlm = {k.removeprefix("online.mlm_head."): v for k, v in read_model_weights(checkpoint).items()
+                   if k.startswith("online.mlm_head.")}  # fmt: skip
+            model.decoder.init_from(model.online.text, model.online.fusion, mlm)
+            model.sync_momentum()
         model.steps.zero_()
         return skipped
+
+    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
+        model.set_answers(answers, tokenizer)
+
+    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
+        out = model(batch["video"], batch["input_ids"], batch["attention_mask"], batch["label"])
+        return albef_qa_losses(out)
 
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
         return albef_step(model, batch, ctx)
 
     def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        raise NotImplementedError("ALBEF video QA (the answer decoder) is not built yet; see issue 13")
+        """``(B, A)``: the ranked candidates' log-likelihoods, ``-inf`` elsewhere (a softmax gives ALBEF's scores)."""
+        return model(video, input_ids, attention_mask)
 
     def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
         feat, out = model.online.encode_video(video)

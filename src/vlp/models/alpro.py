@@ -523,6 +523,17 @@ class AlproFamily:
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
         return alpro_step(model, batch, ctx)
 
+    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
+        """Nothing to do: the classifier's rows are the answers, in ``answers.json``'s order."""
+
+    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
+        """Cross-entropy of the answer classifier (ALPRO §4.1)."""
+        logits = model(batch["video"], batch["input_ids"], batch["attention_mask"])
+        label = batch["label"].to(logits.device)
+        loss = F.cross_entropy(logits, label)
+        acc = (logits.argmax(-1) == label).float().mean()
+        return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
+
     def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return model(video, input_ids, attention_mask)
 

@@ -21,7 +21,9 @@ The contract, in the order a model's life uses it:
   the checkpoint entries it skipped).
 - ``train_step(model, batch, ctx)`` -> ``{"loss": ..., "loss_<term>": ...}`` for one pre-training or
   retrieval fine-tuning batch (the module's ``forward`` returns typed outputs; the family's loss functions
-  take them); ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores, also what fine-tuning trains.
+  take them); ``set_answers(model, answers, tokenizer)`` gives a QA model its answer list, ``qa_step(model,
+  batch, ctx)`` is one QA fine-tuning step's losses (ALPRO: a classifier's cross-entropy; ALBEF: the answer
+  decoder's LM loss), ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores at evaluation.
 - ``encode_video`` / ``encode_text`` -> :class:`Encoded`; ``similarity(model, texts, videos)`` -> the ``(T, V)``
   unimodal score matrix that ranks candidates; ``pair_logits(model, text_tokens, text_mask, video_tokens)`` ->
   ``(P, 2)`` match logits of a fused re-ranking pass, used when ``reranks(model)`` (a dot-product family
@@ -146,6 +148,10 @@ class Family(Protocol):
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]: ...
 
     def train_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict[str, Tensor]: ...
+
+    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None: ...
+
+    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]: ...
 
     def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor: ...
 

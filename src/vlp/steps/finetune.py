@@ -17,7 +17,6 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from vlp.config import Config
 from vlp.data.video_text import (
@@ -168,10 +167,12 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
 
 
 def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
-    """Fine-tune a pre-trained ALPRO for open-ended QA: cross-entropy over the ``qa.answer_vocab`` answers."""
+    """Fine-tune a pre-trained model for open-ended QA over the ``qa.answer_vocab`` most frequent answers (ALPRO: a
+    classifier's cross-entropy; ALBEF: an answer decoder that ranks them)."""
 
     def work() -> StepResult:
         from vlp.eval.qa import build_answer_vocab
+        from vlp.models.family import StepContext, TextVocab
         from vlp.train import distributed
 
         distributed.init_from_env()
@@ -187,11 +188,16 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             raise ValueError(f"none of the {total} training answers is in the {len(answers)}-answer vocabulary")
         data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
+        section = with_max_steps(cfg.qa, len(data))
+        batch = min(section.batch_size, len(data) // distributed.world_size())
+        per_epoch = max(1, len(data) // distributed.world_size() // max(1, batch) // section.grad_accum)
+        model_cfg = fam.prepare(model_cfg, per_epoch, batch * distributed.world_size())
+        tok = start.tokenizer()
         seed_model_init(cfg.qa.seed)
         model = fam.build(fam.kinds.qa, model_cfg, len(answers))
         fam.init_from(model, start.checkpoint, "qa")
+        fam.set_answers(model, answers, tok)
         model.to(device())
-        tok = start.tokenizer()
         length = text_length(cfg.qa, model_cfg)
 
         def fetch(indices: list[int]) -> dict[str, torch.Tensor]:
@@ -204,14 +210,11 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
                 "label": torch.tensor([index[it["answer"]] for it in items]),
             }
 
-        def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            logits = fam.qa_logits(m, batch["video"], batch["input_ids"], batch["attention_mask"])
-            label = batch["label"].to(logits.device)
-            loss = F.cross_entropy(logits, label)
-            acc = (logits.argmax(-1) == label).float().mean()
-            return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
+        ctx = StepContext(vocab=TextVocab.of(tok), rank=distributed.rank(), world=distributed.world_size())
 
-        section = with_max_steps(cfg.qa, len(data))
+        def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+            return fam.qa_step(m, batch, ctx)
+
         batches = _batches(data, section, fetch)
         result = train_model(model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok)
         directory.save(

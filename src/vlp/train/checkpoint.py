@@ -416,6 +416,11 @@ def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> No
         raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
 
 
+def read_model_weights(uri: str) -> dict[str, Tensor]:
+    """The tensors of checkpoint directory ``uri``'s ``model.safetensors`` (CPU), by name."""
+    return _read_safetensors(storage.join(uri, MODEL_FILE))[0]
+
+
 def load_pretrained_weights(uri: str, model: nn.Module, *, allow_missing: tuple[str, ...] = ()) -> list[str]:
     """Start ``model`` from checkpoint directory ``uri`` of a related model (pre-trained -> fine-tuned).
 

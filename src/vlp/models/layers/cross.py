@@ -20,12 +20,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers.masking_utils import create_bidirectional_mask
-from transformers.models.bert.modeling_bert import BertAttention, BertIntermediate, BertOutput
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput
 
-from vlp.models.text import TextConfig, init_bert_weights
+from vlp.models.text import MLMHead, TextConfig, init_bert_weights
 
-__all__ = ["CrossAttentionLayer", "CrossFusionEncoder", "CrossFusionOutput"]
+__all__ = ["AnswerDecoder", "CrossAttentionLayer", "CrossFusionEncoder", "CrossFusionOutput"]
 
 
 class CrossAttentionLayer(nn.Module):
@@ -42,10 +42,11 @@ class CrossAttentionLayer(nn.Module):
         self.intermediate = BertIntermediate(bert)
         self.output = BertOutput(bert)
 
-    def forward(self, x: Tensor, self_mask: Tensor | None, visual: Tensor) -> Tensor:
-        """``(B, L, C)`` text, its 4-D self-attention mask (or None), ``(B, S, Cv)`` visual tokens -> ``(B, L, C)``."""
+    def forward(self, x: Tensor, self_mask: Tensor | None, visual: Tensor, cross_mask: Tensor | None = None) -> Tensor:
+        """``(B, L, C)`` queries, their 4-D self-attention mask (or None), ``(B, S, Cv)`` keys/values and their 4-D
+        mask (None: all real) -> ``(B, L, C)``."""
         x, _ = self.attention(x, self_mask)
-        x, _ = self.crossattention(x, None, visual, None)
+        x, _ = self.crossattention(x, None, visual, cross_mask)
         return self.output(self.intermediate(x), x)
 
 
@@ -95,3 +96,46 @@ class CrossFusionEncoder(nn.Module):
             else:
                 x = layer(x, mask, visual)
         return CrossFusionOutput(tokens=x, attention_mask=text_mask)
+
+
+class AnswerDecoder(nn.Module):
+    """ALBEF's answer decoder for open-ended QA (§5, VQA): BERT embeddings, ``num_layers`` layers of causal
+    self-attention, cross-attention to the fused question and feed-forward, and an LM head tied to its word
+    embeddings. ALBEF starts it as a copy of the multimodal encoder (:meth:`init_from`)."""
+
+    def __init__(self, cfg: TextConfig, *, states_width: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.bert_config = cfg.to_bert_config()
+        self.embeddings = BertEmbeddings(self.bert_config)
+        self.layers = nn.ModuleList(CrossAttentionLayer(cfg, i, states_width) for i in range(cfg.fusion_layers))
+        self.lm_head = MLMHead(cfg, self.embeddings.word_embeddings)
+        init_bert_weights(self, cfg.init_std)
+
+    @torch.no_grad()
+    def init_from(self, text: nn.Module, fusion: CrossFusionEncoder, mlm: dict[str, Tensor] | None = None) -> None:
+        """Embeddings from the text encoder, layer ``i`` from fusion layer ``i`` (self-attention, cross-attention
+        where the widths agree, feed-forward), the LM head's transform and bias from ``mlm`` (an MLM head's
+        ``transform.*`` / ``bias`` tensors) when given."""
+        self.embeddings.load_state_dict(text.embeddings.state_dict())
+        for mine, theirs in zip(self.layers, fusion.layers, strict=True):
+            source = theirs.state_dict()
+            target = mine.state_dict()
+            mine.load_state_dict({k: source[k] if source[k].shape == v.shape else v for k, v in target.items()})
+        if mlm:
+            self.lm_head.load_state_dict({k: v for k, v in mlm.items() if k != "decoder_weight"}, strict=False)
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, states: Tensor, states_mask: Tensor) -> Tensor:
+        """``(N, La)`` answer ids / mask, ``(N, Lq, C)`` fused question states / mask -> ``(N, La, V)`` logits of the
+        next token at every position."""
+        x = self.embeddings(input_ids=input_ids)
+        causal = create_causal_mask(
+            config=self.bert_config, inputs_embeds=x, attention_mask=attention_mask, cache=None,
+            allow_is_causal_skip=False,
+        )  # fmt: skip
+        cross = create_bidirectional_mask(
+            config=self.bert_config, inputs_embeds=x, attention_mask=states_mask, encoder_hidden_states=states
+        )
+        for layer in self.layers:
+            x = layer(x, causal, states.to(x.dtype), cross)
+        return self.lm_head(x)
