@@ -78,27 +78,27 @@ def build_prompt_bank(
 def pretrain(
     dataset: Input[Dataset],
     frames: Input[Dataset],
-    prompter: Input[Model],
-    bank: Input[Model],
     model: Output[Model],
     config: str,
     overrides: list[str],
+    prompter: Input[Model] = None,
+    bank: Input[Model] = None,
     family: str = "alpro",
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
 ) -> None:
-    """Pre-train a video-language model of ``family`` (ALPRO: VTC + PEM + MLM + VTM).
+    """Pre-train a video-language model of ``family`` (ALPRO: VTC + PEM + MLM + VTM; ALBEF: ITC + MLM + ITM).
 
     Args:
         dataset: The ingested dataset.
         frames: The extracted frames.
-        prompter: The pretrain_prompter output (PEM pseudo-labels).
-        bank: The build_prompt_bank output.
         model: ``model.json``, ``tokenizer/``, ``checkpoints/``, ``metrics.jsonl``.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        family: Model family (``alpro``).
+        prompter: The pretrain_prompter output (ALPRO's PEM pseudo-labels; none for ALBEF).
+        bank: The build_prompt_bank output (ALPRO).
+        family: Model family (``alpro``, ``albef``).
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
@@ -106,9 +106,11 @@ def pretrain(
     from components._runtime import Step, location, output_location, pretrain_fn
 
     step = pretrain_fn(family)
-    ds, fr, pr, bk = location(dataset), location(frames), location(prompter), location(bank)
+    ds, fr = location(dataset), location(frames)
+    pr, bk = (location(prompter), location(bank)) if prompter is not None else ("", "")
     out = output_location(model, data_root)
-    cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr, "--prompter", pr, "--prompt-bank", bk]
+    cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr]
+    cli += ["--prompter", pr, "--prompt-bank", bk] if pr else []
     run = Step("pretrain", config, [*overrides, f"model.family={family}"], kfp_run_id, nproc).run
     run(lambda cfg: step(ds, fr, pr, bk, out, cfg), [*cli, "--out", out], out)
 

@@ -1,12 +1,14 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
-# PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster.
-# With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="family=alpro data_root=s3://bucket/vlp"
+# PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG.
+# With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
 KFP_EXPERIMENT ?= vlp
 PARAMS ?=
+FAMILY ?= alpro
+PRETRAIN_PIPELINE = $(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY))
 PIPELINE_OUT ?= runs/pipeline-local
 PIPELINE_DATA_ROOT ?=
 CRON ?= 0 0 3 * * *
@@ -20,13 +22,13 @@ SUBMIT_ARGS = --host "$(KFP_HOST)" --namespace "$(KFP_NAMESPACE)" --experiment "
 pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/*.yaml (commit the result)
 	$(PY) -m pipelines.compile
 
-pipeline-run: $(STAMP) ## Whole DAG: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
+pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
-	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) $(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") \
-		$(foreach p,$(PARAMS),--param '$(p)')
+	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --family $(FAMILY) \
+		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)')
 else
 	$(PY) -m pipelines.compile
-	$(SUBMIT) run --pipeline pretrain $(SUBMIT_ARGS)
+	$(SUBMIT) run --pipeline $(PRETRAIN_PIPELINE) $(SUBMIT_ARGS)
 endif
 
 schedule-eval: $(STAMP) ## Create/replace the recurring re-evaluation run: KFP_HOST=URL [CRON="0 0 3 * * *" SCHEDULE_NAME=..] PARAMS="test_dataset=s3://.. test_frames=s3://.."

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from pipelines import pretrain, reevaluate
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
 BUILDERS: dict[str, Callable[[pipeline_config.PipelineConfig], Any]] = {
     "pretrain": pretrain.build,
+    "pretrain-albef": functools.partial(pretrain.build, family="albef"),
     "reevaluate": reevaluate.build,
 }
 

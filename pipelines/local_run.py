@@ -8,8 +8,9 @@ the MLflow parent run (with one nested run per step) to open::
     python -m pipelines.local_run [--out runs/pipeline-local] [--param key=value ...] [section.key=value ...]
 
 ``--param`` sets a pipeline parameter as ``make pipeline-run PARAMS="..."`` does on a cluster (same names and
-YAML values, checked against the compiled pipeline's inputs, e.g. ``family=alpro`` or ``data_root=s3://b/p``);
-``overrides`` given as a parameter are added after the trailing ones.
+YAML values, checked against the compiled pipeline's inputs, e.g. ``register_alias=x`` or ``data_root=s3://b/p``);
+``overrides`` given as a parameter are added after the trailing ones. ``--family albef`` runs ALBEF's DAG
+(no prompter, entities or prompt bank).
 """
 
 import argparse
@@ -35,6 +36,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(pipeline_config.CONFIG_DIR / "local.yaml"), help="pipeline config")
     parser.add_argument("--step-config", default=None, help="vlp step config (default: the pipeline config's)")
     parser.add_argument("--source-uri", default="", help="raw dataset to ingest instead of a fresh synthetic world")
+    parser.add_argument("--family", default="alpro", choices=pretrain.FAMILIES, help="which pre-training DAG")
     parser.add_argument(
         "--data-root", default=None, help="s3:// prefix for large outputs (default: the pipeline config's data_root)"
     )
@@ -52,8 +54,10 @@ def run(
     source_uri: str = "",
     data_root: str | None = None,
     params: dict[str, Any] | None = None,
+    family: str = "alpro",
 ) -> dict[str, Any]:
-    """Run the DAG locally into ``out``; returns ``{"outputs": {task: {name: path}}, "mlflow": {...}}``.
+    """Run ``family``'s pre-training DAG locally into ``out``; returns ``{"outputs": {task: {name: path}},
+    "mlflow": {...}}``.
 
     With ``data_root`` (e.g. ``s3://bucket/prefix``; default: the pipeline config's) the large outputs go there
     and the local artifacts keep ``LOCATION`` pointers; storage settings come from the ``AWS_*`` environment,
@@ -79,7 +83,7 @@ def run(
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
         arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
         arguments["overrides"] = [*tracking, *overrides, *(params or {}).get("overrides", [])]
-        pretrain.build(cfg)(**arguments)
+        pretrain.build(cfg, family)(**arguments)
     new_dirs = sorted(set((run_dir / "kfp").glob("*")) - before)
     return {"outputs": list_outputs(new_dirs[-1]), "mlflow": mlflow_summary(sqlite_uri(run_dir))}
 
@@ -130,11 +134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from pipelines.submit import SubmitError, parse_params
 
     try:
-        params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / "pretrain.yaml")
+        name = "pretrain" if args.family == "alpro" else f"pretrain-{args.family}"
+        params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / f"{name}.yaml")
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
         return 2
-    result = run(args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params)
+    result = run(
+        args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, args.family
+    )
     print("\n=== outputs (task -> artifact) ===")
     for task, items in result["outputs"].items():
         for name, path in items.items():

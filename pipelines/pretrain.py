@@ -1,7 +1,7 @@
-"""The pre-training DAG (``vlp-pretrain``).
+"""The pre-training DAGs (``vlp-pretrain`` for ALPRO, ``vlp-pretrain-albef`` for ALBEF).
 
-synth (or an existing raw dataset) -> ingest -> extract_frames, mine_entities -> pretrain_prompter ->
-build_prompt_bank -> pretrain (model ``family``) -> finetune_retrieval -> evaluate_retrieval and
+synth (or an existing raw dataset) -> ingest -> extract_frames, [ALPRO: mine_entities -> pretrain_prompter ->
+build_prompt_bank] -> pretrain (the DAG's model family) -> finetune_retrieval -> evaluate_retrieval and
 finetune_qa -> evaluate_qa in parallel -> report. An MLflow parent run opens first and an exit handler
 closes it FINISHED or FAILED. Per-step resources, images, caching and retries come from a
 :class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
@@ -16,6 +16,12 @@ from components import data, evaluation, reporting, training
 from pipelines.config import PipelineConfig, configure, nproc
 
 NAME = "vlp-pretrain"
+FAMILIES = ("alpro", "albef")  # one compiled pre-training DAG each: pretrain.yaml, pretrain-albef.yaml
+
+
+def name_of(family: str) -> str:
+    """The pipeline's name for a model family (``vlp-pretrain`` is ALPRO's)."""
+    return NAME if family == "alpro" else f"{NAME}-{family}"
 
 
 def downstream_enabled(cfg: PipelineConfig) -> bool:
@@ -25,41 +31,46 @@ def downstream_enabled(cfg: PipelineConfig) -> bool:
     return all(importlib.util.find_spec(f"vlp.steps.{m}") is not None for m in ("finetune", "evaluate"))
 
 
-def build(cfg: PipelineConfig) -> Any:
-    """The ``vlp-pretrain`` pipeline for ``cfg``."""
+def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
+    """The pre-training pipeline of ``family`` for ``cfg``: ALPRO's has the prompter, its entities and its prompt
+    bank before pre-training; ALBEF's pre-trains straight from the frames."""
+    if family not in FAMILIES:
+        raise ValueError(f"no pre-training DAG for model family {family!r}; choose one of {FAMILIES}")
     downstream = downstream_enabled(cfg)
+    steps = "prompter -> prompt bank -> " if family == "alpro" else ""
 
-    @dsl.pipeline(name=NAME, description="vlp pre-training: data -> prompter -> prompt bank -> pretrain -> eval")
+    @dsl.pipeline(name=name_of(family), description=f"vlp pre-training ({family}): data -> {steps}pretrain -> eval")
     def vlp_pretrain(
         config: str = cfg.step_config,
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
         source_uri: str = "",
-        family: str = "alpro",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",
     ) -> None:
         """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
-        source_uri = raw dataset to ingest ("" = a fresh synthetic world); family = model family;
-        data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias = alias of new models."""
+        source_uri = raw dataset to ingest ("" = a fresh synthetic world); data_root = s3:// prefix for large
+        outputs ("" = KFP artifacts); register_alias = alias of new models."""
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
         stored = {**common, "data_root": data_root}
         finish = configure(reporting.finish_run(**common), cfg, "finish_run")
         with dsl.ExitHandler(finish, name="tracked-run"):
-            start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("pretrain"))
+            start = reporting.start_run(**common, pipeline=name_of(family), image=cfg.image("pretrain"))
             configure(start, cfg, "start_run")
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
             ds = configure(data.ingest(raw=raw.outputs["raw"], **stored), cfg, "ingest").outputs["dataset"]
             fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
-            ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
-            prompter = training.pretrain_prompter(
-                dataset=ds, frames=fr, **stored, nproc=nproc(cfg, "pretrain_prompter")
-            )
-            pr = configure(prompter, cfg, "pretrain_prompter").outputs["prompter"]
-            bank = training.build_prompt_bank(prompter=pr, entities=ent, **stored)
-            bk = configure(bank, cfg, "build_prompt_bank").outputs["bank"]
+            inputs: dict[str, Any] = {}
+            if family == "alpro":
+                ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
+                prompter = training.pretrain_prompter(
+                    dataset=ds, frames=fr, **stored, nproc=nproc(cfg, "pretrain_prompter")
+                )
+                pr = configure(prompter, cfg, "pretrain_prompter").outputs["prompter"]
+                bank = training.build_prompt_bank(prompter=pr, entities=ent, **stored)
+                inputs = {"prompter": pr, "bank": configure(bank, cfg, "build_prompt_bank").outputs["bank"]}
             model = training.pretrain(
-                dataset=ds, frames=fr, prompter=pr, bank=bk, family=family, **stored, nproc=nproc(cfg, "pretrain")
+                dataset=ds, frames=fr, **inputs, family=family, **stored, nproc=nproc(cfg, "pretrain")
             )
             pretrained = configure(model, cfg, "pretrain").outputs["model"]
             branches = _downstream(cfg, ds, fr, pretrained, stored) if downstream else {}

@@ -213,7 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--package", default="", help="compiled pipeline YAML (default: pipelines/compiled/<pipeline>)")
         if name != "reevaluate":
             default = "reevaluate" if name == "schedule" else "pretrain"
-            p.add_argument("--pipeline", default=default, choices=["pretrain", "reevaluate"], help="which pipeline")
+            choices = ["pretrain", "pretrain-albef", "reevaluate"]
+            p.add_argument("--pipeline", default=default, choices=choices, help="which pipeline")
         if name == "schedule":
             p.add_argument("--name", required=True, help="recurring run name (an existing one is replaced)")
             p.add_argument("--cron", required=True, help="6 fields, seconds first, e.g. '0 0 3 * * *'")

@@ -51,3 +51,22 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
 def test_local_run_checks_params_like_a_cluster_submission(capsys) -> None:
     assert local_run.main(["--param", "no_such_param=1"]) == 2
     assert "unknown parameter 'no_such_param'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
+    """ALBEF's DAG: no prompter, entities or prompt bank; the same fine-tune / evaluate / report branches."""
+    tiny = str(CONFIG_DIR.parents[1] / "configs" / "tiny.yaml")
+    result = local_run.run(tmp_path / "run", step_config=tiny, overrides=["model.queue_size=8"], family="albef")
+    outputs = result["outputs"]
+    assert not {"mine-entities", "pretrain-prompter", "build-prompt-bank"} & set(outputs)
+    from vlp.models import directory
+
+    assert directory.describe(outputs["pretrain"]["model"]).kind == "albef"
+    steps = ["synth", "ingest", "extract-frames", "pretrain"]
+    if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
+        steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
+        assert directory.describe(outputs["finetune-qa"]["model"]).kind == "albef_qa"
+    tracked = result["mlflow"]
+    assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
+    assert Path(outputs["report"]["summary"]).read_text().startswith("# vlp pipeline run")

@@ -40,7 +40,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["pretrain", "reevaluate"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate"])
 def test_committed_yaml_matches_the_code(compiled: Path, name: str) -> None:
     fresh = (compiled / f"{name}.yaml").read_text(encoding="utf-8")
     committed = (COMPILED / f"{name}.yaml").read_text(encoding="utf-8")
@@ -78,7 +78,7 @@ def test_gpu_steps_carry_the_configured_kubernetes_settings(compiled: Path) -> N
 
 
 def test_every_component_is_a_lightweight_python_component_without_runtime_installs(compiled: Path) -> None:
-    for name in ("pretrain", "reevaluate"):
+    for name in ("pretrain", "pretrain-albef", "reevaluate"):
         spec, _ = _docs(compiled / f"{name}.yaml")
         for executor in spec["deploymentSpec"]["executors"].values():
             if "container" not in executor:  # the importer
@@ -97,7 +97,7 @@ def _container_executors(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: e["container"] for name, e in spec["deploymentSpec"]["executors"].items() if "container" in e}
 
 
-@pytest.mark.parametrize("name", ["pretrain", "reevaluate"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate"])
 def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: Path, name: str) -> None:
     cfg = pipeline_config.load()
     spec, platform = _docs(compiled / f"{name}.yaml")
@@ -110,7 +110,7 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         "MLFLOW_TRACKING_URI": cfg.tracking_uri,
     }
     containers = _container_executors(spec)
-    assert len(containers) >= (13 if name == "pretrain" else 6)
+    assert len(containers) >= {"pretrain": 13, "pretrain-albef": 10, "reevaluate": 6}[name]
     for executor, container in containers.items():
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env == want_env, executor
@@ -373,7 +373,7 @@ def test_submit_run_sends_the_compiled_spec_and_params(fake_kfp: tuple[str, dict
     token = tmp_path / "token"
     token.write_text("sa-token-123")
     argv = ["run", "--host", host, "--namespace", "team-a", "--experiment", "nightly", "--token-path", str(token)]
-    params = ["--param", "family=alpro", "--param", "overrides=[pretrain.max_steps=5]"]
+    params = ["--param", "register_alias=nightly", "--param", "overrides=[pretrain.max_steps=5]"]
     assert submit.main([*argv, *params]) == 2, "no data_root: checkpoints would live in the pods, refused"
     assert not [r for r in state["requests"] if r["path"] == "/apis/v2beta1/runs"]
     assert submit.main([*argv, *params, "--param", "data_root=s3://bkt/vlp"]) == 0
@@ -382,7 +382,7 @@ def test_submit_run_sends_the_compiled_spec_and_params(fake_kfp: tuple[str, dict
     body = runs[0]["body"]
     assert _spec_name(body) == "vlp-pretrain"
     assert body["runtime_config"]["parameters"] == {
-        "family": "alpro", "overrides": ["pretrain.max_steps=5"], "data_root": "s3://bkt/vlp",
+        "register_alias": "nightly", "overrides": ["pretrain.max_steps=5"], "data_root": "s3://bkt/vlp",
     }  # fmt: skip
     assert submit.main([*argv, *params, "--allow-pod-local-checkpoints"]) == 0  # accepted on request
     experiment = state["experiments"][0]
@@ -430,3 +430,24 @@ def test_schedule_creates_then_replaces_by_name(fake_kfp: tuple[str, dict[str, A
     with pytest.raises(submit.SubmitError, match="6, seconds first"):
         submit.schedule(client, package, "bad", "0 3 * * *", params, "reeval", "ml")
     assert len(state["recurring"]) == 2
+
+
+def test_the_albef_dag_pretrains_straight_from_the_frames(compiled: Path) -> None:
+    """ALBEF's DAG has no prompter, entities or prompt bank; its pretrain task is told the family."""
+    spec, _ = _docs(compiled / "pretrain-albef.yaml")
+    assert spec["pipelineInfo"]["name"] == "vlp-pretrain-albef"
+    tasks = set(_task_names_of(spec))
+    assert {"synth", "ingest", "extract-frames", "pretrain", "finetune-retrieval", "finetune-qa", "report"} <= tasks
+    assert not tasks & {"mine-entities", "pretrain-prompter", "build-prompt-bank"}
+    alpro, _ = _docs(compiled / "pretrain.yaml")
+    assert {"mine-entities", "pretrain-prompter", "build-prompt-bank"} <= set(_task_names_of(alpro))
+    pretrain_task = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["pretrain"]
+    assert pretrain_task["inputs"]["parameters"]["family"]["runtimeValue"]["constant"] == "albef"
+    assert "prompter" not in pretrain_task["inputs"].get("artifacts", {})
+
+
+def _task_names_of(spec: dict[str, Any]) -> list[str]:
+    names = list(spec["root"]["dag"]["tasks"])
+    for component in spec["components"].values():
+        names += list(component.get("dag", {}).get("tasks", {}))
+    return names
