@@ -1,9 +1,9 @@
-"""Step: ``import-checkpoint``, released ALPRO weights -> a vlp model directory.
+"""Step: ``import-checkpoint``, released ALPRO or ALBEF weights -> a vlp model directory.
 
 The output is what ``finetune-*`` and ``evaluate-*`` accept (:mod:`vlp.models.directory`): ``model.json``
 (kind, config read from the shapes, lineage: the file and its SHA-256), ``tokenizer/``, ``weights/`` and, for
 QA, ``answers.json``; plus ``import_report.json``, which lists every source key that has no place in the model
-and why. See :mod:`vlp.models.import_alpro` for the formats.
+and why. See :mod:`vlp.models.import_alpro` and :mod:`vlp.models.import_albef` for the formats.
 """
 
 from __future__ import annotations
@@ -59,8 +59,11 @@ def import_checkpoint(
     text_heads: int = 0,
     fusion_layers: int = 0,
     max_len: int = 40,
+    family: str = "auto",
+    num_frames: int = 4,
 ) -> StepResult:
-    """Turn an ALPRO (salesforce/ALPRO or LAVIS) checkpoint into a vlp model directory at ``out``.
+    """Turn an ALPRO or ALBEF (salesforce/ALPRO, salesforce/ALBEF or LAVIS) checkpoint into a vlp model directory
+    at ``out``.
 
     Args:
         source: the checkpoint file (local or ``s3://``; ``.pt``/``.pth``/``.bin`` or ``.safetensors``).
@@ -75,37 +78,41 @@ def import_checkpoint(
         video_heads, text_heads: attention heads; 0 = width / 64 (12 for ALPRO's ViT-B and BERT-base).
         fusion_layers: BERT layers that fuse; 0 = half (ALPRO: 6 of 12).
         max_len: text length the fine-tuning and evaluation steps use by default (released configs: 40).
+        family: ``alpro``, ``albef`` or ``auto`` (from the keys: a ViT directly under ``visual_encoder.`` is
+            ALBEF's). For ALBEF, ``fmt`` is ``albef`` / ``lavis`` / ``auto`` and ``kind`` ``albef`` (pre-trained,
+            with the MLM head) / ``albef_retrieval`` / ``auto``; the fusion split is read from the
+            cross-attention keys (``fusion_layers`` is ignored).
+        num_frames: ALBEF only: frames per clip its (zero) time embedding is sized for.
     """
 
-    def work() -> StepResult:
-        from vlp.models import alpro
-        from vlp.models import import_alpro as imp
+    def _import_albef(state: dict[str, Any], sha: str) -> StepResult:
+        from vlp.models import albef, import_albef
+
+        chosen_fmt = import_albef.detect_format(state) if fmt == "auto" else fmt
+        chosen_kind = import_albef.detect_kind(state) if kind == "auto" else kind
+        if chosen_fmt not in import_albef.FORMATS or chosen_kind not in import_albef.KINDS:
+            raise ValueError(
+                f"an ALBEF checkpoint's format must be one of {import_albef.FORMATS} or auto, its kind one of "
+                f"{import_albef.KINDS} or auto; got {fmt!r} / {kind!r}"
+            )
+        if answers:
+            raise ValueError("--answers is for ALPRO QA checkpoints; an ALBEF import builds no QA model")
+        model_cfg = import_albef.infer_config(
+            state, chosen_kind, video_heads=video_heads, text_heads=text_heads, num_frames=num_frames, max_len=max_len
+        )
+        seed_model_init(0)
+        model = albef.FAMILY.build(chosen_kind, model_cfg)
+        weights, report = import_albef.map_state_dict(
+            state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
+        )
+        return _write(chosen_fmt, chosen_kind, model_cfg, weights, report, sha, None)
+
+    def _write(
+        chosen_fmt: str, chosen_kind: str, model_cfg: Any, weights: Any, report: Any, sha: str, answer_list: Any
+    ) -> StepResult:
         from vlp.models.tokenizer import load_tokenizer
         from vlp.train.checkpoint import save_model_weights
 
-        state, sha = imp.read_checkpoint(source)
-        chosen_fmt = imp.detect_format(state) if fmt == "auto" else fmt
-        chosen_kind = imp.detect_kind(state) if kind == "auto" else kind
-        if chosen_fmt not in imp.FORMATS or chosen_kind not in imp.KINDS:
-            raise ValueError(f"format must be one of {imp.FORMATS} or auto, kind one of {imp.KINDS} or auto")
-        model_cfg = imp.infer_config(
-            state,
-            chosen_kind,
-            video_heads=video_heads,
-            text_heads=text_heads,
-            fusion_layers=fusion_layers,
-            max_len=max_len,
-        )
-        answer_list = None
-        if chosen_kind == "alpro_qa":
-            if not answers:
-                raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
-            answer_list = read_answers(answers, int(state["classifier.2.weight"].shape[0]))
-        seed_model_init(0)  # the parts a file lacks (LAVIS QA's unused projections) start the same every import
-        model = alpro.FAMILY.build(chosen_kind, model_cfg, len(answer_list or []))
-        weights, report = imp.map_state_dict(
-            state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
-        )
         tok = load_tokenizer(tokenizer)
         directory.check_vocab(tok, model_cfg, repr(tokenizer))
         ckpt = save_model_weights(storage.join(out, WEIGHTS_DIR), weights)  # every model key, as mapped
@@ -133,5 +140,38 @@ def import_checkpoint(
         if answer_list is not None:
             result["answers"] = len(answer_list)
         return result
+
+    def work() -> StepResult:
+        from vlp.models import alpro, import_albef
+        from vlp.models import import_alpro as imp
+
+        state, sha = imp.read_checkpoint(source)
+        if family not in ("auto", "alpro", "albef"):
+            raise ValueError(f"family must be alpro, albef or auto, got {family!r}")
+        if family == "albef" or (family == "auto" and import_albef.is_albef(state)):
+            return _import_albef(state, sha)
+        chosen_fmt = imp.detect_format(state) if fmt == "auto" else fmt
+        chosen_kind = imp.detect_kind(state) if kind == "auto" else kind
+        if chosen_fmt not in imp.FORMATS or chosen_kind not in imp.KINDS:
+            raise ValueError(f"format must be one of {imp.FORMATS} or auto, kind one of {imp.KINDS} or auto")
+        model_cfg = imp.infer_config(
+            state,
+            chosen_kind,
+            video_heads=video_heads,
+            text_heads=text_heads,
+            fusion_layers=fusion_layers,
+            max_len=max_len,
+        )
+        answer_list = None
+        if chosen_kind == "alpro_qa":
+            if not answers:
+                raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
+            answer_list = read_answers(answers, int(state["classifier.2.weight"].shape[0]))
+        seed_model_init(0)  # the parts a file lacks (LAVIS QA's unused projections) start the same every import
+        model = alpro.FAMILY.build(chosen_kind, model_cfg, len(answer_list or []))
+        weights, report = imp.map_state_dict(
+            state, model.state_dict(), chosen_kind, chosen_fmt, model_cfg.text.text_layers
+        )
+        return _write(chosen_fmt, chosen_kind, model_cfg, weights, report, sha, answer_list)
 
     return run_step("import_checkpoint", out, cfg, "model", work)
