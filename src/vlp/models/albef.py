@@ -40,7 +40,16 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.losses import distill
-from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, TextVocab
+from vlp.models.family import (
+    Encoded,
+    Kinds,
+    PretrainBatch,
+    StepContext,
+    Task,
+    TextVocab,
+    generator_on,
+    preset_weights,
+)
 from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
 from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
@@ -458,7 +467,7 @@ def _itm(
         sim = pool_image @ pool_text.t() / out.temp  # (P, P): images x momentum texts, as the code's sim[:, :B]
         exclude = pool_idx[:, None] == pool_idx[None, :] if same_clip else None
         neg_t, neg_v = losses.sample_hard_negatives(
-            sim, sim.t(), _on(ctx.generator, sim), mode=cfg.itm_negatives, hard_fraction=cfg.itm_hard_fraction,
+            sim, sim.t(), generator_on(ctx.generator, sim), mode=cfg.itm_negatives, hard_fraction=cfg.itm_hard_fraction,
             exclude=exclude,
         )  # fmt: skip
         rows = torch.arange(b, device=sim.device) + offset
@@ -499,25 +508,10 @@ def _mlm(
     return logits, labels, teacher
 
 
-def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:
-    return generator if generator is None or generator.device == like.device else None
-
-
 # --------------------------------------------------------------------------- the family
 
 
 PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
-RANDOM = "random"
-
-
-def resolved_inits(model: Any) -> tuple[str, str]:
-    """``(visual, text)`` weight sources of a ``model`` config section: the preset's unless set; ``""`` = random."""
-    preset = PRESET_WEIGHTS[model.preset]
-
-    def pick(value: str, default: str) -> str:
-        return default if not value else "" if value == RANDOM else value
-
-    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
 
 
 class AlbefFamily:
@@ -528,13 +522,13 @@ class AlbefFamily:
     default_losses = LOSS_TERMS
 
     def weights(self, model: Any) -> tuple[str, str]:
-        return resolved_inits(model)
+        return preset_weights(model, PRESET_WEIGHTS)
 
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
         """The ALBEF config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
-        video_init, text_init = resolved_inits(model)
+        video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
         frames["temporal"] = model.temporal
         if model.preset == "tiny":

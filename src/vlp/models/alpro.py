@@ -36,7 +36,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
-from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, TextVocab
+from vlp.models.family import (
+    Encoded,
+    Kinds,
+    PretrainBatch,
+    StepContext,
+    Task,
+    TextVocab,
+    generator_on,
+    preset_weights,
+)
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
 
@@ -344,7 +353,7 @@ def _vtm(
         sim = video_feat @ text_feat.t() / temp  # (B, B) local similarities
         cfg = model.cfg
         neg_t, neg_v = losses.sample_hard_negatives(
-            sim, sim.t(), _on(generator, sim), mode=cfg.vtm_negatives, hard_fraction=cfg.vtm_hard_fraction,
+            sim, sim.t(), generator_on(generator, sim), mode=cfg.vtm_negatives, hard_fraction=cfg.vtm_hard_fraction,
             exclude=exclude,
         )  # fmt: skip
     t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
@@ -409,11 +418,6 @@ def _video_index(batch: PretrainBatch) -> Tensor:
     return batch.video_index.to(batch.input_ids.device)
 
 
-def _on(generator: torch.Generator | None, like: Tensor) -> torch.Generator | None:
-    """The generator if it lives on ``like``'s device, else None (CUDA tensors need a CUDA generator)."""
-    return generator if generator is None or generator.device == like.device else None
-
-
 # --------------------------------------------------------------------------- the family
 
 
@@ -423,17 +427,6 @@ PRESET_WEIGHTS = {
     "small": ("", ""),
     "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
 }
-RANDOM = "random"  # model.video_init / text_init: random init even where the preset names weights
-
-
-def resolved_inits(model: Any) -> tuple[str, str]:
-    """``(video, text)`` weight sources of a ``model`` config section: its preset's unless set; ``""`` = random."""
-    preset = PRESET_WEIGHTS[model.preset]
-
-    def pick(value: str, default: str) -> str:
-        return default if not value else "" if value == RANDOM else value
-
-    return pick(model.video_init, preset[0]), pick(model.text_init, preset[1])
 
 
 def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) -> tuple[Any, Any]:
@@ -454,11 +447,11 @@ class AlproFamily:
 
     def weights(self, model: Any) -> tuple[str, str]:
         """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""
-        return resolved_inits(model)
+        return preset_weights(model, PRESET_WEIGHTS)
 
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlproConfig:
         """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
-        video_init, text_init = resolved_inits(model)
+        video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         if model.preset == "tiny":
             video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
             text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)

@@ -166,6 +166,25 @@ class Family(Protocol):
     def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor: ...
 
 
+RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
+
+
+def preset_weights(model: Any, presets: dict[str, tuple[str, str]]) -> tuple[str, str]:
+    """``(visual, text)`` weight sources of a ``model`` config section: ``presets[model.preset]`` unless
+    ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in a preset, is random init."""
+
+    def pick(value: str, default: str) -> str:
+        return default if not value else "" if value == RANDOM else value
+
+    video, text = presets[model.preset]
+    return pick(model.video_init, video), pick(model.text_init, text)
+
+
+def generator_on(generator: Any, like: Tensor) -> Any:
+    """``generator`` if it lives on ``like``'s device, else None (a CUDA tensor's draws need a CUDA generator)."""
+    return generator if generator is None or generator.device == like.device else None
+
+
 def families() -> dict[str, Family]:
     """The plain mapping from a family's name to it (each module imported on first use)."""
     from vlp.models import albef, alpro
