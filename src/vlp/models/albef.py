@@ -41,12 +41,12 @@ from torch import Tensor, nn
 from vlp import losses
 from vlp.losses import distill
 from vlp.models.family import (
-    Encoded,
     Kinds,
     PretrainBatch,
     StepContext,
     Task,
     TextVocab,
+    TwoTowerMethods,
     generator_on,
     preset_weights,
 )
@@ -514,7 +514,7 @@ def _mlm(
 PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
 
 
-class AlbefFamily:
+class AlbefFamily(TwoTowerMethods):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"
@@ -617,20 +617,8 @@ class AlbefFamily:
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
         return albef_step(model, batch, ctx)
 
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """``(B, A)``: the ranked candidates' log-likelihoods, ``-inf`` elsewhere (a softmax gives ALBEF's scores)."""
-        return model(video, input_ids, attention_mask)
-
-    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
-        feat, out = model.online.encode_video(video)
-        return Encoded(feat, out.tokens)
-
-    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        feat, out = model.online.encode_text(input_ids, attention_mask)
-        return Encoded(feat, out.tokens, out.attention_mask)
-
-    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
-        return texts.feat @ videos.feat.t()
+    def towers(self, model: nn.Module) -> Any:
+        return model.online
 
     def reranks(self, model: nn.Module) -> bool:
         return getattr(model, "itm_head", None) is not None

@@ -37,12 +37,12 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.models.family import (
-    Encoded,
     Kinds,
     PretrainBatch,
     StepContext,
     Task,
     TextVocab,
+    TwoTowerMethods,
     generator_on,
     preset_weights,
 )
@@ -438,7 +438,7 @@ def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) 
     return video, text
 
 
-class AlproFamily:
+class AlproFamily(TwoTowerMethods):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
@@ -527,20 +527,8 @@ class AlproFamily:
         acc = (logits.argmax(-1) == label).float().mean()
         return {"loss": loss, "loss_qa": loss.detach(), "train_acc": acc.detach()}
 
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return model(video, input_ids, attention_mask)
-
-    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
-        feat, out = model.dual.encode_video(video)
-        return Encoded(feat, out.tokens)
-
-    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        feat, out = model.dual.encode_text(input_ids, attention_mask)
-        return Encoded(feat, out.tokens, out.attention_mask)
-
-    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
-        """Cosine similarity of the projected [CLS] features (what VTC trains and LAVIS adds to the VTM logit)."""
-        return texts.feat @ videos.feat.t()
+    def towers(self, model: nn.Module) -> Any:
+        return model.dual
 
     def reranks(self, model: nn.Module) -> bool:
         """Whether VTM re-ranks: a model trained without VTM ranks by similarity alone."""

@@ -166,6 +166,30 @@ class Family(Protocol):
     def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor: ...
 
 
+class TwoTowerMethods:
+    """The evaluation methods of a family whose module keeps its unimodal towers behind :meth:`towers` (an object
+    whose ``encode_video`` / ``encode_text`` return ``(unit-norm feature, output with .tokens)``), ranks by the
+    cosine similarity of the features, and whose QA module's forward returns the answer scores (ALPRO, ALBEF)."""
+
+    def towers(self, model: nn.Module) -> Any:
+        raise NotImplementedError
+
+    def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
+        feat, out = self.towers(model).encode_video(video)
+        return Encoded(feat, out.tokens)
+
+    def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
+        feat, out = self.towers(model).encode_text(input_ids, attention_mask)
+        return Encoded(feat, out.tokens, out.attention_mask)
+
+    def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
+        """Cosine similarity of the projected [CLS] features (what the contrastive loss trains)."""
+        return texts.feat @ videos.feat.t()
+
+    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return model(video, input_ids, attention_mask)
+
+
 RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
 
 

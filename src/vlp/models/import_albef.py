@@ -30,7 +30,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.import_alpro import CLIP_MEAN, CLIP_STD, CheckpointFormatError, ImportReport, read_checkpoint
+from vlp.models.import_alpro import (
+    CLIP_MEAN,
+    CLIP_STD,
+    CheckpointFormatError,
+    ImportReport,
+    check_mapping,
+    read_checkpoint,
+)
 
 __all__ = [
     "FORMATS",
@@ -291,24 +298,8 @@ def map_state_dict(
             out[name] = torch.zeros_like(target[name]) - (1 if name == "idx_queue" else 0)
             report.kept_init.append(f"{name} ({_filled(name, fmt)})")
     missing = sorted(set(target) - set(out))
-    if unknown or missing or shapes:
-        raise CheckpointFormatError(
-            f"this {fmt} checkpoint does not map onto a vlp {kind!r} model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"{len(unknown)} unknown source keys {_few(unknown)}" if unknown else "",
-                    f"{len(missing)} model keys the file lacks {_few(missing)}" if missing else "",
-                    f"{len(shapes)} shape mismatches {_few(shapes)}" if shapes else "",
-                )
-                if part
-            )
-        )
+    check_mapping(fmt, kind, unknown, missing, shapes)
     return out, report
-
-
-def _few(items: list[str], n: int = 6) -> str:
-    return str(sorted(items)[:n]) + (" ..." if len(items) > n else "")
 
 
 def _why_unmapped(key: str, name: str | None, target: Mapping[str, Tensor]) -> str | None:

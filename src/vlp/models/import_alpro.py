@@ -332,6 +332,12 @@ def map_state_dict(
         report.kept_init = [k for k in missing if k.startswith(_UNUSED_BY_QA)]
         out |= {k: target[k].detach().clone() for k in report.kept_init}
         missing = [k for k in missing if k not in report.kept_init]
+    check_mapping(fmt, kind, unknown, missing, shapes)
+    return out, report
+
+
+def check_mapping(fmt: str, kind: str, unknown: list[str], missing: list[str], shapes: list[str]) -> None:
+    """One error that lists every source key with no place, every model key the file lacks, every bad shape."""
     if unknown or missing or shapes:
         raise CheckpointFormatError(
             f"this {fmt} checkpoint does not map onto a vlp {kind!r} model: "
@@ -345,7 +351,6 @@ def map_state_dict(
                 if part
             )
         )
-    return out, report
 
 
 def _has_part(target: Mapping[str, Tensor], name: str) -> bool:
