@@ -37,6 +37,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,22 @@ from torch.utils.checkpoint import checkpoint
 _CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 # Parameters of a timm ViT that a token encoder has no use for (classification head and its pooling norm).
 _IGNORED_PREFIXES = ("head.", "head_drop.", "fc_norm.")
+
+
+def vit_size_problems(cfg: object) -> list[str]:
+    """What is wrong with a ViT-style config's ``img_size``, ``patch_size``, ``width``, ``heads``, ``num_frames``,
+    ``depth`` and ``drop_path`` (empty when nothing is)."""
+    c: Any = cfg
+    problems = []
+    if c.patch_size < 1 or c.img_size % c.patch_size:
+        problems.append(f"img_size={c.img_size} must be a positive multiple of patch_size={c.patch_size}")
+    if c.heads < 1 or c.width % c.heads:
+        problems.append(f"width={c.width} must be divisible by heads={c.heads}")
+    if c.num_frames < 1 or c.depth < 1:
+        problems.append(f"num_frames={c.num_frames} and depth={c.depth} must be >= 1")
+    if not 0.0 <= c.drop_path < 1.0:
+        problems.append(f"drop_path={c.drop_path} must be in [0, 1)")
+    return problems
 
 
 @dataclass(frozen=True)
@@ -83,15 +100,7 @@ class TimeSformerConfig:
     time_interp: str = "linear"
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.patch_size < 1 or self.img_size % self.patch_size:
-            problems.append(f"img_size={self.img_size} must be a positive multiple of patch_size={self.patch_size}")
-        if self.heads < 1 or self.width % self.heads:
-            problems.append(f"width={self.width} must be divisible by heads={self.heads}")
-        if self.num_frames < 1 or self.depth < 1:
-            problems.append(f"num_frames={self.num_frames} and depth={self.depth} must be >= 1")
-        if not 0.0 <= self.drop_path < 1.0:
-            problems.append(f"drop_path={self.drop_path} must be in [0, 1)")
+        problems = vit_size_problems(self)
         if self.pos_interp not in ("nearest", "bilinear", "bicubic"):
             problems.append(f"pos_interp={self.pos_interp!r} must be one of 'nearest', 'bilinear', 'bicubic'")
         if self.time_interp not in ("nearest", "linear"):

@@ -31,7 +31,7 @@ from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
 from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 
-from vlp.models.layers.timesformer import read_vit_state_dict, resample_pos_embed
+from vlp.models.layers.timesformer import read_vit_state_dict, resample_pos_embed, vit_size_problems
 
 _IGNORED_PREFIXES = ("head.", "head_drop.", "fc_norm.", "head_dist.", "dist_token")
 
@@ -64,17 +64,9 @@ class FrameViTConfig:
     pos_interp: str = "bicubic"
 
     def __post_init__(self) -> None:
-        problems = []
-        if self.patch_size < 1 or self.img_size % self.patch_size:
-            problems.append(f"img_size={self.img_size} must be a positive multiple of patch_size={self.patch_size}")
-        if self.heads < 1 or self.width % self.heads:
-            problems.append(f"width={self.width} must be divisible by heads={self.heads}")
-        if self.num_frames < 1 or self.depth < 1:
-            problems.append(f"num_frames={self.num_frames} and depth={self.depth} must be >= 1")
+        problems = vit_size_problems(self)
         if self.temporal not in ("concat", "mean"):
             problems.append(f"temporal={self.temporal!r} must be 'concat' or 'mean'")
-        if not 0.0 <= self.drop_path < 1.0:
-            problems.append(f"drop_path={self.drop_path} must be in [0, 1)")
         if problems:
             raise ValueError("invalid FrameViTConfig: " + "; ".join(problems))
 
