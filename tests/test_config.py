@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -110,3 +111,27 @@ def test_cli_reports_a_broken_config_file_in_one_line(tmp_path, capsys):
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "configs" / name)
     assert isinstance(cfg, Config)
+
+
+LAYERED = sorted(p.relative_to(REPO / "configs").as_posix() for p in (REPO / "configs").glob("*/*.yaml"))
+
+
+@pytest.mark.parametrize("name", LAYERED)
+def test_every_paper_row_layers_over_the_default_config(name):
+    """configs/finetune/*.yaml (ALPRO), configs/albef/*.yaml: strict keys, and the model each row describes builds."""
+    cfg = load_config([REPO / "configs" / "default.yaml", REPO / "configs" / name])
+    if name.startswith("albef/"):
+        from vlp.models.albef import FAMILY
+
+        albef = FAMILY.config(dataclasses.replace(cfg.model, family="albef"), 30522)
+        if name == "albef/pretrain-4m.yaml":
+            assert (albef.queue_size, albef.momentum) == (65536, 0.995)
+            assert albef.video.init == "deit_base_patch16_224.fb_in1k" and albef.text.init == "bert-base-uncased"
+            assert cfg.pretrain.schedule == "cosine" and cfg.pretrain.weight_decay == 0.02
+            albef.check_queue(512)  # the paper's global batch divides the queue
+        else:
+            task = "qa" if name == "albef/vqa.yaml" else "retrieval"
+            tuned = FAMILY.task_config(albef, task, getattr(cfg, task))
+            assert tuned.alpha_ramp_steps == -1  # one epoch, resolved when the data is known
+            if task == "retrieval":
+                assert tuned.losses == ("itc", "itm") and tuned.same_video == "positive"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import pickle
 import random
@@ -164,6 +165,24 @@ def test_warmup_length_truncates_like_the_alpro_code_and_is_validated() -> None:
         build_scheduler(opt, OptimConfig(warmup_steps=11), total_steps=10)
     with pytest.raises(ValueError, match="betas"):
         OptimConfig(betas=(0.9, 1.0))
+
+
+def test_albefs_schedule_warms_up_from_a_floor_and_decays_along_a_cosine() -> None:
+    """lr 1e-4: warm-up from 1e-5 over 4 updates, cosine down to 1e-5 at update 12 (one-based, as the loop)."""
+    opt = torch.optim.AdamW([nn.Parameter(torch.zeros(1))], lr=1e-4)
+    cfg = OptimConfig(lr=1e-4, warmup_steps=4, schedule="cosine", min_lr_ratio=0.1, warmup_start_ratio=0.1)
+    sched = build_scheduler(opt, cfg, total_steps=12)
+    used = []
+    for _ in range(12):
+        used.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    warm = [1e-4 * (0.1 + 0.9 * s / 4) for s in (1, 2, 3)]
+    cosine = [1e-5 + 9e-5 * 0.5 * (1 + math.cos(math.pi * (s - 4) / 8)) for s in range(4, 13)]
+    assert used == pytest.approx(warm + cosine)
+    assert used[3] == pytest.approx(1e-4) and used[-1] == pytest.approx(1e-5)
+    with pytest.raises(ValueError, match="cosine"):
+        OptimConfig(schedule="step")
 
 
 # --------------------------------------------------------------------------- weight decay

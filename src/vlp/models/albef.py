@@ -571,7 +571,7 @@ class AlbefFamily(TwoTowerMethods):
         """Retrieval fine-tuning: ITC + ITM (the section's losses, ALPRO names mapped) with distillation, and the
         section's negative and same-clip rules."""
         if task == "qa":  # the code ramps alpha over the first QA epoch too
-            return replace(config, alpha_ramp_steps=-1, answer_len=getattr(section, "answer_len", config.answer_len))
+            return replace(config, alpha_ramp_steps=-1, answer_len=section.answer_len, answer_topk=section.answer_topk)
         names = {"vtc": "itc", "vtm": "itm"}
         return replace(
             config,

@@ -1,4 +1,4 @@
-"""AdamW with decoupled weight decay, linear warm-up then linear decay, and gradient clipping.
+"""AdamW with decoupled weight decay, linear warm-up then linear or cosine decay, and gradient clipping.
 
 Weight decay: paper vs released code
 ------------------------------------
@@ -38,10 +38,15 @@ Learning-rate schedule
   ``global_step``): ``s = u``, so the first update already moves (lr ``1/W``) and the last has lr 0;
 * ``"zero_based"`` (Hugging Face ``get_linear_schedule_with_warmup``): ``s = u - 1``, so the first
   update has lr 0 and the last ``1 / (T - W)``.
+
+ALBEF (§3.5 and its code) decays along a cosine to ``min_lr_ratio`` (1e-5 / 1e-4) and, in the code, warms up
+from ``warmup_start_ratio`` (1e-5 / 1e-4) over 2,000 iterations; the paper says 1,000. ``schedule="cosine"``,
+``min_lr_ratio``, ``warmup_start_ratio`` and ``warmup_steps`` express both.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -71,6 +76,10 @@ class OptimConfig:
     warmup_ratio: float = 0.05  # ALPRO pre-training 0.05, fine-tuning 0.1; ignored when warmup_steps is set
     warmup_steps: int | None = None  # absolute warm-up length; overrides warmup_ratio
     schedule_index: Literal["one_based", "zero_based"] = "one_based"  # see module docstring
+    # after warm-up: "linear" to lr * min_lr_ratio (ALPRO, min 0) or "cosine" (ALBEF: 1e-4 -> 1e-5, min 0.1)
+    schedule: Literal["linear", "cosine"] = "linear"
+    min_lr_ratio: float = 0.0
+    warmup_start_ratio: float = 0.0  # the warm-up starts at lr * this (ALBEF's code: 1e-5 / 1e-4 = 0.1)
     grad_clip: float | None = 20.0  # max global L2 norm (ALPRO grad_norm 20); None or <= 0: no clipping
     no_decay_keywords: tuple[str, ...] = ("pos_embed", "time_embed", "cls_token")
     alpro_code_weight_decay: bool = False  # True: one group, weight decay 0 (the released code)
@@ -92,6 +101,11 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps is not None and self.warmup_steps < 0:
             raise ValueError(f"OptimConfig.warmup_steps must be >= 0 or None, got {self.warmup_steps}")
+        if self.schedule not in ("linear", "cosine") or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"OptimConfig.schedule must be 'linear' or 'cosine' and min_lr_ratio in [0, 1], got "
+                             f"{self.schedule!r} / {self.min_lr_ratio}")  # fmt: skip
+        if not 0 <= self.warmup_start_ratio <= 1:
+            raise ValueError(f"OptimConfig.warmup_start_ratio must be in [0, 1], got {self.warmup_start_ratio}")
         if self.schedule_index not in ("one_based", "zero_based"):
             raise ValueError(
                 f"OptimConfig.schedule_index must be 'one_based' or 'zero_based', got {self.schedule_index!r}"
@@ -171,27 +185,46 @@ def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
     return cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
 
 
-def linear_warmup_decay(step: int, warmup_steps: int, total_steps: int) -> float:
-    """Schedule factor ``f(step)``: ``step / W`` during warm-up, then linear decay to 0 at ``total_steps``."""
+def linear_warmup_decay(
+    step: int,
+    warmup_steps: int,
+    total_steps: int,
+    *,
+    shape: str = "linear",
+    floor: float = 0.0,
+    start: float = 0.0,
+) -> float:
+    """Schedule factor ``f(step)``: from ``start`` up to 1 during warm-up (``start + (1 - start) * step / W``),
+    then down to ``floor`` at ``total_steps``, linearly (``shape="linear"``) or along half a cosine (``"cosine"``).
+    With the defaults: ``step / W``, then linear decay to 0 (the ALPRO code)."""
     if step < warmup_steps:
-        return step / warmup_steps
+        return start + (1.0 - start) * step / warmup_steps
     if total_steps <= warmup_steps:
-        return 0.0
-    return max(0.0, (total_steps - step) / (total_steps - warmup_steps))
+        return floor
+    done = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    left = 1.0 - done if shape == "linear" else 0.5 * (1.0 + math.cos(math.pi * done))
+    return floor + (1.0 - floor) * left
 
 
 class LinearWarmupDecay:
-    """The schedule as a callable object, so ``LambdaLR.state_dict()`` stores its three ints, not a function."""
+    """The schedule as a callable object, so ``LambdaLR.state_dict()`` stores its numbers, not a function."""
 
-    def __init__(self, warmup_steps: int, total_steps: int, offset: int) -> None:
+    def __init__(
+        self, warmup_steps: int, total_steps: int, offset: int, shape: str = "linear", floor: float = 0.0,
+        start: float = 0.0,
+    ) -> None:  # fmt: skip
         self.warmup_steps, self.total_steps, self.offset = warmup_steps, total_steps, offset
+        self.shape, self.floor, self.start = shape, floor, start
 
     def __call__(self, updates_done: int) -> float:
-        return linear_warmup_decay(updates_done + self.offset, self.warmup_steps, self.total_steps)
+        return linear_warmup_decay(
+            updates_done + self.offset, self.warmup_steps, self.total_steps, shape=self.shape, floor=self.floor,
+            start=self.start,
+        )  # fmt: skip
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int) -> LambdaLR:
-    """Linear warm-up then linear decay to 0 over ``total_steps`` optimiser steps (call ``step()`` per update).
+    """Linear warm-up then linear (or cosine) decay over ``total_steps`` optimiser steps (``step()`` per update).
 
     Args:
         optimizer: The optimiser whose groups' ``lr`` is scaled.
@@ -207,7 +240,8 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_st
     if warmup > total_steps:
         raise ValueError(f"warm-up ({warmup} steps) is longer than the run ({total_steps} steps); lower warmup_steps")
     offset = 1 if cfg.schedule_index == "one_based" else 0
-    return LambdaLR(optimizer, LinearWarmupDecay(warmup, total_steps, offset))
+    schedule = LinearWarmupDecay(warmup, total_steps, offset, cfg.schedule, cfg.min_lr_ratio, cfg.warmup_start_ratio)
+    return LambdaLR(optimizer, schedule)
 
 
 def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tensor:

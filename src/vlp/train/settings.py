@@ -67,6 +67,10 @@ class PretrainConfig:
     weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3; the released code applies none)
     alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
     warmup_ratio: float = 0.05  # share of updates spent warming up linearly
+    warmup_steps: int = 0  # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
+    schedule: Literal["linear", "cosine"] = "linear"  # after warm-up (ALPRO: linear to 0; ALBEF: cosine)
+    min_lr_ratio: float = 0.0  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
+    warmup_start_ratio: float = 0.0  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
     grad_clip: float = 20.0  # max global gradient norm
     sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler (code: headtail)
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
@@ -96,6 +100,10 @@ class FinetuneConfig:
     weight_decay: float = 1e-3
     alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
     warmup_ratio: float = 0.1
+    warmup_steps: int = 0  # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
+    schedule: Literal["linear", "cosine"] = "linear"  # after warm-up (ALPRO: linear to 0; ALBEF: cosine)
+    min_lr_ratio: float = 0.0  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
+    warmup_start_ratio: float = 0.0  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
     grad_clip: float = 20.0  # config_release didemo_ret / msvd_qa (msrvtt_ret / msrvtt_qa: 5.0, configs/finetune)
     num_frames: int = 8  # paper: 8 for retrieval, 16 for QA
     max_len: int = 40  # text tokens (paper: 40; DiDeMo paragraphs 50)
@@ -137,3 +145,5 @@ class QAConfig(FinetuneConfig):
     grad_accum: int = 2
     num_frames: int = 16
     answer_vocab: int = 1500  # the most frequent training answers (code: all train answers, >= 1,500; MSVD 2,423)
+    answer_len: int = 8  # ALBEF: answer tokens incl. [CLS] / [SEP] its decoder scores
+    answer_topk: int = 128  # ALBEF: candidates ranked per question by the decoder (VQA.yaml k_test)
