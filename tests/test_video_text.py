@@ -91,3 +91,45 @@ def test_size_resizes_clips_to_the_model_input(tiny_world):
     expected = torch.nn.functional.interpolate(big, size=(16, 16), mode="bilinear", antialias=True)
     assert torch.allclose(small, expected, atol=1e-5)
     assert not torch.allclose(small, big[..., ::2, ::2], atol=1e-2), "must filter, not subsample"
+
+
+def test_random_resized_boxes_follow_scale_and_ratio_and_the_seed():
+    from vlp.data.video_text import random_resized_box
+
+    rng = np.random.default_rng(0)
+    boxes = [random_resized_box(60, 80, (0.2, 1.0), rng) for _ in range(200)]
+    for top, left, h, w in boxes:
+        assert 0 <= top <= 60 - h and 0 <= left <= 80 - w
+        assert 0.2 - 0.03 <= h * w / (60 * 80) <= 1.0 and 3 / 4 - 0.1 <= w / h <= 4 / 3 + 0.1
+    assert len(set(boxes)) > 150  # they vary
+    again = np.random.default_rng(0)
+    assert boxes[:5] == [random_resized_box(60, 80, (0.2, 1.0), again) for _ in range(5)]
+    assert random_resized_box(10, 100, (0.99, 1.0), np.random.default_rng(1)) == (0, 43, 10, 13)  # too wide: centre
+
+
+def test_crop_and_flip_are_one_draw_per_clip(tiny_world):
+    kw = dict(num_frames=4, mode="uniform", seed=3)
+    plain = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
+    flipped = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], hflip=True, **kw)
+    flips = 0
+    for i in range(12):
+        a, b = plain[i]["video"], flipped[i]["video"]
+        assert torch.equal(a, b) or torch.equal(a.flip(-1), b)  # every frame flipped, or none
+        flips += not torch.equal(a, b)
+    assert 0 < flips < 12
+    cropped = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], crop_scale=(0.2, 0.3), size=32, **kw)
+    again = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], crop_scale=(0.2, 0.3), size=32, **kw)
+    assert all(torch.equal(cropped[i]["video"], again[i]["video"]) for i in range(4))  # same seed, same crop
+    first = cropped[0]["video"]
+    assert first.shape == plain[0]["video"].shape and not torch.equal(first, plain[0]["video"])
+    with pytest.raises(ValueError, match="crop_scale"):
+        VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], crop_scale=(0.5,))
+
+
+def test_randaug_op_lists_are_timm_ops():
+    from vlp.data.video_text import RANDAUG_OPS
+
+    assert not {"AutoContrast", "Equalize", "Brightness", "Sharpness", "Contrast"} & set(RANDAUG_OPS["albef_paper"])
+    for name, ops in RANDAUG_OPS.items():
+        ClipRandAugment(ops=ops)  # timm refuses an unknown op name
+        assert ops, name

@@ -36,6 +36,14 @@ from vlp.data.sampling import MODES, sample_indices
 ALPRO_RANDAUG_OPS = (
     "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate",
 )  # fmt: skip
+# RandAugment op lists (timm names; timm has no "Identity": the released ALBEF list's Identity is left out)
+RANDAUG_OPS = {
+    "alpro": ALPRO_RANDAUG_OPS,
+    # ALBEF's code keeps four colour ops although the paper says colour changes were removed (captions name colours)
+    "albef_code": ("AutoContrast", "Equalize", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel",
+                   "TranslateYRel", "Rotate"),
+    "albef_paper": ("ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate"),
+}  # fmt: skip
 IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's ImageNet-21k ViT-B/16 (the paper's visual init)
 IMAGENET_INCEPTION_STD = (0.5, 0.5, 0.5)
 
@@ -85,6 +93,10 @@ class VideoTextDataset(torch.utils.data.Dataset):
         seed: base seed of the per-item generators.
         size: resize clips to ``size x size`` (bilinear, antialiased) when the stored frames differ;
             None keeps the stored size.
+        crop_scale: ``[lo, hi]``: a random resized crop per clip, the same box in every frame, covering a share
+            of the frame drawn from ``[lo, hi]`` with aspect ratio in [3/4, 4/3] (torchvision's
+            ``RandomResizedCrop``; ALBEF's code: 0.2-1.0 pre-training, 0.5-1.0 fine-tuning); ``()`` = none.
+        hflip: flip each clip left-right with probability 0.5 (ALBEF's code; it makes "moves left" captions false).
     """
 
     def __init__(
@@ -100,11 +112,16 @@ class VideoTextDataset(torch.utils.data.Dataset):
         std: Sequence[float] = IMAGENET_INCEPTION_STD,
         seed: int = 0,
         size: int | None = None,
+        crop_scale: Sequence[float] = (),
+        hflip: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown sampling mode {mode!r}; use one of {list(MODES)}")
         if num_frames < 1:
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
+        if crop_scale and (len(crop_scale) != 2 or not 0 < crop_scale[0] <= crop_scale[1] <= 1):
+            raise ValueError(f"crop_scale must be [] or [lo, hi] with 0 < lo <= hi <= 1, got {list(crop_scale)}")
+        self.crop_scale, self.hflip = tuple(crop_scale), hflip
         self.store = frames if isinstance(frames, FrameStore) else FrameStore(frames, cache_shards=64)
         videos = manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA)
         self.media = dict(zip(videos["video_id"].to_pylist(), videos["media"].to_pylist(), strict=True))
@@ -149,6 +166,12 @@ class VideoTextDataset(torch.utils.data.Dataset):
         else:
             slots = sample_indices(self.store.info(video_id)["num_stored"], self.num_frames, self.mode, rng)
         frames = self.store.load(video_id, slots)  # (T, H, W, 3) uint8
+        if self.crop_scale:
+            top, left, h, w = random_resized_box(frames.shape[1], frames.shape[2], self.crop_scale, rng)
+            frames = frames[:, top : top + h, left : left + w]
+        if self.hflip and rng.random() < 0.5:
+            frames = frames[:, :, ::-1]
+        frames = np.ascontiguousarray(frames)
         if self.augment is not None:
             pil = self.augment([Image.fromarray(f) for f in frames], seed=int(rng.integers(2**31)))
             frames = np.stack([np.asarray(p) for p in pil])
@@ -156,6 +179,34 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if self.size is not None and tuple(video.shape[-2:]) != (self.size, self.size):
             video = F.interpolate(video, size=(self.size, self.size), mode="bilinear", antialias=True)
         return (video - self.mean) / self.std
+
+
+def random_resized_box(
+    height: int,
+    width: int,
+    scale: Sequence[float],
+    rng: np.random.Generator,
+    ratio: tuple[float, float] = (3 / 4, 4 / 3),
+) -> tuple[int, int, int, int]:
+    """``(top, left, h, w)`` of a random crop covering a share in ``scale`` of the frame with aspect ratio in
+    ``ratio`` (torchvision ``RandomResizedCrop.get_params`` with its ratio (3/4, 4/3): ten tries, then the central
+    crop of the nearest allowed ratio)."""
+    area = height * width
+    log_ratio = (np.log(ratio[0]), np.log(ratio[1]))
+    for _ in range(10):
+        target = area * rng.uniform(scale[0], scale[1])
+        aspect = float(np.exp(rng.uniform(*log_ratio)))
+        w, h = round(np.sqrt(target * aspect)), round(np.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            return int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1)), h, w
+    aspect = width / height
+    if aspect < ratio[0]:
+        w, h = width, round(width / ratio[0])
+    elif aspect > ratio[1]:
+        w, h = round(height * ratio[1]), height
+    else:
+        w, h = width, height
+    return (height - h) // 2, (width - w) // 2, h, w
 
 
 class VideoQADataset(VideoTextDataset):

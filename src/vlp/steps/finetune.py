@@ -20,6 +20,7 @@ import torch
 
 from vlp.config import Config
 from vlp.data.video_text import (
+    RANDAUG_OPS,
     ClipRandAugment,
     VideoQADataset,
     VideoTextDataset,
@@ -73,7 +74,9 @@ def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, mod
         split=split,
         num_frames=section.num_frames,
         mode=section.sample_mode if split == "train" else section.eval_mode,
-        augment=ClipRandAugment() if section.randaug and split == "train" else None,
+        augment=ClipRandAugment(ops=RANDAUG_OPS[section.randaug_ops]) if section.randaug and split == "train" else None,
+        crop_scale=section.crop_scale if split == "train" else (),
+        hflip=section.hflip and split == "train",
         seed=section.seed,
         size=model_cfg.video.img_size,
         mean=model_cfg.pixel_mean,

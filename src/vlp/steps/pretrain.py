@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
-from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
+from vlp.data.video_text import RANDAUG_OPS, ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
 from vlp.steps.common import StepResult, device, run_step, seed_model_init, train_model, train_summary
 from vlp.train.settings import ModelConfig
@@ -106,7 +106,9 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any
         split="train",
         num_frames=cfg.model.num_frames,
         mode=p.sample_mode,
-        augment=ClipRandAugment() if p.randaug else None,
+        augment=ClipRandAugment(ops=RANDAUG_OPS[p.randaug_ops]) if p.randaug else None,
+        crop_scale=p.crop_scale,
+        hflip=p.hflip,
         seed=p.seed,
         size=cfg.model.img_size,
         mean=pixels.pixel_mean if pixels is not None else cfg.model.pixel_mean or (0.5, 0.5, 0.5),

@@ -74,6 +74,9 @@ class PretrainConfig:
     grad_clip: float = 20.0  # max global gradient norm
     sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler (code: headtail)
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
+    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
+    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
+    hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
@@ -110,6 +113,9 @@ class FinetuneConfig:
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
     eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
+    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
+    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
+    hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
     split: str = "test"  # the split the evaluate step scores
     log_every: int = 10
