@@ -133,3 +133,16 @@ def test_randaug_op_lists_are_timm_ops():
     for name, ops in RANDAUG_OPS.items():
         ClipRandAugment(ops=ops)  # timm refuses an unknown op name
         assert ops, name
+
+
+def test_albefs_caption_cleaning(tiny_world):
+    from vlp.data.video_text import clean_caption
+
+    kw = dict(num_frames=2, mode="uniform")
+    raw = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
+    cleaned = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], caption_clean=True, **kw)
+    assert [cleaned[i]["text"] for i in range(5)] == [clean_caption(raw[i]["text"]) for i in range(5)]
+
+    assert clean_caption("A man's dog, running -- on the beach/sand!  ") == "a mans dog running on the beach sand"
+    assert clean_caption(" ".join(f"w{i}" for i in range(40))) == " ".join(f"w{i}" for i in range(30))
+    assert clean_caption("one two three", max_words=2) == "one two"

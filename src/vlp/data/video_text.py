@@ -18,6 +18,7 @@ Still images (``media == "image"``) are repeated into static clips, as ALPRO doe
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -97,6 +98,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
             of the frame drawn from ``[lo, hi]`` with aspect ratio in [3/4, 4/3] (torchvision's
             ``RandomResizedCrop``; ALBEF's code: 0.2-1.0 pre-training, 0.5-1.0 fine-tuning); ``()`` = none.
         hflip: flip each clip left-right with probability 0.5 (ALBEF's code; it makes "moves left" captions false).
+        caption_clean: pass every caption through :func:`clean_caption` (ALBEF's code).
     """
 
     def __init__(
@@ -114,6 +116,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
         size: int | None = None,
         crop_scale: Sequence[float] = (),
         hflip: bool = False,
+        caption_clean: bool = False,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown sampling mode {mode!r}; use one of {list(MODES)}")
@@ -121,7 +124,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
             raise ValueError(f"num_frames must be >= 1, got {num_frames}")
         if crop_scale and (len(crop_scale) != 2 or not 0 < crop_scale[0] <= crop_scale[1] <= 1):
             raise ValueError(f"crop_scale must be [] or [lo, hi] with 0 < lo <= hi <= 1, got {list(crop_scale)}")
-        self.crop_scale, self.hflip = tuple(crop_scale), hflip
+        self.crop_scale, self.hflip, self.caption_clean = tuple(crop_scale), hflip, caption_clean
         self.store = frames if isinstance(frames, FrameStore) else FrameStore(frames, cache_shards=64)
         videos = manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA)
         self.media = dict(zip(videos["video_id"].to_pylist(), videos["media"].to_pylist(), strict=True))
@@ -157,7 +160,8 @@ class VideoTextDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, Any]:
         video_id, caption = self.pairs[index]
         rng = np.random.default_rng([self.seed, self.epoch, index])
-        return {"video": self.clip(video_id, rng), "text": caption, "video_id": video_id, "index": index}
+        text = clean_caption(caption) if self.caption_clean else caption
+        return {"video": self.clip(video_id, rng), "text": text, "video_id": video_id, "index": index}
 
     def clip(self, video_id: str, rng: np.random.Generator) -> torch.Tensor:
         """``video_id``'s sampled, augmented, resized, normalised ``(T, 3, H, W)`` clip, drawn from ``rng``."""
@@ -179,6 +183,14 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if self.size is not None and tuple(video.shape[-2:]) != (self.size, self.size):
             video = F.interpolate(video, size=(self.size, self.size), mode="bilinear", antialias=True)
         return (video - self.mean) / self.std
+
+
+def clean_caption(text: str, max_words: int = 30) -> str:
+    """ALBEF's caption cleaning (its ``pre_caption``): lower case, ``,.'!?"()*#:;~`` removed, ``-`` and ``/`` made
+    spaces, runs of spaces collapsed, at most ``max_words`` words. The paper states none of it."""
+    text = re.sub(r"[,.'!?\"()*#:;~]", "", text.lower()).replace("-", " ").replace("/", " ")
+    words = re.sub(r"\s{2,}", " ", text).strip().split(" ")
+    return " ".join(words[:max_words])
 
 
 def random_resized_box(

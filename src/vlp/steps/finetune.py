@@ -77,6 +77,7 @@ def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, mod
         augment=ClipRandAugment(ops=RANDAUG_OPS[section.randaug_ops]) if section.randaug and split == "train" else None,
         crop_scale=section.crop_scale if split == "train" else (),
         hflip=section.hflip and split == "train",
+        caption_clean=section.caption_clean,
         seed=section.seed,
         size=model_cfg.video.img_size,
         mean=model_cfg.pixel_mean,

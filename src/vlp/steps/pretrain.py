@@ -109,6 +109,7 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any
         augment=ClipRandAugment(ops=RANDAUG_OPS[p.randaug_ops]) if p.randaug else None,
         crop_scale=p.crop_scale,
         hflip=p.hflip,
+        caption_clean=p.caption_clean,
         seed=p.seed,
         size=cfg.model.img_size,
         mean=pixels.pixel_mean if pixels is not None else cfg.model.pixel_mean or (0.5, 0.5, 0.5),

@@ -77,6 +77,7 @@ class PretrainConfig:
     randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
     crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
+    caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
@@ -116,6 +117,7 @@ class FinetuneConfig:
     randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
     crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
+    caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
     split: str = "test"  # the split the evaluate step scores
     log_every: int = 10
