@@ -227,3 +227,44 @@ def test_training_chain_through_the_components(tiny_world, tmp_path, store):
     assert outs["m"].metadata == tracking.numeric_leaves(written) and "t2v_r1" in written
     report = (Path(outs["res"].path) / "report.md").read_text()
     assert Path(outs["md"].path).read_text() == report and "was not written" not in report  # the step's report
+
+
+@pytest.mark.slow
+def test_an_albef_model_is_registered_and_re_evaluated_like_alpro(tiny_world, tmp_path, store):
+    """ALBEF through the components: pretrain without a prompter, fine-tune, register, fetch, re-evaluate."""
+    ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
+    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"], "kfp_run_id": "k-albef"}
+    reporting.start_run.python_func(**common, pipeline="vlp-pretrain-albef", image="i")
+    model, tuned = _art(Model, tmp_path / "model"), _art(Model, tmp_path / "tuned")
+    training.pretrain.python_func(dataset=ds, frames=fr, model=model, family="albef", **common)
+    assert json.loads((tmp_path / "model" / "model.json").read_text())["kind"] == "albef"
+    training.finetune_retrieval.python_func(dataset=ds, frames=fr, pretrained=model, model=tuned, **common)
+    outs = {n: _art(c, tmp_path / n) for n, c in (("res", Artifact), ("m", Metrics), ("md", Markdown), ("html", HTML))}
+    evaluation.evaluate_retrieval.python_func(
+        dataset=ds, frames=fr, model=tuned, results=outs["res"], metrics=outs["m"], report_md=outs["md"],
+        report_html=outs["html"], **common,
+    )  # fmt: skip
+    summary = _art(Markdown, tmp_path / "summary.md")
+    reporting.report.python_func(
+        pretrained=model, summary=summary, register_prefix="a", retrieval_results=outs["res"],
+        retrieval_model=tuned, **common,
+    )  # fmt: skip
+    fetched = _art(Model, tmp_path / "fetched")
+    reporting.fetch_model.python_func(
+        model_ref="a-retrieval@candidate", model=fetched, config=TINY, overrides=common["overrides"]
+    )
+    assert json.loads((tmp_path / "fetched" / "model.json").read_text())["kind"] == "albef_retrieval"
+    again = {n: _art(c, tmp_path / f"{n}2") for n, c in (("res", Artifact), ("m", Metrics), ("md", Markdown),
+                                                         ("html", HTML))}  # fmt: skip
+    evaluation.evaluate_retrieval.python_func(
+        dataset=ds, frames=fr, model=fetched, results=again["res"], metrics=again["m"], report_md=again["md"],
+        report_html=again["html"], **common,
+    )  # fmt: skip
+    table, metrics = _art(Markdown, tmp_path / "cmp.md"), _art(Metrics, tmp_path / "cmp")
+    reporting.compare_scores.python_func(
+        task="retrieval", model=fetched, results=again["res"], summary=table, metrics=metrics, **common
+    )
+    first = json.loads((Path(outs["res"].path) / "metrics.json").read_text())
+    second = json.loads((Path(again["res"].path) / "metrics.json").read_text())
+    assert second == first  # the registered weights score exactly what the fine-tuned model scored
+    assert f"| t2v_r1 | {first['t2v_r1']:.4f} | {second['t2v_r1']:.4f} | +0.0000 |" in Path(table.path).read_text()
