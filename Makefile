@@ -74,15 +74,16 @@ finetune: $(STAMP) ## After `make pretrain`: finetune + evaluate retrieval and Q
 	$(VENV)/bin/vlp evaluate-qa --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/qa --out $(OUT)/qa_eval --config $(CONFIG)
 
 ABLATION_OUT ?= runs/ablation
-ABLATION_ARGS ?= --seeds 0 1 2 --clips 500 --prompter-steps 400 --pretrain-steps 200 --finetune-steps 150 --qa-steps 150 --finetune-lr 3e-4
-ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
+ABLATION_ARGS ?= --seeds 0 1 2 --notes docs/ablation-reading.md
+ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
 	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
-bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step, parity
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step, ALPRO/ALBEF parity
 	$(PY) benchmarks/bench_extract.py
 	$(PY) benchmarks/bench_entities.py
 	$(PY) benchmarks/bench_alpro_step.py --preset tiny
 	$(PY) benchmarks/alpro_parity.py
+	$(PY) benchmarks/albef_parity.py
 
 clean: ## Remove caches and local run outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info
