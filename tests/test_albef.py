@@ -277,41 +277,16 @@ def test_resume_continues_exactly_including_the_queues(tiny_world, tmp_path):
 def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp_path):
     """SIGKILL `vlp pretrain --model albef` after its second checkpoint; the rerun's weights (queues included),
     optimiser and metrics match the uninterrupted run's."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
+
+    from resume_check import kill_then_rerun
 
     def cmd(out: Path) -> list[str]:
         return [sys.executable, "-m", "vlp.cli", "pretrain", "--model", "albef", "--dataset", tiny_world["dataset"],
                 "--frames", tiny_world["frames"], "--out", str(out), "--config", str(TINY), *ALBEF,
                 "pretrain.max_steps=8", "pretrain.ckpt_every=1"]  # fmt: skip
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(cmd(straight), check=True, capture_output=True, timeout=300, env=env)
-    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step-000002" / "state.json").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "model.json").exists(), "killed before the end"
-    done = subprocess.run(cmd(killed), capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert json.loads((killed / "summary.json").read_text())["resumed_from_step"] >= 2
-    last = Path("checkpoints") / "step-000008"
-    for name in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"):
-        assert (killed / last / name).read_bytes() == (straight / last / name).read_bytes(), name
-    timing = ("train/clips_per_s", "train/peak_rss_mb", "train/peak_mem_mb")
-
-    def metrics(out: Path) -> dict:
-        rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        return {r["step"]: {k: v for k, v in r.items() if k not in timing} for r in rows if "step" in r}
-
-    assert metrics(killed) == metrics(straight)
+    kill_then_rerun(cmd, tmp_path, kill_after=2, last=8)
 
 
 def test_zero_shot_fine_tune_and_evaluate_through_the_shared_steps(pretrained, tmp_path):

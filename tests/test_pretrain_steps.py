@@ -238,50 +238,19 @@ def test_group_by_rejects_what_it_cannot_group_by(tiny_world, group_by, message)
     assert len(groups) == len(pairs) and groups.min() >= 0 and len(set(groups.tolist())) >= 2
 
 
-def _metrics_by_step(out: Path) -> dict[int, dict]:
-    """The last line of every step (a resume repeats the steps after its checkpoint), timing figures dropped."""
-    timing = ("train/clips_per_s", "train/peak_rss_mb", "train/peak_mem_mb")
-    rows = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "step" in row:
-            rows[row["step"]] = {k: v for k, v in row.items() if k not in timing}
-    return rows
-
-
 @pytest.mark.slow
 def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp_path):
     """SIGKILL a training process after its second checkpoint; the rerun's weights, optimiser and metrics match."""
-    import os
-    import signal
-    import subprocess
     import sys
-    import time
+
+    from resume_check import kill_then_rerun
 
     def cmd(out: Path) -> list[str]:
         return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", tiny_world["dataset"],
                 "--frames", tiny_world["frames"], "--out", str(out), "--config", str(TINY),
                 "pretrain.max_steps=10", "pretrain.ckpt_every=1"]  # fmt: skip
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    straight, killed = tmp_path / "straight", tmp_path / "killed"
-    subprocess.run(cmd(straight), check=True, capture_output=True, timeout=300, env=env)
-    proc = subprocess.Popen(cmd(killed), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    deadline = time.monotonic() + 300
-    while not (killed / "checkpoints" / "step-000002" / "state.json").exists():
-        assert proc.poll() is None and time.monotonic() < deadline, "the run ended before its second checkpoint"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (killed / "model.json").exists(), "killed before the end"
-    done = subprocess.run(cmd(killed), capture_output=True, text=True, timeout=300, env=env)
-    assert done.returncode == 0, done.stderr[-2000:]
-    summary = json.loads((killed / "summary.json").read_text())
-    assert summary["resumed_from_step"] >= 2 and summary["steps"] == 10
-    last = Path("checkpoints") / "step-000010"
-    for name in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"):
-        assert (killed / last / name).read_bytes() == (straight / last / name).read_bytes(), name
-    assert _metrics_by_step(killed) == _metrics_by_step(straight)
+    kill_then_rerun(cmd, tmp_path, kill_after=2, last=10)
 
 
 def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():
