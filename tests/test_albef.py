@@ -57,10 +57,14 @@ def test_the_teacher_starts_as_a_copy_and_moves_by_ema_only(tok):
             teacher[k].fill_(3.0)
     model.momentum_update()
     assert all(torch.allclose(p, torch.full_like(p, 0.9 * 3.0 + 0.1 * 1.0)) for p in teacher.values())
-    # a training forward updates it once more, an eval forward does not
+    # an eval forward leaves it, a training forward updates it once more (online weights are still 1.0)
     model.eval()
     model(_batch(tok), _ctx(tok))
     assert all(torch.allclose(p, torch.full_like(p, 2.8)) for p in teacher.values())
+    model.train()
+    with torch.no_grad():
+        model(_batch(tok), _ctx(tok))
+    assert all(torch.allclose(p, torch.full_like(p, 0.9 * 2.8 + 0.1 * 1.0)) for p in teacher.values())
 
 
 def test_enqueue_writes_whole_batches_at_the_pointer_and_wraps(tok):
@@ -151,6 +155,20 @@ def test_mlm_distillation_by_hand():
 
 
 # --------------------------------------------------------------------------- the model
+
+
+@pytest.mark.parametrize("terms", [("itc", "mlm", "itm"), ("mlm", "itm"), ("itm",), ("itc", "itm"), ("itc",)])
+def test_every_trainable_parameter_gets_a_gradient_for_any_terms(tok, terms):
+    """What DDP without unused parameters needs: every trainable parameter learns, whichever terms are on."""
+    model = _model(tok, alpha_ramp_steps=0, losses=terms)
+    out = albef_step(model, _batch(tok), _ctx(tok))
+    assert {k for k in out if k.startswith("loss_")} == {f"loss_{t}" for t in terms}
+    out["loss"].backward()
+    assert [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None] == []
+    frozen = {n for n, p in model.online.named_parameters() if not p.requires_grad}
+    assert ("itc" in terms) == (not {n for n in frozen if "_proj." in n}) and model.temp.requires_grad == (
+        "itc" in terms
+    )
 
 
 def test_every_trainable_parameter_learns_and_no_momentum_parameter_does(tok):
@@ -325,7 +343,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
     tok = train_wordpiece(CAPTIONS * 4, vocab_size=60)
     torch.manual_seed(0)
     model = Albef(AlbefConfig.tiny(vocab_size=len(tok), queue_size=16, itm_negatives_from="global"))
-    ddp = distributed.wrap_ddp(model)
+    ddp = distributed.wrap_ddp(model, broadcast_buffers=False)  # as the loop: equal queues by construction
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     enc = tok(CAPTIONS * 2, padding="max_length", truncation=True, max_length=10, return_tensors="pt")
     video = torch.randn(8, 2, 3, 32, 32, generator=torch.Generator().manual_seed(3))
@@ -416,7 +434,7 @@ def test_answer_losses_by_hand():
     assert got == pytest.approx(0.6 * -math.log(0.5) + 0.4 * kl)
 
 
-def test_ranking_scores_the_first_token_top_k_by_likelihood(tok):
+def test_ranking_keeps_the_first_token_top_k_and_scores_them_as_albef(tok):
     from vlp.models.albef import AlbefQA
 
     torch.manual_seed(0)
@@ -434,9 +452,13 @@ def test_ranking_scores_the_first_token_top_k_by_likelihood(tok):
             )
             for i in range(3)
         ]  # fmt: skip
+        start = qa.answer_ids[:1, :1].expand(4, 1)
+        first = qa.decoder(start, torch.ones_like(start), states, batch.attention_mask)[:, 0].log_softmax(-1)
+        first = first[:, qa.answer_ids[:, 1]]  # (4, 3): each answer's first-token log-probability
     assert scores.shape == (4, 3) and (scores == float("-inf")).sum(dim=1).tolist() == [1, 1, 1, 1]
+    assert torch.equal(scores.isinf(), first == first.min(dim=1, keepdim=True).values)  # the least likely start
     ranked = scores.isfinite()
-    expected = torch.stack(full, dim=1)
+    expected = torch.stack(full, dim=1) + first  # ALBEF's score: first token + the whole answer
     assert torch.allclose(scores[ranked], expected[ranked], atol=1e-5)
 
 
@@ -479,3 +501,21 @@ def test_every_qa_parameter_learns_and_the_teacher_does_not(tok):
     out["loss"].backward()
     assert [n for n, p in qa.named_parameters() if p.requires_grad and p.grad is None] == []
     assert all(p.grad is None for p in (*qa.momentum.parameters(), *qa.momentum_decoder.parameters()))
+
+
+def test_frame_vit_pools_over_time_and_takes_any_frame_count():
+    from vlp.models.layers.vit import FrameViT, FrameViTConfig
+
+    torch.manual_seed(0)
+    vit = FrameViT(FrameViTConfig.tiny(num_frames=2)).eval()
+    clip = torch.randn(1, 4, 3, 32, 32)
+    with torch.no_grad():
+        out = vit(clip)  # 4 frames against a time embedding sized for 2: interpolated
+        one = vit(clip[:, :1])
+        vit.time_embed.copy_(torch.arange(2.0).view(1, 2, 1, 1).expand_as(vit.time_embed))
+        shifted = vit(clip[:, :2])
+    assert out.tokens.shape == (1, 4 * 17, 64) and torch.allclose(out.cls, out.frame_tokens[:, :, 0].mean(1))
+    assert torch.allclose(one.tokens, one.frame_tokens[:, 0])  # an image: ALBEF's tokens (the embedding starts at 0)
+    assert torch.allclose(shifted.tokens[:, 17:], shifted.frame_tokens[:, 1] + 1.0)  # frame 2 gets time_embed[1]
+    mean = FrameViT(FrameViTConfig.tiny(temporal="mean"))
+    assert mean.time_embed is None and mean(clip).tokens.shape == (1, 17, 64)

@@ -123,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     for name, what, source in (
-        ("finetune-retrieval", "fine-tune for text-video retrieval (VTC + VTM; section `retrieval`)", "pretrained"),
-        ("finetune-qa", "fine-tune for open-ended video QA (answer classifier; section `qa`)", "pretrained"),
+        ("finetune-retrieval", "fine-tune for text-video retrieval (VTC/ITC + VTM/ITM; section `retrieval`)",
+         "pretrained"),
+        ("finetune-qa", "fine-tune for open-ended video QA (ALPRO: a classifier; ALBEF: an answer decoder; section "
+         "`qa`)", "pretrained"),
         ("evaluate-retrieval", "R@1/5/10, MdR, MnR both ways; top-k VTM re-ranking; zero-shot on a pretrain output",
          "model"),
         ("evaluate-qa", "QA accuracy overall and per answer type; predictions + report", "model"),

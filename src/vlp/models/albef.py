@@ -31,6 +31,7 @@ losses are :func:`albef_losses`, functions of it (:mod:`vlp.losses.distill`).
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -54,6 +55,7 @@ from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
 from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
 
+log = logging.getLogger("vlp")
 LOSS_TERMS = ("itc", "mlm", "itm")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # ALBEF's dataset normalisation (the paper states none)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -180,6 +182,9 @@ class Albef(nn.Module):
             raise ValueError("a fusion encoder without ITM or MLM would get no gradient")
         if self.online.visual.time_embed is not None and not cfg.fused:
             self.online.visual.time_embed.requires_grad_(False)  # only the fused tokens read it
+        if "itc" not in cfg.losses:  # the projections then only weight ITM's negative draw, without a gradient
+            for p in (*self.online.vision_proj.parameters(), *self.online.text_proj.parameters(), self.temp):
+                p.requires_grad_(False)
         m = cfg.queue_size
         self.register_buffer("image_queue", F.normalize(torch.randn(cfg.embed_dim, m), dim=0))
         self.register_buffer("text_queue", F.normalize(torch.randn(cfg.embed_dim, m), dim=0))
@@ -311,7 +316,8 @@ class AlbefQA(nn.Module):
 
     @torch.no_grad()
     def rank_answers(self, states: Tensor, states_mask: Tensor) -> Tensor:
-        """``(B, A)``: the top-``answer_topk`` answers by first-token probability, scored by their likelihood."""
+        """``(B, A)``: the top-``answer_topk`` answers by first-token probability, scored by that log-probability
+        plus their log-likelihood (ALBEF ``rank_answer``); ``-inf`` for the others."""
         b, a = states.shape[0], self.answer_ids.shape[0]
         k = min(self.cfg.answer_topk, a)
         start = self.answer_ids[:1, :1].expand(b, 1)  # the [CLS] every answer starts with
@@ -321,7 +327,9 @@ class AlbefQA(nn.Module):
         ids, mask = self.answer_ids[top].flatten(0, 1), self.answer_mask[top].flatten(0, 1)  # (B*k, La)
         rep = lambda x: x.repeat_interleave(k, dim=0)  # noqa: E731
         logits = self.decoder(ids, mask, rep(states), rep(states_mask))
-        scores = distill.answer_log_likelihood(logits, ids, mask).view(b, k)
+        # as ALBEF's rank_answer: the first token's log-probability plus the answer's log-likelihood (which holds
+        # that first token too, so it counts twice, as in the released code)
+        scores = distill.answer_log_likelihood(logits, ids, mask).view(b, k) + first_prob.gather(1, top)
         out = torch.full((b, a), float("-inf"), device=states.device)
         return out.scatter(1, top, scores)
 
@@ -430,10 +438,12 @@ def albef_forward(model: Albef, batch: PretrainBatch, ctx: StepContext) -> Albef
     out.itc_positives = positives
     if model.training and cfg.queue_size:  # every rank writes the same gathered batch: the queues stay equal
         gather = ctx.gather_nograd
-        ids = gather(idx)
-        model.enqueue(gather(image_feat_m), gather(text_feat_m), ids if same_clip else torch.full_like(ids, -1))
+        images, texts = gather(image_feat_m), gather(text_feat_m)
+        ids = gather(idx) if same_clip else torch.full((images.shape[0],), -1, device=idx.device)
+        model.enqueue(images, texts, ids)
     if "itm" in cfg.losses:
-        out.itm_logits = _itm(model, out, image_feat, text_feat_m, visual.tokens, text, idx, same_clip, ctx)
+        feats = (image_feat, text_feat, image_feat_m, text_feat_m)
+        out.itm_logits = _itm(model, out, feats, visual.tokens, text, idx, same_clip, ctx)
     if "mlm" in cfg.losses:
         if ctx.vocab is None:
             raise ValueError("MLM is enabled but the step has no vocabulary: StepContext(vocab=TextVocab.of(tok))")
@@ -444,33 +454,38 @@ def albef_forward(model: Albef, batch: PretrainBatch, ctx: StepContext) -> Albef
 def _itm(
     model: Albef,
     out: AlbefOutput,
-    image_feat: Tensor,
-    text_feat_m: Tensor,
+    feats: tuple[Tensor, Tensor, Tensor, Tensor],
     visual_tokens: Tensor,
     text: Any,
     idx: Tensor,
     same_clip: bool,
     ctx: StepContext,
 ) -> Tensor:
-    """The fused positives and one hard negative per image and per text -> ``(3B, 2)`` ITM logits."""
-    cfg, b = model.cfg, image_feat.shape[0]
+    """The fused positives and one hard negative per image and per text -> ``(3B, 2)`` ITM logits.
+
+    ``feats`` = (online image, online text, momentum image, momentum text) features. As in ALBEF, an image's
+    negative text is drawn from softmax(image · momentum texts / temp) and a text's negative image from
+    softmax(text · momentum images / temp): the two ITC grids of the batch.
+    """
+    cfg, b = model.cfg, visual_tokens.shape[0]
     tokens, mask, vis, offset = text.tokens, text.attention_mask, visual_tokens, 0
-    pool_image, pool_text, pool_idx = image_feat.detach(), text_feat_m, idx
+    image, txt, image_m, text_m = (f.detach() for f in feats)
+    pool_idx = idx
     if cfg.itm_negatives_from == "global" and ctx.world > 1:
         # the paper: negatives from the whole batch; tokens gathered with gradient (they are fused), features
         # and ids without (they only weight the draw)
         tokens, vis = ctx.gather(tokens), ctx.gather(vis)
         mask, pool_idx = ctx.gather_nograd(mask), ctx.gather_nograd(idx)
-        pool_image, pool_text = ctx.gather_nograd(pool_image), ctx.gather_nograd(pool_text)
+        image, txt, image_m, text_m = (ctx.gather_nograd(f) for f in (image, txt, image_m, text_m))
         offset = ctx.rank * b
     with torch.no_grad():
-        sim = pool_image @ pool_text.t() / out.temp  # (P, P): images x momentum texts, as the code's sim[:, :B]
+        sim_i2t, sim_t2i = image @ text_m.t() / out.temp, txt @ image_m.t() / out.temp  # (P, P) each
         exclude = pool_idx[:, None] == pool_idx[None, :] if same_clip else None
         neg_t, neg_v = losses.sample_hard_negatives(
-            sim, sim.t(), generator_on(ctx.generator, sim), mode=cfg.itm_negatives, hard_fraction=cfg.itm_hard_fraction,
-            exclude=exclude,
+            sim_i2t, sim_t2i, generator_on(ctx.generator, sim_i2t), mode=cfg.itm_negatives,
+            hard_fraction=cfg.itm_hard_fraction, exclude=exclude,
         )  # fmt: skip
-        rows = torch.arange(b, device=sim.device) + offset
+        rows = torch.arange(b, device=sim_i2t.device) + offset
         neg_t, neg_v = neg_t[rows], neg_v[rows]
     t_idx = torch.cat([rows, rows, neg_t])  # (3B,): positives, (t_i, v_neg), (t_neg, v_i)
     v_idx = torch.cat([rows, neg_v, rows])
@@ -552,7 +567,7 @@ class AlbefFamily(TwoTowerMethods):
             itm_negatives=model.vtm_negatives,
             itm_hard_fraction=model.vtm_hard_fraction,
             itm_negatives_from=model.itm_negatives_from,
-            same_video="positive" if model.same_video_vtc == "positive" else "negative",
+            same_video=model.same_video_vtc,
             pixel_mean=tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
             pixel_std=tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
         )
@@ -571,7 +586,8 @@ class AlbefFamily(TwoTowerMethods):
         """Retrieval fine-tuning: ITC + ITM (the section's losses, ALPRO names mapped) with distillation, and the
         section's negative and same-clip rules."""
         if task == "qa":  # the code ramps alpha over the first QA epoch too
-            return replace(config, alpha_ramp_steps=-1, answer_len=section.answer_len, answer_topk=section.answer_topk)
+            qa = {"answer_len": section.answer_len, "answer_topk": section.answer_topk}
+            return replace(config, alpha_ramp_steps=-1, queue_size=0, **qa)  # QA has no queue (nor ITC)
         names = {"vtc": "itc", "vtm": "itm"}
         return replace(
             config,
@@ -579,7 +595,7 @@ class AlbefFamily(TwoTowerMethods):
             alpha_ramp_steps=-1,  # the code ramps alpha over the first fine-tuning epoch too
             itm_negatives=section.vtm_negatives,
             itm_hard_fraction=section.vtm_hard_fraction,
-            same_video="positive" if section.same_video_vtc == "positive" else "negative",
+            same_video=section.same_video_vtc,
         )
 
     def prepare(self, config: AlbefConfig, batches_per_epoch: int, global_batch: int) -> AlbefConfig:
@@ -602,6 +618,11 @@ class AlbefFamily(TwoTowerMethods):
             skipped = load_pretrained_weights(checkpoint, model, allow_missing=new)
             mlm = {k.removeprefix("online.mlm_head."): v for k, v in read_model_weights(checkpoint).items()
                    if k.startswith("online.mlm_head.")}  # fmt: skip
+            if not mlm:
+                log.warning(
+                    "finetune_qa: %s has no MLM head (a retrieval model); the answer decoder's LM head starts from "
+                    "its tied word embeddings with a random transform", checkpoint,
+                )  # fmt: skip
             model.decoder.init_from(model.online.text, model.online.fusion, mlm)
             model.sync_momentum()
         model.steps.zero_()

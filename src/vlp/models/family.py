@@ -1,9 +1,10 @@
 """What a model family gives the steps, and the plain mapping from a family's name to it.
 
 A family (ALPRO, ALBEF; TS2-Net next) is one object with the attributes and methods of
-:class:`Family`. The training and evaluation steps hold no family code: they read the family's name from the
-step config or the model directory and call these methods, so a new family is a new module and one entry in
-:data:`FAMILIES`, with no step, DAG component or other family touched.
+:class:`Family`. Fine-tuning and evaluation hold no family code: they take the family from the model directory
+and call these methods. Pre-training takes it from ``model.family``; it also knows ALPRO's prompter and prompt
+bank (PEM's inputs), which no other family uses. A new family is a new module, its name in :data:`NAMES` and
+its entry in :func:`families`, and, when it pre-trains, a compiled DAG in ``pipelines/pretrain.py``.
 
 The contract, in the order a model's life uses it:
 

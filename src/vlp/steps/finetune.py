@@ -108,8 +108,16 @@ def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
     return SamplerBatches(sampler, fetch, min(section.batch_size, len(sampler)), drop_last=True)
 
 
+def _epoch_shape(batches: Any) -> tuple[int, int]:
+    """(batches per epoch on this rank, global batch) of resumable batches: what ``family.prepare`` needs."""
+    from vlp.train import distributed
+
+    return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
+
+
 def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
-    """Fine-tune a pre-trained ALPRO for text-video retrieval with the ``retrieval.losses`` (VTC + VTM)."""
+    """Fine-tune a pre-trained model for text-video retrieval with the ``retrieval.losses`` (ALPRO: VTC + VTM;
+    ALBEF: ITC + ITM)."""
 
     def work() -> StepResult:
         from vlp.models.family import PretrainBatch, StepContext, TextVocab
@@ -123,14 +131,6 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         length = text_length(cfg.retrieval, model_cfg)
         data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
         section = with_max_steps(cfg.retrieval, len(data))
-        batch = min(section.batch_size, len(data) // distributed.world_size())
-        per_epoch = max(1, len(data) // distributed.world_size() // max(1, batch))
-        model_cfg = fam.prepare(model_cfg, per_epoch, batch * distributed.world_size())
-        seed_model_init(cfg.retrieval.seed)
-        model = fam.build(fam.kinds.retrieval, model_cfg)
-        skipped = fam.init_from(model, start.checkpoint, "retrieval")
-        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
-        model.to(device())
 
         def fetch(indices: list[int]) -> PretrainBatch:
             items = collate_video_text([data[i] for i in indices])
@@ -140,6 +140,13 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             return PretrainBatch(items["video"], ids, mask, video_index=clips)
 
         clip_index = data.clip_index()
+        batches = _batches(data, section, fetch)
+        model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))
+        seed_model_init(cfg.retrieval.seed)
+        model = fam.build(fam.kinds.retrieval, model_cfg)
+        skipped = fam.init_from(model, start.checkpoint, "retrieval")
+        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+        model.to(device())
 
         ctx = StepContext(
             vocab=TextVocab.of(tok),
@@ -152,7 +159,6 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return fam.train_step(m, batch, ctx)
 
-        batches = _batches(data, section, fetch)
         result = train_model(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
         directory.save(
             out,
@@ -193,15 +199,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
         log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
         section = with_max_steps(cfg.qa, len(data))
-        batch = min(section.batch_size, len(data) // distributed.world_size())
-        per_epoch = max(1, len(data) // distributed.world_size() // max(1, batch) // section.grad_accum)
-        model_cfg = fam.prepare(model_cfg, per_epoch, batch * distributed.world_size())
         tok = start.tokenizer()
-        seed_model_init(cfg.qa.seed)
-        model = fam.build(fam.kinds.qa, model_cfg, len(answers))
-        fam.init_from(model, start.checkpoint, "qa")
-        fam.set_answers(model, answers, tok)
-        model.to(device())
         length = text_length(cfg.qa, model_cfg)
 
         def fetch(indices: list[int]) -> dict[str, torch.Tensor]:
@@ -214,12 +212,19 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
                 "label": torch.tensor([index[it["answer"]] for it in items]),
             }
 
+        batches = _batches(data, section, fetch)
+        model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))  # per forward, as the model counts them
+        seed_model_init(cfg.qa.seed)
+        model = fam.build(fam.kinds.qa, model_cfg, len(answers))
+        fam.init_from(model, start.checkpoint, "qa")
+        fam.set_answers(model, answers, tok)
+        model.to(device())
+
         ctx = StepContext(vocab=TextVocab.of(tok), rank=distributed.rank(), world=distributed.world_size())
 
         def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             return fam.qa_step(m, batch, ctx)
 
-        batches = _batches(data, section, fetch)
         result = train_model(model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok)
         directory.save(
             out,

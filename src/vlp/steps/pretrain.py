@@ -220,7 +220,8 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
                 bank = PromptBank.load(bank_dir)
         else:
             if prompter_dir or bank_dir:
-                log.warning("pretrain: model family %s uses no prompter; ignoring %s", fam.name, prompter_dir)
+                log.warning("pretrain: model family %s uses no prompter or prompt bank; ignoring %r and %r",
+                            fam.name, prompter_dir, bank_dir)  # fmt: skip
             tok = _tokenizer(cfg, dataset, out)
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = model_config(cfg.model, len(tok), num_entities, terms)

@@ -582,7 +582,9 @@ def train(
         logger = JsonlMetricsLogger(storage.join(cfg.out_dir, "metrics.jsonl"))
     if logger is not None and run.rank == 0 and resumed_from is None:
         logger.log_params({"train": dataclasses.asdict(cfg), "optim": dataclasses.asdict(optim_cfg)})
-    ddp_model = distributed.wrap_ddp(model)
+    # no buffer broadcast: every rank keeps its buffers equal by construction (ALBEF's queues are written from
+    # gathered features; 2 x 256 x 65,536 floats would be copied from rank 0 at every forward otherwise)
+    ddp_model = distributed.wrap_ddp(model, broadcast_buffers=False)
     model.train()
     result = TrainResult(start, start, resumed_from, resumed_from, dict(run.last_metrics))
     bar = _progress(cfg, start, run.rank)

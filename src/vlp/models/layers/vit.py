@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import torch
+import torch.nn.functional as F
 from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
 from timm.models.vision_transformer import Block
 from torch import Tensor, nn
@@ -43,7 +44,7 @@ class FrameViTConfig:
     Attributes:
         img_size: frame side the position table is sized for (other sizes are interpolated on the fly).
         patch_size: patch side in pixels.
-        num_frames: frames the time embedding is sized for (``temporal="concat"``; more frames are an error).
+        num_frames: frames the time embedding is sized for (``temporal="concat"``; other counts interpolate it).
         width, depth, heads, mlp_ratio: the ViT's sizes (ViT-B/16: 768, 12, 12, 4).
         drop_path: stochastic depth of the last block (linear from 0; ALBEF pre-training: 0).
         temporal: ``"concat"`` or ``"mean"``: how frame tokens reach the multimodal encoder (module docstring).
@@ -138,8 +139,6 @@ class FrameViT(nn.Module):
         p = self.config.patch_size
         if h % p or w % p or h < p or w < p:
             raise ValueError(f"frame size {h}x{w} is not a positive multiple of the patch size {p}")
-        if self.time_embed is not None and t > self.config.num_frames:
-            raise ValueError(f"{t} frames exceed the {self.config.num_frames} the time embedding is sized for")
         pos = resample_pos_embed(self.pos_embed, (h // p, w // p), self.config.pos_interp)  # (1, 1+N, C)
         x = self.patch_embed(video.flatten(0, 1))  # (B*T, N, C)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos  # (B*T, 1+N, C)
@@ -147,10 +146,14 @@ class FrameViT(nn.Module):
             x = blk(x)
         frames = self.norm(x).unflatten(0, (b, t))  # (B, T, 1+N, C)
         cls = frames[:, :, 0].mean(dim=1)  # (B, C)
-        if self.time_embed is None:  # noqa: SIM108 (one comment per layout)
+        if self.time_embed is None:
             tokens = frames.mean(dim=1)  # (B, 1+N, C)
         else:
-            tokens = (frames + self.time_embed[:, :t]).flatten(1, 2)  # (B, T*(1+N), C)
+            time = self.time_embed  # (1, T0, 1, C); another frame count interpolates it linearly over frames
+            if time.shape[1] != t:
+                time = F.interpolate(time[:, :, 0].transpose(1, 2), size=t, mode="linear", align_corners=False)
+                time = time.transpose(1, 2)[:, :, None]  # (1, T, 1, C)
+            tokens = (frames + time).flatten(1, 2)  # (B, T*(1+N), C)
         return FrameOutput(cls=cls, tokens=tokens, frame_tokens=frames)
 
 
