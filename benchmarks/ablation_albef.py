@@ -70,11 +70,12 @@ def random_init(dataset: str, out: str, cfg: Config) -> None:
     import torch
 
     from vlp.models import directory
-    from vlp.steps.pretrain import _tokenizer, family_of, model_config
+    from vlp.steps.common import family_of, step_tokenizer
+    from vlp.steps.pretrain import model_config
     from vlp.train.checkpoint import save_checkpoint
 
     fam = family_of(cfg.model)
-    tok = _tokenizer(cfg, dataset, out)  # WordPiece on the training captions, as pre-training trains it
+    tok = step_tokenizer(cfg, dataset, out)  # WordPiece on the training captions, as pre-training trains it
     model_cfg = model_config(cfg.model, len(tok), 0, list(fam.default_losses))
     torch.manual_seed(cfg.pretrain.seed)
     ckpt = save_checkpoint(storage.join(out, "checkpoints"), 0, fam.build(fam.kinds.pretrained, model_cfg), None, None)

@@ -254,7 +254,8 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
 
 
 def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():
-    from vlp.steps.pretrain import model_config, resolved_inits, tokenizer_source
+    from vlp.steps.common import resolved_inits, tokenizer_source
+    from vlp.steps.pretrain import model_config
     from vlp.train.settings import ModelConfig
 
     paper = ModelConfig(preset="paper", img_size=224)

@@ -134,7 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what, epilog=EPILOG)
         p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
         p.add_argument("--frames", required=True, help="extract-frames output")
-        if source == "pretrained":
+        if name == "finetune-retrieval":
+            p.add_argument("--pretrained", default="", help="`vlp pretrain` output to start from (default: none: "
+                           "the `model` section's weights, e.g. TS2-Net's CLIP, or random init)")  # fmt: skip
+            p.add_argument("--model", dest="family", choices=FAMILY_NAMES,
+                           help="without --pretrained: the model family (default: model.family)")  # fmt: skip
+        elif source == "pretrained":
             p.add_argument("--pretrained", required=True, help="`vlp pretrain` output to start from")
         else:
             p.add_argument("--model", required=True, help="fine-tuned output (or, for zero-shot, a pretrain output)")

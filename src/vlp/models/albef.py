@@ -533,6 +533,7 @@ class AlbefFamily(TwoTowerMethods):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"
+    pretrains = True
     kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
     default_losses = LOSS_TERMS
 

@@ -442,6 +442,7 @@ class AlproFamily(TwoTowerMethods):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
+    pretrains = True
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
     default_losses = LOSS_TERMS
 

@@ -8,6 +8,8 @@ its entry in :func:`families`, and, when it pre-trains, a compiled DAG in ``pipe
 
 The contract, in the order a model's life uses it:
 
+- ``pretrains``: whether ``vlp pretrain`` trains it (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval``
+  without ``--pretrained`` starts any family from the ``model`` section's weights).
 - ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its preset's
   unless set; ``""`` = random init).
 - ``config(model, vocab_size, num_entities)`` -> the family's model config from the step config's ``model``
@@ -43,7 +45,8 @@ if TYPE_CHECKING:  # the CLI reads NAMES without importing torch
     from torch import Tensor, nn
 
 Task = Literal["retrieval", "qa"]
-NAMES = ("alpro", "albef")  # the families :func:`families` maps, by name (the CLI's choices, without importing them)
+# the families :func:`families` maps, by name (the CLI's choices, without importing them)
+NAMES = ("alpro", "albef", "ts2net")
 
 
 class Kinds(NamedTuple):
@@ -133,6 +136,7 @@ class Family(Protocol):
     name: str
     kinds: Kinds
     default_losses: tuple[str, ...]  # the objectives ``model.losses = []`` stands for
+    pretrains: bool  # False: ``vlp pretrain`` refuses it; fine-tuning starts from named weights (TS2-Net: CLIP)
 
     def weights(self, model: Any) -> tuple[str, str]: ...
 
@@ -212,9 +216,9 @@ def generator_on(generator: Any, like: Tensor) -> Any:
 
 def families() -> dict[str, Family]:
     """The plain mapping from a family's name to it (each module imported on first use)."""
-    from vlp.models import albef, alpro
+    from vlp.models import albef, alpro, ts2net
 
-    mapping: dict[str, Family] = {"alpro": alpro.FAMILY, "albef": albef.FAMILY}
+    mapping: dict[str, Family] = {"alpro": alpro.FAMILY, "albef": albef.FAMILY, "ts2net": ts2net.FAMILY}
     if tuple(mapping) != NAMES:
         raise RuntimeError(f"family.NAMES {NAMES} must list the families {tuple(mapping)}")
     return mapping

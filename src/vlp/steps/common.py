@@ -35,6 +35,70 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
     return summary
 
 
+# --------------------------------------------------------------------------- model family and tokenizer
+
+
+def family_of(model: Any) -> Any:
+    """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
+    from vlp.models import family
+
+    return family.get(model.family)
+
+
+def resolved_inits(model: Any) -> tuple[str, str]:
+    """``(video, text)`` weight sources of ``model``: its family's preset's unless set; ``""`` = random init."""
+    return family_of(model).weights(model)
+
+
+def tokenizer_source(model: Any) -> str:
+    """Where the tokenizer comes from: a dir / hub name, or ``""`` = train WordPiece on the training captions.
+
+    By default a model whose text weights are loaded uses their tokenizer (BERT's vocabulary must match
+    BERT's embeddings); one with random text weights trains WordPiece.
+    """
+    if model.tokenizer == "wordpiece":
+        return ""
+    return model.tokenizer or resolved_inits(model)[1]
+
+
+def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
+    """The tokenizer of ``out``: the one saved there by an earlier run, else :func:`tokenizer_source`'s (the
+    configured one, or the text weights' own), else WordPiece trained on the training captions; saved under
+    ``<out>/tokenizer`` once.
+
+    A rerun or resume into ``out`` reuses the saved tokenizer, so token ids never change under trained weights.
+
+    Raises:
+        ValueError: the configured tokenizer is not the one ``out`` was trained with.
+        PretrainedUnavailableError: a named tokenizer is neither local nor reachable (the message says how to
+            provide it).
+    """
+    from vlp.models import directory
+    from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
+    from vlp.train import distributed
+
+    saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
+    if storage.exists(storage.join(saved, "tokenizer.json")):
+        tok = load_tokenizer(saved)
+        if source and tokenizer_digest(load_tokenizer(source)) != tokenizer_digest(tok):
+            raise ValueError(
+                f"the tokenizer {source!r} (model.tokenizer / model.text_init) differs from the one {saved} was "
+                "trained with; use another output directory for another tokenizer"
+            )
+        log.info("reusing the tokenizer saved in %s", saved)
+        return tok
+    if source:
+        tok = load_tokenizer(source)
+    else:
+        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
+        pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)
+        train = [caption for caption, split in pairs if split == "train"]
+        tok = train_wordpiece(train, vocab_size=cfg.model.vocab_size, max_len=cfg.model.max_len)
+    if distributed.rank() == 0:
+        save_tokenizer(tok, saved)
+    return tok
+
+
 def seed_model_init(seed: int) -> None:
     """Seed every global generator before a model is built, so its random initial weights follow the seed.
 

@@ -28,7 +28,16 @@ from vlp.data.video_text import (
     normalize_answer,
 )
 from vlp.models import directory
-from vlp.steps.common import StepResult, device, run_step, seed_model_init, train_model, train_summary
+from vlp.steps.common import (
+    StepResult,
+    device,
+    family_of,
+    run_step,
+    seed_model_init,
+    step_tokenizer,
+    train_model,
+    train_summary,
+)
 from vlp.train.settings import FinetuneConfig
 
 log = logging.getLogger("vlp")
@@ -116,18 +125,30 @@ def _epoch_shape(batches: Any) -> tuple[int, int]:
 
 
 def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
-    """Fine-tune a pre-trained model for text-video retrieval with the ``retrieval.losses`` (ALPRO: VTC + VTM;
-    ALBEF: ITC + ITM)."""
+    """Fine-tune a model for text-video retrieval with the ``retrieval.losses`` (ALPRO: VTC + VTM; ALBEF: ITC +
+    ITM; TS2-Net: its frame-score contrastive loss).
+
+    ``pretrained`` is a pre-trained (or retrieval) model directory, or ``""`` to start from the ``model`` section
+    instead: the family's weights by name or path (TS2-Net: CLIP), or random init where the preset names none;
+    the tokenizer is then the weights' own, or WordPiece trained on the training captions.
+    """
 
     def work() -> StepResult:
         from vlp.models.family import PretrainBatch, StepContext, TextVocab
         from vlp.train import distributed
 
         distributed.init_from_env()
-        start = directory.describe(pretrained, starts())
-        fam = start.family
-        model_cfg = fam.task_config(start.config, "retrieval", cfg.retrieval)
-        tok = start.tokenizer()
+        if pretrained:
+            start = directory.describe(pretrained, starts())
+            fam, base, tok, checkpoint = start.family, start.config, start.tokenizer(), start.checkpoint
+            lineage = {"pretrained": pretrained}
+        else:
+            fam = family_of(cfg.model)
+            tok = step_tokenizer(cfg, dataset, out)
+            base, checkpoint = fam.config(cfg.model, len(tok)), ""
+            video_init, text_init = fam.weights(cfg.model)
+            lineage = {"dataset": dataset, "video_init": video_init or "random", "text_init": text_init or "random"}
+        model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
         length = text_length(cfg.retrieval, model_cfg)
         data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
         section = with_max_steps(cfg.retrieval, len(data))
@@ -143,13 +164,17 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         batches = _batches(data, section, fetch)
         model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))
         seed_model_init(cfg.retrieval.seed)
-        model = fam.build(fam.kinds.retrieval, model_cfg)
-        skipped = fam.init_from(model, start.checkpoint, "retrieval")
-        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+        model = fam.build(fam.kinds.retrieval, model_cfg)  # loads the section's named weights when starting anew
+        if checkpoint:
+            skipped = fam.init_from(model, checkpoint, "retrieval")
+            log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+        else:
+            log.info("finetune_retrieval: started from the model section (%s weights: video %s, text %s)",
+                     fam.name, lineage["video_init"], lineage["text_init"])  # fmt: skip
         model.to(device())
 
         ctx = StepContext(
-            vocab=TextVocab.of(tok),
+            vocab=TextVocab.of(tok) if tok.mask_token_id is not None else None,  # CLIP's tokenizer has no [MASK]
             gather=distributed.all_gather_with_grad,
             gather_nograd=distributed.all_gather_no_grad,
             rank=distributed.rank(),
@@ -166,7 +191,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             config=model_cfg,
             checkpoint=result.checkpoint,
             tokenizer=tok,
-            lineage={"pretrained": pretrained},
+            lineage=lineage,
             steps=result.step,
             max_len=length,
             task="retrieval",

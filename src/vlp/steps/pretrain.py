@@ -16,10 +16,18 @@ import torch.nn.functional as F
 
 from vlp import storage
 from vlp.config import Config
-from vlp.data import manifest
 from vlp.data.video_text import RANDAUG_OPS, ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
-from vlp.steps.common import StepResult, device, run_step, seed_model_init, train_model, train_summary
+from vlp.steps.common import (
+    StepResult,
+    device,
+    family_of,
+    run_step,
+    seed_model_init,
+    step_tokenizer,
+    train_model,
+    train_summary,
+)
 from vlp.train.settings import ModelConfig
 
 log = logging.getLogger("vlp")
@@ -28,69 +36,9 @@ log = logging.getLogger("vlp")
 # --------------------------------------------------------------------------- building blocks
 
 
-def family_of(model: ModelConfig) -> Any:
-    """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
-    from vlp.models import family
-
-    return family.get(model.family)
-
-
-def resolved_inits(model: ModelConfig) -> tuple[str, str]:
-    """``(video, text)`` weight sources of ``model``: its family's preset's unless set; ``""`` = random init."""
-    return family_of(model).weights(model)
-
-
-def tokenizer_source(model: ModelConfig) -> str:
-    """Where the tokenizer comes from: a dir / hub name, or ``""`` = train WordPiece on the training captions.
-
-    By default a model whose text weights are loaded uses their tokenizer (BERT's vocabulary must match
-    BERT's embeddings); one with random text weights trains WordPiece.
-    """
-    if model.tokenizer == "wordpiece":
-        return ""
-    return model.tokenizer or resolved_inits(model)[1]
-
-
 def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
     """The family's model config for ``model`` with these ``losses`` (the prompter's: VTC only)."""
     return family_of(model).config(replace(model, losses=list(losses)), vocab_size, num_entities)
-
-
-def _tokenizer(cfg: Config, dataset: str, out: str) -> Any:
-    """The tokenizer of ``out``: the one saved there by an earlier run, else :func:`tokenizer_source`'s (the
-    configured one, or the text weights' own), else WordPiece trained on the training captions; saved under
-    ``<out>/tokenizer`` once.
-
-    A rerun or resume into ``out`` reuses the saved tokenizer, so token ids never change under trained weights.
-
-    Raises:
-        ValueError: the configured tokenizer is not the one ``out`` was trained with.
-        PretrainedUnavailableError: a named tokenizer is neither local nor reachable (the message says how to
-            provide it).
-    """
-    from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
-    from vlp.train import distributed
-
-    saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
-    if storage.exists(storage.join(saved, "tokenizer.json")):
-        tok = load_tokenizer(saved)
-        if source and tokenizer_digest(load_tokenizer(source)) != tokenizer_digest(tok):
-            raise ValueError(
-                f"the tokenizer {source!r} (model.tokenizer / model.text_init) differs from the one {saved} was "
-                "trained with; use another output directory for another tokenizer"
-            )
-        log.info("reusing the tokenizer saved in %s", saved)
-        return tok
-    if source:
-        tok = load_tokenizer(source)
-    else:
-        captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
-        pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)
-        train = [caption for caption, split in pairs if split == "train"]
-        tok = train_wordpiece(train, vocab_size=cfg.model.vocab_size, max_len=cfg.model.max_len)
-    if distributed.rank() == 0:
-        save_tokenizer(tok, saved)
-    return tok
 
 
 def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any = None) -> Any:
@@ -156,7 +104,7 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         from vlp.train import distributed
 
         distributed.init_from_env()
-        tok = _tokenizer(cfg, dataset, out)
+        tok = step_tokenizer(cfg, dataset, out)
         fam = family_of(cfg.model)
         if not fam.kinds.prompter:
             raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
@@ -208,6 +156,11 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
 
         distributed.init_from_env()
         fam = family_of(cfg.model)
+        if not fam.pretrains:
+            raise ValueError(
+                f"{fam.name} is not pre-trained: it fine-tunes from its named weights (model.preset / video_init); "
+                "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
+            )
         terms = list(cfg.model.losses or fam.default_losses)
         prompter = bank = None
         if fam.kinds.prompter:
@@ -222,7 +175,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
             if prompter_dir or bank_dir:
                 log.warning("pretrain: model family %s uses no prompter or prompt bank; ignoring %r and %r",
                             fam.name, prompter_dir, bank_dir)  # fmt: skip
-            tok = _tokenizer(cfg, dataset, out)
+            tok = step_tokenizer(cfg, dataset, out)
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = model_config(cfg.model, len(tok), num_entities, terms)
         batches = _batches(cfg, dataset, frames, tok, model_cfg)

@@ -14,7 +14,7 @@ from typing import Literal
 class ModelConfig:
     """Which model to build, and from what (the family's presets; most keys are ALPRO's, see each family)."""
 
-    family: str = "alpro"  # vlp.models.family: alpro or albef (TS2-Net to come)
+    family: str = "alpro"  # vlp.models.family: alpro, albef or ts2net
     preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)
@@ -54,6 +54,20 @@ class ModelConfig:
     alpha_ramp_steps: int = -1  # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
     itm_negatives_from: Literal["global", "local"] = "global"  # paper: the batch; released code: the local batch
     temporal: Literal["concat", "mean"] = "concat"  # frame tokens the fusion sees: all frames', or their mean
+    # TS2-Net (vlp.models.ts2net): CLIP's patch (paper preset: ViT-B/32 or /16), token shift, token selection,
+    # frame aggregation and the frame score; defaults are the released code's where it differs from the paper
+    clip_patch: Literal[32, 16] = 32
+    shift_mode: Literal["code", "paper", "channel", "none"] = "code"  # token positions by stride / by ratio
+    shift_last: int = 2  # shift in the last N vision blocks (paper: blocks 11-12)
+    shift_ratio: float = 0.25  # shift_mode=paper: share of patch tokens moved
+    select: Literal["code", "paper", "none"] = "code"  # code: [CLS] + top-3 patches, tanh; paper: top-4, softmax
+    select_k: int = 0  # 0 = the rule's
+    select_eval: Literal["hard", "noise"] = "hard"  # inference: hard top-k, or the 500 noisy draws (code)
+    select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
+    aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
+    frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
+    frame_lambda: float = 4.0
+    frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
 
 
 @dataclass
