@@ -51,10 +51,10 @@ def finish_run(config: str, overrides: list[str], kfp_run_id: str, status: dsl.P
 
 @component
 def report(
-    pretrained: Input[Model],
     summary: Output[Markdown],
     config: str,
     overrides: list[str],
+    pretrained: Input[Model] = None,
     kfp_run_id: str = "",
     register_prefix: str = "vlp",
     register_alias: str = "candidate",
@@ -66,7 +66,7 @@ def report(
     """Final metrics to the parent run, fine-tuned models registered with their eval metrics, a summary.
 
     Args:
-        pretrained: The pre-trained model (listed in the summary).
+        pretrained: The pre-trained model (listed in the summary); None in the retrieval DAG (no pre-training).
         summary: Markdown table of the final metrics and the registered model versions.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
@@ -88,7 +88,8 @@ def report(
     if qa_results is not None:
         results["qa"] = (qa_results, qa_model)
     text = final_report(config, overrides, kfp_run_id, results, register_prefix, register_alias)
-    text += f"\npre-trained model: `{location(pretrained)}`\n"
+    if pretrained is not None:
+        text += f"\npre-trained model: `{location(pretrained)}`\n"
     pathlib.Path(summary.path).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(summary.path).write_text(text, encoding="utf-8")
     print(text)

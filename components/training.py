@@ -119,23 +119,26 @@ def pretrain(
 def finetune_retrieval(
     dataset: Input[Dataset],
     frames: Input[Dataset],
-    pretrained: Input[Model],
     model: Output[Model],
     config: str,
     overrides: list[str],
+    pretrained: Input[Model] = None,
+    family: str = "",
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
 ) -> None:
-    """Fine-tune a pre-trained model for text-video retrieval.
+    """Fine-tune a model for text-video retrieval: from a pre-trained one, or (no ``pretrained``) from the step
+    config's ``model`` section of ``family`` (TS2-Net: CLIP's weights).
 
     Args:
         dataset: The ingested dataset (its train split).
         frames: The extracted frames.
-        pretrained: The pretrain output.
         model: The fine-tuned model dir.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
+        pretrained: The pretrain output; None = start from the ``model`` section.
+        family: Without ``pretrained``: the model family (``""`` = the config's ``model.family``).
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
@@ -143,9 +146,11 @@ def finetune_retrieval(
     from components._runtime import Step, location, output_location
     from vlp.steps.finetune import finetune_retrieval as step
 
-    ds, fr, pt, out = location(dataset), location(frames), location(pretrained), output_location(model, data_root)
-    cli = ["finetune-retrieval", "--dataset", ds, "--frames", fr, "--pretrained", pt, "--out", out]
-    run = Step("finetune_retrieval", config, overrides, kfp_run_id, nproc).run
+    ds, fr, out = location(dataset), location(frames), output_location(model, data_root)
+    pt = location(pretrained) if pretrained is not None else ""
+    cli = ["finetune-retrieval", "--dataset", ds, "--frames", fr, "--out", out] + (["--pretrained", pt] if pt else [])
+    extra = [f"model.family={family}"] if family and not pt else []
+    run = Step("finetune_retrieval", config, [*overrides, *extra], kfp_run_id, nproc).run
     run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)
 
 

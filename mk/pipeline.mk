@@ -1,14 +1,16 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
-# PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG.
+# PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG;
+# PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there).
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
 KFP_EXPERIMENT ?= vlp
 PARAMS ?=
-FAMILY ?= alpro
-PRETRAIN_PIPELINE = $(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY))
+PIPELINE ?= pretrain
+FAMILY ?= $(if $(filter retrieval,$(PIPELINE)),ts2net,alpro)
+RUN_PIPELINE = $(if $(filter retrieval,$(PIPELINE)),retrieval,$(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY)))
 PIPELINE_OUT ?= runs/pipeline-local
 PIPELINE_DATA_ROOT ?=
 CRON ?= 0 0 3 * * *
@@ -22,13 +24,13 @@ SUBMIT_ARGS = --host "$(KFP_HOST)" --namespace "$(KFP_NAMESPACE)" --experiment "
 pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/*.yaml (commit the result)
 	$(PY) -m pipelines.compile
 
-pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
+pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, or PIPELINE=retrieval FAMILY=ts2net]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
-	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --family $(FAMILY) \
+	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --pipeline $(PIPELINE) --family $(FAMILY) \
 		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)')
 else
 	$(PY) -m pipelines.compile
-	$(SUBMIT) run --pipeline $(PRETRAIN_PIPELINE) $(SUBMIT_ARGS)
+	$(SUBMIT) run --pipeline $(RUN_PIPELINE) $(SUBMIT_ARGS) $(if $(filter retrieval,$(PIPELINE)),--param 'family=$(FAMILY)')
 endif
 
 schedule-eval: $(STAMP) ## Create/replace the recurring re-evaluation run: KFP_HOST=URL [CRON="0 0 3 * * *" SCHEDULE_NAME=..] PARAMS="test_dataset=s3://.. test_frames=s3://.."

@@ -14,13 +14,14 @@ from typing import Any
 from kfp import compiler
 
 from pipelines import config as pipeline_config
-from pipelines import pretrain, reevaluate
+from pipelines import pretrain, reevaluate, retrieval
 
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
 BUILDERS: dict[str, Callable[[pipeline_config.PipelineConfig], Any]] = {
     "pretrain": pretrain.build,
     "pretrain-albef": functools.partial(pretrain.build, family="albef"),
     "reevaluate": reevaluate.build,
+    "retrieval": retrieval.build,
 }
 
 

@@ -10,7 +10,8 @@ the MLflow parent run (with one nested run per step) to open::
 ``--param`` sets a pipeline parameter as ``make pipeline-run PARAMS="..."`` does on a cluster (same names and
 YAML values, checked against the compiled pipeline's inputs, e.g. ``register_alias=x`` or ``data_root=s3://b/p``);
 ``overrides`` given as a parameter are added after the trailing ones. ``--family albef`` runs ALBEF's DAG
-(no prompter, entities or prompt bank).
+(no prompter, entities or prompt bank); ``--pipeline retrieval`` runs ``vlp-retrieval`` (no pre-training: the
+family, TS2-Net by default, fine-tunes from its named weights; the tiny preset's are random).
 """
 
 import argparse
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import config as pipeline_config
-from pipelines import pretrain
+from pipelines import pretrain, retrieval
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "vlp-local"
@@ -36,7 +37,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(pipeline_config.CONFIG_DIR / "local.yaml"), help="pipeline config")
     parser.add_argument("--step-config", default=None, help="vlp step config (default: the pipeline config's)")
     parser.add_argument("--source-uri", default="", help="raw dataset to ingest instead of a fresh synthetic world")
-    parser.add_argument("--family", default="alpro", choices=pretrain.FAMILIES, help="which pre-training DAG")
+    parser.add_argument("--pipeline", default="pretrain", choices=["pretrain", "retrieval"],
+                        help="the pre-training DAG of --family, or vlp-retrieval (from weights)")  # fmt: skip
+    parser.add_argument("--family", default=None, help="model family (pretrain: alpro / albef, default alpro; "
+                        "retrieval: any, default ts2net)")  # fmt: skip
     parser.add_argument(
         "--data-root", default=None, help="s3:// prefix for large outputs (default: the pipeline config's data_root)"
     )
@@ -55,8 +59,10 @@ def run(
     data_root: str | None = None,
     params: dict[str, Any] | None = None,
     family: str = "alpro",
+    pipeline: str = "pretrain",
 ) -> dict[str, Any]:
-    """Run ``family``'s pre-training DAG locally into ``out``; returns ``{"outputs": {task: {name: path}},
+    """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``)
+    locally into ``out``; returns ``{"outputs": {task: {name: path}},
     "mlflow": {...}}``.
 
     With ``data_root`` (e.g. ``s3://bucket/prefix``; default: the pipeline config's) the large outputs go there
@@ -83,7 +89,10 @@ def run(
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
         arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
         arguments["overrides"] = [*tracking, *overrides, *(params or {}).get("overrides", [])]
-        pretrain.build(cfg, family)(**arguments)
+        if pipeline == "retrieval":
+            retrieval.build(cfg)(**arguments, family=family)
+        else:
+            pretrain.build(cfg, family)(**arguments)
     new_dirs = sorted(set((run_dir / "kfp").glob("*")) - before)
     return {"outputs": list_outputs(new_dirs[-1]), "mlflow": mlflow_summary(sqlite_uri(run_dir))}
 
@@ -133,15 +142,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     from pipelines.submit import SubmitError, parse_params
 
+    family = args.family or ("ts2net" if args.pipeline == "retrieval" else "alpro")
     try:
-        name = "pretrain" if args.family == "alpro" else f"pretrain-{args.family}"
+        if args.pipeline == "pretrain" and family not in pretrain.FAMILIES:
+            raise SubmitError(f"no pre-training DAG for {family!r}: choose {pretrain.FAMILIES} or --pipeline retrieval")
+        name = "pretrain" if family == "alpro" else f"pretrain-{family}"
+        name = "retrieval" if args.pipeline == "retrieval" else name
         params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / f"{name}.yaml")
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
         return 2
     result = run(
-        args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, args.family
-    )
+        args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,
+        args.pipeline,
+    )  # fmt: skip
     print("\n=== outputs (task -> artifact) ===")
     for task, items in result["outputs"].items():
         for name, path in items.items():

@@ -79,7 +79,9 @@ def test_config_can_be_yaml_text_and_bad_input_fails_loudly(tiny_world, tmp_path
     assert json.loads((tmp_path / "entities" / "summary.json").read_text())["config"]["entities"]["top_m"] == 5
     with pytest.raises(FileNotFoundError, match=r"nope\.yaml"):
         data.mine_entities.python_func(dataset=ds, entities=entities, config="nope.yaml", overrides=[])
-    with pytest.raises(ValueError, match="'ts2net' is not available; choose one of"):
+    with pytest.raises(ValueError, match="'clip4clip' is not available; choose one of"):
+        _runtime.pretrain_fn("clip4clip")
+    with pytest.raises(ValueError, match="'ts2net' is not pre-trained"):
         _runtime.pretrain_fn("ts2net")
 
 
@@ -230,15 +232,21 @@ def test_training_chain_through_the_components(tiny_world, tmp_path, store):
 
 
 @pytest.mark.slow
-def test_an_albef_model_is_registered_and_re_evaluated_like_alpro(tiny_world, tmp_path, store):
-    """ALBEF through the components: pretrain without a prompter, fine-tune, register, fetch, re-evaluate."""
+@pytest.mark.parametrize("family", ["albef", "ts2net"])
+def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tmp_path, store, family):
+    """ALBEF (pretrain without a prompter) and TS2-Net (no pre-training: fine-tuned from its named weights) through
+    the components: fine-tune, register, fetch, re-evaluate."""
     ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
-    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"], "kfp_run_id": "k-albef"}
-    reporting.start_run.python_func(**common, pipeline="vlp-pretrain-albef", image="i")
+    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"], "kfp_run_id": f"k-{family}"}
+    reporting.start_run.python_func(**common, pipeline=f"vlp-{family}", image="i")
     model, tuned = _art(Model, tmp_path / "model"), _art(Model, tmp_path / "tuned")
-    training.pretrain.python_func(dataset=ds, frames=fr, model=model, family="albef", **common)
-    assert json.loads((tmp_path / "model" / "model.json").read_text())["kind"] == "albef"
-    training.finetune_retrieval.python_func(dataset=ds, frames=fr, pretrained=model, model=tuned, **common)
+    if family == "albef":
+        training.pretrain.python_func(dataset=ds, frames=fr, model=model, family="albef", **common)
+        assert json.loads((tmp_path / "model" / "model.json").read_text())["kind"] == "albef"
+        training.finetune_retrieval.python_func(dataset=ds, frames=fr, pretrained=model, model=tuned, **common)
+    else:
+        model = None
+        training.finetune_retrieval.python_func(dataset=ds, frames=fr, model=tuned, family=family, **common)
     outs = {n: _art(c, tmp_path / n) for n, c in (("res", Artifact), ("m", Metrics), ("md", Markdown), ("html", HTML))}
     evaluation.evaluate_retrieval.python_func(
         dataset=ds, frames=fr, model=tuned, results=outs["res"], metrics=outs["m"], report_md=outs["md"],
@@ -253,7 +261,7 @@ def test_an_albef_model_is_registered_and_re_evaluated_like_alpro(tiny_world, tm
     reporting.fetch_model.python_func(
         model_ref="a-retrieval@candidate", model=fetched, config=TINY, overrides=common["overrides"]
     )
-    assert json.loads((tmp_path / "fetched" / "model.json").read_text())["kind"] == "albef_retrieval"
+    assert json.loads((tmp_path / "fetched" / "model.json").read_text())["kind"] == f"{family}_retrieval"
     again = {n: _art(c, tmp_path / f"{n}2") for n, c in (("res", Artifact), ("m", Metrics), ("md", Markdown),
                                                          ("html", HTML))}  # fmt: skip
     evaluation.evaluate_retrieval.python_func(

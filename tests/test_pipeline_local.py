@@ -70,3 +70,26 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
     tracked = result["mlflow"]
     assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
     assert Path(outputs["report"]["summary"]).read_text().startswith("# vlp pipeline run")
+
+
+@pytest.mark.slow
+def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(tmp_path: Path) -> None:
+    """vlp-retrieval under kfp.local: TS2-Net (tiny, random CLIP) fine-tuned, evaluated and registered."""
+    tiny = str(CONFIG_DIR.parents[1] / "configs" / "tiny.yaml")
+    result = local_run.run(tmp_path / "run", step_config=tiny, family="ts2net", pipeline="retrieval",
+                           params={"register_alias": "ts2"})  # fmt: skip
+    outputs = result["outputs"]
+    steps = ["synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval"]
+    assert set(steps) <= set(outputs) and not {"pretrain", "finetune-qa"} & set(outputs)
+    from mlflow import MlflowClient
+
+    from vlp.models import directory
+
+    assert directory.describe(outputs["finetune-retrieval"]["model"]).kind == "ts2net_retrieval"
+    tracked = result["mlflow"]
+    assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
+    m = tracked["metrics"]
+    assert m["retrieval.t2v_r1"] == m["retrieval.vtc_t2v_r1"]  # the frame score is final: nothing re-ranks
+    assert MlflowClient(tracked["tracking_uri"]).get_model_version_by_alias("vlp-local-retrieval", "ts2").version
+    summary = Path(outputs["report"]["summary"]).read_text()
+    assert summary.startswith("# vlp pipeline run") and "pre-trained model" not in summary

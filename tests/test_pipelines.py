@@ -40,7 +40,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval"])
 def test_committed_yaml_matches_the_code(compiled: Path, name: str) -> None:
     fresh = (compiled / f"{name}.yaml").read_text(encoding="utf-8")
     committed = (COMPILED / f"{name}.yaml").read_text(encoding="utf-8")
@@ -444,6 +444,21 @@ def test_the_albef_dag_pretrains_straight_from_the_frames(compiled: Path) -> Non
     pretrain_task = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["pretrain"]
     assert pretrain_task["inputs"]["parameters"]["family"]["runtimeValue"]["constant"] == "albef"
     assert "prompter" not in pretrain_task["inputs"].get("artifacts", {})
+
+
+def test_the_retrieval_dag_fine_tunes_from_named_weights_without_pre_training(compiled: Path) -> None:
+    """vlp-retrieval: data -> finetune_retrieval (no pretrained input, the family as a parameter) -> eval -> report."""
+    spec, _ = _docs(compiled / "retrieval.yaml")
+    assert spec["pipelineInfo"]["name"] == "vlp-retrieval"
+    tasks = set(_task_names_of(spec))
+    assert {"synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval", "report"} <= tasks
+    assert not tasks & {"pretrain", "pretrain-prompter", "mine-entities", "finetune-qa", "evaluate-qa"}
+    assert spec["root"]["inputDefinitions"]["parameters"]["family"]["defaultValue"] == "ts2net"
+    tuned = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["finetune-retrieval"]
+    assert "pretrained" not in tuned["inputs"].get("artifacts", {})
+    assert tuned["inputs"]["parameters"]["family"]["componentInputParameter"] == "pipelinechannel--family"
+    report = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["report"]
+    assert set(report["inputs"]["artifacts"]) == {"retrieval_model", "retrieval_results"}
 
 
 def _task_names_of(spec: dict[str, Any]) -> list[str]:

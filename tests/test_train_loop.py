@@ -664,3 +664,22 @@ def test_fusion_lr_mult_scales_the_fusion_and_heads_through_the_schedule() -> No
     assert len(build_optimizer(model, OptimConfig(lr=1e-4)).param_groups) == 2  # factor 1: groups as before
     with pytest.raises(ValueError, match="fusion_lr_mult"):
         OptimConfig(fusion_lr_mult=0.0)
+
+
+def test_backbone_lr_mult_slows_the_backbone_beside_new_modules_and_composes_with_decay_groups() -> None:
+    from vlp.train.optim import build_scheduler
+
+    model = nn.ModuleDict({"clip": nn.Linear(4, 4), "selector": nn.Linear(4, 4)})
+    cfg = OptimConfig(lr=1e-4, backbone_lr_mult=1e-3, warmup_ratio=0.1, betas=(0.9, 0.98), eps=1e-6)
+    opt = build_optimizer(model, cfg)
+    assert len(opt.param_groups) == 4 and all(g["eps"] == 1e-6 for g in opt.param_groups)  # (decay, no) x 2
+    names = {id(p): n for n, p in model.named_parameters()}
+    sched = build_scheduler(opt, cfg, total_steps=10)
+    for _ in range(5):
+        opt.step()
+        sched.step()
+        lrs = {names[id(p)]: g["lr"] for g in opt.param_groups for p in g["params"]}
+        assert lrs["clip.weight"] == pytest.approx(1e-3 * lrs["selector.weight"]) and lrs["selector.weight"] > 0
+        assert lrs["clip.bias"] == pytest.approx(lrs["clip.weight"])
+    decay = {names[id(p)]: g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+    assert decay["clip.weight"] > 0 and decay["clip.bias"] == 0

@@ -340,3 +340,26 @@ def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path):
     finetune_retrieval(tiny_world["dataset"], tiny_world["frames"], "", out, _steps_cfg("retrieval.max_steps=1"))
     with pytest.raises(ValueError, match="no QA head"):
         finetune_qa(tiny_world["dataset"], tiny_world["frames"], out, str(tmp_path / "qa"), cfg)
+
+
+def test_the_msrvtt_config_is_the_papers_and_codes_row():
+    from vlp.config import load_config
+    from vlp.models.ts2net import FAMILY
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    cfg = load_config([root / "default.yaml", root / "ts2net" / "msrvtt.yaml"])
+    r = cfg.retrieval
+    assert (r.lr, tuple(r.betas), r.eps, r.weight_decay) == (1e-4, (0.9, 0.98), 1e-6, 0.2)
+    assert r.lr * r.backbone_lr_mult == pytest.approx(1e-7)  # CLIP's parameters
+    assert (r.batch_size * 8, r.epochs, r.num_frames, r.max_len, r.grad_clip, r.warmup_ratio) == (
+        128,
+        5,
+        12,
+        32,
+        1.0,
+        0.1,
+    )
+    model = FAMILY.config(cfg.model, vocab_size=49408)
+    assert model.video.init == model.text.init == "openai/clip-vit-base-patch32" and model.video.patch_size == 32
+    assert (model.shift_last, model.picks, model.tokens_per_frame, model.aggregator_layers) == (2, 3, 4, 4)
+    assert model.embed_dim == 512 and model.video.num_tokens == 50

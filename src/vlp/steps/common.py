@@ -154,6 +154,9 @@ def train_model(
         grad_clip=cfg.grad_clip,
         alpro_code_weight_decay=cfg.alpro_code_weight_decay,
         fusion_lr_mult=cfg.fusion_lr_mult,
+        backbone_lr_mult=cfg.backbone_lr_mult,
+        betas=tuple(cfg.betas),
+        eps=cfg.eps,
     )
     logger, mlflow_run = None, None
     if distributed.rank() == 0:

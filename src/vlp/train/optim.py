@@ -87,12 +87,17 @@ class OptimConfig:
     # random weights when the towers do not (vtm_probe: at 1e-4 a random fusion stays at VTM's label prior)
     fusion_lr_mult: float = 1.0
     fusion_prefixes: tuple[str, ...] = ("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier.")
+    # lr factor of the parameters under backbone_prefixes: a pre-trained backbone tuned gently beside new modules
+    # (TS2-Net's code: CLIP at 1e-4 x 1e-3 = 1e-7, the token selector and frame aggregator at 1e-4)
+    backbone_lr_mult: float = 1.0
+    backbone_prefixes: tuple[str, ...] = ("clip.",)
 
     def __post_init__(self) -> None:
         if self.lr < 0:
             raise ValueError(f"OptimConfig.lr must be >= 0, got {self.lr}")
-        if self.fusion_lr_mult <= 0:
-            raise ValueError(f"OptimConfig.fusion_lr_mult must be > 0, got {self.fusion_lr_mult}")
+        if self.fusion_lr_mult <= 0 or self.backbone_lr_mult <= 0:
+            raise ValueError(f"OptimConfig.fusion_lr_mult and backbone_lr_mult must be > 0, got "
+                             f"{self.fusion_lr_mult} / {self.backbone_lr_mult}")  # fmt: skip
         if self.weight_decay < 0:
             raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
@@ -152,7 +157,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     Returns:
         ``torch.optim.AdamW`` with two groups (decay, no decay), or one group with weight decay 0
         when ``cfg.alpro_code_weight_decay``; with ``fusion_lr_mult != 1`` each is split again, the parameters
-        under ``fusion_prefixes`` getting ``lr * fusion_lr_mult``. Empty groups are omitted.
+        under ``fusion_prefixes`` getting ``lr * fusion_lr_mult``, and likewise with ``backbone_lr_mult != 1`` for
+        ``backbone_prefixes``. Empty groups are omitted.
 
     Raises:
         ValueError: if the model has no trainable parameter.
@@ -166,13 +172,15 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
             {"params": [params[n] for n in decay], "weight_decay": cfg.weight_decay},
             {"params": [params[n] for n in no_decay], "weight_decay": 0.0},
         ]
-    if cfg.fusion_lr_mult != 1.0:
-        names = {id(p): n for n, p in params.items()}
+    names = {id(p): n for n, p in params.items()}
+    for mult, prefixes in ((cfg.fusion_lr_mult, cfg.fusion_prefixes), (cfg.backbone_lr_mult, cfg.backbone_prefixes)):
+        if mult == 1.0:
+            continue
         split = []
         for g in groups:
-            fused = [p for p in g["params"] if names[id(p)].startswith(cfg.fusion_prefixes)]
-            rest = [p for p in g["params"] if not names[id(p)].startswith(cfg.fusion_prefixes)]
-            split += [g | {"params": rest}, g | {"params": fused, "lr": cfg.lr * cfg.fusion_lr_mult}]
+            inside = [p for p in g["params"] if names[id(p)].startswith(prefixes)]
+            rest = [p for p in g["params"] if not names[id(p)].startswith(prefixes)]
+            split += [g | {"params": rest}, g | {"params": inside, "lr": g.get("lr", cfg.lr) * mult}]
         groups = split
     groups = [g for g in groups if g["params"]]
     if not groups:

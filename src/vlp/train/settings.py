@@ -101,6 +101,9 @@ class PretrainConfig:
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
     progress: bool = True  # tqdm bar
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
+    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
+    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
 
 
 @dataclass
@@ -140,6 +143,9 @@ class FinetuneConfig:
     bf16: bool = True
     progress: bool = True
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads
+    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
+    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
 
 
 @dataclass

@@ -1,0 +1,60 @@
+"""The retrieval DAG (``vlp-retrieval``) for model families that need no vlp pre-training (TS2-Net: CLIP).
+
+synth (or an existing raw dataset) -> ingest -> extract_frames -> finetune_retrieval (from the step config's
+``model`` section: the family's named weights) -> evaluate_retrieval -> report (registers the model as
+``<prefix>-retrieval``). An MLflow parent run opens first and an exit handler closes it FINISHED or FAILED, as in
+the pre-training DAGs; per-step resources, images, caching and retries come from :class:`PipelineConfig`.
+"""
+
+from typing import Any
+
+from kfp import dsl
+
+from components import data, evaluation, reporting, training
+from pipelines.config import PipelineConfig, configure, nproc
+
+NAME = "vlp-retrieval"
+
+
+def build(cfg: PipelineConfig) -> Any:
+    """The ``vlp-retrieval`` pipeline for ``cfg``."""
+
+    @dsl.pipeline(name=NAME, description="vlp retrieval: data -> fine-tune from named weights (TS2-Net) -> eval")
+    def vlp_retrieval(
+        config: str = cfg.step_config,
+        overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
+        family: str = "ts2net",
+        source_uri: str = "",
+        data_root: str = cfg.data_root,
+        register_alias: str = "candidate",
+    ) -> None:
+        """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
+        family = the model family fine-tuned from its named weights; source_uri = raw dataset to ingest ("" = a
+        fresh synthetic world); data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias =
+        alias of the new model."""
+        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+        common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
+        stored = {**common, "data_root": data_root}
+        finish = configure(reporting.finish_run(**common), cfg, "finish_run")
+        with dsl.ExitHandler(finish, name="tracked-run"):
+            start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("finetune_retrieval"))
+            configure(start, cfg, "start_run")
+            raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
+            ds = configure(data.ingest(raw=raw.outputs["raw"], **stored), cfg, "ingest").outputs["dataset"]
+            fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
+            tuned = training.finetune_retrieval(
+                dataset=ds, frames=fr, family=family, **stored, nproc=nproc(cfg, "finetune_retrieval")
+            )
+            model = configure(tuned, cfg, "finetune_retrieval").outputs["model"]
+            scored = configure(evaluation.evaluate_retrieval(dataset=ds, frames=fr, model=model, **stored), cfg,
+                               "evaluate_retrieval")  # fmt: skip
+            summary = reporting.report(
+                **common,
+                register_prefix=cfg.register_prefix,
+                register_alias=register_alias,
+                retrieval_results=scored.outputs["results"],
+                retrieval_model=model,
+            )
+            configure(summary, cfg, "report")
+
+    return vlp_retrieval
