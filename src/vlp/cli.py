@@ -96,30 +96,34 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "import-checkpoint",
-        help="released ALPRO / ALBEF weights (salesforce/ALPRO, salesforce/ALBEF or LAVIS) -> a model directory for "
-        "finetune-*/evaluate-*",
+        help="released ALPRO / ALBEF / TS2-Net weights (salesforce/ALPRO, salesforce/ALBEF, LAVIS, yuqi657/ts2_net) "
+        "-> a model directory for finetune-*/evaluate-*",
         epilog=EPILOG,
     )
     p.add_argument("--source", required=True, help="checkpoint file (.pt/.pth/.bin/.safetensors), local or s3://")
     p.add_argument("--out", required=True, help="output model directory or s3:// prefix")
-    p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", "alpro", "albef"],
+    p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", "alpro", "albef", "ts2net"],
                    help="which model the file holds (default: from the keys)")  # fmt: skip
-    p.add_argument("--format", dest="ckpt_format", default="auto", choices=["auto", "alpro", "albef", "lavis"],
-                   help="key layout (default: detected; ALPRO: alpro/lavis, ALBEF: albef/lavis)")  # fmt: skip
+    p.add_argument("--format", dest="ckpt_format", default="auto",
+                   choices=["auto", "alpro", "albef", "lavis", "ts2net"],
+                   help="key layout (default: detected; ALPRO, ALBEF: their own or lavis)")  # fmt: skip
     p.add_argument("--kind", default="auto",
-                   choices=["auto", "alpro", "alpro_retrieval", "alpro_qa", "prompter", "albef", "albef_retrieval"],
+                   choices=["auto", "alpro", "alpro_retrieval", "alpro_qa", "prompter", "albef", "albef_retrieval",
+                            "ts2net_retrieval"],
                    help="what to build: pre-trained, retrieval, QA, or the pre-trained ALPRO file's prompter "
                    "(default: ALPRO: classifier -> QA, PEM head/prompter -> pre-trained, else retrieval; "
                    "ALBEF: MLM head -> pre-trained, else retrieval)")  # fmt: skip
-    p.add_argument("--tokenizer", default="bert-base-uncased",
-                   help="the weights' tokenizer: hub name or local/s3:// dir (default: bert-base-uncased)")  # fmt: skip
+    p.add_argument("--tokenizer", default="",
+                   help="the weights' tokenizer: hub name or local/s3:// dir (default: bert-base-uncased; TS2-Net: "
+                   "openai/clip-vit-base-patch32)")  # fmt: skip
     p.add_argument("--answers", default="", help="QA: answer vocabulary, a JSON list or ALPRO's train_ans2label.json")
     p.add_argument("--video-heads", type=int, default=0, help="ViT attention heads (default: width / 64)")
     p.add_argument("--text-heads", type=int, default=0, help="BERT attention heads (default: width / 64)")
     p.add_argument("--fusion-layers", type=int, default=0, help="BERT layers that fuse (default: half, ALPRO's 6/12)")
     p.add_argument("--max-len", type=int, default=40, help="text length for fine-tuning/evaluation (default: 40)")
     p.add_argument("--num-frames", type=int, default=4,
-                   help="ALBEF: frames per clip its zero-started time embedding is sized for (default: 4)")  # fmt: skip
+                   help="ALBEF: frames per clip its zero-started time embedding is sized for; TS2-Net: frames per "
+                   "clip (default: 4)")  # fmt: skip
     _common(p)
 
     for name, what, source in (

@@ -1,9 +1,10 @@
-"""Step: ``import-checkpoint``, released ALPRO or ALBEF weights -> a vlp model directory.
+"""Step: ``import-checkpoint``, released ALPRO, ALBEF or TS2-Net weights -> a vlp model directory.
 
 The output is what ``finetune-*`` and ``evaluate-*`` accept (:mod:`vlp.models.directory`): ``model.json``
 (kind, config read from the shapes, lineage: the file and its SHA-256), ``tokenizer/``, ``weights/`` and, for
 QA, ``answers.json``; plus ``import_report.json``, which lists every source key that has no place in the model
-and why. See :mod:`vlp.models.import_alpro` and :mod:`vlp.models.import_albef` for the formats.
+and why. See :mod:`vlp.models.import_alpro`, :mod:`vlp.models.import_albef` and :mod:`vlp.models.import_ts2net` for
+the formats.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from vlp.steps.common import StepResult, run_step, seed_model_init
 
 log = logging.getLogger("vlp")
 REPORT_FILE = "import_report.json"
+CLIP_TOKENIZER = "openai/clip-vit-base-patch32"  # TS2-Net's (CLIP's BPE; ViT-B/16 shares it)
 WEIGHTS_DIR = "weights"
 
 
@@ -53,7 +55,7 @@ def import_checkpoint(
     *,
     fmt: str = "auto",
     kind: str = "auto",
-    tokenizer: str = "bert-base-uncased",
+    tokenizer: str = "",
     answers: str = "",
     video_heads: int = 0,
     text_heads: int = 0,
@@ -73,17 +75,27 @@ def import_checkpoint(
         kind: ``alpro`` (pre-trained), ``alpro_retrieval``, ``alpro_qa``, ``prompter`` (the pre-trained file's
             frozen prompter) or ``auto`` (classifier -> QA; PEM head or prompter -> pre-trained; else retrieval).
         tokenizer: the tokenizer the weights were trained with: a hub name or local / ``s3://`` directory
-            (ALPRO: ``bert-base-uncased``).
+            (``""``: the family's, ``bert-base-uncased`` for ALPRO / ALBEF, CLIP's for TS2-Net).
         answers: QA only: the answer vocabulary (JSON list, or ALPRO's ``{answer: label}``).
         video_heads, text_heads: attention heads; 0 = width / 64 (12 for ALPRO's ViT-B and BERT-base).
         fusion_layers: BERT layers that fuse; 0 = half (ALPRO: 6 of 12).
         max_len: text length the fine-tuning and evaluation steps use by default (released configs: 40).
-        family: ``alpro``, ``albef`` or ``auto`` (from the keys: a ViT directly under ``visual_encoder.`` is
-            ALBEF's). For ALBEF, ``fmt`` is ``albef`` / ``lavis`` / ``auto`` and ``kind`` ``albef`` (pre-trained,
-            with the MLM head) / ``albef_retrieval`` / ``auto``; the fusion split is read from the
-            cross-attention keys (``fusion_layers`` is ignored).
-        num_frames: ALBEF only: frames per clip its (zero) time embedding is sized for.
+        family: ``alpro``, ``albef``, ``ts2net`` or ``auto`` (from the keys: a ViT directly under
+            ``visual_encoder.`` is ALBEF's, OpenAI's CLIP under ``clip.`` TS2-Net's). For ALBEF, ``fmt`` is
+            ``albef`` / ``lavis`` / ``auto`` and ``kind`` ``albef`` (pre-trained, with the MLM head) /
+            ``albef_retrieval`` / ``auto``; the fusion split is read from the cross-attention keys
+            (``fusion_layers`` is ignored). TS2-Net: ``ts2net_retrieval`` only, shapes and rules from the keys.
+        num_frames: ALBEF: frames per clip its (zero) time embedding is sized for; TS2-Net: frames per clip.
     """
+
+    def _import_ts2net(state: dict[str, Any], sha: str) -> StepResult:
+        from vlp.models import import_ts2net
+
+        if kind not in ("auto", "ts2net_retrieval") or fmt not in ("auto", "ts2net") or answers:
+            raise ValueError("a TS2-Net checkpoint is a retrieval model (kind ts2net_retrieval, format ts2net); it "
+                             "has no answers")  # fmt: skip
+        model_cfg, weights, report = import_ts2net.build(state, num_frames=num_frames)
+        return _write("ts2net", "ts2net_retrieval", model_cfg, weights, report, sha, None)
 
     def _import_albef(state: dict[str, Any], sha: str) -> StepResult:
         from vlp.models import albef, import_albef
@@ -113,10 +125,11 @@ def import_checkpoint(
         from vlp.models.tokenizer import load_tokenizer
         from vlp.train.checkpoint import save_model_weights
 
-        tok = load_tokenizer(tokenizer)
-        directory.check_vocab(tok, model_cfg, repr(tokenizer))
+        source_tok = tokenizer or (CLIP_TOKENIZER if chosen_fmt == "ts2net" else "bert-base-uncased")
+        tok = load_tokenizer(source_tok)
+        directory.check_vocab(tok, model_cfg, repr(source_tok))
         ckpt = save_model_weights(storage.join(out, WEIGHTS_DIR), weights)  # every model key, as mapped
-        lineage = {"imported_from": source, "sha256": sha, "format": chosen_fmt, "tokenizer": tokenizer}
+        lineage = {"imported_from": source, "sha256": sha, "format": chosen_fmt, "tokenizer": source_tok}
         directory.save(
             out,
             kind=chosen_kind,
@@ -142,12 +155,14 @@ def import_checkpoint(
         return result
 
     def work() -> StepResult:
-        from vlp.models import alpro, import_albef
+        from vlp.models import alpro, import_albef, import_ts2net
         from vlp.models import import_alpro as imp
 
         state, sha = imp.read_checkpoint(source)
-        if family not in ("auto", "alpro", "albef"):
-            raise ValueError(f"family must be alpro, albef or auto, got {family!r}")
+        if family not in ("auto", "alpro", "albef", "ts2net"):
+            raise ValueError(f"family must be alpro, albef, ts2net or auto, got {family!r}")
+        if family == "ts2net" or (family == "auto" and import_ts2net.is_ts2net(state)):
+            return _import_ts2net(state, sha)
         if family == "albef" or (family == "auto" and import_albef.is_albef(state)):
             return _import_albef(state, sha)
         chosen_fmt = imp.detect_format(state) if fmt == "auto" else fmt
