@@ -316,3 +316,22 @@ def test_heldout_vtm_scores_each_text_with_its_hardest_negatives():
     assert heldout_vtm(sim[:, :1], _idx([0, 0, 0, 0]), oracle, 4) == {}  # one clip: no negative exists
     with pytest.raises(ValueError, match=r"\(P, 2\)"):
         heldout_vtm(sim, text_video, lambda t, v: torch.zeros(t.numel()), 4)
+
+
+def test_rescoring_uses_the_other_queries_as_computed_by_hand():
+    from vlp.eval.retrieval import rescore, rescored_metrics
+
+    sim = torch.tensor([[0.9, 0.8], [0.85, 0.1], [0.2, 0.3]])  # 3 texts x 2 videos
+    e = torch.exp(10 * sim)
+    inverted = e / e.sum(dim=0, keepdim=True)
+    torch.testing.assert_close(rescore(sim, "inverted_softmax", 10.0), inverted)
+    torch.testing.assert_close(rescore(sim, "dual_softmax", 10.0), sim * inverted)
+    torch.testing.assert_close(rescore(sim, "dual_softmax", 10.0, dim=1), sim * torch.softmax(10 * sim, dim=1))
+    assert torch.equal(rescore(sim, "none"), sim)
+    # text 0 prefers video 0 (0.9 > 0.8), but video 0 is also text 1's best match: the prior moves text 0 to video 1
+    text_video = torch.tensor([1, 0, 1])
+    plain, dual = retrieval_metrics(sim, text_video), rescored_metrics(sim, text_video, "dual_softmax", 10.0)
+    assert plain["t2v_r1"] == pytest.approx(200 / 3) and dual["t2v_r1"] == 100.0
+    assert dual["rsum"] == pytest.approx(sum(dual[f"{d}_r{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10)))
+    with pytest.raises(ValueError, match="rescore must be one of"):
+        rescore(sim, "qb_norm")

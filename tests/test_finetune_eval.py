@@ -273,3 +273,8 @@ def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained
     assert (doc["vtm_negatives"], doc["same_video_vtc"], doc["same_video_vtm"]) == ("mixed", "positive", "exclude")
     peaks = sorted({group["initial_lr"] for group in built[0].param_groups})  # the fusion and heads at 10x
     assert peaks == pytest.approx([cfg.retrieval.lr, 10 * cfg.retrieval.lr])
+
+
+def test_rescoring_is_refused_for_a_model_that_re_ranks(pretrained, tmp_path):
+    with pytest.raises(ValueError, match="re-ranks with its pair scorer"):
+        _eval(pretrained, pretrained["alpro"], tmp_path / "zs", "retrieval.rescore=dual_softmax")

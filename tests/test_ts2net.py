@@ -327,6 +327,10 @@ def test_finetune_retrieval_starts_ts2net_from_the_model_section_and_evaluates(t
     assert "vtm_loss" not in m and 0 <= m["t2v_r1"] <= m["t2v_r5"] <= 100
     again = evaluate_retrieval(tiny_world["dataset"], tiny_world["frames"], out, str(tmp_path / "again"), cfg)
     assert again["metrics"] == m  # hard top-k at inference: the same scores every time
+    dual = _steps_cfg("retrieval.rescore=dual_softmax", "retrieval.rescore_scale=50")
+    r = evaluate_retrieval(tiny_world["dataset"], tiny_world["frames"], out, str(tmp_path / "dual"), dual)["metrics"]
+    assert {k: v for k, v in r.items() if k.startswith("vtc_")} == {k: v for k, v in m.items() if k.startswith("vtc_")}
+    assert r["t2v_meanr"] != m["t2v_meanr"]  # the test set's own statistics moved the ranking
 
 
 def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path):

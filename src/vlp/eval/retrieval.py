@@ -160,6 +160,39 @@ def retrieval_metrics(scores: Tensor, text_video: Tensor) -> dict[str, float]:
     return out
 
 
+RESCORE_RULES = ("none", "dual_softmax", "inverted_softmax")
+
+
+def rescore(scores: Tensor, rule: str, scale: float = 100.0, dim: int = 0) -> Tensor:
+    """Test-time re-scoring of a ``(T, V)`` similarity matrix with the statistics of the evaluated set itself.
+
+    - ``dual_softmax`` (CAMoE's DSL at inference): ``s * softmax(scale * s)`` over ``dim``, the other queries'
+      scores of the same candidate acting as a prior;
+    - ``inverted_softmax`` (Smith et al. 2017, QB-Norm's inverted softmax with the test queries as the bank):
+      ``exp(scale * s) / sum over dim of exp(scale * s)``.
+
+    ``dim=0`` normalises over the texts (for text -> video ranking), ``dim=1`` over the videos (video -> text).
+    Both need every query at once: they are not available to a single query at serving time, and a figure with
+    them is not comparable with one without (TS2-Net reports them apart, its Table 6).
+    """
+    if rule == "none":
+        return scores
+    if rule not in RESCORE_RULES or scale <= 0:
+        raise ValueError(f"rescore must be one of {RESCORE_RULES} with scale > 0, got {rule!r} / {scale}")
+    weights = torch.softmax(scale * scores.double(), dim=dim)
+    return (scores.double() * weights if rule == "dual_softmax" else weights).to(scores.dtype)
+
+
+def rescored_metrics(sim: Tensor, text_video: Tensor, rule: str, scale: float = 100.0) -> dict[str, float]:
+    """:func:`retrieval_metrics` with each direction ranked on its own :func:`rescore` of ``sim``."""
+    t2v = retrieval_metrics(rescore(sim, rule, scale, dim=0), text_video)
+    v2t = retrieval_metrics(rescore(sim, rule, scale, dim=1), text_video)
+    out = {k: v for k, v in t2v.items() if k.startswith("t2v_")}
+    out |= {k: v for k, v in v2t.items() if k.startswith("v2t_")}
+    out["rsum"] = sum(out[f"{d}_r{k}"] for d in ("t2v", "v2t") for k in RECALL_AT)
+    return out
+
+
 def chance_metrics(text_video: Tensor, num_videos: int) -> dict[str, float]:
     """What a uniformly random ranking scores on this evaluation set (the level every figure must beat).
 

@@ -111,7 +111,14 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
     def work() -> StepResult:
         from vlp.eval.report import retrieval_report
-        from vlp.eval.retrieval import chance_metrics, heldout_vtm, retrieval_metrics, topk_rerank
+        from vlp.eval.retrieval import (
+            chance_metrics,
+            heldout_vtm,
+            rescore,
+            rescored_metrics,
+            retrieval_metrics,
+            topk_rerank,
+        )
 
         rc = cfg.retrieval
         net, tok, info = directory.load(model, retrieval_kinds(), device())
@@ -125,13 +132,19 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         encoded = _encode_texts(fam, net, tok, texts, text_length(rc, info.config), rc.eval_batch_size)
         sim = fam.similarity(net, encoded, videos)  # (T, V)
         reranks = fam.reranks(net)
-        if not reranks:  # e.g. trained without VTM (retrieval.losses=[vtc]): the similarity ranking is final
-            log.warning("evaluate_retrieval: %s has no pair scorer; ranking by similarity only", model)
-            scores, pairs = sim, 0
+        if reranks and rc.rescore != "none":
+            raise ValueError(f"retrieval.rescore={rc.rescore} re-scores a similarity ranking; {model} re-ranks with "
+                             "its pair scorer (set retrieval.rescore=none)")  # fmt: skip
+        if not reranks:  # a dot-product family, or trained without VTM: the similarity ranking is final
+            log.info("evaluate_retrieval: %s ranks by its similarity (no pair scorer to re-rank with)", model)
+            scores, pairs = rescore(sim, rc.rescore, rc.rescore_scale), 0  # the t2v direction's, for the report
         else:
             scorer = _pair_scorer(fam, net, encoded, videos)
             scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
-        metrics = retrieval_metrics(scores, text_video)
+        if rc.rescore != "none":  # each direction re-scored over its own queries; the plain ranking stays as vtc_*
+            metrics = rescored_metrics(sim, text_video, rc.rescore, rc.rescore_scale)
+        else:
+            metrics = retrieval_metrics(scores, text_video)
         metrics.update({f"vtc_{k}": v for k, v in retrieval_metrics(sim, text_video).items()})
         if reranks:  # the pair scorer on held-out hard negatives, against the label prior
             metrics.update(heldout_vtm(sim, text_video, scorer, rc.eval_batch_size))

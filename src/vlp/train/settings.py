@@ -162,6 +162,10 @@ class RetrievalConfig(FinetuneConfig):
     same_video_vtc: Literal["negative", "positive"] = "negative"
     same_video_vtm: Literal["draw", "exclude"] = "draw"
     report_examples: int = 4  # queries shown with their top-5 videos in the report
+    # test-time re-scoring of a similarity ranking with the test set's own statistics (vlp.eval.retrieval.rescore;
+    # families that do not re-rank): dual softmax (CAMoE) or inverted softmax (QB-Norm); off by default
+    rescore: Literal["none", "dual_softmax", "inverted_softmax"] = "none"
+    rescore_scale: float = 100.0
 
 
 @dataclass
