@@ -367,3 +367,18 @@ def test_the_msrvtt_config_is_the_papers_and_codes_row():
     assert model.video.init == model.text.init == "openai/clip-vit-base-patch32" and model.video.patch_size == 32
     assert (model.shift_last, model.picks, model.tokens_per_frame, model.aggregator_layers) == (2, 3, 4, 4)
     assert model.embed_dim == 512 and model.video.num_tokens == 50
+
+
+def test_the_didemo_row_sizes_the_aggregator_for_64_frames():
+    from vlp.config import load_config
+    from vlp.models.ts2net import FAMILY
+
+    root = Path(__file__).resolve().parents[1] / "configs"
+    files = [root / "default.yaml", root / "ts2net" / "msrvtt.yaml", root / "ts2net" / "didemo.yaml"]
+    cfg = load_config(files)
+    assert cfg.retrieval.paragraph and (cfg.retrieval.num_frames, cfg.retrieval.max_len) == (64, 64)
+    model = FAMILY.config(cfg.model, vocab_size=49408)
+    assert model.aggregator_positions >= 64 * model.tokens_per_frame
+    tiny = TS2NetConfig.tiny(vocab_size=100, aggregator_positions=4)
+    with pytest.raises(ValueError, match="exceed the aggregator's 4 positions"):
+        TS2Net(tiny).eval().encode_video(torch.randn(1, 4, 3, 32, 32))

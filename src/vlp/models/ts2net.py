@@ -387,6 +387,7 @@ class TS2NetFamily:
             "select_eval": model.select_eval,
             "select_backward": model.select_backward,
             "aggregator_layers": model.aggregator_layers,
+            "aggregator_positions": model.aggregator_positions,
             "frame_pool": model.frame_pool,
             "frame_lambda": model.frame_lambda,
             "frame_norm": model.frame_norm,
