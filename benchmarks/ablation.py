@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import time
 from pathlib import Path
@@ -175,6 +176,54 @@ def welch_t(a: list[float], b: list[float]) -> float:
     return diff / math.sqrt(va + vb) if va + vb > 0 else math.copysign(math.inf, diff) if diff else 0.0
 
 
+def row_cells(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...], digits: dict[str, int]) -> str:
+    """One Markdown table row's cells: mean ± sample std over seeds of each column (``–`` when absent)."""
+    cells = []
+    for key, _ in columns:
+        m, s = mean_std([r.get(key, float("nan")) for r in rows])  # results of older runs lack some keys
+        d = digits.get(key, 2 if key.endswith("loss") else 1)
+        cells.append("–" if math.isnan(m) else f"{m:.{d}f} ± {s:.{d}f}")
+    return " | ".join(cells)
+
+
+def direction_test(claim: str, key: str, a: list[float], b: list[float]) -> str:
+    """A "holds here?" table row: ``mean(a) - mean(b)`` and its Welch t, read in the metric's direction (a rank
+    is better lower); no test when a side does not vary over seeds (e.g. at a floor)."""
+    sign = -1 if key.endswith("medr") else 1
+    diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
+    if len(set(a)) == 1 or len(set(b)) == 1:
+        verdict, shown = "no test: one side is the same in every seed (a floor)", "n/a"
+    else:
+        verdict = "yes" if sign * t > 4.3 else "no (reversed)" if sign * t < -4.3 else "not resolved"
+        shown = f"{t:+.1f}"
+    return f"| {claim} | {key} | {diff:+.1f} | {shown} | {verdict} |"
+
+
+def directions_section(tests: list[str]) -> list[str]:
+    """The report's "paper's directions" section around the :func:`direction_test` rows."""
+    return ["", "## The paper's directions, here", "",
+            "Welch's t of the difference of means over seeds; with 3 seeds |t| > 4.3 is roughly p < 0.05 "
+            "(two-sided, 2 degrees of freedom), so smaller values are not evidence either way. A comparison "
+            "where one side does not vary over seeds is not tested. The table runs "
+            f"{len(tests)} tests: at p < 0.05 each, about {0.05 * len(tests):.1f} would pass by chance alone.", "",
+            "| claim | metric | difference | t | holds here? |", "|---|---|---|---|---|", *tests]  # fmt: skip
+
+
+def finite(rows: list[dict[str, Any]], key: str) -> list[float]:
+    return [r[key] for r in rows if not math.isnan(r.get(key, float("nan")))]
+
+
+def load_units(root: str) -> list[dict[str, Any]]:
+    """Every finished unit's result under ``<root>/results/`` (one JSON file per unit, so units can run in
+    parallel processes: ``benchmarks/ablation_albef.py``, ``benchmarks/ablation_ts2net.py``)."""
+    return [json.loads(storage.read_text(u)) for u in storage.list_files(f"{root}/results", suffix=".json")]
+
+
+def save_unit(root: str, result: dict[str, Any]) -> None:
+    tag = re.sub(r"[^A-Za-z0-9]+", "_", str(result["row"])).strip("_")
+    storage.write_text(f"{root}/results/seed{result['seed']}-{tag}.json", json.dumps(result) + "\n")
+
+
 COLUMNS = (("ft_t2v_r1", "FT t2v R@1"), ("ft_vtc_t2v_r1", "FT VTC-only t2v R@1"), ("ft_t2v_r5", "FT t2v R@5"),
            ("ft_t2v_medr", "FT t2v MdR"), ("ft_vtc_t2v_medr", "FT VTC-only t2v MdR"), ("ft_v2t_r1", "FT v2t R@1"),
            ("ft_vtm_loss", "FT held-out VTM loss (prior 0.64)"),
@@ -226,32 +275,13 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         "|---|" + "---|" * (len(COLUMNS) + 1),
     ]
     for row, rs in by_row.items():
-        cells = []
-        for key, _ in COLUMNS:
-            m, s = mean_std([r.get(key, float("nan")) for r in rs])  # results.jsonl of older runs lack some keys
-            digits = 2 if key.endswith("loss") else 1
-            cells.append("–" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}")
-        lines.append(f"| {row} | " + " | ".join(cells) + f" | {len(rs)} |")
+        lines.append(f"| {row} | {row_cells(rs, COLUMNS, {})} | {len(rs)} |")
     tests = []
     for claim, key, better, worse in DIRECTIONS:
-        a = [r[key] for r in by_row[better] if not math.isnan(r[key])]
-        b = [r[key] for r in by_row[worse] if not math.isnan(r[key])]
-        if not a or not b:
-            continue
-        sign = -1 if key.endswith("medr") else 1
-        diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
-        if len(set(a)) == 1 or len(set(b)) == 1:  # a side at a floor (e.g. MdR 50.0 in every seed): t is no test
-            verdict, shown = "no test: one side is the same in every seed (a floor)", "n/a"
-        else:
-            verdict = "yes" if sign * t > 4.3 else "no (reversed)" if sign * t < -4.3 else "not resolved"
-            shown = f"{t:+.1f}"
-        tests.append(f"| {claim}: {better} vs {worse} | {key} | {diff:+.1f} | {shown} | {verdict} |")
-    lines += ["", "## The paper's directions, here", "",
-              "Welch's t of the difference of means over seeds; with 3 seeds |t| > 4.3 is roughly p < 0.05 "
-              "(two-sided, 2 degrees of freedom), so smaller values are not evidence either way. A comparison "
-              "where one side does not vary over seeds is not tested. The table runs "
-              f"{len(tests)} tests: at p < 0.05 each, about {0.05 * len(tests):.1f} would pass by chance alone.", "",
-              "| claim | metric | difference | t | holds here? |", "|---|---|---|---|---|", *tests]  # fmt: skip
+        a, b = finite(by_row[better], key), finite(by_row[worse], key)
+        if a and b:
+            tests.append(direction_test(f"{claim}: {better} vs {worse}", key, a, b))
+    lines += directions_section(tests)
     if args.notes:
         lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
     text = "\n".join(lines) + "\n"

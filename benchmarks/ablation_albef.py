@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from ablation import data, done, mean_std, welch_t
+from ablation import data, direction_test, directions_section, done, finite, load_units, row_cells, save_unit
 from vlp import storage
 from vlp.config import Config, load_config
 
@@ -150,10 +148,6 @@ DIRECTIONS = (  # (claim, metric, better row, worse row)
 )
 
 
-def metric_values(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [r[key] for r in rows if not math.isnan(r.get(key, float("nan")))]
-
-
 def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, wall_s: float) -> str:
     by_row = {row: [r for r in results if r["row"] == row] for row in ROWS}
     seeds = sorted({r["seed"] for r in results})
@@ -183,34 +177,15 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         "|---|" + "---|" * (len(COLUMNS) + 1),
     ]
     for row, rs in by_row.items():
-        cells = []
-        for key, _ in COLUMNS:
-            m, s = mean_std([r.get(key, float("nan")) for r in rs])
-            digits = 2 if key.endswith("loss") else 1
-            cells.append("–" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}")
-        lines.append(f"| {row} | " + " | ".join(cells) + f" | {len(rs)} |")
+        lines.append(f"| {row} | {row_cells(rs, COLUMNS, {})} | {len(rs)} |")
     tests = []
     for claim, key, better, worse in DIRECTIONS:
         worse_row, _, worse_key = worse.partition("|")  # "row|itc": the same row, ranked by ITC alone
-        a = metric_values(by_row[better], key)
-        b = metric_values(by_row[worse_row], f"ft_{worse_key}_t2v_r1" if worse_key else key)
-        if not a or not b:
-            continue
-        sign = -1 if key.endswith("medr") else 1
-        diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
-        if len(set(a)) == 1 or len(set(b)) == 1:
-            verdict, shown = "no test: one side is the same in every seed (a floor)", "n/a"
-        else:
-            verdict = "yes" if sign * t > 4.3 else "no (reversed)" if sign * t < -4.3 else "not resolved"
-            shown = f"{t:+.1f}"
+        a, b = finite(by_row[better], key), finite(by_row[worse_row], f"ft_{worse_key}_t2v_r1" if worse_key else key)
         against = f"{worse_row}, ITC only" if worse_key else worse
-        tests.append(f"| {claim}: {better} vs {against} | {key} | {diff:+.1f} | {shown} | {verdict} |")
-    lines += ["", "## The paper's directions, here", "",
-              "Welch's t of the difference of means over seeds; with 3 seeds |t| > 4.3 is roughly p < 0.05 "
-              "(two-sided, 2 degrees of freedom), so smaller values are not evidence either way. A comparison "
-              "where one side does not vary over seeds is not tested. The table runs "
-              f"{len(tests)} tests: at p < 0.05 each, about {0.05 * len(tests):.1f} would pass by chance alone.", "",
-              "| claim | metric | difference | t | holds here? |", "|---|---|---|---|---|", *tests]  # fmt: skip
+        if a and b:
+            tests.append(direction_test(f"{claim}: {better} vs {against}", key, a, b))
+    lines += directions_section(tests)
     if args.notes:
         lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
     text = "\n".join(lines) + "\n"
@@ -235,9 +210,7 @@ def main() -> None:
     root = args.out.rstrip("/")
     storage.configure(settings(args, 0).storage)
     uris = {} if args.report_only else data(args, f"{root}/data")
-    results: list[dict[str, Any]] = []  # one file per unit, so any split of the units can run in parallel
-    for uri in storage.list_files(f"{root}/results", suffix=".json"):
-        results.append(json.loads(storage.read_text(uri)))
+    results = load_units(root)
     finished = {(r["seed"], r["row"]) for r in results}
     for seed in [] if args.report_only else args.seeds:
         for row in args.rows:
@@ -245,7 +218,7 @@ def main() -> None:
                 continue
             one = unit(args, uris, seed, row, root)
             results.append(one)
-            storage.write_text(f"{root}/results/seed{seed}-{row.replace('+', '_')}.json", json.dumps(one) + "\n")
+            save_unit(root, one)
             print(json.dumps(one), flush=True)
     results = sorted(results, key=lambda r: (r["seed"], list(ROWS).index(r["row"])))
     print(report(results, args, Path(args.report), time.perf_counter() - start))

@@ -28,13 +28,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from ablation import data, done, mean_std, welch_t
+from ablation import data, direction_test, directions_section, done, finite, load_units, row_cells, save_unit
 from vlp import storage
 from vlp.config import Config, load_config
 
@@ -143,30 +141,13 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         "|---|" + "---|" * (len(COLUMNS) + 1),
     ]
     for row, rs in by_row.items():
-        cells = []
-        for key, _ in COLUMNS:
-            m, s = mean_std([r.get(key, float("nan")) for r in rs])
-            digits = 3 if key == "final_loss" else 1
-            cells.append("–" if math.isnan(m) else f"{m:.{digits}f} ± {s:.{digits}f}")
-        lines.append(f"| {row} | " + " | ".join(cells) + f" | {len(rs)} |")
+        lines.append(f"| {row} | {row_cells(rs, COLUMNS, {'final_loss': 3})} | {len(rs)} |")
     tests = []
     for claim, key, better, worse in DIRECTIONS:
-        a = [r[key] for r in by_row[better] if not math.isnan(r[key])]
-        b = [r[key] for r in by_row[worse] if not math.isnan(r[key])]
-        if not a or not b:
-            continue
-        diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
-        if len(set(a)) == 1 or len(set(b)) == 1:
-            verdict, shown = "no test: one side is the same in every seed", "n/a"
-        else:
-            verdict = "yes" if t > 4.3 else "no (reversed)" if t < -4.3 else "not resolved"
-            shown = f"{t:+.1f}"
-        tests.append(f"| {claim}: {better} vs {worse} | {key} | {diff:+.1f} | {shown} | {verdict} |")
-    lines += ["", "## The paper's directions, here", "",
-              "Welch's t of the difference of means over seeds; with 3 seeds |t| > 4.3 is roughly p < 0.05 "
-              "(two-sided, 2 degrees of freedom), so smaller values are not evidence either way. The table runs "
-              f"{len(tests)} tests: at p < 0.05 each, about {0.05 * len(tests):.1f} would pass by chance alone.", "",
-              "| claim | metric | difference | t | holds here? |", "|---|---|---|---|---|", *tests]  # fmt: skip
+        a, b = finite(by_row[better], key), finite(by_row[worse], key)
+        if a and b:
+            tests.append(direction_test(f"{claim}: {better} vs {worse}", key, a, b))
+    lines += directions_section(tests)
     if args.notes:
         lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
     text = "\n".join(lines) + "\n"
@@ -190,7 +171,7 @@ def main() -> None:
     storage.configure(settings(args, 0).storage)
     world = argparse.Namespace(clips=args.clips, pretrain_steps=0, finetune_steps=0, qa_steps=0)  # ablation.py's
     uris = {} if args.report_only else data(world, f"{root}/data")
-    results = [json.loads(storage.read_text(u)) for u in storage.list_files(f"{root}/results", suffix=".json")]
+    results = load_units(root)
     finished = {(r["seed"], r["row"]) for r in results}
     for seed in [] if args.report_only else args.seeds:
         for row in args.rows:
@@ -198,8 +179,7 @@ def main() -> None:
                 continue
             one = unit(args, uris, seed, row, root)
             results.append(one)
-            tag = row.replace(" ", "_").replace("=", "")
-            storage.write_text(f"{root}/results/seed{seed}-{tag}.json", json.dumps(one) + "\n")
+            save_unit(root, one)
             print(json.dumps(one), flush=True)
     results = sorted(results, key=lambda r: (r["seed"], list(ROWS).index(r["row"])))
     print(report(results, args, Path(args.report), time.perf_counter() - start))

@@ -23,32 +23,12 @@ import time
 
 import torch
 
+from bench_alpro_step import WORDS
 from vlp.models.albef import Albef, AlbefConfig, albef_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.vit import FrameViTConfig
 from vlp.models.text import TextConfig
 from vlp.models.tokenizer import train_wordpiece
-
-WORDS = [
-    "a",
-    "red",
-    "blue",
-    "green",
-    "circle",
-    "square",
-    "star",
-    "moving",
-    "left",
-    "right",
-    "over",
-    "the",
-    "grass",
-    "sand",
-    "water",
-    "snow",
-    "sky",
-    "road",
-]
 
 
 def build(preset: str, img_size: int, frames: int, vocab: int, queue: int) -> AlbefConfig:
