@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation bench clean
+.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
@@ -78,12 +78,19 @@ ABLATION_ARGS ?= --seeds 0 1 2 --notes docs/ablation-reading.md
 ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
 	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
-bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO step, ALPRO/ALBEF parity
+ABLATION_ALBEF_OUT ?= runs/ablation-albef
+ABLATION_ALBEF_ARGS ?= --seeds 0 1 2 --notes docs/ablation-albef-reading.md
+ablation-albef: $(STAMP) ## ALBEF Table 1 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation-albef.md
+	$(PY) benchmarks/ablation_albef.py --out $(ABLATION_ALBEF_OUT) $(ABLATION_ALBEF_ARGS)
+
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO/ALBEF steps, ALPRO/ALBEF/TS2-Net parity
 	$(PY) benchmarks/bench_extract.py
 	$(PY) benchmarks/bench_entities.py
 	$(PY) benchmarks/bench_alpro_step.py --preset tiny
+	$(PY) benchmarks/bench_albef_step.py --preset tiny --queue 64
 	$(PY) benchmarks/alpro_parity.py
 	$(PY) benchmarks/albef_parity.py
+	$(PY) benchmarks/ts2net_parity.py
 
 clean: ## Remove caches and local run outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info

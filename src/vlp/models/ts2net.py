@@ -365,6 +365,8 @@ class TS2NetFamily:
     """TS2-Net as a :class:`vlp.models.family.Family`: fine-tuned from CLIP for retrieval, ranked by the frame score."""
 
     name = "ts2net"
+    # no step writes a "ts2net_clip" model today: fine-tuning starts from the model section's CLIP weights, and a
+    # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
     kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
     default_losses = ("itc",)
     pretrains = False  # fine-tuning starts from CLIP weights (finetune-retrieval without --pretrained)
