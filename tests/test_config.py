@@ -118,7 +118,8 @@ LAYERED = sorted(p.relative_to(REPO / "configs").as_posix() for p in (REPO / "co
 
 @pytest.mark.parametrize("name", LAYERED)
 def test_every_paper_row_layers_over_the_default_config(name):
-    """configs/finetune/*.yaml (ALPRO), configs/albef/*.yaml: strict keys, and the model each row describes builds."""
+    """configs/finetune/*.yaml (ALPRO), configs/albef/*.yaml, configs/ts2net/*.yaml: strict keys, and the model each
+    row describes builds."""
     cfg = load_config([REPO / "configs" / "default.yaml", REPO / "configs" / name])
     if name.startswith("albef/"):
         from vlp.models.albef import FAMILY
@@ -135,3 +136,13 @@ def test_every_paper_row_layers_over_the_default_config(name):
             assert tuned.alpha_ramp_steps == -1  # one epoch, resolved when the data is known
             if task == "retrieval":
                 assert tuned.losses == ("itc", "itm") and tuned.same_video == "positive"
+    if name.startswith("ts2net/"):
+        from vlp.models.ts2net import FAMILY as TS2NET
+
+        layered = [
+            REPO / "configs" / "default.yaml",
+            REPO / "configs" / "ts2net" / "msrvtt.yaml",
+            REPO / "configs" / name,
+        ]
+        ts2 = TS2NET.task_config(TS2NET.config(load_config(layered).model, 49408), "retrieval", cfg.retrieval)
+        assert ts2.video.init == "openai/clip-vit-base-patch32" and ts2.aggregator_layers == 4
