@@ -16,14 +16,14 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef bench clean
+.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef ablation-ts2net bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
 -include mk/*.mk
 
 help: ## Show this help
-	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@printf "\nVariables (make data): OUT=$(OUT) CONFIG=$(CONFIG) N=<clips, default from CONFIG> SEED=$(SEED)\n"
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
@@ -82,6 +82,11 @@ ABLATION_ALBEF_OUT ?= runs/ablation-albef
 ABLATION_ALBEF_ARGS ?= --seeds 0 1 2 --notes docs/ablation-albef-reading.md
 ablation-albef: $(STAMP) ## ALBEF Table 1 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation-albef.md
 	$(PY) benchmarks/ablation_albef.py --out $(ABLATION_ALBEF_OUT) $(ABLATION_ALBEF_ARGS)
+
+ABLATION_TS2NET_OUT ?= runs/ablation-ts2net
+ABLATION_TS2NET_ARGS ?= --seeds 0 1 2 --notes docs/ablation-ts2net-reading.md
+ablation-ts2net: $(STAMP) ## TS2-Net Tables 1-3 in miniature on the main job's world (3 seeds, ~40 min on 2 cores) -> docs/ablation-ts2net.md
+	$(PY) benchmarks/ablation_ts2net.py --out $(ABLATION_TS2NET_OUT) $(ABLATION_TS2NET_ARGS)
 
 bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction, entity mining, ALPRO/ALBEF steps, ALPRO/ALBEF/TS2-Net parity
 	$(PY) benchmarks/bench_extract.py

@@ -137,10 +137,13 @@ COLUMNS = (("ft_itc_t2v_r1", "FT t2v R@1, ITC only"), ("ft_t2v_r1", "FT t2v R@1,
 DIRECTIONS = (  # (claim, metric, better row, worse row)
     ("ITC helps retrieval", "ft_t2v_r1", "itc+mlm+itm", "mlm+itm"),
     ("ITC helps retrieval", "ft_itc_t2v_r1", "itc+mlm+itm", "mlm+itm"),
+    ("ITC helps zero-shot retrieval", "zs_itc_t2v_r1", "itc+mlm+itm", "mlm+itm"),
     ("ITC helps QA", "qa_acc", "itc+mlm+itm", "mlm+itm"),
     ("hard negatives help retrieval", "ft_t2v_r1", "itc+mlm+itm_hard", "itc+mlm+itm"),
     ("hard negatives help QA", "qa_acc", "itc+mlm+itm_hard", "itc+mlm+itm"),
     ("MoD helps retrieval", "ft_t2v_r1", "itc+mlm+itm_hard+mod", "itc+mlm+itm_hard"),
+    ("MoD helps retrieval", "ft_itc_t2v_r1", "itc+mlm+itm_hard+mod", "itc+mlm+itm_hard"),
+    ("MoD helps retrieval", "ft_itc_v2t_r1", "itc+mlm+itm_hard+mod", "itc+mlm+itm_hard"),
     ("MoD helps QA", "qa_acc", "itc+mlm+itm_hard+mod", "itc+mlm+itm_hard"),
     ("pre-training helps retrieval", "ft_t2v_r1", "itc+mlm+itm_hard+mod", "none"),
     ("pre-training helps QA", "qa_acc", "itc+mlm+itm_hard+mod", "none"),
@@ -168,7 +171,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         f"{first['chance_r1']:.1f}%, MdR {first['chance_medr']:.1f}. The {len(results)} pre-train + fine-tune + "
         f"evaluate units took {sum(r['total_s'] for r in results) / 60:.0f} min in all on this machine's 2 CPU cores "
         + (
-            "(the report was rewritten from results.jsonl)."
+            "(the report was rewritten from the results)."
             if args.report_only
             else f"(this call: {wall_s / 60:.0f} min)."
         ),
@@ -203,7 +206,7 @@ def main() -> None:
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")
     p.add_argument("--report", default=str(ROOT / "docs" / "ablation-albef.md"))
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from results.jsonl; train nothing")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from the results; train nothing")
     p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
     args = p.parse_args()
     start = time.perf_counter()
