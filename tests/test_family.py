@@ -117,3 +117,17 @@ def test_fine_tuning_and_evaluation_steps_hold_no_family_code():
                 modules.update(f"{node.module}.{a.name}" for a in node.names)
         family_modules = {m for m in modules if m.startswith("vlp.models.") and m.split(".")[2] in family.NAMES}
         assert not family_modules, f"{name} imports {sorted(family_modules)}: go through vlp.models.family"
+
+
+def test_a_key_of_another_family_is_named_as_ignored(caplog):
+    from vlp.steps.common import family_of
+    from vlp.train.settings import FAMILY_KEYS, ignored_model_keys
+
+    assert all(hasattr(ModelConfig(), k) for keys in FAMILY_KEYS.values() for k in keys)
+    assert ignored_model_keys(ModelConfig(family="albef", num_entities=5, momentum=0.9)) == ["num_entities"]
+    alpro = ModelConfig(family="alpro", momentum=0.9, shift_mode="paper")
+    assert ignored_model_keys(alpro) == ["momentum", "shift_mode"]
+    assert ignored_model_keys(ModelConfig(family="ts2net")) == []
+    with caplog.at_level("WARNING", logger="vlp"):
+        family_of(ModelConfig(family="ts2net", queue_size=8))
+    assert "model.family=ts2net ignores model.queue_size" in caplog.text

@@ -41,8 +41,15 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
 def family_of(model: Any) -> Any:
     """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
     from vlp.models import family
+    from vlp.train.settings import ignored_model_keys
 
-    return family.get(model.family)
+    fam = family.get(model.family)
+    ignored = ignored_model_keys(model)
+    if ignored:
+        log.warning(
+            "model.family=%s ignores %s (other families' keys)", model.family, ", ".join(f"model.{k}" for k in ignored)
+        )
+    return fam
 
 
 def resolved_inits(model: Any) -> tuple[str, str]:

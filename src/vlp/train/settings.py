@@ -71,6 +71,23 @@ class ModelConfig:
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
 
 
+# The ``model`` keys only one family reads (the rest are shared or ALPRO's and ALBEF's both)
+FAMILY_KEYS: dict[str, tuple[str, ...]] = {
+    "alpro": ("pem_rule", "pem_crop", "bank_renormalize", "prompt_ensemble", "num_entities", "same_video_vtm"),
+    "albef": ("momentum", "queue_size", "distill", "alpha", "alpha_ramp_steps", "itm_negatives_from", "temporal"),
+    "ts2net": ("clip_patch", "shift_mode", "shift_last", "shift_ratio", "select", "select_k", "select_eval",
+               "select_backward", "aggregator_layers", "aggregator_positions", "frame_pool", "frame_lambda",
+               "frame_norm"),
+}  # fmt: skip
+
+
+def ignored_model_keys(model: ModelConfig) -> list[str]:
+    """The ``model`` keys set away from their defaults that belong to another family than ``model.family``."""
+    default = ModelConfig()
+    return [key for family, keys in FAMILY_KEYS.items() if family != model.family for key in keys
+            if getattr(model, key) != getattr(default, key)]  # fmt: skip
+
+
 @dataclass
 class PretrainConfig:
     """Optimisation and data settings of ``pretrain-prompter`` and ``pretrain``."""
