@@ -17,6 +17,7 @@ the full model:
     K=1 / K=4           one / four patches besides [CLS] (Table 3's K)
     lambda=1            a flatter frame softmax
     mean frames         the mean of the frame features instead of the weighted score (lambda -> 0)
+    no aggregator       each frame's selected [CLS] straight from the ViT (the code's meanP header)
 
 Writes ``<out>/results/seed<N>-<row>.json`` (one file per unit; a re-run skips finished units, so units can run in
 parallel processes) and ``docs/ablation-ts2net.md`` (mean +- sample std over seeds, Welch t of the directions).
@@ -49,6 +50,7 @@ ROWS: dict[str, list[str]] = {  # row -> overrides on top of FULL
     "K=4": ["model.select_k=4"],
     "lambda=1": ["model.frame_lambda=1.0"],
     "mean frames": ["model.frame_pool=mean"],
+    "no aggregator": ["model.aggregator_layers=0"],
 }
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "pipeline-local.yaml"
@@ -103,6 +105,9 @@ COLUMNS = (("t2v_r1", "t2v R@1"), ("t2v_r5", "t2v R@5"), ("t2v_r10", "t2v R@10")
 DIRECTIONS = (  # (claim, metric, better row, worse row)
     ("TS2-Net beats CLIP mean pooling (Tables 1-3)", "t2v_r1", "ts2net", "clip-meanP"),
     ("TS2-Net beats CLIP mean pooling (Tables 1-3)", "rsum", "ts2net", "clip-meanP"),
+    ("TS2-Net beats CLIP mean pooling (Tables 1-3)", "v2t_r1", "ts2net", "clip-meanP"),
+    ("the frame aggregator helps (the code's seqTransf)", "v2t_r1", "ts2net", "no aggregator"),
+    ("the frame aggregator helps (the code's seqTransf)", "rsum", "ts2net", "no aggregator"),
     ("token shift helps (Table 1)", "t2v_r1", "ts2net", "no shift"),
     ("token shift helps (Table 1)", "rsum", "ts2net", "no shift"),
     ("token shift beats channel shift (Table 2)", "rsum", "ts2net", "channel shift"),

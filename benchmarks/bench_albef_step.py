@@ -37,7 +37,8 @@ def build(preset: str, img_size: int, frames: int, vocab: int, queue: int) -> Al
         video = FrameViTConfig.tiny(img_size=img_size or 32, num_frames=frames)
         return AlbefConfig(video, TextConfig.tiny(vocab_size=vocab), embed_dim=32, queue_size=queue)
     video = FrameViTConfig.paper(init="", img_size=img_size or 224, num_frames=frames)
-    return AlbefConfig(video, TextConfig.paper(vocab_size=vocab, init=""), embed_dim=256, queue_size=queue)
+    text = TextConfig.paper(vocab_size=max(vocab, 30522), init="")  # bert-base-uncased's 30,522 rows (MLM logits)
+    return AlbefConfig(video, text, embed_dim=256, queue_size=queue)
 
 
 def peak_memory_mib(device: torch.device) -> float:
