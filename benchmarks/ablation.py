@@ -224,6 +224,43 @@ def save_unit(root: str, result: dict[str, Any]) -> None:
     storage.write_text(f"{root}/results/seed{result['seed']}-{tag}.json", json.dumps(result) + "\n")
 
 
+def ablation_parser(doc: str, out: str, report: str, rows: list[str]) -> argparse.ArgumentParser:
+    """The arguments every ablation script takes (each adds its own step counts)."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--out", default=out)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--rows", nargs="+", default=rows, choices=rows)
+    p.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the main job's)")
+    p.add_argument("--report", default=report)
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from the results; train nothing")
+    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
+    return p
+
+
+def run_units(args: argparse.Namespace, rows: list[str], unit_fn: Any, root: str) -> list[dict[str, Any]]:
+    """Every unit's result, in seed and row order: the finished ones from ``<root>/results/``, the others run by
+    ``unit_fn(seed, row)`` (unless ``--report-only``) and saved one file each as they finish."""
+    results = load_units(root)
+    finished = {(r["seed"], r["row"]) for r in results}
+    for seed in [] if args.report_only else args.seeds:
+        for row in args.rows:
+            if (seed, row) not in finished:
+                one = unit_fn(seed, row)
+                results.append(one)
+                save_unit(root, one)
+                print(json.dumps(one), flush=True)
+    return sorted(results, key=lambda r: (r["seed"], rows.index(r["row"])))
+
+
+def write_report(lines: list[str], args: argparse.Namespace, path: Path) -> str:
+    """The report's text with the ``--notes`` reading appended, written to ``path``."""
+    if args.notes:
+        lines = [*lines, "", Path(args.notes).read_text(encoding="utf-8").rstrip()]
+    text = "\n".join(lines) + "\n"
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
 COLUMNS = (("ft_t2v_r1", "FT t2v R@1"), ("ft_vtc_t2v_r1", "FT VTC-only t2v R@1"), ("ft_t2v_r5", "FT t2v R@5"),
            ("ft_t2v_medr", "FT t2v MdR"), ("ft_vtc_t2v_medr", "FT VTC-only t2v MdR"), ("ft_v2t_r1", "FT v2t R@1"),
            ("ft_vtm_loss", "FT held-out VTM loss (prior 0.64)"),
@@ -282,25 +319,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         if a and b:
             tests.append(direction_test(f"{claim}: {better} vs {worse}", key, a, b))
     lines += directions_section(tests)
-    if args.notes:
-        lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
-    text = "\n".join(lines) + "\n"
-    path.write_text(text, encoding="utf-8")
-    return text
+    return write_report(lines, args, path)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/ablation")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    p.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the main job's)")
+    p = ablation_parser(__doc__, "runs/ablation", str(ROOT / "docs" / "ablation.md"), list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="prompter and pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")
-    p.add_argument("--report", default=str(ROOT / "docs" / "ablation.md"))
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from results.jsonl; train nothing")
-    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
     args = p.parse_args()
     start = time.perf_counter()
     root = args.out.rstrip("/")

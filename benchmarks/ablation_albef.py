@@ -29,7 +29,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablation import data, direction_test, directions_section, done, finite, load_units, row_cells, save_unit
+from ablation import (
+    ablation_parser,
+    data,
+    direction_test,
+    directions_section,
+    done,
+    finite,
+    row_cells,
+    run_units,
+    write_report,
+)
 from vlp import storage
 from vlp.config import Config, load_config
 
@@ -189,41 +199,20 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         if a and b:
             tests.append(direction_test(f"{claim}: {better} vs {against}", key, a, b))
     lines += directions_section(tests)
-    if args.notes:
-        lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
-    text = "\n".join(lines) + "\n"
-    path.write_text(text, encoding="utf-8")
-    return text
+    return write_report(lines, args, path)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/ablation-albef")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    p.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the main job's)")
+    p = ablation_parser(__doc__, "runs/ablation-albef", str(ROOT / "docs" / "ablation-albef.md"), list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")
-    p.add_argument("--report", default=str(ROOT / "docs" / "ablation-albef.md"))
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from the results; train nothing")
-    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
     args = p.parse_args()
     start = time.perf_counter()
     root = args.out.rstrip("/")
     storage.configure(settings(args, 0).storage)
     uris = {} if args.report_only else data(args, f"{root}/data")
-    results = load_units(root)
-    finished = {(r["seed"], r["row"]) for r in results}
-    for seed in [] if args.report_only else args.seeds:
-        for row in args.rows:
-            if (seed, row) in finished:
-                continue
-            one = unit(args, uris, seed, row, root)
-            results.append(one)
-            save_unit(root, one)
-            print(json.dumps(one), flush=True)
-    results = sorted(results, key=lambda r: (r["seed"], list(ROWS).index(r["row"])))
+    results = run_units(args, list(ROWS), lambda seed, row: unit(args, uris, seed, row, root), root)
     print(report(results, args, Path(args.report), time.perf_counter() - start))
 
 

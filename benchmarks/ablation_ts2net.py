@@ -33,7 +33,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ablation import data, direction_test, directions_section, done, finite, load_units, row_cells, save_unit
+from ablation import (
+    ablation_parser,
+    data,
+    direction_test,
+    directions_section,
+    done,
+    finite,
+    row_cells,
+    run_units,
+    write_report,
+)
 from vlp import storage
 from vlp.config import Config, load_config
 
@@ -153,40 +163,19 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         if a and b:
             tests.append(direction_test(f"{claim}: {better} vs {worse}", key, a, b))
     lines += directions_section(tests)
-    if args.notes:
-        lines += ["", Path(args.notes).read_text(encoding="utf-8").rstrip()]
-    text = "\n".join(lines) + "\n"
-    path.write_text(text, encoding="utf-8")
-    return text
+    return write_report(lines, args, path)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", default="runs/ablation-ts2net")
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
-    p.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the main job's)")
+    p = ablation_parser(__doc__, "runs/ablation-ts2net", str(ROOT / "docs" / "ablation-ts2net.md"), list(ROWS))
     p.add_argument("--steps", type=int, default=0, help="fine-tuning steps (0 = the main job's retrieval.max_steps)")
-    p.add_argument("--report", default=str(ROOT / "docs" / "ablation-ts2net.md"))
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from the results; train nothing")
-    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
     args = p.parse_args()
     start = time.perf_counter()
     root = args.out.rstrip("/")
     storage.configure(settings(args, 0).storage)
     world = argparse.Namespace(clips=args.clips, pretrain_steps=0, finetune_steps=0, qa_steps=0)  # ablation.py's
     uris = {} if args.report_only else data(world, f"{root}/data")
-    results = load_units(root)
-    finished = {(r["seed"], r["row"]) for r in results}
-    for seed in [] if args.report_only else args.seeds:
-        for row in args.rows:
-            if (seed, row) in finished:
-                continue
-            one = unit(args, uris, seed, row, root)
-            results.append(one)
-            save_unit(root, one)
-            print(json.dumps(one), flush=True)
-    results = sorted(results, key=lambda r: (r["seed"], list(ROWS).index(r["row"])))
+    results = run_units(args, list(ROWS), lambda seed, row: unit(args, uris, seed, row, root), root)
     print(report(results, args, Path(args.report), time.perf_counter() - start))
 
 
