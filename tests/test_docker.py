@@ -141,7 +141,7 @@ def test_final_stage_has_no_build_tools_and_runs_vlp(stages: list[list[Instructi
     assert ops["ENTRYPOINT"] == '["vlp"]'
     assert ops["WORKDIR"] == "/opt/vlp"
     copied = {i.args.split()[0] for i in final if i.op == "COPY" and not i.args.startswith("--")}
-    assert {"components", "pipelines"} <= copied
+    assert {"components", "pipelines", "docker/image.env"} <= copied  # components/images.py reads image.env
 
 
 def test_dockerignore_admits_exactly_what_the_dockerfile_copies(stages: list[list[Instruction]]) -> None:
