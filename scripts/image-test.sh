@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Build the image from the real docker/Dockerfile with buildah (chroot isolation: no Docker daemon, no cgroups) on
+# an mmdebstrap Debian bookworm base, then run checks inside it as uid 10001:
+#   vlp --help; a tiny synth -> ingest -> extract-frames -> mine-entities chain; an import of every KFP component
+#   module and pipeline; every installed package that requirements/constraints.txt pins at its pinned version.
+#
+#   scripts/image-test.sh            # `make image-test`
+#
+# Environment:
+#   IMAGE_TEST_CACHE   where the base rootfs tarball is kept between runs (default .cache/image-test; never in git)
+#   TORCH_INDEX_URL    the torch index the build uses (default: the host pip's first file:// index holding torch,
+#                      else https://pypi.org/simple, a CUDA build of several GB)
+# The host's pip settings (certificate, extra indexes, find-links) go into the build through a generated pip.conf;
+# local index folders they name and /etc/ssl/certs are mounted read-only. Needs root (buildah, mmdebstrap).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CACHE=${IMAGE_TEST_CACHE:-.cache/image-test}
+BASE_IMAGE=localhost/vlp-base:bookworm
+IMAGE=localhost/vlp:image-test
+mkdir -p "$CACHE"
+say() { printf '\n== %s\n' "$*"; }
+
+for tool in buildah mmdebstrap podman; do
+  command -v "$tool" > /dev/null || { say "installing $tool"; apt-get install -y -q buildah mmdebstrap podman > /dev/null; }
+done
+
+if ! podman image exists "$BASE_IMAGE" 2> /dev/null; then
+  if [ ! -s "$CACHE/bookworm.tar" ]; then
+    say "base rootfs: mmdebstrap bookworm (python3, venv, python-is-python3)"
+    mmdebstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+      bookworm "$CACHE/bookworm.tar.part" && mv "$CACHE/bookworm.tar.part" "$CACHE/bookworm.tar"
+  fi
+  podman import "$CACHE/bookworm.tar" "$BASE_IMAGE" > /dev/null
+fi
+
+# The host pip's settings, for the build's pip (a proxy's CA and local indexes only the host knows)
+python3 - "$CACHE/pip.conf" "$CACHE/mounts" <<'PY'
+import subprocess, sys
+values = {}
+for line in subprocess.run(["pip", "config", "list"], capture_output=True, text=True).stdout.splitlines():
+    key, _, value = line.partition("=")
+    values[key.split(".", 1)[-1]] = value.strip().strip("'")
+keep = {k: values[k] for k in ("cert", "extra-index-url", "find-links", "index-url") if k in values}
+with open(sys.argv[1], "w") as f:
+    f.write("[global]\n" + "".join(f"{k} = {v}\n" for k, v in keep.items()))
+paths = set()
+for key in ("extra-index-url", "find-links", "index-url"):
+    for item in keep.get(key, "").split():
+        path = item.removeprefix("file://")
+        if path.startswith("/"):
+            paths.add(path.rstrip("/").removesuffix("/simple") if path.rstrip("/").endswith("/simple") else path)
+open(sys.argv[2], "w").write("\n".join(sorted(paths)) + "\n")
+PY
+mounts=(-v /etc/ssl/certs:/etc/ssl/certs:ro -v "$PWD/$CACHE/pip.conf:/etc/pip.conf:ro")
+while read -r path; do [ -n "$path" ] && [ -d "$path" ] && mounts+=(-v "$path:$path:ro"); done < "$CACHE/mounts"
+if [ -z "${TORCH_INDEX_URL:-}" ]; then
+  TORCH_INDEX_URL=https://pypi.org/simple
+  while read -r path; do
+    [ -d "$path/simple/torch" ] && { TORCH_INDEX_URL="file://$path/simple"; break; }
+  done < "$CACHE/mounts"
+fi
+
+say "build: docker/Dockerfile (torch from $TORCH_INDEX_URL)"
+start=$(date +%s)
+buildah bud --isolation chroot --layers --quiet "${mounts[@]}" \
+  --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg TORCH_INDEX_URL="$TORCH_INDEX_URL" \
+  -f docker/Dockerfile -t "$IMAGE" . > /dev/null
+echo "built $IMAGE in $(( $(date +%s) - start )) s"
+
+ctr=$(buildah from "$IMAGE")
+work=$(mktemp -d)
+chmod 777 "$work"
+cleanup() { buildah rm "$ctr" > /dev/null 2>&1 || true; rm -rf "$work"; }
+trap cleanup EXIT
+inside() { buildah run --isolation chroot --user 10001:10001 -v "$work:/work:rw" "$ctr" -- "$@"; }
+
+say "as uid $(inside id -u): vlp --help"
+inside vlp --help > /dev/null
+say "tiny chain: synth -> ingest -> extract-frames -> mine-entities"
+inside bash -c 'cd /opt/vlp && set -e
+  for step in "data synth --out /work/raw" "ingest --source /work/raw --out /work/ds" \
+              "extract-frames --dataset /work/ds --out /work/fr" "mine-entities --dataset /work/ds --out /work/ent"; do
+    vlp $step --config configs/tiny.yaml > /dev/null 2>&1 || { echo "failed: vlp $step"; exit 1; }
+  done
+  python -c "import json; s = json.load(open(\"/work/fr/summary.json\")); print(\"frames of\", s[\"stored_videos\"], \"videos\")"'
+say "imports: every component module and pipeline"
+inside bash -c 'cd /opt/vlp && python -c "
+import importlib, pkgutil
+import components, pipelines
+names = [f\"{p.__name__}.{m.name}\" for p in (components, pipelines) for m in pkgutil.iter_modules(p.__path__)]
+for name in names:
+    importlib.import_module(name)
+print(len(names), \"modules imported\")"'
+say "installed versions vs requirements/constraints.txt"
+inside pip list --format=freeze > "$work/freeze.txt"
+python3 - requirements/constraints.txt "$work/freeze.txt" <<'PY'
+import re, sys
+norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
+pins = {}
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if "==" in line:
+        name, version = line.split("==", 1)
+        pins[norm(name)] = version.strip()
+installed = {}
+for line in open(sys.argv[2]):
+    if "==" in line:
+        name, version = line.strip().split("==", 1)
+        installed[norm(name)] = version
+wrong = {n: (installed[n], v) for n, v in pins.items() if n in installed and installed[n].split("+")[0] != v.split("+")[0]}
+unpinned = sorted(n for n in installed if n not in pins and n not in ("pip", "setuptools", "wheel", "vlp"))
+print(f"{sum(n in installed for n in pins)} pinned packages installed; {len(wrong)} at another version; "
+      f"{len(unpinned)} installed without a pin")
+for name, (have, want) in sorted(wrong.items()):
+    print(f"  {name}: {have} installed, {want} pinned")
+for name in unpinned:
+    print(f"  {name}: not in constraints.txt")
+sys.exit(1 if wrong or unpinned else 0)
+PY
+say "image test passed"
