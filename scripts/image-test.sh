@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the image from the real docker/Dockerfile with buildah (chroot isolation: no Docker daemon, no cgroups) on
-# an mmdebstrap Debian bookworm base, then run checks inside it as uid 10001:
+# an mmdebstrap Debian bookworm base, then run checks inside it as uid 10001 with the root filesystem read-only:
 #   vlp --help; a tiny synth -> ingest -> extract-frames -> mine-entities chain; an import of every KFP component
 #   module and pipeline; every installed package that requirements/constraints.txt pins at its pinned version.
 #
@@ -67,14 +67,27 @@ buildah bud --isolation chroot --layers --quiet "${mounts[@]}" \
   -f docker/Dockerfile -t "$IMAGE" . > /dev/null
 echo "built $IMAGE in $(( $(date +%s) - start )) s"
 
+# Run commands in the image as uid 10001 with its root filesystem read-only (buildah run cannot): the container's
+# rootfs bind-mounted read-only in a private mount namespace, with /dev, /proc, an output folder at /work and tmpfs
+# at /tmp and the home directory (what a pod's emptyDirs give), the image's environment, chroot.
 ctr=$(buildah from "$IMAGE")
+mnt=$(buildah mount "$ctr")
 work=$(mktemp -d)
 chmod 777 "$work"
-cleanup() { buildah rm "$ctr" > /dev/null 2>&1 || true; rm -rf "$work"; }
+mkdir -p "$mnt/work"
+cleanup() { buildah umount "$ctr" > /dev/null 2>&1 || true; buildah rm "$ctr" > /dev/null 2>&1 || true; rm -rf "$work"; }
 trap cleanup EXIT
-inside() { buildah run --isolation chroot --user 10001:10001 -v "$work:/work:rw" "$ctr" -- "$@"; }
+read -ra image_env <<< "$(buildah inspect --type image --format '{{range .OCIv1.Config.Env}}{{.}} {{end}}' "$IMAGE")"
+inside() {
+  unshare -m bash -c 'set -e; m=$1; w=$2; shift 2
+    mount --bind "$m" "$m"; mount --bind /dev "$m/dev"; mount -t proc proc "$m/proc"
+    mount --bind "$w" "$m/work"; mount -t tmpfs tmpfs "$m/tmp"; mount -t tmpfs tmpfs "$m/home/vlp"
+    mount -o remount,bind,ro "$m"
+    exec chroot --userspec=10001:10001 "$m" /usr/bin/env -i "$@"' _ "$mnt" "$work" "${image_env[@]}" "$@"
+}
 
-say "as uid $(inside id -u): vlp --help"
+say "as uid $(inside id -u), root filesystem read-only: vlp --help"
+if inside touch /opt/vlp/probe 2> /dev/null; then echo "the root filesystem is writable"; exit 1; fi
 inside vlp --help > /dev/null
 say "tiny chain: synth -> ingest -> extract-frames -> mine-entities"
 inside bash -c 'cd /opt/vlp && set -e
