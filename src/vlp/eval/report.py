@@ -244,8 +244,9 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
     """Markdown: each headline figure of each evaluation next to the levels it must beat.
 
     ``results`` maps a task (``retrieval``, ``qa``) to its ``metrics.json``. Retrieval rows (R@1/5/10 in percent,
-    MdR, both directions) show the VTC-only ranking and chance (:func:`vlp.eval.retrieval.chance_metrics`); the
-    QA row shows the majority-answer baseline and chance (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss
+    MdR, both directions) show the similarity-only ranking (VTC / ITC, or TS2-Net's frame score: the ranking before
+    any re-ranking) and chance (:func:`vlp.eval.retrieval.chance_metrics`); the QA row shows the majority-answer
+    baseline and chance (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss
     (:func:`vlp.eval.retrieval.heldout_vtm`) shows the loss of predicting the label prior. A missing level is left
     blank.
     """
@@ -253,7 +254,7 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
     def cell(value: float | None, scale: float = 1.0) -> str:
         return "" if value is None else f"{scale * value:.2f}"
 
-    rows = ["| task | figure | value | VTC only | chance | majority answer |", "|---|---|---|---|---|---|"]
+    rows = ["| task | figure | value | similarity only | chance | majority answer |", "|---|---|---|---|---|---|"]
     for task, m in results.items():
         if "t2v_r1" in m:
             for direction in ("t2v", "v2t"):
