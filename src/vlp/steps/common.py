@@ -3,6 +3,7 @@ steps share: seeding, the device, the training loop with its loggers, the summar
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -44,12 +45,16 @@ def family_of(model: Any) -> Any:
     from vlp.train.settings import ignored_model_keys
 
     fam = family.get(model.family)
-    ignored = ignored_model_keys(model)
-    if ignored:
-        log.warning(
-            "model.family=%s ignores %s (other families' keys)", model.family, ", ".join(f"model.{k}" for k in ignored)
-        )
+    _warn_ignored(model.family, tuple(ignored_model_keys(model)))
     return fam
+
+
+@functools.cache
+def _warn_ignored(family: str, ignored: tuple[str, ...]) -> None:
+    """Once per process and key set (a step resolves its family several times)."""
+    if ignored:
+        keys = ", ".join(f"model.{k}" for k in ignored)
+        log.warning("model.family=%s ignores %s (other families' keys)", family, keys)
 
 
 def resolved_inits(model: Any) -> tuple[str, str]:
