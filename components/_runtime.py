@@ -79,7 +79,24 @@ def output_location(artifact: Any, data_root: str = "") -> str:
             )
         return artifact.path
     suffix = "/".join(artifact.uri.rstrip("/").split("/")[-3:])
-    uri = f"{data_root.rstrip('/')}/{suffix}"
+    return _point(artifact, f"{data_root.rstrip('/')}/{suffix}")
+
+
+def part_location(artifact: Any, data_root: str, kind: str, key: Any) -> str:
+    """Where a fan-out part writes: with ``data_root`` set, ``<data_root>/parts/<kind>/<hash of key>``, the same
+    for every run whose part has the same ``key`` (its inputs and settings), so the part of a rerun finds what
+    the part of an earlier run finished and skips it; else the artifact's own directory (one run's)."""
+    import hashlib
+
+    Path(artifact.path).mkdir(parents=True, exist_ok=True)
+    if not data_root:
+        return artifact.path
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return _point(artifact, f"{data_root.rstrip('/')}/parts/{kind}/{digest}")
+
+
+def _point(artifact: Any, uri: str) -> str:
+    """Make ``artifact`` a ``LOCATION`` pointer to ``uri``; returns ``uri``."""
     (Path(artifact.path) / POINTER).write_text(uri + "\n", encoding="utf-8")
     artifact.metadata["uri"] = uri
     return uri

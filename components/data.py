@@ -1,4 +1,6 @@
-"""Data components: synth -> ingest -> extract_frames, mine_entities (CPU image)."""
+"""Data components: synth -> ingest -> extract_frames, mine_entities (CPU image); and the fan-out of ingest and
+extract_frames (plan_parts, ingest_part -> ingest_merge, extract_frames_part -> extract_frames_merge), which
+``pipelines/fanout.py`` wires under ``dsl.ParallelFor``."""
 
 import functools
 
@@ -119,3 +121,149 @@ def mine_entities(
 
     source, out = location(dataset), output_location(entities, data_root)
     Step("mine_entities", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg))
+
+
+# --------------------------------------------------------------------------- fan-out
+
+
+@component
+def plan_parts(parts: int) -> list:
+    """The part numbers ``[0, .., parts - 1]`` a fan-out's ``dsl.ParallelFor`` runs over.
+
+    Args:
+        parts: Pods for the step (the ``data_parts`` run parameter), 1..1024.
+    """
+    most = 1024  # pods of one fan-out step (the body runs alone in its pod: no module constants)
+    if not 1 <= parts <= most:
+        raise ValueError(f"data_parts={parts}: need 1..{most} pods for a fan-out step")
+    return list(range(parts))
+
+
+@component
+def ingest_part(
+    raw: Input[Dataset],
+    part: Output[Dataset],
+    index: int,
+    count: int,
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+) -> None:
+    """Probe part ``index`` of ``count`` of the raw dataset's files (``probes.parquet``), for ``ingest_merge``.
+
+    Args:
+        raw: The synth output (or a pointer to an annotation file / dataset directory).
+        part: This part's probe results.
+        index: This part (0-based).
+        count: Parts in all.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix: the part writes under ``<data_root>/parts/ingest/<hash of its source,
+            settings and part>``, where a rerun's part finds it done ("" = inside the artifact).
+    """
+    from components._runtime import Step, location, part_location
+    from vlp.config import to_dict
+    from vlp.steps.ingest import ingest_part as step
+
+    run = Step("ingest_part", config, overrides, kfp_run_id)
+    source = location(raw)
+    out = part_location(part, data_root, "ingest", [source, to_dict(run.cfg.ingest), index, count])
+    run.run(lambda cfg: step(source, out, cfg, index, count))
+
+
+@component
+def ingest_merge(
+    raw: Input[Dataset],
+    parts: Input[list[Dataset]],
+    dataset: Output[Dataset],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+) -> None:
+    """``ingest`` with every probe taken from the parts: byte-identical to one ``ingest`` pod's dataset.
+
+    Args:
+        raw: The same raw dataset the parts probed.
+        parts: Every ``ingest_part`` output of this run (``dsl.Collected``).
+        dataset: The ingested dataset: videos/captions/qa/rejects Parquet manifests.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.ingest import ingest as step
+
+    source, out = location(raw), output_location(dataset, data_root)
+    probes = [location(p) for p in parts]
+    Step("ingest", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg, probes=probes))
+
+
+@component
+def extract_frames_part(
+    dataset: Input[Dataset],
+    part: Output[Dataset],
+    index: int,
+    count: int,
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+) -> None:
+    """Frame shards of part ``index`` of ``count`` (no index), for ``extract_frames_merge``.
+
+    Args:
+        dataset: The ingested dataset.
+        part: This part's frame shards and ``part.json``.
+        index: This part (0-based).
+        count: Parts in all.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix: the part writes under ``<data_root>/parts/frames/<hash of the videos
+            table, settings and part>``, where a rerun's part skips the shards it finds ("" = inside the artifact).
+    """
+    import hashlib
+
+    from components._runtime import Step, location, part_location
+    from vlp import storage
+    from vlp.config import to_dict
+    from vlp.steps.extract_frames import extract_frames_part as step
+
+    run = Step("extract_frames_part", config, overrides, kfp_run_id)
+    source = location(dataset)
+    videos = hashlib.sha256(storage.read_bytes(storage.join(source, "videos.parquet"))).hexdigest()
+    out = part_location(part, data_root, "frames", [videos, to_dict(run.cfg.frames), index, count])
+    run.run(lambda cfg: step(source, out, cfg, index, count))
+
+
+@component
+def extract_frames_merge(
+    dataset: Input[Dataset],
+    parts: Input[list[Dataset]],
+    frames: Output[Dataset],
+    config: str,
+    overrides: list[str],
+    kfp_run_id: str = "",
+    data_root: str = "",
+) -> None:
+    """Every part's shards copied into one frame store, with its index: byte-identical to one pod's.
+
+    Args:
+        dataset: The ingested dataset the parts read.
+        parts: Every ``extract_frames_part`` output of this run (``dsl.Collected``).
+        frames: Frame shards + ``index.parquet`` (large: consider ``data_root``).
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        kfp_run_id: KFP run id (MLflow nesting).
+        data_root: Object-storage prefix for large outputs ("" = inside the artifact).
+    """
+    from components._runtime import Step, location, output_location
+    from vlp.steps.extract_frames import extract_frames as step
+
+    source, out = location(dataset), output_location(frames, data_root)
+    done = [location(p) for p in parts]
+    Step("extract_frames", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg, parts=done))

@@ -36,8 +36,11 @@ CONFIG_DIR = Path(__file__).resolve().parent / "config"
 STEPS = (
     "start_run",
     "synth",
+    "plan_parts",
     "ingest",
+    "ingest_merge",
     "extract_frames",
+    "extract_frames_merge",
     "mine_entities",
     "pretrain_prompter",
     "build_prompt_bank",
@@ -106,6 +109,14 @@ class S3Settings:
 
 
 @dataclass
+class FanOut:
+    """Fan-out of ingest and extract_frames (``pipelines/fanout.py``): the parts use the steps' own settings."""
+
+    parts: int = 1  # default `data_parts` run parameter (pods per step); 1 = one pod each and no such parameter
+    parallelism: int = 8  # most pods of one fan-out at once (0 = no bound)
+
+
+@dataclass
 class PipelineConfig:
     """The whole pipeline config: what to compile into ``pipelines/compiled``."""
 
@@ -116,6 +127,7 @@ class PipelineConfig:
     tracking_uri: str = ""  # env MLFLOW_TRACKING_URI of every step ("" = none; the step config may still set one)
     s3: S3Settings = field(default_factory=S3Settings)
     images: Images = field(default_factory=Images)
+    fanout: FanOut = field(default_factory=FanOut)
     steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
 
     def step(self, name: str) -> StepSettings:
@@ -172,6 +184,8 @@ SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a ke
 
 def _check(cfg: PipelineConfig, path: Path) -> None:
     _check_env(cfg, path)
+    if not 1 <= cfg.fanout.parts <= 1024 or cfg.fanout.parallelism < 0:
+        raise ConfigError(f"{path}: fanout.parts must be in 1..1024 and fanout.parallelism >= 0")
     for name, step in cfg.steps.items():
         if step.accelerator_count < 0 or step.retries < 0:
             raise ConfigError(f"{path}: steps.{name}: accelerator_count and retries must be >= 0")

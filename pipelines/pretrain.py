@@ -13,6 +13,7 @@ from typing import Any
 from kfp import dsl
 
 from components import data, evaluation, reporting, training
+from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, nproc
 
 NAME = "vlp-pretrain"
@@ -40,16 +41,19 @@ def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
     steps = "prompter -> prompt bank -> " if family == "alpro" else ""
 
     @dsl.pipeline(name=name_of(family), description=f"vlp pre-training ({family}): data -> {steps}pretrain -> eval")
+    @fanout.parameters(cfg)
     def vlp_pretrain(
         config: str = cfg.step_config,
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
         source_uri: str = "",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",
+        data_parts: int = cfg.fanout.parts,
     ) -> None:
         """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
         source_uri = raw dataset to ingest ("" = a fresh synthetic world); data_root = s3:// prefix for large
-        outputs ("" = KFP artifacts); register_alias = alias of new models."""
+        outputs ("" = KFP artifacts); register_alias = alias of new models; data_parts = pods for ingest and for
+        extract_frames each (in a DAG compiled with fanout.parts > 1 only)."""
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
         stored = {**common, "data_root": data_root}
@@ -58,8 +62,7 @@ def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
             start = reporting.start_run(**common, pipeline=name_of(family), image=cfg.image("pretrain"))
             configure(start, cfg, "start_run")
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
-            ds = configure(data.ingest(raw=raw.outputs["raw"], **stored), cfg, "ingest").outputs["dataset"]
-            fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
+            ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             inputs: dict[str, Any] = {}
             if family == "alpro":
                 ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]

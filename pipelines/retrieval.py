@@ -11,6 +11,7 @@ from typing import Any
 from kfp import dsl
 
 from components import data, evaluation, reporting, training
+from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, nproc
 
 NAME = "vlp-retrieval"
@@ -20,6 +21,7 @@ def build(cfg: PipelineConfig) -> Any:
     """The ``vlp-retrieval`` pipeline for ``cfg``."""
 
     @dsl.pipeline(name=NAME, description="vlp retrieval: data -> fine-tune from named weights (TS2-Net) -> eval")
+    @fanout.parameters(cfg)
     def vlp_retrieval(
         config: str = cfg.step_config,
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
@@ -27,11 +29,13 @@ def build(cfg: PipelineConfig) -> Any:
         source_uri: str = "",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",
+        data_parts: int = cfg.fanout.parts,
     ) -> None:
         """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
         family = the model family fine-tuned from its named weights; source_uri = raw dataset to ingest ("" = a
         fresh synthetic world); data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias =
-        alias of the new model."""
+        alias of the new model; data_parts = pods for ingest and for extract_frames each (in a DAG
+        compiled with fanout.parts > 1 only)."""
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
         common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
         stored = {**common, "data_root": data_root}
@@ -40,8 +44,7 @@ def build(cfg: PipelineConfig) -> Any:
             start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("finetune_retrieval"))
             configure(start, cfg, "start_run")
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
-            ds = configure(data.ingest(raw=raw.outputs["raw"], **stored), cfg, "ingest").outputs["dataset"]
-            fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
+            ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             tuned = training.finetune_retrieval(
                 dataset=ds, frames=fr, family=family, **stored, nproc=nproc(cfg, "finetune_retrieval")
             )

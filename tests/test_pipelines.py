@@ -437,7 +437,8 @@ def test_the_albef_dag_pretrains_straight_from_the_frames(compiled: Path) -> Non
     spec, _ = _docs(compiled / "pretrain-albef.yaml")
     assert spec["pipelineInfo"]["name"] == "vlp-pretrain-albef"
     tasks = set(_task_names_of(spec))
-    assert {"synth", "ingest", "extract-frames", "pretrain", "finetune-retrieval", "finetune-qa", "report"} <= tasks
+    assert {"synth", "ingest-merge", "extract-frames-merge", "pretrain", "finetune-retrieval", "finetune-qa",
+            "report"} <= tasks  # fmt: skip
     assert not tasks & {"mine-entities", "pretrain-prompter", "build-prompt-bank"}
     alpro, _ = _docs(compiled / "pretrain.yaml")
     assert {"mine-entities", "pretrain-prompter", "build-prompt-bank"} <= set(_task_names_of(alpro))
@@ -451,7 +452,8 @@ def test_the_retrieval_dag_fine_tunes_from_named_weights_without_pre_training(co
     spec, _ = _docs(compiled / "retrieval.yaml")
     assert spec["pipelineInfo"]["name"] == "vlp-retrieval"
     tasks = set(_task_names_of(spec))
-    assert {"synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval", "report"} <= tasks
+    assert {"synth", "ingest-merge", "extract-frames-merge", "finetune-retrieval", "evaluate-retrieval",
+            "report"} <= tasks  # fmt: skip
     assert not tasks & {"pretrain", "pretrain-prompter", "mine-entities", "finetune-qa", "evaluate-qa"}
     assert spec["root"]["inputDefinitions"]["parameters"]["family"]["defaultValue"] == "ts2net"
     tuned = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["finetune-retrieval"]
@@ -466,3 +468,58 @@ def _task_names_of(spec: dict[str, Any]) -> list[str]:
     for component in spec["components"].values():
         names += list(component.get("dag", {}).get("tasks", {}))
     return names
+
+
+FAN_OUT = {  # task -> the step whose settings it takes
+    "plan-parts": "plan_parts",
+    "ingest-part": "ingest",
+    "ingest-merge": "ingest_merge",
+    "extract-frames-part": "extract_frames",
+    "extract-frames-merge": "extract_frames_merge",
+}
+
+
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "retrieval"])
+def test_the_cluster_dags_fan_the_data_steps_out(compiled: Path, name: str) -> None:
+    """default.yaml: plan_parts -> ParallelFor(ingest_part) -> ingest_merge -> ParallelFor(extract_frames_part) ->
+    extract_frames_merge, at most fanout.parallelism pods at once; each part has its step's resources and retries."""
+    cfg = pipeline_config.load()
+    assert cfg.fanout.parts > 1
+    spec, _ = _docs(compiled / f"{name}.yaml")
+    param = spec["root"]["inputDefinitions"]["parameters"]["data_parts"]
+    assert (param["parameterType"], param["defaultValue"]) == ("NUMBER_INTEGER", cfg.fanout.parts)
+    tasks = {t: task for c in spec["components"].values() for t, task in c.get("dag", {}).get("tasks", {}).items()}
+    assert set(FAN_OUT) <= set(tasks) and not {"ingest", "extract-frames"} & set(tasks)
+    loops = {t: task for t, task in tasks.items() if "parameterIterator" in task}
+    assert len(loops) == 2
+    for loop in loops.values():
+        assert loop["iteratorPolicy"]["parallelismLimit"] == cfg.fanout.parallelism
+        assert "plan-parts" in loop["dependentTasks"]
+    executors = spec["deploymentSpec"]["executors"]
+    for task, step in FAN_OUT.items():
+        want = cfg.step(step)
+        resources = executors[tasks[task]["componentRef"]["name"].replace("comp-", "exec-")]["container"]["resources"]
+        assert resources["cpuRequest"] == float(want.cpu_request)
+        assert tasks[task]["retryPolicy"]["maxRetryCount"] == want.retries
+    for part in ("ingest-part", "extract-frames-part"):  # the part number from the loop, the count from the run
+        parameters = tasks[part]["inputs"]["parameters"]
+        assert parameters["index"]["componentInputParameter"].startswith("pipelinechannel--plan-parts-Output-loop")
+        assert parameters["count"]["componentInputParameter"] == "pipelinechannel--data_parts"
+    for merge, part in (("ingest-merge", "ingest-part"), ("extract-frames-merge", "extract-frames-part")):
+        collected = tasks[merge]["inputs"]["artifacts"]["parts"]["taskOutputArtifact"]
+        assert collected["producerTask"] in loops and collected["outputArtifactKey"] == f"pipelinechannel--{part}-part"
+
+
+def test_a_dag_compiled_without_fan_out_has_one_pod_per_data_step_and_no_parts_parameter(tmp_path: Path) -> None:
+    local = tmp_path / "local.yaml"
+    local.write_text((pipeline_config.CONFIG_DIR / "local.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    compile_mod.compile_all(local, tmp_path / "out")
+    for name in ("pretrain", "retrieval"):
+        spec, _ = _docs(tmp_path / "out" / f"{name}.yaml")
+        assert "data_parts" not in spec["root"]["inputDefinitions"]["parameters"]
+        tasks = set(_task_names_of(spec))
+        assert {"ingest", "extract-frames"} <= tasks and not tasks & set(FAN_OUT)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("fanout: {parts: 0}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"fanout\.parts"):
+        pipeline_config.load(bad)

@@ -72,6 +72,23 @@ def test_upload_download_and_local_copy(root, tmp_path):
         storage.download(storage.join(root, "nope.bin"), tmp_path / "x")
 
 
+@pytest.mark.parametrize("other", ["local", "s3"])
+def test_copy_between_and_within_local_and_s3(root, other, tmp_path, request):
+    data = os.urandom(3000)
+    src = storage.join(root, "a/src.bin")
+    storage.write_bytes(src, data)
+    base = str(tmp_path / "other") if other == "local" else request.getfixturevalue("s3_bucket") + "/copies"
+    dst = storage.join(base, "x/y/dst.bin")
+    storage.copy(src, dst)
+    assert storage.read_bytes(dst) == data and storage.read_bytes(src) == data
+    back = storage.join(root, "b/back.bin")
+    storage.copy(dst, back)
+    assert storage.read_bytes(back) == data
+    with pytest.raises(FileNotFoundError):
+        storage.copy(storage.join(root, "missing.bin"), storage.join(base, "never.bin"))
+    assert not storage.exists(storage.join(base, "never.bin"))
+
+
 def test_parquet_roundtrip_with_metadata(root):
     table = pa.table({"id": ["a", "b"], "n": [1, 2]}).replace_schema_metadata({"vlp": '{"k": 1}'})
     uri = storage.join(root, "t.parquet")

@@ -55,11 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output dataset directory or s3:// prefix")
     p.add_argument("--format", default=None, help="auto|synth|alpro|lavis|webvid|msrvtt (default: ingest.format)")
     p.add_argument("--video-root", default=None, help="where relative video paths of an annotation file live")
+    _fan_out(p, "probe only part I of N of the files, into OUT/probes.parquet", "a --part output to merge")
     _common(p)
 
     p = sub.add_parser("extract-frames", help="sparse frames -> Parquet shards of JPEGs + index", epilog=EPILOG)
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--out", required=True, help="output frames directory or s3:// prefix")
+    _fan_out(p, "extract only part I of N of the shards (no index)", "a --part output to merge")
     _common(p)
 
     p = sub.add_parser(
@@ -152,6 +154,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _part(text: str) -> tuple[int, int]:
+    """``I/N`` (0 <= I < N) as ``(I, N)``."""
+    index, sep, count = text.partition("/")
+    if not (sep and index.isdigit() and count.isdigit() and 0 <= int(index) < int(count)):
+        raise argparse.ArgumentTypeError(f"expected I/N with 0 <= I < N, e.g. 0/4; got {text!r}")
+    return int(index), int(count)
+
+
+def _fan_out(p: argparse.ArgumentParser, part_help: str, merge_help: str) -> None:
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--part", type=_part, default=None, metavar="I/N", help=part_help)
+    group.add_argument("--merge", action="append", default=[], metavar="PART", help=f"{merge_help} (repeat: one each)")
+
+
 def _cli_overrides(args: argparse.Namespace) -> list[str]:
     """Flags that are shortcuts for config keys, turned into overrides (they win over the file)."""
     pairs = {
@@ -173,13 +189,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         return synth(args.out, cfg)
     if args.command == "ingest":
-        from vlp.steps.ingest import ingest
+        from vlp.steps.ingest import ingest, ingest_part
 
-        return ingest(args.source, args.out, cfg)
+        if args.part:
+            return ingest_part(args.source, args.out, cfg, *args.part)
+        return ingest(args.source, args.out, cfg, probes=args.merge)
     if args.command == "extract-frames":
-        from vlp.steps.extract_frames import extract_frames
+        from vlp.steps.extract_frames import extract_frames, extract_frames_part
 
-        return extract_frames(args.dataset, args.out, cfg)
+        if args.part:
+            return extract_frames_part(args.dataset, args.out, cfg, *args.part)
+        return extract_frames(args.dataset, args.out, cfg, parts=args.merge)
     if args.command == "mine-entities":
         from vlp.steps.mine_entities import mine_entities
 

@@ -287,6 +287,24 @@ def _upload_fileobj(fh: Any, uri: str) -> None:
         raise StorageError(f"cannot upload to {uri}: {exc}") from exc
 
 
+def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Copy one file/object to another place, atomically at the destination (S3 to S3: a server-side copy,
+    multipart when large; across the two kinds: a download or an upload)."""
+    src, dst = str(src), str(dst)
+    if is_s3(src) and is_s3(dst):
+        (src_bucket, src_key), (bucket, key) = split_s3(src), split_s3(dst)
+        try:
+            client().copy({"Bucket": src_bucket, "Key": src_key}, bucket, key, Config=_transfer_config())
+        except Exception as exc:
+            if _is_missing(exc):
+                raise FileNotFoundError(f"no such object: {src}") from exc
+            raise StorageError(f"cannot copy {src} to {dst}: {exc}") from exc
+    elif is_s3(src):
+        download(src, dst)
+    else:
+        upload(src, dst)
+
+
 def download(uri: str | os.PathLike[str], local_path: str | os.PathLike[str]) -> str:
     """Copy ``uri`` to ``local_path`` atomically; returns ``local_path``."""
     uri, local_path = str(uri), str(local_path)

@@ -32,6 +32,12 @@ once completely written: writes are atomic), rewrites the index and rejects from
 metadata when anything changed, and deletes shard files of an older plan (other settings or inputs).
 Outputs of a re-run are byte-identical.
 
+Fan-out (:func:`extract_part`, :func:`merge_parts`): on a cluster, pod ``i`` of ``n`` writes the contiguous run of
+planned shards that :func:`vlp.data.manifest.part_range` gives it (and ``part.json`` naming them) into its own
+output; a merge copies every planned shard from the parts and finishes as a re-run of :func:`extract` that finds
+all shards present, so the merged output is byte-identical to one pod's. A part re-run skips its finished shards,
+as :func:`extract` does.
+
 Decoding
 --------
 The default ``decoder="sparse"`` reads with PyAV and plans at the packet level: whole GOPs that hold
@@ -78,6 +84,7 @@ log = logging.getLogger(__name__)
 
 SHARDS_DIR = "shards"
 INDEX = "index.parquet"
+PART = "part.json"  # what one fan-out part wrote (extract_part), read by merge_parts
 FORMAT_VERSION = 1  # bump when the bytes written for the same inputs and settings change
 _META_KEY = b"vlp.frames"
 _KEEP_PACKETS_BYTES = 256 * 1024 * 1024  # read_sparse holds the packets of files up to this size in memory
@@ -238,6 +245,84 @@ def extract(dataset: str, out: str, cfg: FramesConfig) -> dict:
         "index": storage.join(out, INDEX),
         "rejects": storage.join(out, manifest.REJECTS),
     }
+
+
+def extract_part(dataset: str, out: str, cfg: FramesConfig, index: int, count: int) -> dict[str, Any]:
+    """Part ``index`` of ``count`` of :func:`extract`: the planned shards :func:`vlp.data.manifest.part_range`
+    assigns it, under ``out/shards``, and ``out/part.json`` naming them; no index (the merge writes it). Finished
+    shards are skipped, so a retried part redoes only what it had not written.
+
+    Returns:
+        A summary: the part, its videos and shards (written / skipped).
+    """
+    _validate(cfg)
+    plans = _plan_shards(manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA), dataset, cfg)
+    mine = [plans[i] for i in manifest.part_range(len(plans), index, count)]
+    existing = {os.path.basename(u) for u in storage.list_files(storage.join(out, SHARDS_DIR), ".parquet", False)}
+    todo = [p for p in mine if os.path.basename(p.name) not in existing]
+    log.info("extract-frames part %d/%d: %d of %d shards, %d to write", index, count, len(mine), len(plans), len(todo))
+    written = _run_shards(todo, out, cfg)
+    part = {"index": index, "count": count, "settings": _settings(cfg), "shards": [p.name for p in mine]}
+    storage.write_text(storage.join(out, PART), json.dumps(part, indent=1, sort_keys=True) + "\n")
+    return {
+        "part": index,
+        "parts": count,
+        "videos": sum(len(p.tasks) for p in mine),
+        "shards": len(mine),
+        "shards_written": len(written),
+        "shards_skipped": len(mine) - len(written),
+    }
+
+
+def merge_parts(dataset: str, parts: Sequence[str], out: str, cfg: FramesConfig) -> dict[str, Any]:
+    """The output of :func:`extract` from the outputs of its parts (:func:`extract_part`), byte-identical to it.
+
+    Every planned shard is copied from the part that wrote it (shards already in ``out`` are kept), then
+    :func:`extract` runs and, finding every shard present, writes the index and the rejects.
+
+    Raises:
+        ValueError: the parts are not one complete set (a part missing or twice, another count), were made
+            with other settings, or lack a planned shard (made from another dataset).
+    """
+    _validate(cfg)
+    plans = _plan_shards(manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA), dataset, cfg)
+    found = {}
+    for uri in parts:
+        try:
+            found[uri] = json.loads(storage.read_text(storage.join(uri, PART)))
+        except FileNotFoundError:
+            raise ValueError(f"{uri} has no {PART}: not the output of an extract-frames part") from None
+    _check_parts(found, cfg)
+    owner = {name: uri for uri, part in found.items() for name in part["shards"]}
+    missing = [p.name for p in plans if p.name not in owner]
+    if missing:
+        raise ValueError(
+            f"the {len(found)} parts lack {len(missing)} of the {len(plans)} planned shards (first: {missing[0]}): "
+            f"they were made from another {manifest.VIDEOS} or other settings than {dataset}"
+        )
+    present = {os.path.basename(u) for u in storage.list_files(storage.join(out, SHARDS_DIR), ".parquet", False)}
+    copied = 0
+    for plan in plans:
+        if os.path.basename(plan.name) not in present:
+            storage.copy(storage.join(owner[plan.name], plan.name), storage.join(out, plan.name))
+            copied += 1
+    summary = extract(dataset, out, cfg)
+    if summary["shards_written"]:  # a part claimed a shard it does not hold
+        raise RuntimeError(f"merge extracted {summary['shards_written']} shard(s) itself: a part is incomplete")
+    return {**summary, "parts": len(found), "shards_copied": copied}
+
+
+def _check_parts(found: dict[str, dict[str, Any]], cfg: FramesConfig) -> None:
+    """The parts are parts 0..n-1 of one n, made with ``cfg``'s settings."""
+    if not found:
+        raise ValueError("merge needs at least one part")
+    counts = {part["count"] for part in found.values()}
+    indices = sorted(part["index"] for part in found.values())
+    if len(counts) != 1 or indices != list(range(next(iter(counts)))):
+        raise ValueError(f"the parts are not one complete set: indices {indices} of counts {sorted(counts)}")
+    for uri, part in found.items():
+        if part["settings"] != _settings(cfg):
+            raise ValueError(f"part {uri} was made with settings {part['settings']}, not {_settings(cfg)}")
 
 
 def _validate(cfg: FramesConfig) -> None:

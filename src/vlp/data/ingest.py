@@ -27,6 +27,12 @@ A video is rejected when a duplicate of an earlier ``video_id``, when its row is
 for training, and the check runs before probing to save the decode), when the probe fails, or when
 its duration is outside the configured limits. Annotation formats list one video per distinct id
 (many records per video are normal there); the first record's path and split win.
+
+Fan-out: probing is the step's cost, so on a cluster pod ``i`` of ``n`` probes the contiguous run of the files to
+probe that :func:`vlp.data.manifest.part_range` gives it (:func:`probe_part`, into ``probes.parquet``), and
+:func:`ingest` with ``probes=`` those parts takes every probe result from them instead of probing. Reading and
+validating the annotations is repeated in every pod (cheap next to decoding), so the merged output is
+byte-identical to one pod's.
 """
 
 from __future__ import annotations
@@ -62,6 +68,22 @@ _SPLIT_ALIASES = {"training": "train", "valid": "val", "validate": "val", "valid
 _WINDOW = 1024  # probe tasks handed to the pool at a time (bounds the futures held in memory)
 _NO_LIMITS = video.DecodeLimits(0, 0, 0.0)
 _STORAGE_FAILURE = "storage failure: "  # a probe result that says nothing about the file
+PROBES = "probes.parquet"  # what one fan-out part probed (probe_part)
+_PROBES_META = b"vlp.probes"
+PROBE_SCHEMA = pa.schema(
+    [
+        pa.field("uri", pa.string(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),  # "" = probed; else the reject reason
+        pa.field("num_frames", pa.int64()),  # the probe's measurements (null when rejected)
+        pa.field("fps", pa.float64()),
+        pa.field("duration_s", pa.float64()),
+        pa.field("width", pa.int64()),
+        pa.field("height", pa.int64()),
+        pa.field("size_bytes", pa.int64()),
+    ]
+)
+_MEASURES = PROBE_SCHEMA.names[2:]
+ProbeResult = tuple[dict[str, Any] | None, str]
 
 
 @dataclass
@@ -102,13 +124,15 @@ class _Raw:
 # --------------------------------------------------------------------------- entry point
 
 
-def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
+def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ()) -> dict[str, Any]:
     """Validate and probe dataset ``source`` into the manifest tables under ``out``.
 
     Args:
         source: a raw dataset directory (``synth``) or an annotation file; local path or ``s3://``.
         out: output dataset directory or ``s3://`` prefix.
         cfg: the ``ingest`` config section.
+        probes: the outputs of every :func:`probe_part` of this source and config: their results replace
+            probing (a merge); empty = probe here.
 
     Returns:
         The summary: ``{"format", "videos"|"captions"|"qa": {"input", "accepted", "rejected"},
@@ -124,15 +148,17 @@ def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
     out = _absolute(out)
     if not storage.exists(source):
         raise FileNotFoundError(f"ingest source {source} does not exist")
-    fmt, data = _detect(source) if cfg.format == "auto" else (cfg.format, None)
-    if fmt == "synth" and source == out:
+    if source == out and storage.exists(storage.join(source, manifest.VIDEOS)):
         raise ValueError(f"ingest would overwrite its source {source}: pass a different --out")
-    log.info("ingest: reading %s as %s", source, fmt)
-    raw = _read_json(source, cfg, fmt, data) if fmt in ("lavis", "msrvtt") else _READERS[fmt](source, cfg)
-    _validate(raw, cfg)
+    raw = _read(source, cfg)
+    winners, survivors = _prevalidate(raw, cfg)
+    uris = [r["path"] for r in survivors]
+    _finish_validation(raw, winners, survivors, _probed_by(probes, uris, cfg) if probes else _probe_all(uris, cfg), cfg)
     rejects = _reject_rows(raw)
     tables = _tables(raw)
     summary = _summary(raw, tables, rejects)
+    if probes:
+        summary["probe_parts"] = len(probes)
     _write(out, tables, rejects, raw.boxes)
     log.info("ingest: %s", json.dumps({k: summary[k] for k in KINDS_SUMMARY}))
     accepted = summary["videos"]["accepted"]
@@ -147,6 +173,13 @@ def ingest(source: str, out: str, cfg: IngestConfig) -> dict[str, Any]:
             f"the reasons are in {out}/{manifest.REJECTS}"
         )
     return summary
+
+
+def _read(source: str, cfg: IngestConfig) -> _Raw:
+    """The records of ``source`` in the format ``cfg`` names or ``auto`` detects."""
+    fmt, data = _detect(source) if cfg.format == "auto" else (cfg.format, None)
+    log.info("ingest: reading %s as %s", source, fmt)
+    return _read_json(source, cfg, fmt, data) if fmt in ("lavis", "msrvtt") else _READERS[fmt](source, cfg)
 
 
 def detect_format(source: str) -> str:
@@ -450,8 +483,81 @@ def _json_flavour(data: Any, source: str) -> str:
 # --------------------------------------------------------------------------- validation
 
 
-def _validate(raw: _Raw, cfg: IngestConfig) -> None:
-    """Fill ``_reject`` on every row, cheapest checks first; probing runs only on survivors."""
+def probe_part(source: str, out: str, cfg: IngestConfig, index: int, count: int) -> dict[str, Any]:
+    """Part ``index`` of ``count`` of ingest's probing: read and validate ``source`` as :func:`ingest` does, probe
+    the files :func:`vlp.data.manifest.part_range` gives this part, and write the results to
+    ``out/probes.parquet``. A part whose file already holds the results for the same files and settings is
+    skipped (a rerun).
+
+    Returns:
+        A summary: the part, the files to probe in all and in this part, whether it was skipped.
+    """
+    _check_config(cfg)
+    source, out = _absolute(source), _absolute(out)
+    if not storage.exists(source):
+        raise FileNotFoundError(f"ingest source {source} does not exist")
+    _, survivors = _prevalidate(_read(source, cfg), cfg)
+    uris = [r["path"] for r in survivors]
+    span = manifest.part_range(len(uris), index, count)
+    mine = uris[span.start : span.stop]
+    meta = {"index": index, "count": count, "files": len(uris), "settings": _probe_settings(cfg)}
+    meta["digest"] = _digest(mine)
+    target = storage.join(out, PROBES)
+    summary = {"part": index, "parts": count, "files": len(uris), "part_files": len(mine)}
+    if storage.exists(target) and json.loads(storage.read_parquet_metadata(target).get(_PROBES_META, b"{}")) == meta:
+        log.info("ingest part %d/%d: %s already holds its %d probes", index, count, target, len(mine))
+        return {**summary, "skipped": True}
+    log.info("ingest part %d/%d: probing %d of %d files", index, count, len(mine), len(uris))
+    results = _probe_all(mine, cfg)
+    rows = [{"uri": u, "reason": reason, **{k: (info or {}).get(k) for k in _MEASURES}} for u, (info, reason) in
+            zip(mine, results, strict=True)]  # fmt: skip
+    table = manifest.from_rows(rows, PROBE_SCHEMA)
+    storage.write_parquet(target, table.replace_schema_metadata({_PROBES_META: json.dumps(meta, sort_keys=True)}))
+    return {**summary, "skipped": False, "rejected": sum(bool(reason) for _, reason in results)}
+
+
+def _probe_settings(cfg: IngestConfig) -> dict[str, Any]:
+    """The settings that change a probe's result (the limits; min_duration_s is applied after probing)."""
+    return {"max_pixels": cfg.max_pixels, "max_bytes": cfg.max_bytes, "max_duration_s": cfg.max_duration_s,
+            "timeout_s": cfg.timeout_s}  # fmt: skip
+
+
+def _digest(uris: Sequence[str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(list(uris)).encode()).hexdigest()[:16]
+
+
+def _probed_by(parts: Sequence[str], uris: list[str], cfg: IngestConfig) -> list[ProbeResult]:
+    """The probe results of ``uris`` from the outputs of :func:`probe_part`, checked to be exactly their parts."""
+    found = []
+    for part in parts:
+        uri = storage.join(part, PROBES)
+        if not storage.exists(uri):
+            raise ValueError(f"{part} has no {PROBES}: not the output of an ingest probe part")
+        table = storage.read_parquet(uri)
+        found.append((part, json.loads(table.schema.metadata[_PROBES_META]), table))
+    found.sort(key=lambda item: item[1]["index"])
+    indices, counts = [m["index"] for _, m, _ in found], {m["count"] for _, m, _ in found}
+    if len(counts) != 1 or indices != list(range(len(found))) or counts != {len(found)}:
+        raise ValueError(f"the probe parts are not one complete set: indices {indices} of counts {sorted(counts)}")
+    results: list[ProbeResult] = []
+    for part, meta, table in found:
+        span = manifest.part_range(len(uris), meta["index"], meta["count"])
+        if meta["settings"] != _probe_settings(cfg) or meta["digest"] != _digest(uris[span.start : span.stop]):
+            raise ValueError(
+                f"probe part {part} was made from other files or settings than this ingest (part "
+                f"{meta['index']} of {meta['count']}, {meta['files']} files to probe, settings {meta['settings']}; "
+                f"here {len(uris)} files, settings {_probe_settings(cfg)})"
+            )
+        for row in table.to_pylist():
+            results.append((None if row["reason"] else {k: row[k] for k in _MEASURES}, row["reason"]))
+    return results
+
+
+def _prevalidate(raw: _Raw, cfg: IngestConfig) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """Fill ``_reject`` from the checks that need no probe, cheapest first; returns the winning row of every
+    video id and the rows left to probe."""
     winners = _check_videos(raw.videos)
     _check_texts(raw.captions, winners, "caption_id", manifest.CAPTION_SCHEMA)
     _check_texts(raw.qa, winners, "qa_id", manifest.QA_SCHEMA)
@@ -460,8 +566,18 @@ def _validate(raw: _Raw, cfg: IngestConfig) -> None:
         for vid, row in winners.items():
             if row["_reject"] is None and vid not in with_text:
                 row["_reject"] = NO_TEXT
-    survivors = [row for row in raw.videos if row["_reject"] is None]
-    for row, (info, reason) in zip(survivors, _probe_all([r["path"] for r in survivors], cfg), strict=True):
+    return winners, [row for row in raw.videos if row["_reject"] is None]
+
+
+def _finish_validation(
+    raw: _Raw,
+    winners: dict[str, dict[str, Any]],
+    survivors: list[dict[str, Any]],
+    probed: list[ProbeResult],
+    cfg: IngestConfig,
+) -> None:
+    """Apply the probe results of ``survivors``: rejects, measurements, and the texts of rejected videos."""
+    for row, (info, reason) in zip(survivors, probed, strict=True):
         row["_reject"] = reason or _duration_problem(row["media"], info, cfg)
         row.update(info or {})
     for row in raw.captions + raw.qa:
@@ -571,7 +687,7 @@ def _probe_one(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[
     return fields | {"width": info.width, "height": info.height, "size_bytes": size}, ""
 
 
-def _probe_all(uris: list[str], cfg: IngestConfig) -> list[tuple[dict[str, Any] | None, str]]:
+def _probe_all(uris: list[str], cfg: IngestConfig) -> list[ProbeResult]:
     """Probe ``uris`` with ``cfg.workers`` processes and a progress bar; results in input order.
 
     A file the store failed to serve (5xx, connection reset, timeout: a ``StorageError``) is read again

@@ -177,3 +177,11 @@ def resolve_inside(root: str, path: str) -> str:
     if not inside:
         raise PathEscapeError(f"path outside its root: {path!r} resolves outside {root}")
     return uri
+
+
+def part_range(total: int, index: int, count: int) -> range:
+    """The contiguous run of ``total`` items that fan-out part ``index`` of ``count`` takes (sizes differ by at
+    most one; a part may be empty)."""
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"part {index} of {count}: need count >= 1 and 0 <= index < count")
+    return range(index * total // count, (index + 1) * total // count)
