@@ -21,13 +21,16 @@ mkdir -p "$CACHE"
 say() { printf '\n== %s\n' "$*"; }
 
 for tool in buildah mmdebstrap podman; do
-  command -v "$tool" > /dev/null || { say "installing $tool"; apt-get install -y -q buildah mmdebstrap podman > /dev/null; }
+  command -v "$tool" > /dev/null || {
+    say "installing $tool"
+    apt-get update -q > /dev/null && apt-get install -y -q buildah mmdebstrap podman > /dev/null
+  }
 done
 
 if ! podman image exists "$BASE_IMAGE" 2> /dev/null; then
   if [ ! -s "$CACHE/bookworm.tar" ]; then
     say "base rootfs: mmdebstrap bookworm (python3, venv, python-is-python3)"
-    mmdebstrap --variant=minbase --include=python3,python3-venv,python-is-python3,ca-certificates \
+    mmdebstrap --variant=minbase --format=tar --include=python3,python3-venv,python-is-python3,ca-certificates \
       bookworm "$CACHE/bookworm.tar.part" && mv "$CACHE/bookworm.tar.part" "$CACHE/bookworm.tar"
   fi
   podman import "$CACHE/bookworm.tar" "$BASE_IMAGE" > /dev/null
@@ -65,7 +68,8 @@ start=$(date +%s)
 buildah bud --isolation chroot --layers --quiet "${mounts[@]}" \
   --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg TORCH_INDEX_URL="$TORCH_INDEX_URL" \
   -f docker/Dockerfile -t "$IMAGE" . > /dev/null
-echo "built $IMAGE in $(( $(date +%s) - start )) s"
+size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
+echo "built $IMAGE in $(( $(date +%s) - start )) s; image size $(( size / 1024 / 1024 )) MiB"
 
 # Run commands in the image as uid 10001 with its root filesystem read-only (buildah run cannot): the container's
 # rootfs bind-mounted read-only in a private mount namespace, with /dev, /proc, an output folder at /work and tmpfs
