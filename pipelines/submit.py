@@ -160,12 +160,15 @@ def submit_run(
 def schedule(
     client: Any, package: str | Path, name: str, cron: str, params: dict[str, Any], experiment: str, namespace: str
 ) -> str:
-    """Create or replace the recurring run ``name`` in ``experiment``; returns the new recurring run id."""
+    """Create or replace the recurring run ``name`` in ``experiment``; returns the new recurring run id.
+
+    The new one is created first and the old ones of that name are deleted after, so a refused or failed
+    creation leaves the old schedule running (never none); the two overlap for the moment in between, and
+    ``max_concurrency=1`` holds per recurring run only.
+    """
     cron = validate_cron(cron)
     experiment_id = client.create_experiment(name=experiment, namespace=namespace).experiment_id
-    for existing in _recurring_runs(client, experiment_id, namespace):
-        if existing.display_name == name:
-            client.delete_recurring_run(existing.recurring_run_id)
+    old = [r.recurring_run_id for r in _recurring_runs(client, experiment_id, namespace) if r.display_name == name]
     created = client.create_recurring_run(
         experiment_id=experiment_id,
         job_name=name,
@@ -176,6 +179,8 @@ def schedule(
         no_catchup=True,
         enabled=True,
     )
+    for recurring_run_id in old:
+        client.delete_recurring_run(recurring_run_id)
     return created.recurring_run_id
 
 

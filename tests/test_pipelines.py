@@ -334,6 +334,8 @@ class FakeKfp(BaseHTTPRequestHandler):
             self._reply(experiment)
         elif path == "/apis/v2beta1/runs":
             self._reply({**body, "run_id": new_id, "state": "PENDING"})
+        elif path == "/apis/v2beta1/recurringruns" and self.state.get("refuse_recurring"):
+            self._reply({"error": "admission webhook denied the request", "code": 3}, 400)
         elif path == "/apis/v2beta1/recurringruns":
             run = {**body, "recurring_run_id": new_id}
             self.state["recurring"].append(run)
@@ -420,6 +422,8 @@ def test_schedule_creates_then_replaces_by_name(fake_kfp: tuple[str, dict[str, A
     assert first != second
     deletes = [r["path"] for r in state["requests"] if r["method"] == "DELETE"]
     assert deletes == [f"/apis/v2beta1/recurringruns/{first}"]
+    order = [(r["method"], r["body"].get("display_name")) for r in state["requests"] if r["method"] != "GET"]
+    assert order.index(("POST", "nightly-eval"), 3) < order.index(("DELETE", None))  # the new one first
     names = sorted(r["display_name"] for r in state["recurring"])
     assert names == ["nightly-eval", "other"]
     current = next(r for r in state["recurring"] if r["display_name"] == "nightly-eval")
@@ -430,6 +434,10 @@ def test_schedule_creates_then_replaces_by_name(fake_kfp: tuple[str, dict[str, A
     with pytest.raises(submit.SubmitError, match="6, seconds first"):
         submit.schedule(client, package, "bad", "0 3 * * *", params, "reeval", "ml")
     assert len(state["recurring"]) == 2
+    state["refuse_recurring"] = True  # the server refuses the replacement: the old schedule stays
+    with pytest.raises(Exception, match="400|denied|Bad Request"):
+        submit.schedule(client, package, "nightly-eval", "0 0 5 * * *", params, "reeval", "ml")
+    assert [r["recurring_run_id"] for r in state["recurring"] if r["display_name"] == "nightly-eval"] == [second]
 
 
 def test_the_albef_dag_pretrains_straight_from_the_frames(compiled: Path) -> None:
