@@ -435,7 +435,7 @@ def test_schedule_creates_then_replaces_by_name(fake_kfp: tuple[str, dict[str, A
         submit.schedule(client, package, "bad", "0 3 * * *", params, "reeval", "ml")
     assert len(state["recurring"]) == 2
     state["refuse_recurring"] = True  # the server refuses the replacement: the old schedule stays
-    with pytest.raises(Exception, match="400|denied|Bad Request"):
+    with pytest.raises(Exception, match=r"400|denied|Bad Request"):
         submit.schedule(client, package, "nightly-eval", "0 0 5 * * *", params, "reeval", "ml")
     assert [r["recurring_run_id"] for r in state["recurring"] if r["display_name"] == "nightly-eval"] == [second]
 
