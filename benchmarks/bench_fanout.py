@@ -2,8 +2,8 @@
 the frame phase, and what each task costs beyond its step's own work (the per-pod overhead).
 
 The world is the main job's (``configs/pipeline-local.yaml``: 400 clips, 8 frames of 32 px, 64 clips a shard),
-synthesised and ingested once; each DAG is a pointer to that dataset, then the frame step(s) exactly as
-``pipelines/fanout.py`` wires them. The rounds alternate the two DAGs. A task's wall time is from kfp.local's
+synthesised and ingested once; each DAG is a pointer to that dataset, then the frame step(s) as ``pipelines/fanout.py``
+wires them. The rounds alternate the two DAGs. A task's wall time is from kfp.local's
 "Executing task" to its "finished" log record; its work is the ``seconds`` its step wrote in ``summary.json``.
 kfp.local runs the parts of a ParallelFor side by side (at most ``--parallelism``), so on a machine with few
 cores the fan-out can only show its overhead, not a speed-up; the merged frame stores are checked byte-equal.
@@ -75,12 +75,7 @@ def frames_dag(parts: int, parallelism: int, workers: int) -> Any:
         if parts == 1:
             configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames")
             return
-        plan = configure(data.plan_parts(parts=parts), cfg, "plan_parts")
-        with dsl.ParallelFor(plan.output, parallelism=parallelism) as index:
-            part = configure(data.extract_frames_part(dataset=ds, index=index, count=parts, **stored), cfg,
-                             "extract_frames")  # fmt: skip
-        merge = data.extract_frames_merge(dataset=ds, parts=dsl.Collected(part.outputs["part"]), **stored)
-        configure(merge, cfg, "extract_frames_merge")
+        fanout.extract_frames(cfg, ds, stored, parts, fanout.plan(cfg, parts))
 
     return pipeline
 

@@ -54,15 +54,30 @@ def data_steps(cfg: PipelineConfig, raw: Any, stored: dict[str, Any], parts: Any
         ds = configure(data.ingest(raw=raw, **stored), cfg, "ingest").outputs["dataset"]
         fr = configure(data.extract_frames(dataset=ds, **stored), cfg, "extract_frames").outputs["frames"]
         return ds, fr
-    plan = configure(data.plan_parts(parts=parts), cfg, "plan_parts")
-    with dsl.ParallelFor(plan.output, parallelism=cfg.fanout.parallelism, name="ingest-parts") as index:
+    numbers = plan(cfg, parts)
+    ds = ingest(cfg, raw, stored, parts, numbers)
+    return ds, extract_frames(cfg, ds, stored, parts, numbers)
+
+
+def plan(cfg: PipelineConfig, parts: Any) -> Any:
+    """The task whose output, ``[0, .., parts - 1]``, the fan-outs loop over."""
+    return configure(data.plan_parts(parts=parts), cfg, "plan_parts")
+
+
+def ingest(cfg: PipelineConfig, raw: Any, stored: dict[str, Any], parts: Any, numbers: Any) -> Any:
+    """ParallelFor(ingest_part) -> ingest_merge; returns the dataset output."""
+    with dsl.ParallelFor(numbers.output, parallelism=cfg.fanout.parallelism, name="ingest-parts") as index:
         probed = configure(data.ingest_part(raw=raw, index=index, count=parts, **stored), cfg, "ingest")
         probed.set_display_name("ingest_part")
     merged = data.ingest_merge(raw=raw, parts=dsl.Collected(probed.outputs["part"]), **stored)
-    ds = configure(merged, cfg, "ingest_merge").outputs["dataset"]
-    with dsl.ParallelFor(plan.output, parallelism=cfg.fanout.parallelism, name="extract-frames-parts") as index:
+    return configure(merged, cfg, "ingest_merge").outputs["dataset"]
+
+
+def extract_frames(cfg: PipelineConfig, ds: Any, stored: dict[str, Any], parts: Any, numbers: Any) -> Any:
+    """ParallelFor(extract_frames_part) -> extract_frames_merge; returns the frames output."""
+    with dsl.ParallelFor(numbers.output, parallelism=cfg.fanout.parallelism, name="extract-frames-parts") as index:
         extracted = configure(data.extract_frames_part(dataset=ds, index=index, count=parts, **stored), cfg,
                               "extract_frames")  # fmt: skip
         extracted.set_display_name("extract_frames_part")
     frames = data.extract_frames_merge(dataset=ds, parts=dsl.Collected(extracted.outputs["part"]), **stored)
-    return ds, configure(frames, cfg, "extract_frames_merge").outputs["frames"]
+    return configure(frames, cfg, "extract_frames_merge").outputs["frames"]
