@@ -7,6 +7,7 @@ working directory (the repo root) is on ``sys.path``. Artifacts are duck-typed: 
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -111,24 +112,59 @@ class Step:
         overrides: ``section.key=value`` overrides applied after the file.
         kfp_run_id: The KFP run id; with tracking on, the step run is nested under that run's parent run.
         nproc: Processes on this node; > 1 runs the step's CLI under ``torchrun --nproc-per-node nproc``.
+        launch: Multi-node settings (:class:`components.trainjob.Launch`); non-empty = the step's CLI runs as a
+            Kubeflow Trainer TrainJob on ``launch["num_nodes"]`` nodes, which this pod launches and follows.
     """
 
-    def __init__(self, name: str, config: str, overrides: Sequence[str], kfp_run_id: str = "", nproc: int = 1):
-        self.name, self.kfp_run_id, self.nproc = name, kfp_run_id, nproc
+    def __init__(
+        self,
+        name: str,
+        config: str,
+        overrides: Sequence[str],
+        kfp_run_id: str = "",
+        nproc: int = 1,
+        launch: dict[str, Any] | None = None,
+    ):
+        self.name, self.kfp_run_id, self.nproc, self.launch = name, kfp_run_id, nproc, dict(launch or {})
         self.config_path = config_file(config)
         self.cfg, self.overrides = load_step_config(self.config_path, overrides)
 
     def run(self, fn: Callable[[Any], dict[str, Any]], cli: Sequence[str] = (), out: str = "") -> dict[str, Any]:
-        """Run ``fn(cfg)`` (or, when ``nproc > 1``, ``vlp <cli>`` under torchrun writing ``out``); returns the
-        summary. ``<out>/metrics.json`` (evaluation steps) is added to the summary as ``eval``."""
+        """Run ``fn(cfg)`` (or ``vlp <cli>`` writing ``out``: under torchrun when ``nproc > 1``, as a TrainJob
+        with ``launch``); returns the summary. ``<out>/metrics.json`` (evaluation steps) is added to the summary
+        as ``eval``."""
         from vlp.tracking import track_step
 
         def work() -> dict[str, Any]:
-            summary = self._torchrun(cli, out) if self.nproc > 1 and cli else fn(self.cfg)
+            if self.launch and cli:
+                summary = self._trainjob(cli, out)
+            else:
+                summary = self._torchrun(cli, out) if self.nproc > 1 and cli else fn(self.cfg)
             evaluation = read_json(out, "metrics.json") if out else None
             return {**summary, "eval": evaluation} if evaluation else summary
 
         return track_step(self.cfg.tracking, self.name, work, kfp_run_id=self.kfp_run_id)
+
+    def _trainjob(self, cli: Sequence[str], out: str) -> dict[str, Any]:
+        """``vlp <cli>`` on every node of a TrainJob; its inputs and ``out`` must be in object storage."""
+        from components import trainjob
+        from vlp import storage
+
+        launch = trainjob.Launch.from_dict(self.launch)
+        local = [v for k, v in itertools.pairwise(cli) if k.startswith("--") and v.startswith("/")]
+        if local or not storage.is_s3(out):
+            raise ValueError(
+                f"{self.name} on {launch.num_nodes} nodes cannot reach the pod-local paths "
+                f"{local or [out]}: set the data_root run parameter to an s3:// prefix"
+            )
+        api, namespace = trainjob.in_cluster()
+        overrides = [*self.overrides, f"tracking.run_id={self.cfg.tracking.run_id}"]
+        name = trainjob.job_name(self.name, os.environ.get("KFP_POD_NAME") or self.kfp_run_id)
+        labels = {"app.kubernetes.io/part-of": "vlp", "vlp.dev/step": self.name.replace("_", "-")}
+        config_text = Path(self.config_path).read_text(encoding="utf-8")
+        body = trainjob.manifest(name, namespace, launch, cli, overrides, config_text, labels, trainjob.pod_owner())
+        trainjob.Launcher(api, namespace, trainjob.log_line).run(body, launch.poll_s)
+        return json.loads(storage.read_text(storage.join(out, "summary.json")))
 
     def _torchrun(self, cli: Sequence[str], out: str) -> dict[str, Any]:
         from vlp import storage

@@ -1,7 +1,9 @@
 """Training components: pretrain_prompter, build_prompt_bank (CPU), pretrain, finetune_retrieval/qa (GPU image).
 
 ``nproc`` > 1 runs the step's CLI under ``torchrun --nproc-per-node nproc`` inside the container (one node,
-one process per GPU); the pipeline sets it from the step's ``accelerator_count``.
+one process per GPU); the pipeline sets it from the step's ``accelerator_count``. ``launch`` (from a step's
+``num_nodes > 1``, ``pipelines.config.launch_settings``) runs it on that many nodes as a Kubeflow Trainer
+``TrainJob`` instead (``components/trainjob.py``), which the step's pod creates, follows and cleans up.
 """
 
 import functools
@@ -25,6 +27,7 @@ def pretrain_prompter(
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
+    launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
 ) -> None:
     """Train ALPRO's prompter (video-text dual encoder, VTC only).
 
@@ -37,13 +40,16 @@ def pretrain_prompter(
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
+        launch: Multi-node TrainJob settings ({} = train in this pod).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.pretrain import pretrain_prompter as step
 
     ds, fr, out = location(dataset), location(frames), output_location(prompter, data_root)
     cli = ["pretrain-prompter", "--dataset", ds, "--frames", fr, "--out", out]
-    Step("pretrain_prompter", config, overrides, kfp_run_id, nproc).run(lambda cfg: step(ds, fr, out, cfg), cli, out)
+    Step("pretrain_prompter", config, overrides, kfp_run_id, nproc, launch).run(
+        lambda cfg: step(ds, fr, out, cfg), cli, out
+    )
 
 
 @cpu_component
@@ -87,6 +93,7 @@ def pretrain(
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
+    launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
 ) -> None:
     """Pre-train a video-language model of ``family`` (ALPRO: VTC + PEM + MLM + VTM; ALBEF: ITC + MLM + ITM).
 
@@ -102,6 +109,7 @@ def pretrain(
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
+        launch: Multi-node TrainJob settings ({} = train in this pod).
     """
     from components._runtime import Step, location, output_location, pretrain_fn
 
@@ -111,7 +119,7 @@ def pretrain(
     out = output_location(model, data_root)
     cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr]
     cli += ["--prompter", pr, "--prompt-bank", bk] if pr else []
-    run = Step("pretrain", config, [*overrides, f"model.family={family}"], kfp_run_id, nproc).run
+    run = Step("pretrain", config, [*overrides, f"model.family={family}"], kfp_run_id, nproc, launch).run
     run(lambda cfg: step(ds, fr, pr, bk, out, cfg), [*cli, "--out", out], out)
 
 
@@ -127,6 +135,7 @@ def finetune_retrieval(
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
+    launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
 ) -> None:
     """Fine-tune a model for text-video retrieval: from a pre-trained one, or (no ``pretrained``) from the step
     config's ``model`` section of ``family`` (TS2-Net: CLIP's weights).
@@ -142,6 +151,7 @@ def finetune_retrieval(
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
+        launch: Multi-node TrainJob settings ({} = train in this pod).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.finetune import finetune_retrieval as step
@@ -150,7 +160,7 @@ def finetune_retrieval(
     pt = location(pretrained) if pretrained is not None else ""
     cli = ["finetune-retrieval", "--dataset", ds, "--frames", fr, "--out", out] + (["--pretrained", pt] if pt else [])
     extra = [f"model.family={family}"] if family and not pt else []
-    run = Step("finetune_retrieval", config, [*overrides, *extra], kfp_run_id, nproc).run
+    run = Step("finetune_retrieval", config, [*overrides, *extra], kfp_run_id, nproc, launch).run
     run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)
 
 
@@ -165,6 +175,7 @@ def finetune_qa(
     kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
+    launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
 ) -> None:
     """Fine-tune a pre-trained model for open-ended video QA.
 
@@ -178,10 +189,12 @@ def finetune_qa(
         kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
+        launch: Multi-node TrainJob settings ({} = train in this pod).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.finetune import finetune_qa as step
 
     ds, fr, pt, out = location(dataset), location(frames), location(pretrained), output_location(model, data_root)
     cli = ["finetune-qa", "--dataset", ds, "--frames", fr, "--pretrained", pt, "--out", out]
-    Step("finetune_qa", config, overrides, kfp_run_id, nproc).run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)
+    run = Step("finetune_qa", config, overrides, kfp_run_id, nproc, launch).run
+    run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)

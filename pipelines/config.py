@@ -77,6 +77,9 @@ class StepSettings:
     memory_limit: str = ""
     accelerator_type: str = ""  # e.g. nvidia.com/gpu
     accelerator_count: int = 0  # GPUs of one node; > 1 runs the step under torchrun with that many processes
+    num_nodes: int = 1  # training steps: > 1 runs the step as a Kubeflow Trainer TrainJob on that many nodes
+    trainer_runtime: str = "torch-distributed"  # the ClusterTrainingRuntime a multi-node TrainJob refers to
+    trainer_service_account: str = ""  # ServiceAccount of the TrainJob's node pods ("" = the runtime's)
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Toleration] = field(default_factory=list)
     shm_size: str = ""  # size of a memory-backed emptyDir at /dev/shm ("" = none)
@@ -179,6 +182,7 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
     return value
 
 
+TRAINING_STEPS = ("pretrain_prompter", "pretrain", "finetune_retrieval", "finetune_qa")  # torchrun / TrainJob
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a key of a Secret
 
 
@@ -187,6 +191,8 @@ def _check(cfg: PipelineConfig, path: Path) -> None:
     if not 1 <= cfg.fanout.parts <= 1024 or cfg.fanout.parallelism < 0:
         raise ConfigError(f"{path}: fanout.parts must be in 1..1024 and fanout.parallelism >= 0")
     for name, step in cfg.steps.items():
+        if step.num_nodes < 1 or (step.num_nodes > 1 and name not in TRAINING_STEPS):
+            raise ConfigError(f"{path}: steps.{name}: num_nodes must be 1, or > 1 on a training step {TRAINING_STEPS}")
         if step.accelerator_count < 0 or step.retries < 0:
             raise ConfigError(f"{path}: steps.{name}: accelerator_count and retries must be >= 0")
         if step.accelerator_count and not step.accelerator_type:
@@ -280,3 +286,45 @@ def environment(cfg: PipelineConfig) -> dict[str, str]:
 def nproc(cfg: PipelineConfig, name: str) -> int:
     """Processes per node of a training step: its GPU count (1 without GPUs)."""
     return max(1, cfg.step(name).accelerator_count)
+
+
+def scale(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    """A training task's ``nproc`` and, when the step asks for more than one node, its ``launch`` settings."""
+    launch = launch_settings(cfg, name)
+    return {"nproc": nproc(cfg, name), **({"launch": launch} if launch else {})}
+
+
+def launch_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
+    """What ``components.trainjob.Launch`` needs for step ``name`` on ``num_nodes`` nodes ({} for one node): its
+    image, one node's resources, scheduling and /dev/shm, and the environment of every step pod (credentials as
+    Secret references)."""
+    s = cfg.step(name)
+    if s.num_nodes <= 1:
+        return {}
+    requests = {"cpu": s.cpu_request, "memory": s.memory_request}
+    limits = {"cpu": s.cpu_limit, "memory": s.memory_limit}
+    if s.accelerator_type and s.accelerator_count:
+        requests[s.accelerator_type] = limits[s.accelerator_type] = str(s.accelerator_count)
+    resources = {k: {n: v for n, v in r.items() if v} for k, r in (("requests", requests), ("limits", limits))}
+    tolerations = [{k: v for k, v in dataclasses.asdict(t).items() if v} for t in s.tolerations]
+    return {
+        "num_nodes": s.num_nodes,
+        "proc_per_node": nproc(cfg, name),
+        "image": cfg.image(name),
+        "runtime": s.trainer_runtime,
+        "resources": {k: r for k, r in resources.items() if r},
+        "node_selector": dict(sorted(s.node_selector.items())),
+        "tolerations": tolerations,
+        "service_account": s.trainer_service_account,
+        "shm_size": s.shm_size,
+        "env": secret_env(cfg) + [{"name": k, "value": v} for k, v in environment(cfg).items()],
+    }
+
+
+def secret_env(cfg: PipelineConfig) -> list[dict[str, Any]]:
+    """The credentials every step gets, as Kubernetes EnvVar objects that reference their Secrets."""
+    s3 = cfg.s3
+    if not s3.secret:
+        return []
+    keys = ((s3.access_key_key, "AWS_ACCESS_KEY_ID"), (s3.secret_key_key, "AWS_SECRET_ACCESS_KEY"))
+    return [{"name": env, "valueFrom": {"secretKeyRef": {"name": s3.secret, "key": key}}} for key, env in keys]

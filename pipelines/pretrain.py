@@ -14,7 +14,7 @@ from kfp import dsl
 
 from components import data, evaluation, reporting, training
 from pipelines import fanout
-from pipelines.config import PipelineConfig, configure, nproc
+from pipelines.config import PipelineConfig, configure, scale
 
 NAME = "vlp-pretrain"
 FAMILIES = ("alpro", "albef")  # one compiled pre-training DAG each: pretrain.yaml, pretrain-albef.yaml
@@ -67,13 +67,13 @@ def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
             if family == "alpro":
                 ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
                 prompter = training.pretrain_prompter(
-                    dataset=ds, frames=fr, **stored, nproc=nproc(cfg, "pretrain_prompter")
+                    dataset=ds, frames=fr, **stored, **scale(cfg, "pretrain_prompter")
                 )
                 pr = configure(prompter, cfg, "pretrain_prompter").outputs["prompter"]
                 bank = training.build_prompt_bank(prompter=pr, entities=ent, **stored)
                 inputs = {"prompter": pr, "bank": configure(bank, cfg, "build_prompt_bank").outputs["bank"]}
             model = training.pretrain(
-                dataset=ds, frames=fr, **inputs, family=family, **stored, nproc=nproc(cfg, "pretrain")
+                dataset=ds, frames=fr, **inputs, family=family, **stored, **scale(cfg, "pretrain")
             )
             pretrained = configure(model, cfg, "pretrain").outputs["model"]
             branches = _downstream(cfg, ds, fr, pretrained, stored) if downstream else {}
@@ -96,7 +96,7 @@ def _downstream(cfg: PipelineConfig, ds: Any, fr: Any, pretrained: Any, stored: 
         ("retrieval", training.finetune_retrieval, evaluation.evaluate_retrieval),
         ("qa", training.finetune_qa, evaluation.evaluate_qa),
     ):
-        tuned = finetune(dataset=ds, frames=fr, pretrained=pretrained, **stored, nproc=nproc(cfg, f"finetune_{task}"))
+        tuned = finetune(dataset=ds, frames=fr, pretrained=pretrained, **stored, **scale(cfg, f"finetune_{task}"))
         model = configure(tuned, cfg, f"finetune_{task}").outputs["model"]
         scored = configure(evaluate(dataset=ds, frames=fr, model=model, **stored), cfg, f"evaluate_{task}")
         branches[f"{task}_results"], branches[f"{task}_model"] = scored.outputs["results"], model

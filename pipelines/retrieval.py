@@ -12,7 +12,7 @@ from kfp import dsl
 
 from components import data, evaluation, reporting, training
 from pipelines import fanout
-from pipelines.config import PipelineConfig, configure, nproc
+from pipelines.config import PipelineConfig, configure, scale
 
 NAME = "vlp-retrieval"
 
@@ -46,7 +46,7 @@ def build(cfg: PipelineConfig) -> Any:
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
             ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             tuned = training.finetune_retrieval(
-                dataset=ds, frames=fr, family=family, **stored, nproc=nproc(cfg, "finetune_retrieval")
+                dataset=ds, frames=fr, family=family, **stored, **scale(cfg, "finetune_retrieval")
             )
             model = configure(tuned, cfg, "finetune_retrieval").outputs["model"]
             scored = configure(evaluation.evaluate_retrieval(dataset=ds, frames=fr, model=model, **stored), cfg,

@@ -424,7 +424,7 @@ def test_reevaluation_params_are_sorted_and_stringified(render: Callable[..., Do
 @pytest.mark.parametrize("value_set", ["default", "gpu"])
 def test_reevaluation_rbac_is_least_privilege(render: Callable[..., Docs], value_set: str) -> None:
     docs = render(value_set)
-    role, binding = _one(docs, "Role"), _one(docs, "RoleBinding")
+    role, binding = _one(docs, "Role", "reevaluation"), _one(docs, "RoleBinding", "reevaluation")
     cronjob = _one(docs, "CronJob")
     sa_name = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"]["serviceAccountName"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa_name, "namespace": NAMESPACE}]
@@ -446,6 +446,23 @@ def test_reevaluation_rbac_is_least_privilege(render: Callable[..., Docs], value
     assert not {v for _, _, v in granted} & {"*", "delete", "update", "patch", "deletecollection"}
     assert "*" not in {r for _, r, _ in granted}
     assert not [d for d in docs if d["kind"] in ("ClusterRole", "ClusterRoleBinding")]
+
+
+def test_the_trainjob_role_grants_the_step_pods_exactly_what_the_launcher_calls(render: Callable[..., Docs]) -> None:
+    """components/trainjob.py creates, gets (polls) and deletes (cancel, timeout) TrainJobs: those verbs only."""
+    docs = render("default")
+    role, binding = _one(docs, "Role", "training"), _one(docs, "RoleBinding", "training")
+    assert role["rules"] == [{"apiGroups": ["trainer.kubeflow.org"], "resources": ["trainjobs"],
+                              "verbs": ["create", "get", "delete"]}]  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    other = render("default", "--set", "rbac.trainJobs.stepServiceAccount=default-editor",
+                   "--set", "rbac.trainJobs.namespace=kubeflow-user")  # fmt: skip
+    moved = _one(other, "RoleBinding", "training")
+    assert moved["subjects"][0]["name"] == "default-editor" and moved["metadata"]["namespace"] == "kubeflow-user"
+    assert _one(other, "Role", "training")["metadata"]["namespace"] == "kubeflow-user"
+    off = render("default", "--set", "rbac.trainJobs.create=false")
+    assert not [d for d in off if d["metadata"]["labels"].get("app.kubernetes.io/component") == "training"]
 
 
 # ---------------------------------------------------------------------------------------------------------------------
