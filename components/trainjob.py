@@ -57,6 +57,7 @@ class Launch:
     service_account: str = ""
     shm_size: str = ""
     env: list[dict[str, Any]] = field(default_factory=list)  # Kubernetes EnvVar objects (values or secret refs)
+    pod_labels: dict[str, str] = field(default_factory=dict)  # on the node pods (e.g. the MLflow client label)
     poll_s: float = 10.0
 
     @classmethod
@@ -117,8 +118,11 @@ def manifest(
         "trainer": trainer,
     }
     pod = _pod_patch(launch)
-    if pod:
-        job = {"name": NODE_JOB, "template": {"spec": {"template": {"spec": pod}}}}
+    if pod or launch.pod_labels:
+        template: dict[str, Any] = {"spec": pod} if pod else {}
+        if launch.pod_labels:
+            template["metadata"] = {"labels": dict(launch.pod_labels)}
+        job = {"name": NODE_JOB, "template": {"spec": {"template": template}}}
         spec["runtimePatches"] = [
             {"manager": MANAGER, "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [job]}}}}
         ]

@@ -13,11 +13,13 @@ starts from ``defaults`` and takes its ``steps.<name>`` keys on top, e.g.::
         tolerations: [{key: nvidia.com/gpu, operator: Exists, effect: NoSchedule}]
         shm_size: 32Gi                # memory-backed /dev/shm (DataLoader workers, NCCL)
 
-On a cluster every step pod also needs the object store and MLflow; ``s3`` and ``tracking_uri`` put them into
-the environment of every task (credentials only as a reference to a Kubernetes Secret, never as values)::
+On a cluster every step pod also needs the object store and MLflow; ``s3``, ``tracking_uri`` and
+``tracking_secret`` put them into the environment of every task (credentials only as a reference to a Kubernetes
+Secret, never as values)::
 
     s3: {secret: vlp-s3, endpoint_url: https://s3.amazonaws.com, region: us-east-1}
     tracking_uri: http://vlp-mlflow:5000
+    tracking_secret: {name: vlp-mlflow-step}   # MLFLOW_TRACKING_USERNAME / _PASSWORD (keys username, password)
 """
 
 from __future__ import annotations
@@ -112,6 +114,17 @@ class S3Settings:
 
 
 @dataclass
+class TrackingSecret:
+    """The step pods' MLflow user (the chart's ``mlflow.auth.stepSecret``): ``MLFLOW_TRACKING_USERNAME`` and
+    ``MLFLOW_TRACKING_PASSWORD`` from this Secret on every step pod. No ``name`` = no login (a server without
+    authentication)."""
+
+    name: str = ""
+    username_key: str = "username"
+    password_key: str = "password"
+
+
+@dataclass
 class FanOut:
     """Fan-out of ingest and extract_frames (``pipelines/fanout.py``): the parts use the steps' own settings."""
 
@@ -128,6 +141,7 @@ class PipelineConfig:
     register_prefix: str = "vlp"  # fine-tuned models register as <prefix>-retrieval and <prefix>-qa
     data_root: str = ""  # default `data_root` parameter: object-storage prefix for large outputs
     tracking_uri: str = ""  # env MLFLOW_TRACKING_URI of every step ("" = none; the step config may still set one)
+    tracking_secret: TrackingSecret = field(default_factory=TrackingSecret)  # the steps' MLflow login
     s3: S3Settings = field(default_factory=S3Settings)
     images: Images = field(default_factory=Images)
     fanout: FanOut = field(default_factory=FanOut)
@@ -213,6 +227,13 @@ def _check_env(cfg: PipelineConfig, path: Path) -> None:
                 raise ConfigError(f"{path}: {key} {value!r} is not a Secret key (letters, digits, '-', '_', '.')")
         if s3.access_key_key == s3.secret_key_key:
             raise ConfigError(f"{path}: s3.access_key_key and s3.secret_key_key are both {s3.access_key_key!r}")
+    login = cfg.tracking_secret
+    if login.name:
+        for key, value in (("username_key", login.username_key), ("password_key", login.password_key)):
+            if not SECRET_KEY.match(value):
+                raise ConfigError(f"{path}: tracking_secret.{key} {value!r} is not a Secret key")
+        if login.username_key == login.password_key:
+            raise ConfigError(f"{path}: tracking_secret.username_key and password_key are the same key")
 
 
 def as_dict(cfg: PipelineConfig) -> dict[str, Any]:
@@ -257,17 +278,33 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
     return set_environment(task, cfg)
 
 
+MLFLOW_CLIENT_LABEL = ("vlp.dev/mlflow-client", "true")  # the chart's NetworkPolicy admits these pods to MLflow
+
+
 def set_environment(task: Any, cfg: PipelineConfig) -> Any:
-    """Object-store credentials (from the Secret ``s3.secret``), endpoint, region and the MLflow URI as env."""
+    """Object-store credentials (from the Secret ``s3.secret``), the MLflow login (from ``tracking_secret``),
+    endpoint, region and the MLflow URI as env; the label that lets the pod reach MLflow."""
     from kfp import kubernetes
 
-    s3 = cfg.s3
-    if s3.secret:
-        keys = {s3.access_key_key: "AWS_ACCESS_KEY_ID", s3.secret_key_key: "AWS_SECRET_ACCESS_KEY"}
-        kubernetes.use_secret_as_env(task, secret_name=s3.secret, secret_key_to_env=keys)
+    for secret, keys in _secret_keys(cfg):
+        kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=keys)
     for name, value in environment(cfg).items():
         task.set_env_variable(name, value)
+    if cfg.tracking_uri:
+        kubernetes.add_pod_label(task, *MLFLOW_CLIENT_LABEL)
     return task
+
+
+def _secret_keys(cfg: PipelineConfig) -> list[tuple[str, dict[str, str]]]:
+    """``(Secret name, {key: env var})`` of every credential a step pod gets."""
+    s3, login = cfg.s3, cfg.tracking_secret
+    found = []
+    if s3.secret:
+        found.append((s3.secret, {s3.access_key_key: "AWS_ACCESS_KEY_ID", s3.secret_key_key: "AWS_SECRET_ACCESS_KEY"}))
+    if login.name:
+        keys = {login.username_key: "MLFLOW_TRACKING_USERNAME", login.password_key: "MLFLOW_TRACKING_PASSWORD"}
+        found.append((login.name, keys))
+    return found
 
 
 def environment(cfg: PipelineConfig) -> dict[str, str]:
@@ -318,13 +355,14 @@ def launch_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
         "service_account": s.trainer_service_account,
         "shm_size": s.shm_size,
         "env": secret_env(cfg) + [{"name": k, "value": v} for k, v in environment(cfg).items()],
+        "pod_labels": dict([MLFLOW_CLIENT_LABEL]) if cfg.tracking_uri else {},
     }
 
 
 def secret_env(cfg: PipelineConfig) -> list[dict[str, Any]]:
     """The credentials every step gets, as Kubernetes EnvVar objects that reference their Secrets."""
-    s3 = cfg.s3
-    if not s3.secret:
-        return []
-    keys = ((s3.access_key_key, "AWS_ACCESS_KEY_ID"), (s3.secret_key_key, "AWS_SECRET_ACCESS_KEY"))
-    return [{"name": env, "valueFrom": {"secretKeyRef": {"name": s3.secret, "key": key}}} for key, env in keys]
+    return [
+        {"name": env, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+        for secret, keys in _secret_keys(cfg)
+        for key, env in keys.items()
+    ]

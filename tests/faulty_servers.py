@@ -111,8 +111,16 @@ def fail_first(n: int, fault: str, key_part: str, method: str = "GET") -> Fault:
 class MlflowServer:
     """``mlflow server --workers 1`` on a fixed loopback port and sqlite file, so it can be killed and restarted."""
 
-    def __init__(self, root: Path, artifacts: list[str] | None = None, env: dict[str, str] | None = None) -> None:
-        """``artifacts``: the server's artifact flags (default: a local ``--default-artifact-root``)."""
+    def __init__(
+        self,
+        root: Path,
+        artifacts: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        extra: list[str] | None = None,
+    ) -> None:
+        """``artifacts``: the server's artifact flags (default: a local ``--default-artifact-root``); ``extra``:
+        more flags (e.g. ``--app-name basic-auth``)."""
+        self.extra = list(extra or [])
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
@@ -123,7 +131,8 @@ class MlflowServer:
     def start(self) -> None:
         cmd = [str(Path(sys.executable).with_name("mlflow")), "server", "--workers", "1", "--host", "127.0.0.1",
                "--port", str(self.port), "--backend-store-uri", f"sqlite:///{self.root / 'mlflow.db'}",
-               *self.artifacts, "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}"]  # fmt: skip
+               *self.artifacts, "--allowed-hosts", f"127.0.0.1:{self.port},localhost:{self.port}",
+               *self.extra]  # fmt: skip
         log = open(self.root / "mlflow.log", "ab")  # noqa: SIM115 - the server process owns it
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=self.env)
         deadline = time.monotonic() + 90

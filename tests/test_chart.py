@@ -210,7 +210,7 @@ def test_every_pod_and_container_is_locked_down(render: Callable[..., Docs], val
 def _secret_refs(docs: Docs) -> set[tuple[str, str]]:
     refs = set()
     for _, spec in _pod_specs(docs):
-        for c in spec["containers"]:
+        for c in spec["containers"] + spec.get("initContainers", []):
             for e in c.get("env", []):
                 if "valueFrom" in e:
                     ref = e["valueFrom"]["secretKeyRef"]
@@ -224,15 +224,20 @@ def test_credentials_only_come_from_existing_secrets(render: Callable[..., Docs]
     assert not [d for d in docs if d["kind"] == "Secret"], "the chart must never render a Secret"
     s3 = values["objectStore"]["existingSecret"]
     db = values["mlflow"]["backend"]["postgres"]["existingSecret"]
+    auth, step = values["mlflow"]["auth"]["existingSecret"], values["mlflow"]["auth"]["stepSecret"]
     assert _secret_refs(docs) == {
         (s3["name"], s3["accessKeyKey"]),
         (s3["name"], s3["secretKeyKey"]),
         (db["name"], db["uriKey"]),
+        (db["name"], values["mlflow"]["auth"]["postgresUriKey"]),
+        *((auth["name"], auth[k]) for k in ("adminUsernameKey", "adminPasswordKey", "flaskSecretKeyKey")),
+        (step["name"], step["usernameKey"]),
+        (step["name"], step["passwordKey"]),
     }
     for name, spec in _pod_specs(docs):
-        for c in spec["containers"]:
+        for c in spec["containers"] + spec.get("initContainers", []):
             for env_name, e in _env(c).items():
-                if any(word in env_name for word in ("ACCESS_KEY", "SECRET", "PASSWORD", "STORE_URI")):
+                if any(word in env_name for word in ("ACCESS_KEY", "SECRET", "PASSWORD", "STORE_URI", "USERNAME")):
                     assert "secretKeyRef" in e.get("valueFrom", {}), f"{name}: {env_name} must use a secretKeyRef"
 
 
@@ -310,6 +315,59 @@ def test_default_allowed_hosts_exactly(render: Callable[..., Docs]) -> None:
         "vlp-mlflow.ml-team.svc.cluster.local:5000",
         "localhost:5000",
     ]
+
+
+@pytest.mark.parametrize("value_set", ["default", "postgres"])
+def test_mlflow_requires_a_login_configured_from_existing_secrets(
+    render: Callable[..., Docs], value_set: str, tmp_path: Path
+) -> None:
+    """--app-name basic-auth; admin and CSRF key by reference; the init container's command, run here with its
+    rendered environment, writes the ini the server reads; the hook Job creates the step user."""
+    import configparser
+    import sys
+
+    values = _values(value_set)
+    docs = render(value_set)
+    spec = _one(docs, "Deployment", "mlflow")["spec"]["template"]["spec"]
+    server = spec["containers"][0]
+    assert "--app-name=basic-auth" in server["args"]
+    env, auth = _env(server), values["mlflow"]["auth"]["existingSecret"]
+    assert env["MLFLOW_AUTH_CONFIG_PATH"]["value"] == "/auth/basic_auth.ini"
+    for name, key in (("MLFLOW_AUTH_ADMIN_USERNAME", "adminUsernameKey"), ("MLFLOW_AUTH_ADMIN_PASSWORD",
+                      "adminPasswordKey"), ("MLFLOW_FLASK_SERVER_SECRET_KEY", "flaskSecretKeyKey")):  # fmt: skip
+        assert env[name]["valueFrom"]["secretKeyRef"] == {"name": auth["name"], "key": auth[key]}
+    (init,) = spec["initContainers"]
+    assert init["command"][:4] == ["python", "-m", "vlp.tracking_auth", "write-config"]
+    assert {m["mountPath"]: m["name"] for m in server["volumeMounts"]}["/auth"] == "auth-config"
+    init_env = _env(init)
+    if value_set == "postgres":
+        db = values["mlflow"]["backend"]["postgres"]["existingSecret"]
+        ref = init_env["MLFLOW_AUTH_DATABASE_URI"]["valueFrom"]["secretKeyRef"]
+        assert ref == {"name": db["name"], "key": values["mlflow"]["auth"]["postgresUriKey"]}
+    else:
+        plain = {k: e["value"] for k, e in init_env.items()}
+        ini = tmp_path / "basic_auth.ini"
+        done = subprocess.run([sys.executable, *init["command"][1:-1], str(ini)], env={**os.environ, **plain},
+                              capture_output=True, text=True)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        parsed = configparser.ConfigParser()
+        parsed.read(ini)
+        assert dict(parsed["mlflow"]) == {"default_permission": "READ", "database_uri": "sqlite:////data/basic_auth.db"}
+    job = _one(docs, "Job", "mlflow-users")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "post-install,post-upgrade"
+    pod = job["spec"]["template"]
+    assert pod["metadata"]["labels"]["vlp.dev/mlflow-client"] == "true"
+    (hook,) = pod["spec"]["containers"]
+    assert hook["command"] == ["python", "-m", "vlp.tracking_auth", "ensure-user"]
+    hook_env, step = _env(hook), values["mlflow"]["auth"]["stepSecret"]
+    health = _one(docs, "Pod", "test")["spec"]["containers"][0]["args"][-1]  # the Service URL `helm test` checks
+    assert hook_env["MLFLOW_TRACKING_URI"]["value"] == health and health.startswith("http://")
+    assert hook_env["VLP_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": step["name"],
+                                                                              "key": step["passwordKey"]}  # fmt: skip
+    off = render(value_set, "--set", "mlflow.auth.enabled=false")
+    plain_spec = _one(off, "Deployment", "mlflow")["spec"]["template"]["spec"]
+    assert "initContainers" not in plain_spec and "--app-name=basic-auth" not in plain_spec["containers"][0]["args"]
+    assert not [d for d in off if d["kind"] == "Job"]
 
 
 @pytest.mark.parametrize("value_set", ["default", "sqlite", "postgres"])
@@ -479,7 +537,7 @@ def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: 
     mlflow = _one(docs, "NetworkPolicy", "mlflow")
     assert mlflow["spec"]["policyTypes"] == ["Ingress", "Egress"]
     (ingress,) = mlflow["spec"]["ingress"]
-    assert ingress["from"][0] == {"podSelector": {}}  # this namespace's pods only...
+    assert ingress["from"][0] == {"podSelector": {"matchLabels": {"vlp.dev/mlflow-client": "true"}}}  # labelled...
     assert ingress["from"][1:] == _values(value_set)["networkPolicy"]["mlflowIngressFrom"]  # ...plus listed peers
     expected = {53, s3_port} | ({5432} if value_set == "postgres" else set())
     assert _egress_ports(mlflow) == expected
@@ -489,8 +547,8 @@ def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: 
     # every workload of the chart is selected by a policy
     selectors = [p["spec"]["podSelector"]["matchLabels"] for p in docs if p["kind"] == "NetworkPolicy"]
     for d in docs:
-        if d["kind"] in ("Deployment", "CronJob"):
-            tmpl = d["spec"]["template"] if d["kind"] == "Deployment" else d["spec"]["jobTemplate"]["spec"]["template"]
+        if d["kind"] in ("Deployment", "CronJob", "Job"):
+            tmpl = d["spec"]["jobTemplate"]["spec"]["template"] if d["kind"] == "CronJob" else d["spec"]["template"]
             labels = tmpl["metadata"]["labels"]
             assert any(sel.items() <= labels.items() for sel in selectors), d["metadata"]["name"]
 

@@ -115,10 +115,14 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env == want_env, executor
         refs = k8s[executor]["secretAsEnv"]
-        assert [(r["secretName"], r["optional"]) for r in refs] == [("vlp-s3", False)], executor
+        assert [(r["secretName"], r["optional"]) for r in refs] == [("vlp-s3", False), ("vlp-mlflow-step", False)]
         assert sorted((k["secretKey"], k["envVar"]) for k in refs[0]["keyToEnv"]) == [(k, k) for k in KEY_ENV]
+        assert sorted((k["secretKey"], k["envVar"]) for k in refs[1]["keyToEnv"]) == [
+            ("password", "MLFLOW_TRACKING_PASSWORD"), ("username", "MLFLOW_TRACKING_USERNAME")]  # fmt: skip
+        assert k8s[executor]["podMetadata"]["labels"] == {"vlp.dev/mlflow-client": "true"}  # the chart's policy
     lines = (compiled / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
-    mentions = [line.strip().removeprefix("- ") for line in lines if any(key in line for key in KEY_ENV)]
+    secrets = (*KEY_ENV, "MLFLOW_TRACKING_PASSWORD")
+    mentions = [line.strip().removeprefix("- ") for line in lines if any(key in line for key in secrets)]
     assert mentions and all(m.startswith(("envVar: ", "secretKey: ")) for m in mentions), mentions  # refs only
 
 
@@ -137,6 +141,11 @@ def test_cluster_defaults_match_the_helm_chart() -> None:
     assert cfg.s3.region == store["region"]
     # release "vlp" -> Service "vlp-mlflow" in the namespace the pipelines run in (short name: same namespace)
     assert cfg.tracking_uri == f"http://vlp-mlflow:{mlflow['service']['port']}"
+    step = mlflow["auth"]["stepSecret"]  # the user the chart's hook creates is the one the steps log in as
+    login = cfg.tracking_secret
+    assert (login.name, login.username_key, login.password_key) == (
+        step["name"], step["usernameKey"], step["passwordKey"])  # fmt: skip
+    assert values["networkPolicy"]["enabled"] and mlflow["auth"]["enabled"]
 
 
 def test_local_config_sets_no_cluster_environment(tmp_path: Path) -> None:

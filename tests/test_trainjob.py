@@ -128,7 +128,12 @@ def test_a_multi_node_step_compiles_its_launch_settings(tmp_path: Path) -> None:
     names = {e["name"]: e for e in launch.env}
     assert names["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"]["name"] == "vlp-s3"
     assert names["MLFLOW_TRACKING_URI"]["value"] == "http://vlp-mlflow:5000"
-    jsonschema.validate(trainjob.manifest("vlp-pretrain-1", "ml", launch, ["pretrain"], [], ""), SCHEMA)
+    assert names["MLFLOW_TRACKING_PASSWORD"]["valueFrom"]["secretKeyRef"] == {"name": "vlp-mlflow-step",
+                                                                              "key": "password"}  # fmt: skip
+    job = trainjob.manifest("vlp-pretrain-1", "ml", launch, ["pretrain"], [], "")
+    jsonschema.validate(job, SCHEMA)
+    (patch,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
+    assert patch["template"]["spec"]["template"]["metadata"]["labels"] == {"vlp.dev/mlflow-client": "true"}
     assert pipeline_config.launch_settings(cfg, "finetune_qa") == {}
     assert pipeline_config.scale(cfg, "finetune_qa") == {"nproc": 1}
     bad = tmp_path / "bad.yaml"
