@@ -284,11 +284,16 @@ def final_report(
     return "\n".join([*header, *rows]) + "\n"
 
 
+CHAMPION = "champion"  # the alias the scheduled re-evaluation scores by default, and compares others with
+
+
 def compare_scores(
     config: str, overrides: Sequence[str], kfp_run_id: str, task: str, model: Any, evaluation: Any
 ) -> tuple[str, dict[str, float]]:
     """New evaluation metrics vs the registered model's previous ones (newest re-evaluation, else those at
-    registration); logged to MLflow and stored on the model version. Returns (Markdown table, new metrics)."""
+    registration) and, when the model is not its name's ``@champion``, vs the champion's (its newest
+    re-evaluation, else its registration's); logged to MLflow and stored on the model version. Returns
+    (Markdown table, new metrics)."""
     from vlp.tracking import log_metrics, pipeline_run, record_reevaluation, set_tags
 
     cfg, _ = load_step_config(config, overrides)
@@ -296,15 +301,46 @@ def compare_scores(
     new = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
     previous = info.get("last_eval") or info.get("metrics") or {}
     name, version = info.get("name", "?"), info.get("version", "?")
-    rows = ["| metric | previous | new | change |", "|---|---|---|---|"]
+    champion = _champion(cfg.tracking, name, version) if cfg.tracking.tracking_uri and name != "?" else None
+    head = ["metric", "previous", "new", "change"]
+    if champion:
+        head += [f"champion (v{champion[0]})", "vs champion"]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    fmt = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
+    diff = lambda a, b: f"{a - b:+.4f}" if b is not None else "n/a"  # noqa: E731
     for key, value in sorted(new.items()):
-        before = previous.get(key)
-        delta = f"{value - before:+.4f}" if before is not None else "n/a"
-        rows.append(f"| {key} | {'' if before is None else f'{before:.4f}'} | {value:.4f} | {delta} |")
+        cells = [key, fmt(previous.get(key)), f"{value:.4f}", diff(value, previous.get(key))]
+        if champion:
+            cells += [fmt(champion[1].get(key)), diff(value, champion[1].get(key))]
+        rows.append("| " + " | ".join(cells) + " |")
     if cfg.tracking.tracking_uri and new:
         parent = pipeline_run(cfg.tracking, kfp_run_id)
-        log_metrics(cfg.tracking, parent, {f"{task}.{k}": v for k, v in new.items()})
-        set_tags(cfg.tracking, parent, {f"vlp.{task}_model": f"{name}/{version}"})
+        logged = {f"{task}.{k}": v for k, v in new.items()}
+        if champion:
+            logged |= {f"{task}.vs_champion.{k}": v - champion[1][k] for k, v in new.items() if k in champion[1]}
+        log_metrics(cfg.tracking, parent, logged)
+        tags = {f"vlp.{task}_model": f"{name}/{version}"}
+        if champion:
+            tags[f"vlp.{task}_champion"] = f"{name}/{champion[0]}"
+        set_tags(cfg.tracking, parent, tags)
         if name != "?":
             record_reevaluation(cfg.tracking, name, version, new)
-    return f"# Re-evaluation of {name} version {version} ({task})\n\n" + "\n".join(rows) + "\n", new
+    title = f"# Re-evaluation of {name} version {version} ({task})"
+    return title + "\n\n" + "\n".join(rows) + "\n", new
+
+
+def _champion(cfg: Any, name: str, version: str) -> tuple[str, dict[str, float]] | None:
+    """``(version, metrics)`` of ``name@champion`` when it exists and is another version than ``version``."""
+    from mlflow.exceptions import MlflowException
+
+    from vlp.tracking import LAST_EVAL_TAG_PREFIX, resolve_model, version_metrics
+
+    try:
+        found = resolve_model(cfg, f"{name}@{CHAMPION}")
+    except MlflowException as exc:  # no such alias (an invalid parameter to MLflow) or model: nothing to compare
+        if exc.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST"):
+            return None
+        raise
+    if str(found.version) == str(version):
+        return None
+    return str(found.version), version_metrics(found, LAST_EVAL_TAG_PREFIX) or version_metrics(found)
