@@ -44,9 +44,15 @@ def load_step_config(config: str, overrides: Sequence[str]) -> tuple[Any, list[s
     An empty ``tracking.tracking_uri`` is taken from ``$MLFLOW_TRACKING_URI`` (the cluster's MLflow, set on
     every pod by the compiled pipeline); one set in the config or the overrides wins.
     """
-    from vlp.config import load_config
+    from vlp.config import credential_overrides, load_config
 
     overrides = list(overrides)
+    secret = credential_overrides(overrides)
+    if secret and os.environ.get("KFP_POD_NAME"):  # a cluster pod: the overrides are a run parameter in the UI
+        raise ValueError(
+            f"credentials given as overrides ({', '.join(secret)}): a run's parameters are visible in the KFP UI; "
+            "put storage keys in the Secret of pipelines/config s3.secret and MLflow logins in tracking_secret"
+        )
     cfg = load_config(config_file(config), overrides)
     uri = os.environ.get(TRACKING_ENV, "").strip()
     if uri and not cfg.tracking.tracking_uri:
@@ -172,7 +178,9 @@ class Step:
         overrides = [*self.overrides, f"tracking.run_id={self.cfg.tracking.run_id}"]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={self.nproc}"]
         cmd += ["-m", "vlp.cli", *cli, "--config", self.config_path, *overrides]
-        print("+", " ".join(cmd), flush=True)
+        from vlp.config import redact_overrides
+
+        print("+", " ".join(redact_overrides(cmd)), flush=True)
         subprocess.run(cmd, check=True)
         return json.loads(storage.read_text(storage.join(out, "summary.json")))
 
@@ -230,7 +238,9 @@ def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipel
     tags = {"vlp.pipeline": pipeline, "vlp.image": image, "vlp.version": __version__}
     run_id = pipeline_run(cfg.tracking, kfp_run_id, run_name=f"{pipeline}-{kfp_run_id}", tags=tags)
     log_params(cfg.tracking, run_id, {k: v for k, v in to_dict(cfg).items() if k not in ("storage", "tracking")})
-    print(f"MLflow parent run {run_id} in {cfg.tracking.tracking_uri} (experiment {cfg.tracking.experiment})")
+    from vlp.tracking_auth import redact
+
+    print(f"MLflow parent run {run_id} in {redact(cfg.tracking.tracking_uri)} (experiment {cfg.tracking.experiment})")
     return run_id
 
 

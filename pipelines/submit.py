@@ -256,6 +256,22 @@ def check_durable_checkpoints(package: str | Path, params: dict[str, Any]) -> No
         )
 
 
+def check_no_credentials(params: dict[str, Any]) -> None:
+    """Refuse credentials in the run parameters (the KFP UI shows them to everyone who can see the run): storage
+    keys as overrides, or a URI with a password in any parameter."""
+    from vlp.config import credential_overrides
+
+    overrides = params.get("overrides") or []
+    found = credential_overrides(overrides) + credential_overrides(
+        f"{k}={v}" for k, v in params.items() if k != "overrides" and isinstance(v, str)
+    )
+    if found:
+        raise SubmitError(
+            f"credentials in the run parameters ({', '.join(sorted(set(found)))}): KFP shows them in the UI. Put "
+            "storage keys in the Secret of pipelines/config s3.secret and MLflow logins in tracking_secret"
+        )
+
+
 def _task_names(spec: dict[str, Any], tasks: dict[str, Any]) -> list[str]:
     """Task names of the root DAG and of every sub-DAG (conditions, loops, exit handlers)."""
     names = list(tasks)
@@ -272,6 +288,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not package.is_file():
             raise SubmitError(f"{package} does not exist: run `make pipeline-compile` first")
         params = parse_params(args.param, package)
+        check_no_credentials(params)
         if not args.allow_pod_local_checkpoints:
             check_durable_checkpoints(package, params)
         if args.command == "schedule":

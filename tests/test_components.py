@@ -276,3 +276,32 @@ def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tm
     second = json.loads((Path(again["res"].path) / "metrics.json").read_text())
     assert second == first  # the registered weights score exactly what the fine-tuned model scored
     assert f"| t2v_r1 | {first['t2v_r1']:.4f} | {second['t2v_r1']:.4f} | +0.0000 |" in Path(table.path).read_text()
+
+
+def test_credentials_never_reach_a_cluster_pods_overrides_or_printed_lines(monkeypatch, capsys, store):
+    """In a KFP pod (KFP_POD_NAME set) credential overrides are refused; a printed torchrun line and a printed
+    tracking URI never show a secret."""
+    from vlp.config import credential_overrides, redact_overrides
+
+    secret = ["storage.secret_access_key=SENTINEL-s3cr3t", "tracking.tracking_uri=http://u:SENTINEL-pw@mlflow:5000"]
+    assert credential_overrides([*secret, "storage.access_key_id=", "frames.size=8"]) == [
+        "storage.secret_access_key", "tracking.tracking_uri"]  # fmt: skip
+    assert "SENTINEL" not in " ".join(redact_overrides(["vlp.cli", *secret, "frames.size=8"]))
+    _runtime.load_step_config(TINY, secret)  # off a cluster (kfp.local, tests): allowed
+    monkeypatch.setenv("KFP_POD_NAME", "run-pod-1")
+    with pytest.raises(ValueError, match="visible in the KFP UI") as refused:
+        _runtime.load_step_config(TINY, ["frames.size=8", secret[0]])
+    assert "SENTINEL" not in str(refused.value)
+    monkeypatch.delenv("KFP_POD_NAME")
+    step = _runtime.Step("pretrain", TINY, ["storage.secret_access_key=SENTINEL-s3cr3t"], nproc=2)
+    monkeypatch.setattr(_runtime.subprocess, "run", lambda *a, **k: None)
+    monkeypatch.setattr(_runtime, "read_json", lambda *a: None)
+    from vlp import storage
+
+    monkeypatch.setattr(storage, "read_text", lambda uri: "{}")
+    step._torchrun(["pretrain", "--out", "/tmp/x"], "/tmp/x")
+    printed = capsys.readouterr().out
+    assert printed.startswith("+ ") and "storage.secret_access_key=***" in printed and "SENTINEL" not in printed
+    from vlp.tracking_auth import redact
+
+    assert redact("http://u:SENTINEL-pw@mlflow:5000") == "http://u:***@mlflow:5000"

@@ -402,6 +402,29 @@ def test_submit_run_sends_the_compiled_spec_and_params(fake_kfp: tuple[str, dict
     assert {r["auth"] for r in state["requests"]} == {"Bearer sa-token-123"}
 
 
+@pytest.mark.parametrize(
+    "param",
+    [
+        "overrides=[storage.secret_access_key=SENTINEL-s3cr3t]",
+        "overrides=[storage.access_key_id=AKIASENTINEL]",
+        "overrides=['tracking.tracking_uri=http://vlp-steps:SENTINEL-s3cr3t@vlp-mlflow:5000']",
+        "source_uri=s3://user:SENTINEL-s3cr3t@bucket/raw",
+    ],
+)
+def test_credentials_in_run_parameters_are_refused_before_anything_is_sent(
+    fake_kfp: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str], param: str
+) -> None:
+    """A run's parameters are shown in the KFP UI: storage keys and passwords in URIs never go there."""
+    host, state = fake_kfp
+    argv = ["run", "--host", host, "--param", "data_root=s3://bkt/vlp", "--param", param]
+    assert submit.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "credentials in the run parameters" in err and "SENTINEL" not in err
+    assert not state["requests"]
+    assert submit.main(["run", "--host", host, "--param", "data_root=s3://bkt/vlp", "--param",
+                        "overrides=[storage.endpoint_url=http://minio:9000, storage.access_key_id=]"]) == 0  # fmt: skip
+
+
 def test_reevaluate_cli_has_the_cronjob_shape(
     fake_kfp: tuple[str, dict[str, Any]], tmp_path: Path, monkeypatch
 ) -> None:

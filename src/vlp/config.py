@@ -99,6 +99,31 @@ def parse_override(item: str) -> tuple[str, Any]:
     return key, value
 
 
+CREDENTIAL_KEYS = ("storage.access_key_id", "storage.secret_access_key")  # belong in a Secret, never in overrides
+
+
+def credential_overrides(overrides: Iterable[str]) -> list[str]:
+    """The keys of ``overrides`` that carry a credential: a storage key, or a URI with a password in it."""
+    from urllib.parse import urlsplit
+
+    found = []
+    for item in overrides:
+        key, _, value = str(item).partition("=")
+        key = key.strip()
+        if (key in CREDENTIAL_KEYS and value.strip().strip("'\"")) or (
+            "://" in value and urlsplit(value.strip().strip("'\"")).password
+        ):
+            found.append(key)
+    return found
+
+
+def redact_overrides(overrides: Iterable[str]) -> list[str]:
+    """``overrides`` fit to print: the value of every credential override replaced by ``***``."""
+    items = [str(o) for o in overrides]
+    secret = set(credential_overrides(items))
+    return [f"{o.partition('=')[0]}=***" if o.partition("=")[0].strip() in secret else o for o in items]
+
+
 def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node = data
     parts = key.split(".")

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vlp.tracking_auth import redact
+
 log = logging.getLogger("vlp")
 PARENT_RUN_TAG = "mlflow.parentRunId"
 KFP_RUN_TAG = "vlp.kfp_run_id"
@@ -242,7 +244,9 @@ def _quietly(cfg: TrackingConfig, what: str, call: Callable[[], Any]) -> bool:
             call()
         return True
     except Exception as exc:
-        warnings.warn(f"MLflow at {cfg.tracking_uri}: {what} failed ({type(exc).__name__}: {exc})", stacklevel=3)
+        warnings.warn(
+            f"MLflow at {redact(cfg.tracking_uri)}: {what} failed ({type(exc).__name__}: {exc})", stacklevel=3
+        )
         return False
 
 
@@ -311,7 +315,7 @@ class MlflowLogger:
         self._flush(force=True)
         if self._pending:
             warnings.warn(
-                f"MLflow run {self.run_id or '(never created)'} at {self._cfg.tracking_uri} is incomplete: "
+                f"MLflow run {self.run_id or '(never created)'} at {redact(self._cfg.tracking_uri)} is incomplete: "
                 f"{self.unsent} record(s) never reached the server; every metric is in metrics.jsonl",
                 stacklevel=2,
             )
@@ -341,7 +345,8 @@ class MlflowLogger:
             if self._down_since is None:
                 self._down_since, self.outages = time.monotonic(), self.outages + 1
                 warnings.warn(
-                    f"MLflow tracking at {self._cfg.tracking_uri} is down ({type(exc).__name__}: {str(exc)[:200]}); "
+                    f"MLflow tracking at {redact(self._cfg.tracking_uri)} is down "
+                    f"({type(exc).__name__}: {str(exc)[:200]}); "
                     f"training goes on, metrics go to metrics.jsonl and are sent when the server is back",
                     stacklevel=3,
                 )
