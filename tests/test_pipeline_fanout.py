@@ -23,24 +23,26 @@ TINY = str(CONFIG_DIR.parents[1] / "configs" / "tiny.yaml")
 SKIP = {"summary.json"}  # it records the step's own paths and seconds
 
 
-def data_pipeline(parts: int) -> Any:
+def data_pipeline(parts: int, retries: int = 0, overrides: tuple[str, ...] = ()) -> Any:
     """synth (a pointer to ``source_uri``) -> the data steps, as the production DAGs wire them."""
     cfg = dataclasses.replace(load(CONFIG_DIR / "local.yaml"), fanout=FanOut(parts=parts, parallelism=2))
+    cfg.steps["extract_frames"].retries = retries
+    extra = ["ingest.workers=1", "frames.workers=1", *overrides]
 
     @dsl.pipeline(name=f"vlp-data-{parts}")
     @fanout.parameters(cfg)
     def pipeline(source_uri: str, data_root: str = "", data_parts: int = cfg.fanout.parts) -> None:
-        stored = {"config": TINY, "overrides": ["ingest.workers=1", "frames.workers=1"], "data_root": data_root}
+        stored = {"config": TINY, "overrides": extra, "data_root": data_root}
         raw = configure(data.synth(**stored, source_uri=source_uri), cfg, "synth")
         fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
 
     return pipeline
 
 
-def run(root: Path, parts: int, **arguments: Any) -> dict[str, dict[str, str]]:
+def run(root: Path, parts: int, retries: int = 0, overrides: tuple[str, ...] = (), **arguments: Any) -> dict:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     before = set(root.glob("*"))
-    data_pipeline(parts)(**arguments)
+    data_pipeline(parts, retries, overrides)(**arguments)
     (run_root,) = set(root.glob("*")) - before
     return list_outputs(run_root)
 
@@ -95,3 +97,36 @@ def test_a_rerun_with_data_root_skips_the_finished_parts(
     one, two = first["extract-frames-merge"]["frames"], second["extract-frames-merge"]["frames"]
     assert one != two and contents(one) == contents(two)  # each run's own store, the same bytes
     assert contents(first["ingest-merge"]["dataset"]) == contents(second["ingest-merge"]["dataset"])
+
+
+@pytest.mark.slow
+def test_a_failed_part_retries_alone_and_skips_the_shards_it_had_written(
+    tiny_world: dict[str, str],
+    tmp_path: Path,
+    s3_bucket: str,
+    s3_env: dict[str, str],
+    s3_endpoint: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The store refuses the first writes of one frame shard (503 on every attempt botocore makes): its part
+    fails, KFP retries that part alone (steps.extract_frames.retries), and the retry skips the shard the part had
+    written before failing. Every other shard is written exactly once."""
+    from faulty_servers import FaultyProxy, fail_first
+
+    puts: list[str] = []
+    refuse = fail_first(5, "503", "shard-00004-", "PUT")  # storage.max_attempts = 5: one whole write fails
+
+    def policy(method: str, path: str) -> str | None:
+        if method == "PUT" and "/parts/frames/" in path and "/shards/shard-" in path:  # the parts, not the merge
+            puts.append(path.rsplit("/", 1)[-1].split("?")[0][:11])
+        return refuse(method, path)
+
+    with FaultyProxy(s3_endpoint, policy) as url:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", url)  # the step subprocesses talk to the store through the proxy
+        outputs = run(tmp_path / "kfp", 3, retries=1, overrides=("frames.videos_per_shard=2",),
+                      source_uri=tiny_world["raw"], data_root=f"{s3_bucket}/vlp-data")  # fmt: skip
+    counts = {name: puts.count(name) for name in sorted(set(puts))}
+    assert counts.pop("shard-00004") == 6  # five refused, then the retry's write
+    assert set(counts.values()) == {1} and len(counts) >= 8  # shard 3, before it in the same part, too
+    index = contents(outputs["extract-frames-merge"]["frames"])
+    assert "index.parquet" in index and sum(k.startswith("shards/") for k in index) == len(counts) + 1
