@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Build the image from the real docker/Dockerfile with buildah (chroot isolation: no Docker daemon, no cgroups) on
 # an mmdebstrap Debian bookworm base, then run checks inside it as uid 10001 with the root filesystem read-only:
-#   vlp --help; a tiny synth -> ingest -> extract-frames -> mine-entities chain; an import of every KFP component
-#   module and pipeline; every installed package that requirements/constraints.txt pins at its pinned version.
+#   vlp --help; a tiny synth -> ingest -> extract-frames -> mine-entities chain; the multi-node TrainJob's node
+#   command (components/trainjob.py) with only the PET_* variables a torch-distributed runtime sets, training the
+#   prompter one step; an import of every KFP component module and pipeline; every installed package that
+#   requirements/constraints.txt pins at its pinned version.
 #
 #   scripts/image-test.sh            # `make image-test`
 #
@@ -100,6 +102,16 @@ inside bash -c 'cd /opt/vlp && set -e
     vlp $step --config configs/tiny.yaml > /dev/null 2>&1 || { echo "failed: vlp $step"; exit 1; }
   done
   python -c "import json; s = json.load(open(\"/work/fr/summary.json\")); print(\"frames of\", s[\"stored_videos\"], \"videos\")"'
+say "the TrainJob node command (components/trainjob.py) as the torch-distributed runtime runs it: PET_* only"
+inside bash -c 'cd /opt/vlp && set -e
+  PET_NNODES=1 PET_NPROC_PER_NODE=1 PET_NODE_RANK=0 PET_MASTER_ADDR=127.0.0.1 PET_MASTER_PORT=29511 python -c "
+import os, subprocess, sys
+from components import trainjob
+command, args = trainjob.command([\"pretrain-prompter\", \"--dataset\", \"/work/ds\", \"--frames\", \"/work/fr\",
+                                  \"--out\", \"/work/prompter\"], [\"pretrain.max_steps=1\"])
+env = {**os.environ, trainjob.CONFIG_ENV: open(\"configs/tiny.yaml\").read()}
+sys.exit(subprocess.run(command + args, env=env, stdout=subprocess.DEVNULL).returncode)"
+  python -c "import json; s = json.load(open(\"/work/prompter/summary.json\")); print(\"the node command trained\", s[\"step\"])"'
 say "imports: every component module and pipeline"
 inside bash -c 'cd /opt/vlp && python -c "
 import importlib, pkgutil
