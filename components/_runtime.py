@@ -316,12 +316,10 @@ def compare_scores(
     if champion:
         head += [f"champion (v{champion[0]})", "vs champion"]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    fmt = lambda x: "" if x is None else f"{x:.4f}"  # noqa: E731
-    diff = lambda a, b: f"{a - b:+.4f}" if b is not None else "n/a"  # noqa: E731
     for key, value in sorted(new.items()):
-        cells = [key, fmt(previous.get(key)), f"{value:.4f}", diff(value, previous.get(key))]
+        cells = [key, _cell(previous.get(key)), f"{value:.4f}", _change(value, previous.get(key))]
         if champion:
-            cells += [fmt(champion[1].get(key)), diff(value, champion[1].get(key))]
+            cells += [_cell(champion[1].get(key)), _change(value, champion[1].get(key))]
         rows.append("| " + " | ".join(cells) + " |")
     if cfg.tracking.tracking_uri and new:
         parent = pipeline_run(cfg.tracking, kfp_run_id)
@@ -337,6 +335,14 @@ def compare_scores(
             record_reevaluation(cfg.tracking, name, version, new)
     title = f"# Re-evaluation of {name} version {version} ({task})"
     return title + "\n\n" + "\n".join(rows) + "\n", new
+
+
+def _cell(value: float | None) -> str:
+    return "" if value is None else f"{value:.4f}"
+
+
+def _change(new: float, before: float | None) -> str:
+    return "n/a" if before is None else f"{new - before:+.4f}"
 
 
 def _champion(cfg: Any, name: str, version: str) -> tuple[str, dict[str, float]] | None:

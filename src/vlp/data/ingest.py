@@ -143,11 +143,7 @@ def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ())
         ValueError: bad config, undetectable format, or an annotation file that cannot be read at all
             (``manifest.ManifestError`` for a raw directory whose tables lack columns).
     """
-    _check_config(cfg)
-    source = _absolute(source)
-    out = _absolute(out)
-    if not storage.exists(source):
-        raise FileNotFoundError(f"ingest source {source} does not exist")
+    source, out = _checked(source, cfg), _absolute(out)
     if source == out and storage.exists(storage.join(source, manifest.VIDEOS)):
         raise ValueError(f"ingest would overwrite its source {source}: pass a different --out")
     raw = _read(source, cfg)
@@ -173,6 +169,15 @@ def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ())
             f"the reasons are in {out}/{manifest.REJECTS}"
         )
     return summary
+
+
+def _checked(source: str, cfg: IngestConfig) -> str:
+    """``source`` as an absolute URI, once ``cfg`` is valid and ``source`` exists."""
+    _check_config(cfg)
+    source = _absolute(source)
+    if not storage.exists(source):
+        raise FileNotFoundError(f"ingest source {source} does not exist")
+    return source
 
 
 def _read(source: str, cfg: IngestConfig) -> _Raw:
@@ -492,10 +497,7 @@ def probe_part(source: str, out: str, cfg: IngestConfig, index: int, count: int)
     Returns:
         A summary: the part, the files to probe in all and in this part, whether it was skipped.
     """
-    _check_config(cfg)
-    source, out = _absolute(source), _absolute(out)
-    if not storage.exists(source):
-        raise FileNotFoundError(f"ingest source {source} does not exist")
+    source, out = _checked(source, cfg), _absolute(out)
     _, survivors = _prevalidate(_read(source, cfg), cfg)
     uris = [r["path"] for r in survivors]
     span = manifest.part_range(len(uris), index, count)
