@@ -10,6 +10,8 @@
 #
 # Environment:
 #   IMAGE_TEST_CACHE   where the base rootfs tarball is kept between runs (default .cache/image-test; never in git)
+#   IMAGE_TEST_MIN_FREE_GIB  stop before building unless the container storage and /var/tmp have this much free
+#                      (default 23: a cold build of the 7 GB image peaked at 21.6 GiB more in use here)
 #   TORCH_INDEX_URL    the torch index the build uses (default: the host pip's first file:// index holding torch,
 #                      else https://pypi.org/simple, a CUDA build of several GB)
 # The host's pip settings (certificate, extra indexes, find-links) go into the build through a generated pip.conf;
@@ -65,13 +67,42 @@ if [ -z "${TORCH_INDEX_URL:-}" ]; then
   done < "$CACHE/mounts"
 fi
 
-say "build: docker/Dockerfile (torch from $TORCH_INDEX_URL)"
+# The disk the build needs: about 3x the largest layer (torch, 5.8 GB) at its commit (the container's files, the
+# layer as a blob in /var/tmp, the stored layer), plus the layers before it. Say so at once rather than fail ten minutes in.
+storage=$(buildah info --format '{{index .store "GraphRoot"}}' 2> /dev/null || echo /var/lib/containers/storage)
+mkdir -p "$storage"
+free_mib() { df --output=avail -B1M "$1" | tail -1; }
+used_mib() { df --output=used -B1M "$1" | tail -1; }
+need_mib=$(( ${IMAGE_TEST_MIN_FREE_GIB:-23} * 1024 ))
+if [ "$(free_mib "$storage")" -lt "$need_mib" ] || [ "$(free_mib /var/tmp)" -lt "$need_mib" ]; then
+  echo "image-test: the build needs about ${IMAGE_TEST_MIN_FREE_GIB:-23} GiB free for $storage and /var/tmp;" \
+    "free: $(( $(free_mib "$storage") / 1024 )) GiB and $(( $(free_mib /var/tmp) / 1024 )) GiB" >&2
+  exit 1
+fi
+
+say "build: docker/Dockerfile (torch from $TORCH_INDEX_URL; $(( $(free_mib "$storage") / 1024 )) GiB free)"
 start=$(date +%s)
-buildah bud --isolation chroot --layers --quiet "${mounts[@]}" \
+disk_before=$(used_mib "$storage")
+peak_file=$(mktemp)
+( peak=0; while :; do used=$(used_mib "$storage"); [ "$used" -gt "$peak" ] && { peak=$used; echo "$peak" > "$peak_file"; }
+    sleep 2; done ) &
+sampler=$!
+trap 'kill "$sampler" 2> /dev/null || true' EXIT
+# --format docker: the OCI format has no SHELL, and buildah would drop the Dockerfile's pipefail. The host pip's
+# index list names folders that are not indexes of every package; pip's line for each of those is dropped.
+buildah bud --isolation chroot --layers --format docker --quiet "${mounts[@]}" \
   --build-arg PYTHON_IMAGE="$BASE_IMAGE" --build-arg TORCH_INDEX_URL="$TORCH_INDEX_URL" \
-  -f docker/Dockerfile -t "$IMAGE" . > /dev/null
+  -f docker/Dockerfile -t "$IMAGE" . \
+  2> >(grep -v -e "is ignored: it is neither a file nor a directory" -e "installed using the legacy 'setup.py install'" >&2) \
+  > /dev/null
+kill "$sampler"
+peak_mib=$(( $(cat "$peak_file" 2> /dev/null || echo "$disk_before") - disk_before ))
+rm -f "$peak_file"
+# Images no longer named nor under the new one (an earlier build's): their layers would pile up, run after run
+buildah rmi --prune > /dev/null 2>&1 || true
 size=$(podman image inspect --format '{{.Size}}' "$IMAGE")
-echo "built $IMAGE in $(( $(date +%s) - start )) s; image size $(( size / 1024 / 1024 )) MiB"
+echo "built $IMAGE in $(( $(date +%s) - start )) s; image size $(( size / 1024 / 1024 )) MiB;" \
+  "disk in use at the build's peak: $(( peak_mib / 1024 )).$(( peak_mib % 1024 * 10 / 1024 )) GiB more than before it"
 
 # Run commands in the image as uid 10001 with its root filesystem read-only (buildah run cannot): the container's
 # rootfs bind-mounted read-only in a private mount namespace, with /dev, /proc, an output folder at /work and tmpfs
