@@ -142,7 +142,8 @@ command, args = trainjob.command([\"pretrain-prompter\", \"--dataset\", \"/work/
                                   \"--out\", \"/work/prompter\"], [\"pretrain.max_steps=1\"])
 env = {**os.environ, trainjob.CONFIG_ENV: open(\"configs/tiny.yaml\").read()}
 sys.exit(subprocess.run(command + args, env=env, stdout=subprocess.DEVNULL).returncode)"
-  python -c "import json; s = json.load(open(\"/work/prompter/summary.json\")); print(\"the node command trained\", s[\"step\"])"'
+  python -c "import json; s = json.load(open(\"/work/prompter/summary.json\")); assert s[\"steps\"] == 1, s
+print(\"the node command trained the prompter\", s[\"steps\"], \"step; loss\", round(s[\"metrics\"][\"train/loss\"], 4))"'
 say "imports: every component module and pipeline"
 inside bash -c 'cd /opt/vlp && python -c "
 import importlib, pkgutil
