@@ -67,8 +67,9 @@ if [ -z "${TORCH_INDEX_URL:-}" ]; then
   done < "$CACHE/mounts"
 fi
 
-# The disk the build needs: about 3x the largest layer (torch, 5.8 GB) at its commit (the container's files, the
-# layer as a blob in /var/tmp, the stored layer), plus the layers before it. Say so at once rather than fail ten minutes in.
+# The disk a cold build needs: about 3x the largest layer (torch, 5.8 GB) at its commit (the container's files,
+# the layer as a blob in /var/tmp, the stored layer), plus the layers before it. A cached rebuild needs far less,
+# but which layers hit the cache is not known before: refuse at once rather than fail ten minutes in.
 storage=$(buildah info --format '{{index .store "GraphRoot"}}' 2> /dev/null || echo /var/lib/containers/storage)
 mkdir -p "$storage"
 free_mib() { df --output=avail -B1M "$1" | tail -1; }
