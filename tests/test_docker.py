@@ -147,9 +147,11 @@ def test_one_stage_with_install_layers_in_order_of_change(stages: list[list[Inst
     deps = index(lambda i: i.op == "RUN" and "'.[pipeline]'" in i.args, "the dependency install")
     project = index(lambda i: i.op == "RUN" and "--no-deps --force-reinstall" in i.args, "the project install")
     pyproject = index(lambda i: i.op == "COPY" and "pyproject.toml" in i.args.split(), "COPY pyproject.toml")
+    readme = index(lambda i: i.op == "COPY" and "README.md" in i.args.split(), "COPY README.md")
     sources = index(lambda i: i.op == "COPY" and i.args.split()[0] == "src", "COPY src")
-    # Largest and least often changed first: a code change reuses both dependency layers, a pin change the torch one
-    assert torch < pyproject < deps < sources < project
+    # Largest and least often changed first: a code or README change reuses both dependency layers, a pin change
+    # the torch one
+    assert torch < pyproject < deps < min(readme, sources) and max(readme, sources) < project
     # Build facts (a new commit every build) come after every install, so they never rebuild a layer
     facts = [n for n, i in enumerate(final) if i.op == "ARG" and i.args.split("=")[0] in {"VERSION", "GIT_SHA"}]
     assert facts and min(facts) > project
