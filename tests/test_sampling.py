@@ -64,9 +64,24 @@ def test_rng_reproducibility(mode):
     assert len(draws) > 15  # different seeds really give different samples
 
 
-def test_a_shared_generator_advances():
-    rng = np.random.default_rng(0)
-    assert sample_indices(1000, 4, "rand", rng) != sample_indices(1000, 4, "rand", rng)
+@pytest.mark.parametrize("mode", ["rand", "headtail"])
+def test_a_shared_generator_advances_and_replays(mode):
+    """Calls sharing one generator draw on from where the last call stopped: five calls give five different
+    samples (a sampler that copies or reseeds the generator repeats one), and the same five again from a
+    generator with the same seed (a sampler that ignores it and draws fresh entropy does not)."""
+    rng, replay = np.random.default_rng(0), np.random.default_rng(0)
+    draws = [sample_indices(1000, 4, mode, rng) for _ in range(5)]
+    assert draws == [sample_indices(1000, 4, mode, replay) for _ in range(5)]
+    assert len({tuple(d) for d in draws}) == 5
+
+
+def test_rand_draws_one_integer_per_segment_from_the_given_generator():
+    """The documented draw: ``rng.integers(start, end)`` for each segment in turn, nothing else from ``rng``."""
+    rng, replay = np.random.default_rng(0), np.random.default_rng(0)
+    draws = [sample_indices(1000, 4, "rand", rng) for _ in range(3)]
+    expected = [[int(replay.integers(a, b)) for a, b in segment_bounds(1000, 4)] for _ in range(3)]
+    assert draws == expected
+    assert rng.integers(1 << 30) == replay.integers(1 << 30)  # the two generators are at the same state
 
 
 def test_rand_reaches_every_frame_of_a_segment():
