@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -53,10 +55,17 @@ def test_build_save_load_roundtrip(tmp_path):
 def test_without_ensembling_one_template_per_branch_is_embedded():
     seen: list[str] = []
 
-    def encode(prompts: list[str]) -> torch.Tensor:
+    def encode(prompts: list[str]) -> torch.Tensor:  # a fixed random vector per prompt text, any batch order
         seen.extend(prompts)
-        return torch.randn(len(prompts), 8, generator=torch.Generator().manual_seed(len(seen)))
+        return torch.stack(
+            [torch.randn(8, generator=torch.Generator().manual_seed(zlib.crc32(p.encode()))) for p in prompts]
+        )
 
     bank = build_prompt_bank(encode, ["circle", "sky"], ensemble_templates=False)
-    assert seen == ["A video of a circle.", "A video of a sky.", "A photo of a circle.", "A photo of a sky."]
-    assert torch.allclose(bank.video.norm(dim=-1), torch.ones(2)), "one normalised template is its own mean"
+    video, image = ["A video of a circle.", "A video of a sky."], ["A photo of a circle.", "A photo of a sky."]
+    assert seen == video + image
+    # each row is its entity's one prompt, normalised: not another template's, not the other branch's
+    assert torch.allclose(bank.video, F.normalize(encode(video), dim=-1))
+    assert torch.allclose(bank.image, F.normalize(encode(image), dim=-1))
+    ensembled = build_prompt_bank(encode, ["circle", "sky"])
+    assert not torch.allclose(ensembled.video, bank.video, atol=0.1)  # 12 templates' mean is another vector
