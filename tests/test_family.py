@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import typing
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,49 @@ def test_the_mapping_names_every_family_and_each_meets_the_interface():
         family.get("clip4clip")
     with pytest.raises(ValueError, match="unknown model kind 'clip_retrieval'"):
         family.of_kind("clip_retrieval")
+
+
+HOOKS = {name: f for name, f in vars(family.Family).items() if inspect.isfunction(f) and not name.startswith("_")}
+
+
+def signature_problems(fam: object) -> list[str]:
+    """Where ``fam`` departs from :class:`family.Family`: a data attribute of the wrong type, or a hook whose
+    parameters (names, kinds, defaults; ``self`` aside) are not the protocol's. ``isinstance`` against the
+    ``runtime_checkable`` protocol checks only that the names exist."""
+    problems = []
+    for attr, kind in typing.get_type_hints(family.Family).items():
+        origin = typing.get_origin(kind) or kind
+        if not isinstance(getattr(fam, attr, None), origin):
+            problems.append(f"{attr}: {getattr(fam, attr, None)!r} is not a {kind}")
+    for hook, proto in HOOKS.items():
+        want = [(p.name, p.kind, p.default) for p in list(inspect.signature(proto).parameters.values())[1:]]
+        method = getattr(fam, hook, None)
+        got = [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()] if method else None
+        if got != want:
+            problems.append(f"{hook}{inspect.signature(method) if method else ' missing'} != protocol {want}")
+    return problems
+
+
+@pytest.mark.parametrize("name", family.NAMES)
+def test_every_hook_of_every_family_has_the_protocols_signature(name):
+    assert {"train_step", "qa_step", "similarity", "pair_logits", "config", "build"} <= set(HOOKS)
+    assert signature_problems(family.get(name)) == []
+
+
+def test_a_family_with_the_right_names_but_wrong_signatures_is_caught():
+    class Swapped(type(family.get("alpro"))):  # every name present, two hooks and one attribute wrong
+        pretrains = "yes"
+
+        def train_step(self, model, ctx, batch):  # batch and ctx swapped
+            return {}
+
+        def config(self, model, vocab_size, num_entities):  # the default dropped
+            return None
+
+    wrong = Swapped()
+    assert isinstance(wrong, family.Family)  # what the runtime check alone accepts
+    problems = signature_problems(wrong)
+    assert [p.split(":")[0].split("(")[0] for p in problems] == ["pretrains", "config", "train_step"], problems
 
 
 def test_forward_takes_no_tokenizer_and_returns_typed_outputs_the_losses_read(tok):
