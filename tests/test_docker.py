@@ -1,4 +1,4 @@
-"""docker/Dockerfile and `make image` without a Docker engine: lint, tags, labels, user, pinned installs."""
+"""docker/Dockerfile and `make image` without a Docker engine: lint, tags, labels, user, base, pinned installs."""
 
 from __future__ import annotations
 
@@ -70,13 +70,35 @@ def test_hadolint_passes() -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_hadolint_flags_a_bad_dockerfile(tmp_path: Path) -> None:
-    if not HADOLINT.exists():
-        pytest.skip(f"{HADOLINT} missing: run `make install`")
-    bad = tmp_path / "Dockerfile"
-    bad.write_text("FROM python\nRUN pip install requests\n")
-    proc = subprocess.run([str(HADOLINT), str(bad)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode != 0 and "DL3006" in proc.stdout  # untagged base image
+def test_the_image_user_is_the_charts_and_owns_what_it_writes(stages: list[list[Instruction]]) -> None:
+    """The chart's pods run as the image's uid/gid with HOME on an emptyDir at the image's home, and the KFP
+    launcher's artifact mount points belong to that uid: a mismatch fails only in the cluster, at write time."""
+    final = stages[-1]
+    user = [i.args for i in final if i.op == "USER"][-1]
+    uid, gid = (int(x) for x in user.split(":"))
+    values = yaml.safe_load((ROOT / "helm" / "vlp" / "values.yaml").read_text())
+    for context in ("podSecurityContext", "containerSecurityContext"):
+        assert (values[context]["runAsUser"], values[context]["runAsGroup"]) == (uid, gid), context
+    env = " ".join(i.args for i in final if i.op == "ENV")
+    home = re.search(r"\bHOME=(\S+)", env).group(1)
+    helpers = (ROOT / "helm" / "vlp" / "templates" / "_helpers.tpl").read_text()
+    assert re.search(rf"- name: home\s+mountPath: {re.escape(home)}\s", helpers), f"no emptyDir at HOME={home}"
+    runs = " ".join(i.args for i in final if i.op == "RUN")
+    assert re.search(rf"useradd --uid {uid} --gid {gid} .*--home-dir {re.escape(home)}\b", runs)
+    chown = re.search(r"chown (\d+):(\d+) ((?:/\w+ ?)+)", runs)
+    assert chown and (int(chown[1]), int(chown[2])) == (uid, gid)
+    assert set(chown[3].split()) >= {"/gcs", "/minio", "/s3", "/oci"}, "the KFP launcher writes inputs there"
+
+
+def test_the_base_image_is_a_pinned_python_of_the_constraints_version(stages: list[list[Instruction]]) -> None:
+    """constraints.txt is a freeze on Python 3.11 (requirements/README.md): the base must be that minor version,
+    by an explicit tag or digest (a floating ``python:3-slim`` or ``latest`` would move it under the pins)."""
+    base = [i.args for i in stages[0] if i.op == "ARG" and i.args.startswith("PYTHON_IMAGE=")]
+    assert [i.args for i in stages[-1] if i.op == "FROM"] == ["${PYTHON_IMAGE}"] and len(base) == 1
+    image = base[0].split("=", 1)[1]
+    assert re.fullmatch(r"python:3\.11(\.\d+)?-slim-\w+(@sha256:[0-9a-f]{64})?", image), image
+    frozen_on = re.search(r"fresh `\.venv` on Python (3\.\d+)", (ROOT / "requirements" / "README.md").read_text())
+    assert frozen_on and frozen_on[1] == "3.11", "the base image follows the Python the constraints were frozen on"
 
 
 def test_make_image_builds_the_tags_of_image_env() -> None:
