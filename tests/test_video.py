@@ -1,12 +1,15 @@
-"""Probing and sparse reading of real mp4 files through decord, and the PyAV fallback."""
+"""Probing real mp4 files, and reading their frames through the decoder chains extract-frames uses."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from vlp.data.video import VideoError, probe, read_frames, short_reason
+from vlp.data.frames import decode_frames
+from vlp.data.video import BACKENDS, VideoError, probe, read_image, short_reason
 
 
 def grey_levels(frames: np.ndarray) -> list[int]:
@@ -22,27 +25,37 @@ def test_probe_real_mp4(mp4_factory):
     assert info.backend == "decord"
 
 
-@pytest.mark.parametrize("backend", ["decord", "pyav", "auto"])
-def test_read_frames_returns_exactly_the_requested_frames(mp4_factory, backend):
+def tried(message: str) -> list[str]:
+    """The readers a ``VideoError`` of :func:`read_with_fallbacks` names, in order ("<name>: <reason>; ...")."""
+    return re.findall(r"(?:^|; )(sparse|decord|pyav): ", message)
+
+
+DECODERS = ["sparse", "decord", "pyav"]  # frames.decode_frames' chains: what extract-frames decodes with
+
+
+@pytest.mark.parametrize("decoder", DECODERS)
+def test_every_decoder_returns_exactly_the_requested_frames(mp4_factory, decoder):
     path = str(mp4_factory(num_frames=24))
-    frames = read_frames(path, [0, 7, 13, 23], backend=backend)
+    frames = decode_frames(path, [0, 7, 13, 23], decoder)
     assert frames.shape == (4, 48, 64, 3) and frames.dtype == np.uint8
     levels = grey_levels(frames)
     for got, i in zip(levels, [0, 7, 13, 23], strict=True):
-        assert abs(got - (i * 10) % 250) <= 3, (backend, levels)
+        assert abs(got - (i * 10) % 250) <= 3, (decoder, levels)
 
 
-def test_read_frames_keeps_request_order_and_duplicates(mp4_factory):
+@pytest.mark.parametrize("reader", sorted(BACKENDS))
+def test_each_fallback_reader_keeps_request_order_and_duplicates(mp4_factory, reader):
     path = str(mp4_factory(num_frames=12))
-    for backend in ("decord", "pyav"):
-        levels = grey_levels(read_frames(path, [9, 2, 2], backend=backend))
-        assert [round(v / 10) for v in levels] == [9, 2, 2], backend
+    levels = grey_levels(BACKENDS[reader](path, [9, 2, 2]))
+    assert [round(v / 10) for v in levels] == [9, 2, 2], reader
 
 
-def test_out_of_range_index_is_an_error(mp4_factory):
+def test_an_out_of_range_index_names_every_reader_tried(mp4_factory):
     path = str(mp4_factory(num_frames=10))
-    with pytest.raises(VideoError, match=r"^decord: frame indices \[10\] out of range for 10 frames; pyav: "):
-        read_frames(path, [3, 10])
+    with pytest.raises(VideoError) as info:
+        decode_frames(path, [3, 10])
+    assert tried(str(info.value)) == ["sparse", "decord", "pyav"]
+    assert "; decord: frame indices [10] out of range for 10 frames; pyav: " in str(info.value)
 
 
 def test_bad_files_give_one_line_reasons(tmp_path, mp4_factory):
@@ -71,19 +84,18 @@ def test_still_image_is_one_frame(tmp_path):
     Image.fromarray(np.full((20, 30, 3), 128, np.uint8)).save(path)
     info = probe(str(path))
     assert (info.num_frames, info.width, info.height, info.backend) == (1, 30, 20, "pil")
-    assert read_frames(str(path), [0, 0]).shape == (2, 20, 30, 3)
+    pixels = read_image(str(path))
+    assert pixels.shape == (20, 30, 3) and abs(float(pixels.mean()) - 128) <= 2
 
 
-def test_a_file_no_backend_decodes_names_every_backend_tried(tmp_path):
+def test_a_file_no_decoder_decodes_names_every_decoder_tried(tmp_path):
     path = tmp_path / "noise.mp4"
     path.write_bytes(bytes(range(256)) * 16)
-    with pytest.raises(VideoError) as info:
-        read_frames(str(path), [0])
-    assert str(info.value).startswith("decord: ") and "; pyav: " in str(info.value)
-    with pytest.raises(VideoError, match=r"^pyav: "):
-        read_frames(str(path), [0], backend="pyav")
-    with pytest.raises(ValueError, match="unknown video backend 'opencv'"):
-        read_frames(str(path), [0], backend="opencv")
+    chains = {"sparse": ["sparse", "decord", "pyav"], "decord": ["decord", "pyav"], "pyav": ["pyav"]}
+    for decoder, chain in chains.items():
+        with pytest.raises(VideoError) as info:
+            decode_frames(str(path), [0], decoder)
+        assert tried(str(info.value)) == chain, str(info.value)
 
 
 def test_short_reason_is_one_bounded_line():
