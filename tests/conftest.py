@@ -171,3 +171,31 @@ def tiny_world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     ingest(uris["raw"], uris["dataset"], cfg)
     extract_frames(uris["dataset"], uris["frames"], cfg)
     return uris
+
+
+# --------------------------------------------------------------------------- figures against their baselines
+
+
+def split_rows(dataset: str, table: str, split: str = "test") -> list[dict]:
+    """The rows of ``dataset``'s manifest ``table`` (``manifest.CAPTIONS`` or ``manifest.QA``) in ``split``, read
+    from its Parquet file: what a test computes a figure's baseline from, independently of the evaluate step."""
+    from vlp.data import manifest
+
+    schema = {manifest.CAPTIONS: manifest.CAPTION_SCHEMA, manifest.QA: manifest.QA_SCHEMA}[table]
+    return [row for row in manifest.read(dataset, table, schema).to_pylist() if row["split"] == split]
+
+
+def majority_share(answers: list[str]) -> float:
+    """The share of the most common (normalised) answer: what always giving that answer scores."""
+    from collections import Counter
+
+    from vlp.data.video_text import normalize_answer
+
+    counts = Counter(normalize_answer(a) for a in answers)
+    return max(counts.values()) / len(answers)
+
+
+def clearly_above(p: float, n: int, sds: float = 4.0) -> float:
+    """A level that a predictor scoring ``p`` per item on average passes over ``n`` items with probability below
+    about 3e-5 (``sds`` = 4 binomial standard deviations above ``p``): the bar for "clearly above" ``p``."""
+    return p + sds * (p * (1 - p) / n) ** 0.5
