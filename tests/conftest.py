@@ -195,7 +195,15 @@ def majority_share(answers: list[str]) -> float:
     return max(counts.values()) / len(answers)
 
 
-def clearly_above(p: float, n: int, sds: float = 4.0) -> float:
-    """A level that a predictor scoring ``p`` per item on average passes over ``n`` items with probability below
-    about 3e-5 (``sds`` = 4 binomial standard deviations above ``p``): the bar for "clearly above" ``p``."""
-    return p + sds * (p * (1 - p) / n) ** 0.5
+def clearly_above(p: float, n: int, alpha: float = 1e-3) -> float:
+    """The bar for "clearly above" a predictor that gets each of ``n`` items right with probability ``p``
+    (chance, a constant answer): the smallest share ``k / n`` it reaches with probability below ``alpha``
+    (the exact binomial tail ``P(X >= k)``)."""
+    from math import comb
+
+    tail = 1.0  # P(X >= k), from k = 0 up
+    for k in range(n + 1):
+        if tail < alpha:
+            return k / n
+        tail -= comb(n, k) * p**k * (1 - p) ** (n - k)
+    return 1.0
