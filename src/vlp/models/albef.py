@@ -32,7 +32,7 @@ losses are :func:`albef_losses`, functions of it (:mod:`vlp.losses.distill`).
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -49,6 +49,7 @@ from vlp.models.family import (
     TextVocab,
     TwoTowerMethods,
     generator_on,
+    init_revisions,
     preset_weights,
 )
 from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
@@ -125,9 +126,10 @@ class AlbefConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> AlbefConfig:
-        """The config ``dataclasses.asdict`` gave; the towers' ``init`` is cleared unless ``keep_init``."""
-        cleared = {} if keep_init else {"init": ""}
-        video = FrameViTConfig(**(data["video"] | cleared))
+        """The config ``dataclasses.asdict`` gave; the towers' ``init`` (and revision) is cleared unless
+        ``keep_init``."""
+        cleared = {} if keep_init else {"init": "", "init_revision": ""}
+        video = FrameViTConfig(**(data["video"] | {k: v for k, v in cleared.items() if k in _VIT_FIELDS}))
         text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
         fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
         fields |= {key: tuple(data[key]) for key in ("pixel_mean", "pixel_std") if key in data}
@@ -527,6 +529,7 @@ def _mlm(
 
 
 PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
+_VIT_FIELDS = {f.name for f in fields(FrameViTConfig)}
 
 
 class AlbefFamily(TwoTowerMethods):
@@ -545,7 +548,14 @@ class AlbefFamily(TwoTowerMethods):
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
+        video_rev, text_rev = init_revisions(model)
         frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
+        if video_rev and "init_revision" not in _VIT_FIELDS:
+            raise ValueError(
+                f"ALBEF's frame ViT cannot pin a revision ({video_rev!r}) of {video_init!r} yet: clear "
+                "model.video_init_revision, or pass a local checkpoint file (recorded by its SHA-256)"
+            )
+        frames |= {"init_revision": video_rev} if video_rev else {}
         frames["temporal"] = model.temporal
         if model.preset == "tiny":
             video, text = FrameViTConfig.tiny(**frames), TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len)
@@ -557,7 +567,7 @@ class AlbefFamily(TwoTowerMethods):
             text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len)
         return AlbefConfig(
             video,
-            replace(text, init=text_init),
+            replace(text, init=text_init, init_revision=text_rev),
             embed_dim=model.embed_dim,
             losses=tuple(model.losses or LOSS_TERMS),
             momentum=model.momentum,

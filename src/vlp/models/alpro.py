@@ -44,6 +44,7 @@ from vlp.models.family import (
     TextVocab,
     TwoTowerMethods,
     generator_on,
+    init_revisions,
     preset_weights,
 )
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
@@ -107,10 +108,11 @@ class AlproConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> AlproConfig:
-        """The config ``dataclasses.asdict`` gave (a ``model.json``'s ``config``); the towers' ``init`` is
-        cleared unless ``keep_init``: a saved model's weights come from its checkpoint, so rebuilding it must
-        not fetch its starting weights again (``model.json`` keeps them as lineage)."""
-        cleared = {} if keep_init else {"init": ""}
+        """The config ``dataclasses.asdict`` gave (a ``model.json``'s ``config``); the towers' ``init`` (and its
+        revision) is cleared unless ``keep_init``: a saved model's weights come from its checkpoint, so rebuilding
+        it must not fetch its starting weights again (``model.json`` keeps them, and ``lineage.upstream`` the
+        commit or file digest they resolved to)."""
+        cleared = {} if keep_init else {"init": "", "init_revision": ""}
         video = TimeSformerConfig(**(data["video"] | cleared))
         text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
         fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
@@ -453,6 +455,7 @@ class AlproFamily(TwoTowerMethods):
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlproConfig:
         """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
+        video_rev, text_rev = init_revisions(model)
         if model.preset == "tiny":
             video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
             text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
@@ -463,8 +466,8 @@ class AlproFamily(TwoTowerMethods):
             video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
             text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
         return AlproConfig(
-            video,
-            text,
+            replace(video, init_revision=video_rev),
+            replace(text, init_revision=text_rev),
             embed_dim=model.embed_dim,
             num_entities=num_entities,
             losses=tuple(model.losses or LOSS_TERMS),

@@ -16,9 +16,17 @@ or :func:`load`. Layout (local path or ``s3://`` prefix)::
 ``alpro_retrieval``, ``alpro_qa``), ``config`` (the model config as a
 dict; the towers' ``init`` is kept as lineage, never re-fetched: the weights come from the checkpoint),
 ``checkpoint`` (relative to the directory, and it must stay inside it), ``lineage`` (where the model came
-from: the directory it was trained from, an imported file and its SHA-256) and task entries (``steps``,
-``entities``, ``max_len``, ``answers``). Directories written before ``format``/``family`` existed read as
-format 1 of the ALPRO family.
+from: the directory it was trained from, an imported file and its SHA-256, and ``upstream``, below) and task
+entries (``steps``, ``entities``, ``max_len``, ``answers``). Directories written before ``format``/``family``
+existed read as format 1 of the ALPRO family.
+
+``lineage.upstream`` says exactly which outside weights the model started from, one record per source:
+``video`` / ``text`` for the towers' ``init`` (hub weights: ``{"source", "repo", "revision", "commit",
+"file"}``, the commit the revision resolved to when they were loaded; a local or ``s3://`` file: ``{"source",
+"sha256"}``; timm URL weights: ``{"source", "url"}``) and ``tokenizer`` for a tokenizer that came from the hub
+(its repo, revision and commit, also kept in ``tokenizer/upstream.json``). A model trained from another model
+directory (``lineage.pretrained``) carries that directory's records on. Absent when nothing came from outside
+(random init, a tokenizer trained on the captions or read from a directory, which the model directory holds).
 """
 
 from __future__ import annotations
@@ -197,7 +205,7 @@ def save(
         checkpoint: the directory that holds ``model.safetensors``: inside ``out`` (stored relative) .
         tokenizer: saved as ``<out>/tokenizer`` unless one is there.
         answers: the QA answer vocabulary (QA kinds), written to ``answers.json``.
-        lineage: where the model came from.
+        lineage: where the model came from; ``upstream`` is added (:func:`upstream_lineage`).
         entries: task entries (``steps``, ``max_len``, ...), stored as top-level keys.
 
     Raises:
@@ -219,6 +227,8 @@ def save(
         raise ValueError(f"a {kind!r} model {'needs' if is_qa(kind) else 'has no'} answer vocabulary")
     if tokenizer is not None:
         save_tokenizer_once(tokenizer, out)
+    upstream = upstream_lineage(config, tokenizer, (lineage or {}).get("pretrained", ""))
+    lineage = dict(lineage or {}) | ({"upstream": upstream} if upstream else {})
     doc: dict[str, Any] = {
         "format": FORMAT,
         "family": family.name,
@@ -232,3 +242,29 @@ def save(
         storage.write_text(storage.join(out, ANSWERS_FILE), json.dumps(answers, indent=0) + "\n")
         doc["answers"] = ANSWERS_FILE
     storage.write_text(storage.join(out, MODEL_JSON), json.dumps(doc, indent=2, sort_keys=True) + "\n")
+
+
+def upstream_lineage(config: Any, tokenizer: Any = None, pretrained: str = "") -> dict[str, dict[str, str]]:
+    """The outside weights a model of ``config`` started from (``lineage.upstream``, see the module docstring).
+
+    Args:
+        config: the model config; its ``video`` / ``text`` towers' ``init`` and ``init_revision`` name them, and
+            :func:`vlp.models.tokenizer.upstream_of` says what they resolved to when this process loaded them.
+        tokenizer: the model's tokenizer; recorded when it came from the hub.
+        pretrained: the model directory this one was trained from, whose records are carried on where this
+            config names no weights of its own.
+    """
+    from vlp.models.tokenizer import tokenizer_upstream, upstream_of
+
+    records: dict[str, dict[str, str]] = {}
+    if pretrained and storage.exists(storage.join(pretrained, MODEL_JSON)):
+        start = json.loads(storage.read_text(storage.join(pretrained, MODEL_JSON)))
+        records |= start.get("lineage", {}).get("upstream", {})
+    for tower in ("video", "text"):
+        part = getattr(config, tower, None)
+        if getattr(part, "init", ""):
+            records[tower] = upstream_of(part.init, getattr(part, "init_revision", ""))
+    own = tokenizer_upstream(tokenizer) if tokenizer is not None else None
+    if own:
+        records["tokenizer"] = own
+    return records

@@ -209,6 +209,14 @@ def preset_weights(model: Any, presets: dict[str, tuple[str, str]]) -> tuple[str
     return pick(model.video_init, video), pick(model.text_init, text)
 
 
+def init_revisions(model: Any) -> tuple[str, str]:
+    """``(video, text)`` hub revisions of a ``model`` config section's starting weights: ``model.video_init_revision``
+    / ``model.text_init_revision`` (branch, tag or commit sha); ``""`` (also when the section has no such key) =
+    the repository's default branch, ``main``, as it is at load time. The commit actually loaded is recorded in
+    the model directory's ``lineage.upstream``, so a run can be repeated exactly by setting it here."""
+    return str(getattr(model, "video_init_revision", "") or ""), str(getattr(model, "text_init_revision", "") or "")
+
+
 def generator_on(generator: Any, like: Tensor) -> Any:
     """``generator`` if it lives on ``like``'s device, else None (a CUDA tensor's draws need a CUDA generator)."""
     return generator if generator is None or generator.device == like.device else None

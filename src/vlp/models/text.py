@@ -40,7 +40,7 @@ from transformers.masking_utils import create_bidirectional_mask
 from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, BertPredictionHeadTransform
 
 from vlp import storage
-from vlp.models.tokenizer import PretrainedUnavailableError, hub_offline, looks_like_path
+from vlp.models.tokenizer import check_no_revision, file_record, hub_download, looks_like_path, remember_upstream
 
 __all__ = [
     "FusionOutput",
@@ -62,8 +62,12 @@ class TextConfig:
     ``max_len`` is the tokenizer truncation length (the ALPRO code uses 30 in pre-training, 40 in MSRVTT
     fine-tuning); ``max_positions`` is the size of the position table (512 for any BERT checkpoint).
     ``init`` names a BERT checkpoint (hub id such as ``bert-base-uncased``, a local directory or file, or an
-    ``s3://`` file) loaded by :func:`build_text_model`; empty = random init. ``vocab_size`` must equal the
-    tokenizer's ``len(tok)`` when the tokenizer is trained with :func:`vlp.models.tokenizer.train_wordpiece`.
+    ``s3://`` file) loaded by :func:`build_text_model`; empty = random init. ``init_revision`` is the hub
+    revision of a hub ``init`` (branch, tag or commit sha); ``""`` = the repository's default branch (``main``)
+    as it is at load time. Either way the commit loaded is recorded in the model directory's
+    ``lineage.upstream.text``; set ``init_revision`` to that sha to start from exactly the same weights again.
+    ``vocab_size`` must equal the tokenizer's ``len(tok)`` when the tokenizer is trained with
+    :func:`vlp.models.tokenizer.train_wordpiece`.
     """
 
     vocab_size: int = 30522
@@ -82,8 +86,14 @@ class TextConfig:
     pad_token_id: int = 0
     init_std: float = 0.02
     attn_implementation: str = "sdpa"  # or "eager"; numerically equivalent
+    init_revision: str = ""  # hub revision of ``init``; "" = its default branch (the commit is recorded as lineage)
 
     def __post_init__(self) -> None:
+        if self.init_revision and not self.init:
+            raise ValueError(
+                f"text init_revision {self.init_revision!r} is set but init is empty (random init): name the hub "
+                "weights (model.text_init) or clear the revision"
+            )
         if self.width % self.heads:
             raise ValueError(f"text width {self.width} is not divisible by heads {self.heads}")
         if self.text_layers < 1 or self.fusion_layers < 0:
@@ -324,7 +334,7 @@ def build_text_model(
     fusion = MultimodalEncoder(cfg, video_width=video_width)
     head = MLMHead(cfg, text.word_embeddings)
     if cfg.init:
-        load_bert_weights(text, fusion, cfg.init, mlm_head=head)
+        load_bert_weights(text, fusion, cfg.init, mlm_head=head, revision=cfg.init_revision)
     return text, fusion, head
 
 
@@ -352,6 +362,7 @@ def load_bert_weights(
     source: str | os.PathLike[str] | dict[str, Tensor],
     *,
     mlm_head: MLMHead | None = None,
+    revision: str = "",
 ) -> LoadReport:
     """Split a BERT checkpoint into the text encoder (embeddings + first layers) and the fusion encoder.
 
@@ -367,12 +378,13 @@ def load_bert_weights(
             ``pytorch_model.bin``), an ``s3://`` file, or a hub id (offline -> :class:`PretrainedUnavailableError`).
         mlm_head: receives ``cls.predictions.transform.*`` and ``cls.predictions.bias`` when present (and the
             decoder weight when the head is untied; a tied head reads the word embeddings).
+        revision: the hub revision of a hub id (``""`` = the default branch); see :func:`read_bert_state_dict`.
 
     Raises:
         ValueError: layer count, vocabulary or shape mismatch, or BERT weights missing from the checkpoint.
     """
     name = "<state dict>" if isinstance(source, dict) else str(source)
-    state = source if isinstance(source, dict) else read_bert_state_dict(name)
+    state = source if isinstance(source, dict) else read_bert_state_dict(name, revision)
     targets = _target_params(text_enc, fusion_enc, mlm_head)
     n_layers = text_enc.cfg.text_layers + text_enc.cfg.fusion_layers
     report = LoadReport(source=name)
@@ -445,27 +457,53 @@ def _map_key(key: str, text_layers: int) -> str | None:
     return None
 
 
-def read_bert_state_dict(source: str) -> dict[str, Tensor]:
-    """Tensors of a BERT checkpoint from a local/``s3://`` file or directory, or a hub id.
+_BERT_REMEDY = (
+    "Set TextConfig.init (model.text_init) to a local directory/file or s3:// URI holding model.safetensors, or to "
+    "'' for a random init."
+)
+
+
+def read_bert_state_dict(
+    source: str, revision: str = "", *, what: str = "BERT weights", remedy: str = _BERT_REMEDY
+) -> dict[str, Tensor]:
+    """Tensors of a BERT checkpoint from a local/``s3://`` file or directory, or a hub id at ``revision``.
 
     Never unpickles arbitrary objects: safetensors first; ``.bin``/``.pt`` through ``torch.load(weights_only=True)``.
+    Where the tensors came from is noted for the model directory's lineage
+    (:func:`vlp.models.tokenizer.remember_upstream`): a hub id's repo, revision and resolved commit, a local or
+    ``s3://`` file's SHA-256. ``what`` and ``remedy`` word the error of a hub id that cannot be fetched.
+
+    Raises:
+        FileNotFoundError: a path that holds no checkpoint.
+        ValueError: a revision given with a path.
+        PretrainedUnavailableError: a hub id (or revision) neither cached nor reachable, or not on the hub.
     """
     if storage.is_s3(source):
+        check_no_revision(source, revision)
         if not source.endswith((".safetensors", ".bin", ".pt", ".pth")):
             source = storage.join(source, "model.safetensors")
         with storage.local_copy(source) as path:
-            return _read_file(path)
+            return _read_recorded(source, path)
     if looks_like_path(source):
+        check_no_revision(source, revision)
         path = Path(source).expanduser()
         if path.is_dir():
             for fname in ("model.safetensors", "pytorch_model.bin"):
                 if (path / fname).is_file():
-                    return _read_file(str(path / fname))
+                    return _read_recorded(source, str(path / fname), fname)
             raise FileNotFoundError(f"no BERT weights in {source!r}: expected model.safetensors or pytorch_model.bin")
         if not path.is_file():
             raise FileNotFoundError(f"no such BERT checkpoint: {source!r}")
-        return _read_file(str(path))
-    return _read_file(_hub_file(source))
+        return _read_recorded(source, str(path))
+    path, record = hub_download(source, ("model.safetensors", "pytorch_model.bin"), revision, what=what, remedy=remedy)
+    remember_upstream(source, revision, record)
+    return _read_file(path)
+
+
+def _read_recorded(source: str, path: str, fname: str = "") -> dict[str, Tensor]:
+    """The tensors of the local file ``path`` (the weights named ``source``), its SHA-256 noted as their upstream."""
+    remember_upstream(source, "", file_record(path) | ({"file": fname} if fname else {}))
+    return _read_file(path)
 
 
 def _read_file(path: str) -> dict[str, Tensor]:
@@ -479,21 +517,3 @@ def _read_file(path: str) -> dict[str, Tensor]:
     if not isinstance(state, dict):
         raise ValueError(f"{path}: expected a state dict of tensors, got {type(state).__name__}")
     return {k: v for k, v in state.items() if isinstance(v, Tensor)}
-
-
-def _hub_file(name: str) -> str:
-    from huggingface_hub import hf_hub_download
-
-    offline = hub_offline()
-    errors = []
-    for fname in ("model.safetensors", "pytorch_model.bin"):
-        try:
-            return hf_hub_download(name, fname, local_files_only=offline)
-        except Exception as exc:  # hub errors are many types (offline, 404, auth, connection)
-            errors.append(f"{fname}: {type(exc).__name__}")
-    mode = "offline mode (HF_HUB_OFFLINE) and not in the local cache" if offline else "hub unreachable or unknown"
-    raise PretrainedUnavailableError(
-        f"cannot fetch BERT weights {name!r} from the Hugging Face hub: {mode} ({'; '.join(errors)}). "
-        "Set TextConfig.init to a local directory/file or s3:// URI holding model.safetensors, or to '' for a "
-        "random init."
-    )

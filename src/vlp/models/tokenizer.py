@@ -10,10 +10,19 @@ Special token ids differ from bert-base-uncased's (there [PAD]=0, [UNK]=100, [CL
 both keeps BERT's ``padding_idx`` convention.
 
 :func:`save_tokenizer` / :func:`load_tokenizer` move the tokenizer through vlp.storage URIs (local paths and
-``s3://``); :func:`load_tokenizer` also accepts a hub name when the hub is reachable (or cached), and raises
-:class:`PretrainedUnavailableError` with a remedy when it is not.
+``s3://``); :func:`load_tokenizer` also accepts a hub name (and a revision) when the hub is reachable (or
+cached), and raises :class:`PretrainedUnavailableError` with a remedy when it is not.
 Without network, huggingface_hub retries for tens of seconds before giving up; set ``HF_HUB_OFFLINE=1`` in
 air-gapped environments to fail (or use the local cache) at once.
+
+This module also holds what every hub download of the models shares. A revision (branch, tag or commit;
+``""`` = the default branch, ``main``) is first resolved to its commit (:func:`resolve_hub_revision`: by the
+hub or, offline, by the local cache's ``refs/``) and the files are fetched at that commit
+(:func:`hub_download`), so what is loaded is exactly what is recorded. Each weight loader records where its
+weights came from (:func:`remember_upstream`: hub repo, revision and commit, or a local file's SHA-256), and
+:func:`vlp.models.directory.save` writes those records into the model directory's ``lineage.upstream``. A
+tokenizer loaded from the hub carries its own record (:func:`tokenizer_upstream`), which
+:func:`save_tokenizer` keeps beside its files (``upstream.json``) so that it survives a save and a load.
 """
 
 from __future__ import annotations
@@ -22,11 +31,13 @@ import hashlib
 import heapq
 import itertools
 import json
+import logging
 import os
 import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -35,6 +46,9 @@ from vlp import storage
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in this order
 CONTINUATION = "##"  # WordPiece marks a piece that continues a word
+UPSTREAM_FILE = "upstream.json"  # in a saved tokenizer directory: the hub repo and commit it came from
+_UPSTREAM_ATTR = "vlp_upstream"  # the same record, on a tokenizer object
+log = logging.getLogger("vlp")
 
 
 class PretrainedUnavailableError(OSError):
@@ -60,6 +74,166 @@ def hub_offline() -> bool:
 def looks_like_path(name: str) -> bool:
     """True when ``name`` is meant as a path/URI rather than a hub id (``org/name`` is a hub id)."""
     return storage.is_s3(name) or name.startswith(("/", "./", "../", "~")) or os.path.exists(name)
+
+
+# --------------------------------------------------------------------------- hub revisions and upstream records
+
+
+def hub_cache_dir() -> str:
+    """The Hugging Face hub cache, from the environment at call time: ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else
+    huggingface_hub's default (which it reads once, at import)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return os.path.expanduser(os.environ["HF_HUB_CACHE"])
+    if os.environ.get("HF_HOME"):
+        return os.path.join(os.path.expanduser(os.environ["HF_HOME"]), "hub")
+    from huggingface_hub import constants
+
+    return constants.HF_HUB_CACHE
+
+
+def check_no_revision(source: str, revision: str) -> None:
+    """Refuse a revision for a local path or ``s3://`` URI: only hub names have revisions."""
+    if revision:
+        raise ValueError(
+            f"revision {revision!r} was given for {source!r}, which is a path, not a hub name: clear the revision "
+            "(a local file is recorded by its SHA-256) or name a hub repository"
+        )
+
+
+def resolve_hub_revision(repo: str, revision: str = "", *, what: str, remedy: str) -> str:
+    """The commit sha that ``revision`` of the hub model ``repo`` names, asking the hub, or offline
+    (``HF_HUB_OFFLINE``) the local cache's ``refs/``.
+
+    Args:
+        repo: hub model id (``bert-base-uncased``, ``openai/clip-vit-base-patch32``).
+        revision: branch, tag or commit sha; ``""`` = the default branch (``main``).
+        what: what is being loaded, for the error message (``"tokenizer"``).
+        remedy: what the user can do instead, appended to the error message.
+
+    Raises:
+        PretrainedUnavailableError: the revision does not exist, or the hub is unreachable and the local cache
+            does not have it (the message lists the revisions it has).
+    """
+    from huggingface_hub import resolve_revision
+
+    try:
+        found = resolve_revision(
+            repo, revision=revision or None, cache_dir=hub_cache_dir(), local_files_only=hub_offline()
+        )
+    except Exception as exc:  # hub errors are many types (offline, 404, auth, connection)
+        raise _hub_error(what, repo, revision, exc, remedy) from exc
+    return str(found.resolved)
+
+
+def hub_download(
+    repo: str, filenames: tuple[str, ...], revision: str = "", *, what: str, remedy: str
+) -> tuple[str, dict[str, str]]:
+    """The first of ``filenames`` that the hub model ``repo`` has at ``revision``, fetched (or taken from the
+    cache) at the commit the revision resolves to.
+
+    Returns:
+        ``(local path, record)``; the record is ``{"repo", "revision", "commit", "file"}`` (revision ``""`` is
+        recorded as ``main``, the branch huggingface_hub asks for).
+
+    Raises:
+        PretrainedUnavailableError: as :func:`resolve_hub_revision`, or the commit holds none of ``filenames``.
+    """
+    from huggingface_hub import constants, hf_hub_download
+
+    commit = resolve_hub_revision(repo, revision, what=what, remedy=remedy)
+    errors: list[str] = []
+    for fname in filenames:
+        try:
+            path = hf_hub_download(
+                repo, fname, revision=commit, cache_dir=hub_cache_dir(), local_files_only=hub_offline()
+            )
+        except Exception as exc:  # a missing file is an EntryNotFoundError, an unreachable hub another type
+            errors.append(f"{fname}: {type(exc).__name__}")
+            continue
+        return path, {"repo": repo, "revision": revision or constants.DEFAULT_REVISION, "commit": commit, "file": fname}
+    raise _hub_error(what, repo, revision, FileNotFoundError(f"commit {commit}: {'; '.join(errors)}"), remedy)
+
+
+def _hub_error(what: str, repo: str, revision: str, exc: Exception, remedy: str) -> PretrainedUnavailableError:
+    from huggingface_hub.errors import RepositoryNotFoundError, RevisionNotFoundError
+
+    offline = hub_offline()
+    at = f" at revision {revision!r}" if revision else ""
+    if isinstance(exc, RevisionNotFoundError):
+        reason = f"the hub has no revision {revision!r} of {repo!r}"
+    elif isinstance(exc, RepositoryNotFoundError):
+        reason = "no such repository on the hub (or it is private or gated: log in with `hf auth login`)"
+    elif offline:
+        which = f"revision {revision!r}" if revision else "it"
+        reason = f"offline mode (HF_HUB_OFFLINE) and {which} is not in the local cache {hub_cache_dir()} "
+        reason += f"({_cached(repo)})"
+    else:
+        reason = "hub unreachable or unknown"
+    return PretrainedUnavailableError(
+        f"cannot load {what} {repo!r}{at} from the Hugging Face hub: {reason}. {remedy} ({type(exc).__name__}: {exc})"
+    )
+
+
+def _cached(repo: str) -> str:
+    """The revisions the local cache holds of ``repo`` (``main=0123abcd``, and snapshots no ref names)."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    folder = Path(hub_cache_dir()) / repo_folder_name(repo_id=repo, repo_type="model")
+    refs = (
+        {str(f.relative_to(folder / "refs")): f.read_text().strip() for f in sorted((folder / "refs").rglob("*"))}
+        if (folder / "refs").is_dir()
+        else {}
+    )
+    snapshots = sorted(p.name for p in (folder / "snapshots").glob("*")) if (folder / "snapshots").is_dir() else []
+    held = [f"{name}={sha}" for name, sha in refs.items()] + [s for s in snapshots if s not in refs.values()]
+    return f"cached revisions: {', '.join(held)}" if held else "no revision of it is cached"
+
+
+_LOADED: dict[tuple[str, str], dict[str, str]] = {}  # (source, revision) -> record, in this process
+
+
+def remember_upstream(source: str, revision: str, record: dict[str, str]) -> None:
+    """Note that weights ``source`` at ``revision`` were loaded from ``record`` (what
+    :func:`vlp.models.directory.save` writes as lineage)."""
+    _LOADED[(str(source), revision)] = {"source": str(source)} | record
+
+
+def file_record(path: str | os.PathLike[str]) -> dict[str, str]:
+    """``{"sha256": ...}`` of a local file's bytes (read in 1 MiB blocks)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return {"sha256": digest.hexdigest()}
+
+
+def upstream_of(source: str, revision: str = "") -> dict[str, str]:
+    """Where the weights named ``source`` (at ``revision``) came from, as recorded when this process loaded them.
+
+    Weights this process did not load (a warning) are recorded as far as can be known now: a local file by its
+    SHA-256, a hub name without a commit (``"unknown"``).
+    """
+    found = _LOADED.get((str(source), revision))
+    if found is not None:
+        return dict(found)
+    log.warning("the upstream of %r was not recorded: it was not loaded by this process", source)
+    if looks_like_path(source):
+        path = os.path.expanduser(source)
+        return {"source": source} | (file_record(path) if os.path.isfile(path) else {})
+    return {"source": source, "revision": revision, "commit": "unknown"}
+
+
+def tokenizer_upstream(tok: PreTrainedTokenizerBase) -> dict[str, str] | None:
+    """The hub repo, revision and commit ``tok`` was loaded from (kept through :func:`save_tokenizer`), or None
+    for a tokenizer that did not come from the hub (trained, or from a directory that records no hub origin)."""
+    record: Any = getattr(tok, _UPSTREAM_ATTR, None)
+    return dict(record) if isinstance(record, dict) else None
+
+
+def _set_upstream(tok: PreTrainedTokenizerBase, record: dict[str, str] | None) -> PreTrainedTokenizerBase:
+    if record:
+        setattr(tok, _UPSTREAM_ATTR, dict(record))
+    return tok
 
 
 def train_wordpiece(
@@ -196,28 +370,48 @@ def save_tokenizer(tok: PreTrainedTokenizerBase, uri: str) -> str:
     """Save ``tok`` (``save_pretrained`` layout) to the directory ``uri``: a local path or ``s3://`` prefix.
 
     Files are written to a temporary directory and copied with :func:`vlp.storage.upload`, so each file appears
-    atomically. Returns ``uri``.
+    atomically. A tokenizer that came from the hub also gets ``upstream.json`` (its :func:`tokenizer_upstream`
+    record), which :func:`load_tokenizer` reads back. Returns ``uri``.
     """
     with tempfile.TemporaryDirectory(prefix="vlp-tok-") as tmp:
         tok.save_pretrained(tmp)
+        record = tokenizer_upstream(tok)
+        if record:
+            (Path(tmp) / UPSTREAM_FILE).write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
         for path in sorted(Path(tmp).iterdir()):
             if path.is_file():
                 storage.upload(path, storage.join(uri, path.name))
     return uri
 
 
-def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+_TOKENIZER_REMEDY = (
+    "Pass a local directory or s3:// prefix written by save_tokenizer, or train one from the captions with "
+    "train_wordpiece."
+)
+
+
+def load_tokenizer(name_or_path: str, revision: str = "") -> PreTrainedTokenizerBase:
     """Load a tokenizer from a directory (local or ``s3://``) written by :func:`save_tokenizer` or
     ``save_pretrained``, or from a hub name such as ``bert-base-uncased``.
 
+    Args:
+        name_or_path: the directory, or the hub name.
+        revision: for a hub name, the branch, tag or commit to load (``""`` = the default branch, ``main``); it
+            is resolved to a commit first and the tokenizer carries ``{"source", "repo", "revision", "commit"}``
+            (:func:`tokenizer_upstream`). Must be ``""`` for a directory.
+
     Raises:
         FileNotFoundError: a path/URI that does not hold a tokenizer.
-        PretrainedUnavailableError: a hub name that is neither cached nor reachable (e.g. offline).
+        ValueError: a revision given with a path.
+        PretrainedUnavailableError: a hub name (or revision) that is neither cached nor reachable (e.g. offline),
+            or does not exist.
     """
     name = str(name_or_path)
     if storage.is_s3(name):
+        check_no_revision(name, revision)
         return _load_from_s3(name)
     if looks_like_path(name):
+        check_no_revision(name, revision)
         path = Path(name).expanduser()
         if not (path / "tokenizer.json").is_file() and not (path / "vocab.txt").is_file():
             raise FileNotFoundError(
@@ -225,19 +419,23 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
                 "save_pretrained) or vocab.txt"
             )
         return _checked(AutoTokenizer.from_pretrained(str(path)), path)
-    offline = hub_offline()
+    commit = resolve_hub_revision(name, revision, what="tokenizer", remedy=_TOKENIZER_REMEDY)
     try:
-        return AutoTokenizer.from_pretrained(name, local_files_only=offline)
+        tok = AutoTokenizer.from_pretrained(
+            name, revision=commit, cache_dir=hub_cache_dir(), local_files_only=hub_offline()
+        )
     except (OSError, ValueError) as exc:
-        mode = "offline mode (HF_HUB_OFFLINE) and not in the local cache" if offline else "hub unreachable or unknown"
-        raise PretrainedUnavailableError(
-            f"cannot load tokenizer {name!r} from the Hugging Face hub: {mode}. Pass a local directory or s3:// "
-            f"prefix written by save_tokenizer, or train one from the captions with train_wordpiece. ({exc})"
-        ) from exc
+        raise _hub_error("tokenizer", name, revision or commit, exc, _TOKENIZER_REMEDY) from exc
+    from huggingface_hub import constants
+
+    return _set_upstream(
+        tok, {"source": name, "repo": name, "revision": revision or constants.DEFAULT_REVISION, "commit": commit}
+    )
 
 
 def _checked(tok: PreTrainedTokenizerBase, path: Path) -> PreTrainedTokenizerBase:
-    """``tok``, after checking that it has every entry of the directory's ``vocab.txt``.
+    """``tok``, after checking that it has every entry of the directory's ``vocab.txt``; with the hub origin the
+    directory's ``upstream.json`` records, if any.
 
     transformers 5 was seen to build a 5-token vocabulary from ``BertTokenizer(vocab_file=...)`` without a
     word; token ids from such a tokenizer would silently miss BERT's embeddings.
@@ -250,7 +448,8 @@ def _checked(tok: PreTrainedTokenizerBase, path: Path) -> PreTrainedTokenizerBas
                 f"the tokenizer loaded from {path} has {len(tok)} tokens but its vocab.txt lists {expected}: "
                 "the files do not match (re-save it with save_pretrained)"
             )
-    return tok
+    upstream = path / UPSTREAM_FILE
+    return _set_upstream(tok, json.loads(upstream.read_text()) if upstream.is_file() else None)
 
 
 def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp.losses import frames as frame_losses
-from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, preset_weights
+from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, init_revisions, preset_weights
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 
@@ -48,9 +48,18 @@ CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
 
 
+def _check_revision(tower: str, init: str, revision: str) -> None:
+    if revision and not init:
+        raise ValueError(f"CLIP {tower} init_revision {revision!r} is set but init is empty (random init): name the "
+                         "hub weights (model.video_init / text_init) or clear the revision")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class ClipVisionConfig:
-    """The CLIP vision tower's sizes; ``init`` = weights (hub name / path; ``""`` = random)."""
+    """The CLIP vision tower's sizes; ``init`` = weights (hub name / path; ``""`` = random); ``init_revision`` =
+    the hub revision of a hub ``init`` (branch, tag or commit sha; ``""`` = the default branch, ``main``, as it is
+    at load time). The commit loaded is recorded in the model directory's ``lineage.upstream``; set
+    ``init_revision`` to it to start from exactly the same CLIP again."""
 
     img_size: int = 224
     patch_size: int = 32
@@ -59,6 +68,10 @@ class ClipVisionConfig:
     heads: int = 12
     num_frames: int = 12  # frames per clip in training (the paper: 12)
     init: str = ""
+    init_revision: str = ""
+
+    def __post_init__(self) -> None:
+        _check_revision("video", self.init, self.init_revision)
 
     @property
     def num_tokens(self) -> int:
@@ -67,7 +80,8 @@ class ClipVisionConfig:
 
 @dataclass(frozen=True)
 class ClipTextConfig:
-    """The CLIP text tower's sizes (``max_len`` = its position embeddings: 77 in CLIP)."""
+    """The CLIP text tower's sizes (``max_len`` = its position embeddings: 77 in CLIP); ``init`` and
+    ``init_revision`` as :class:`ClipVisionConfig`'s (one checkpoint holds both towers)."""
 
     vocab_size: int = 49408
     max_len: int = 77
@@ -75,6 +89,10 @@ class ClipTextConfig:
     layers: int = 12
     heads: int = 8
     init: str = ""
+    init_revision: str = ""
+
+    def __post_init__(self) -> None:
+        _check_revision("text", self.init, self.init_revision)
 
 
 @dataclass
@@ -146,9 +164,9 @@ class TS2NetConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> TS2NetConfig:
-        """The config ``asdict`` gave; the towers' ``init`` is cleared unless ``keep_init`` (weights come from the
-        checkpoint)."""
-        cleared = {} if keep_init else {"init": ""}
+        """The config ``asdict`` gave; the towers' ``init`` (and revision) is cleared unless ``keep_init`` (weights
+        come from the checkpoint)."""
+        cleared = {} if keep_init else {"init": "", "init_revision": ""}
         fields = dict(data) | {
             "video": ClipVisionConfig(**(data["video"] | cleared)),
             "text": ClipTextConfig(**(data["text"] | cleared)),
@@ -263,11 +281,13 @@ class TS2Net(nn.Module):
         self.selector = TokenSelector(cfg) if cfg.select != "none" else None  # "none": [CLS] alone
         self.aggregator = FrameAggregator(cfg, hf) if cfg.aggregator_layers else None
         self._init_new_modules()
-        source = cfg.video.init or cfg.text.init
-        if cfg.video.init and cfg.text.init and cfg.video.init != cfg.text.init:
-            raise ValueError(f"one CLIP checkpoint holds both towers; got {cfg.video.init!r} and {cfg.text.init!r}")
+        v, t = cfg.video, cfg.text
+        source, revision = (v.init, v.init_revision) if v.init else (t.init, t.init_revision)
+        if v.init and t.init and (v.init, v.init_revision) != (t.init, t.init_revision):
+            raise ValueError(f"one CLIP checkpoint holds both towers; got {v.init!r} (revision {v.init_revision!r}) "
+                             f"and {t.init!r} (revision {t.init_revision!r})")  # fmt: skip
         if source:
-            load_clip_weights(self.clip, source)
+            load_clip_weights(self.clip, source, revision)
         if self.aggregator is not None and not self.aggregator.init_from_text(self.clip.text_model):
             log.info("ts2net: the aggregator (width %d) starts random: the text tower's width differs or it has "
                      "fewer blocks", cfg.embed_dim)  # fmt: skip
@@ -336,17 +356,24 @@ class TS2Net(nn.Module):
         return {"loss": loss, "loss_itc": loss.detach(), "logit_scale": self.clip.logit_scale.detach().exp()}
 
 
-def load_clip_weights(clip: nn.Module, source: str) -> None:
-    """Load a CLIP checkpoint in transformers' layout (hub name, directory, ``.safetensors`` / ``.bin`` file or
-    ``s3://`` URI) into ``clip`` (a ``CLIPModel``), every shape checked.
+_CLIP_REMEDY = ("Set model.video_init / text_init to a local directory/file or s3:// URI holding model.safetensors, "
+                "or to 'random' for a random init.")  # fmt: skip
+
+
+def load_clip_weights(clip: nn.Module, source: str, revision: str = "") -> None:
+    """Load a CLIP checkpoint in transformers' layout (hub name at ``revision``, ``""`` = the default branch;
+    directory, ``.safetensors`` / ``.bin`` file or ``s3://`` URI) into ``clip`` (a ``CLIPModel``), every shape
+    checked. Where it came from (hub commit or file SHA-256) is noted for the model directory's lineage.
 
     Raises:
-        ValueError: a missing weight or a shape the config does not have (the message names it).
-        PretrainedUnavailableError: a hub name that is neither cached nor reachable.
+        ValueError: a missing weight or a shape the config does not have (the message names it), or a revision
+            given with a path.
+        PretrainedUnavailableError: a hub name (or revision) that is neither cached nor reachable, or not on the hub.
     """
     from vlp.models.text import read_bert_state_dict
 
-    state = {k.removeprefix("module.").removeprefix("clip."): v for k, v in read_bert_state_dict(source).items()}
+    raw = read_bert_state_dict(source, revision, what="CLIP weights", remedy=_CLIP_REMEDY)
+    state = {k.removeprefix("module.").removeprefix("clip."): v for k, v in raw.items()}
     own = clip.state_dict()
     wrong = [f"{k}: {tuple(v.shape)} vs {tuple(own[k].shape)}" for k, v in state.items()
              if k in own and tuple(v.shape) != tuple(own[k].shape)]  # fmt: skip
@@ -380,6 +407,7 @@ class TS2NetFamily:
         if num_entities:
             raise ValueError("TS2-Net has no prompt-entity head (PEM is ALPRO's)")
         video_init, text_init = self.weights(model)
+        video_rev, text_rev = init_revisions(model)
         rules = {
             "shift_mode": model.shift_mode,
             "shift_last": model.shift_last,
@@ -397,14 +425,16 @@ class TS2NetFamily:
             "pixel_std": tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
         }
         if model.preset == "paper":
-            video = ClipVisionConfig(patch_size=model.clip_patch, num_frames=model.num_frames, init=video_init)
-            return TS2NetConfig(video, ClipTextConfig(vocab_size=vocab_size, init=text_init), embed_dim=512, **rules)
+            video = ClipVisionConfig(patch_size=model.clip_patch, num_frames=model.num_frames, init=video_init,
+                                     init_revision=video_rev)  # fmt: skip
+            text = ClipTextConfig(vocab_size=vocab_size, init=text_init, init_revision=text_rev)
+            return TS2NetConfig(video, text, embed_dim=512, **rules)
         width = 64 if model.preset == "tiny" else 256
         video = ClipVisionConfig(img_size=model.img_size, patch_size=8 if model.preset == "tiny" else 16, width=width,
                                  layers=2 if model.preset == "tiny" else 4, heads=2 if model.preset == "tiny" else 4,
-                                 num_frames=model.num_frames, init=video_init)  # fmt: skip
+                                 num_frames=model.num_frames, init=video_init, init_revision=video_rev)  # fmt: skip
         text = ClipTextConfig(vocab_size=vocab_size, max_len=model.max_len, width=width, layers=video.layers,
-                              heads=video.heads, init=text_init)  # fmt: skip
+                              heads=video.heads, init=text_init, init_revision=text_rev)  # fmt: skip
         return TS2NetConfig(video, text, embed_dim=model.embed_dim, **rules)
 
     def config_from_dict(self, data: dict[str, Any]) -> TS2NetConfig:

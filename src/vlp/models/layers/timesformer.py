@@ -82,6 +82,10 @@ class TimeSformerConfig:
         grad_checkpointing: Recompute each block in the backward pass to save activation memory.
         init: ``""`` for random init, else a timm model name (needs hub access) or the local path of a timm ViT
             (or TimeSformer) state dict in ``.safetensors``, ``.bin``, ``.pth`` or ``.pt`` format.
+        init_revision: Hub revision (branch, tag or commit sha) of the repository a timm name's weights live in
+            (``timm/<name>``); ``""`` = its default branch (``main``) as it is at load time. Either way the commit
+            loaded is recorded in the model directory's ``lineage.upstream.video``; set this to that sha to
+            start from exactly the same weights again.
         pos_interp: Mode for resizing ``pos_embed`` over the 2D patch grid (``"bicubic"``; code: ``"nearest"``).
         time_interp: Mode for resizing ``time_embed`` over frames (``"linear"``; code: ``"nearest"``).
     """
@@ -98,9 +102,12 @@ class TimeSformerConfig:
     init: str = ""
     pos_interp: str = "bicubic"
     time_interp: str = "linear"
+    init_revision: str = ""
 
     def __post_init__(self) -> None:
         problems = vit_size_problems(self)
+        if self.init_revision and not self.init:
+            problems.append(f"init_revision={self.init_revision!r} needs init (a timm name): set both or neither")
         if self.pos_interp not in ("nearest", "bilinear", "bicubic"):
             problems.append(f"pos_interp={self.pos_interp!r} must be one of 'nearest', 'bilinear', 'bicubic'")
         if self.time_interp not in ("nearest", "linear"):
@@ -209,7 +216,7 @@ class TimeSformer(nn.Module):
         self.norm = LayerNorm(C)
         self._init_weights()
         if config.init:
-            load_vit_weights(self, config.init)
+            load_vit_weights(self, config.init, revision=config.init_revision)
 
     def _init_weights(self) -> None:
         trunc_normal_(self.pos_embed, std=0.02)
@@ -299,7 +306,7 @@ def _resample_time_embed(time_embed: Tensor, num_frames: int, mode: str) -> Tens
     return new.transpose(1, 2).to(time_embed.dtype)  # (1, T, C)
 
 
-def load_vit_weights(model: TimeSformer, source: str | os.PathLike[str]) -> list[str]:
+def load_vit_weights(model: TimeSformer, source: str | os.PathLike[str], *, revision: str = "") -> list[str]:
     """Initialise a :class:`TimeSformer` from a timm ViT (or a TimeSformer) checkpoint.
 
     Spatial weights are copied one to one. Temporal attention and its norm start as copies of the spatial ones
@@ -311,40 +318,92 @@ def load_vit_weights(model: TimeSformer, source: str | os.PathLike[str]) -> list
         model: The encoder to fill, in place.
         source: Local path of a state dict (``.safetensors`` read with safetensors; ``.bin``/``.pth``/``.pt``
             read with ``torch.load(weights_only=True)``, optionally wrapped under ``"model"``/``"state_dict"``),
-            or a timm model name, created with ``pretrained=True`` (needs hub access).
+            or a timm model name (see :func:`read_vit_state_dict`).
+        revision: Hub revision of a timm name's weights (``""`` = the default branch).
 
     Returns:
         Checkpoint keys that were deliberately not used (classification head).
 
     Raises:
         FileNotFoundError: ``source`` looks like a path but does not exist.
-        RuntimeError: a timm model name could not be loaded (e.g. offline); the message says to pass a path.
-        ValueError: the checkpoint is unreadable or does not fit the model (width, depth, patch size, extra parts).
+        RuntimeError: a timm model name could not be loaded (e.g. offline, or no such revision); the message says
+            to pass a path.
+        ValueError: the checkpoint is unreadable or does not fit the model (width, depth, patch size, extra parts),
+            or a revision was given with a path.
     """
-    state = read_vit_state_dict(source)
+    state = read_vit_state_dict(source, revision)
     mapped, ignored = _map_vit_state_dict(state, model, str(source))
     model.load_state_dict(mapped, strict=True)
     return ignored
 
 
-def read_vit_state_dict(source: str | os.PathLike[str]) -> dict[str, Tensor]:
+def read_vit_state_dict(source: str | os.PathLike[str], revision: str = "") -> dict[str, Tensor]:
+    """The tensors of a ViT checkpoint file, or of a timm model name's pretrained weights.
+
+    A timm name whose pretrained config names a hub repository (``timm/<name>``: nearly all), or an
+    ``hf-hub:<repo>`` name, is fetched from there (``model.safetensors``, else ``pytorch_model.bin``) at
+    ``revision`` (``""`` = the default branch), resolved to a commit first; other timm names are created by timm
+    with ``pretrained=True`` (URL weights; no revision). Where the tensors came from is noted
+    for the model directory's lineage (:func:`vlp.models.tokenizer.remember_upstream`): the repo, revision and
+    commit, a file's SHA-256, or the URL.
+    """
+    from vlp.models.tokenizer import check_no_revision, file_record, remember_upstream
+
     path = Path(source).expanduser()
     if path.is_file():
-        return _read_checkpoint_file(path)
+        check_no_revision(str(source), revision)
+        state = _read_checkpoint_file(path)
+        remember_upstream(str(source), "", file_record(path))
+        return state
     text = str(source)
     is_hub_name = text.startswith(("hf-hub:", "hf_hub:"))
     if text.endswith(_CHECKPOINT_SUFFIXES) or path.exists() or (not is_hub_name and ("/" in text or os.sep in text)):
         raise FileNotFoundError(f"ViT checkpoint {text!r} is not a file; pass a state dict file {_CHECKPOINT_SUFFIXES}")
-    import timm
+    return _read_timm_weights(text, revision)
 
+
+_TIMM_REMEDY = (
+    "Without hub access, fetch the checkpoint elsewhere and pass its local path (.safetensors, .bin or .pth state "
+    "dict of a timm ViT) instead of the model name."
+)
+
+
+def _read_timm_weights(name: str, revision: str) -> dict[str, Tensor]:
+    """A timm name's pretrained weights: from its hub repository at ``revision``, else through timm (URL)."""
+    import timm
+    from timm.models import get_pretrained_cfg
+
+    from vlp.models.tokenizer import PretrainedUnavailableError, hub_download, remember_upstream
+
+    hub_name = name.startswith(("hf-hub:", "hf_hub:"))
     try:
-        vit = timm.create_model(text, pretrained=True)
+        cfg = None if hub_name else get_pretrained_cfg(name)
+    except RuntimeError as err:  # a known architecture with an unknown pretrained tag
+        raise RuntimeError(f"timm has no pretrained weights {name!r} ({err}). {_TIMM_REMEDY}") from err
+    hub_id = name[len("hf-hub:") :] if hub_name else getattr(cfg, "hf_hub_id", None) or ""
+    if hub_id:
+        repo, _, pinned = hub_id.partition("@")
+        files = ("model.safetensors", "pytorch_model.bin")
+        files = (cfg.hf_hub_filename,) if cfg is not None and cfg.hf_hub_filename else files
+        try:
+            path, record = hub_download(repo, files, revision or pinned, what="timm weights", remedy=_TIMM_REMEDY)
+        except PretrainedUnavailableError as err:
+            raise RuntimeError(f"could not fetch the pretrained weights of timm model {name!r}: {err}") from err
+        remember_upstream(name, revision, record)
+        return _read_checkpoint_file(Path(path))
+    if revision:
+        raise ValueError(
+            f"timm model {name!r} has no hub repository, so revision {revision!r} cannot pin its weights: clear the "
+            "revision or pass a local checkpoint file"
+        )
+    try:
+        vit = timm.create_model(name, pretrained=True)
     except Exception as err:
         raise RuntimeError(
-            f"could not create timm model {text!r} with pretrained weights ({type(err).__name__}: {err}). "
-            "Without hub access, fetch the checkpoint elsewhere and pass its local path "
-            "(.safetensors, .bin or .pth state dict of a timm ViT) instead of the model name."
+            f"could not create timm model {name!r} with pretrained weights ({type(err).__name__}: {err}). "
+            + _TIMM_REMEDY
         ) from err
+    remember_upstream(name, "", {"url": getattr(cfg, "url", "") or ""})
     return vit.state_dict()
 
 
