@@ -99,7 +99,8 @@ def make_dataset(root: Path, args: argparse.Namespace) -> tuple[str, int]:
     for src in sources:
         os.remove(src)
     dataset = str(root / "dataset")
-    manifest.write(dataset, manifest.VIDEOS, manifest.from_rows(rows, manifest.VIDEO_SCHEMA), manifest.VIDEO_SCHEMA)
+    table, meta = manifest.from_rows(rows, manifest.VIDEO_SCHEMA), {manifest.MEDIA_ROOT_KEY: str(media).encode()}
+    manifest.write(dataset, manifest.VIDEOS, table, manifest.VIDEO_SCHEMA, meta)
     return dataset, sum(os.path.getsize(r["path"]) for r in rows)
 
 

@@ -50,7 +50,10 @@ def video_row(video_id: str, path: str, local: str | None = None, media: str = "
 
 
 def write_videos(dataset: str, rows: list[dict]) -> str:
-    manifest.write(dataset, manifest.VIDEOS, manifest.from_rows(rows, manifest.VIDEO_SCHEMA), manifest.VIDEO_SCHEMA)
+    """Write ``rows`` as ingest would, recording the dataset's parent as the media root (the media lie beside it)."""
+    root = {manifest.MEDIA_ROOT_KEY: dataset.rstrip("/").rsplit("/", 1)[0].encode()}
+    table = manifest.from_rows(rows, manifest.VIDEO_SCHEMA)
+    manifest.write(dataset, manifest.VIDEOS, table, manifest.VIDEO_SCHEMA, root)
     return dataset
 
 

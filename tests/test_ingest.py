@@ -144,30 +144,37 @@ def test_duplicates_splits_media_and_unknown_videos(tmp_path, clip_bytes):
     row = {"split": "train", "media": "video", "source": "synth"}
     videos = [
         row | {"video_id": "a", "path": "a.mp4"},
-        row | {"video_id": "a", "path": "b.mp4"},  # duplicate id: the first row wins
+        row | {"video_id": "a", "path": "b.mp4"},  # the id names two files: both rows are rejects
         row | {"video_id": "b", "path": "b.mp4", "split": "holdout"},
         row | {"video_id": "c", "path": "b.mp4", "media": "image"},
+        row | {"video_id": "d", "path": "a.mp4"},
+        row | {"video_id": "d", "path": "a.mp4"},  # the same id and file again: the first row stands
     ]
     captions = [
-        {"video_id": v, "caption_id": f"{v}#0", "caption": "words", "split": "train"} for v in ("a", "b", "c", "zz")
+        {"video_id": v, "caption_id": f"{v}#0", "caption": "words", "split": "train"}
+        for v in ("a", "b", "c", "zz", "d")
     ]
     captions.append({"video_id": "a", "caption_id": "a#0", "caption": "again", "split": "train"})
     write_raw(tmp_path / "src", videos, captions)
 
     summary = ingest(str(tmp_path / "src"), str(tmp_path / "out"), CFG)
 
-    assert summary["videos"] == {"input": 4, "accepted": 1, "rejected": 3}
-    assert summary["captions"] == {"input": 5, "accepted": 1, "rejected": 4}
+    assert summary["videos"] == {"input": 6, "accepted": 1, "rejected": 5}
+    assert summary["captions"] == {"input": 6, "accepted": 1, "rejected": 5}
+    assert summary["reject_reasons"]["duplicate video_id"] == 3
     out = tmp_path / "out"
-    assert [v["path"] for v in read(out, manifest.VIDEOS)] == [str(tmp_path / "src" / "a.mp4")]
+    assert [(v["video_id"], v["path"]) for v in read(out, manifest.VIDEOS)] == [("d", str(tmp_path / "src" / "a.mp4"))]
     reasons = [r["reason"] for r in read(out, manifest.REJECTS) if r["kind"] == "video"]
-    assert reasons[0] == "duplicate video_id: first defined by row 0"
-    assert reasons[1].startswith("unknown split: 'holdout'")
-    assert reasons[2].startswith("media mismatch: media is 'image'")
+    assert reasons[0] == f"duplicate video_id: 'a' also names {str(tmp_path / 'src' / 'b.mp4')!r}"
+    assert reasons[1] == f"duplicate video_id: 'a' also names {str(tmp_path / 'src' / 'a.mp4')!r}"
+    assert reasons[2].startswith("unknown split: 'holdout'")
+    assert reasons[3].startswith("media mismatch: media is 'image'")
+    assert reasons[4] == "duplicate video_id: the same file as row 4"
     caption_reasons = [r["reason"] for r in read(out, manifest.REJECTS) if r["kind"] == "caption"]
-    assert caption_reasons[0].startswith("video rejected: unknown split")
-    assert caption_reasons[2].startswith("unknown video_id: 'zz'")
-    assert caption_reasons[3] == "duplicate caption_id: 'a#0' appeared before"
+    assert caption_reasons[0].startswith("video rejected: duplicate video_id: 'a' also names")
+    assert caption_reasons[1].startswith("video rejected: unknown split")
+    assert caption_reasons[3].startswith("unknown video_id: 'zz'")
+    assert caption_reasons[4] == "duplicate caption_id: 'a#0' appeared before"
 
 
 def test_invalid_utf8_in_a_parquet_caption_rejects_that_row_only(tmp_path, clip_bytes):

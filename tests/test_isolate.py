@@ -104,7 +104,8 @@ def test_extract_frames_quarantines_a_crashing_and_a_hanging_file(tmp_path, mp4_
                      "num_frames": info.num_frames, "fps": info.fps, "duration_s": info.duration_s,
                      "width": info.width, "height": info.height, "size_bytes": os.path.getsize(path)})  # fmt: skip
     dataset = str(tmp_path / "dataset")
-    manifest.write(dataset, manifest.VIDEOS, manifest.from_rows(rows, manifest.VIDEO_SCHEMA), manifest.VIDEO_SCHEMA)
+    table, root = manifest.from_rows(rows, manifest.VIDEO_SCHEMA), {manifest.MEDIA_ROOT_KEY: str(tmp_path).encode()}
+    manifest.write(dataset, manifest.VIDEOS, table, manifest.VIDEO_SCHEMA, root)
     real_decode = frames.decode_frames
 
     def decode(path: str, indices, decoder: str = "sparse"):

@@ -136,10 +136,11 @@ class FramesConfig:
 @dataclass(frozen=True)
 class _VideoTask:
     video_id: str
-    uri: str  # resolved path or s3:// URI of the media
+    uri: str  # resolved path or s3:// URI of the media (as the manifest gives it when `problem` is set)
     media: str  # "video" | "image"
     num_frames: int  # from the ingest probe
     fps: float
+    problem: str = ""  # why the path must not be opened (outside the dataset's media root, unusable): a reject
 
 
 @dataclass
@@ -174,12 +175,8 @@ def _plan_shards(videos: pa.Table, dataset: str, cfg: FramesConfig) -> list[_Sha
     dupes = sorted({a["video_id"] for a, b in itertools.pairwise(rows) if a["video_id"] == b["video_id"]})
     if dupes:
         raise ValueError(f"videos.parquet has duplicate video_id values {dupes[:5]}; re-run ingest to deduplicate")
-    tasks = [
-        _VideoTask(
-            r["video_id"], manifest.resolve(dataset, r["path"]), r["media"], int(r["num_frames"]), float(r["fps"])
-        )
-        for r in rows
-    ]
+    root = manifest.media_root(dataset)
+    tasks = [_task(r, root) for r in rows]
     settings = json.dumps(_settings(cfg), sort_keys=True)
     plans = []
     for number, start in enumerate(range(0, len(tasks), cfg.videos_per_shard)):
@@ -190,6 +187,16 @@ def _plan_shards(videos: pa.Table, dataset: str, cfg: FramesConfig) -> list[_Sha
         name = f"{SHARDS_DIR}/shard-{number:05d}-{digest.hexdigest()[:8]}.parquet"
         plans.append(_ShardPlan(number, name, group))
     return plans
+
+
+def _task(row: dict[str, Any], root: str) -> _VideoTask:
+    """The task of one ``videos.parquet`` row; a path outside ``root`` (the dataset's media root) or unusable is
+    never opened and becomes the video's reject (the table was edited after ingest, or written by hand)."""
+    try:
+        uri, problem = manifest.resolve_inside(root, row["path"]), ""
+    except manifest.BadPathError as exc:
+        uri, problem = str(row["path"]).encode("utf-8", "backslashreplace").decode(), str(exc)
+    return _VideoTask(row["video_id"], uri, row["media"], int(row["num_frames"]), float(row["fps"]), problem)
 
 
 def stored_indices(num_frames: int, k: int) -> list[int]:
@@ -437,6 +444,12 @@ def _read_shard_meta(uri: str) -> dict[str, Any]:
     return json.loads(raw)
 
 
+def _is_shard_name(name: str) -> bool:
+    """True for ``shards/shard-NNNNN-<hash8>.parquet``, the only names an index may point at."""
+    folder, _, base = name.partition("/")
+    return folder == SHARDS_DIR and _SHARD_RE.match(base) is not None and "\n" not in base
+
+
 def _index_meta(shard_names: list[str]) -> dict[bytes, bytes]:
     return {_META_KEY: json.dumps({"shards": shard_names}).encode()}
 
@@ -458,6 +471,8 @@ def _extract_video(task: _VideoTask, cfg: FramesConfig) -> _VideoResult:
     Storage errors other than a missing object propagate: a transient outage must not become a
     permanent reject baked into a completed shard.
     """
+    if task.problem:
+        return _VideoResult(task.video_id, reject=task.problem)
     if task.media == "image":
         indices, fps = [0], 0.0
     elif task.num_frames < 1 or task.fps <= 0:
@@ -637,6 +652,11 @@ class FrameStore:
             raise FileNotFoundError(f"{uri} does not exist: run `vlp extract-frames --out {out}` first")
         index = manifest.check_schema(storage.read_parquet(uri), INDEX_SCHEMA, uri)
         self._index = {row["video_id"]: row for row in index.to_pylist()}
+        bad = next((r["shard"] for r in self._index.values() if not _is_shard_name(r["shard"])), None)
+        if bad is not None:  # the index names files relative to `out`: only names extract-frames writes
+            raise manifest.ManifestError(
+                f"{uri}: {bad!r} is not a shard name ({SHARDS_DIR}/shard-NNNNN-<hash>.parquet)"
+            )
         self._cache: collections.OrderedDict[str, tuple[pa.Table, dict[str, tuple[int, int]]]] = (
             collections.OrderedDict()
         )

@@ -103,6 +103,13 @@ class IngestConfig:
     max_pixels: int = 8192 * 4320  # reject a clip whose header declares larger frames, before decoding (0 = off)
     max_bytes: int = 4 << 30  # reject a larger file, before downloading or decoding it (0 = off)
     timeout_s: float = 120.0  # probe time per file; a hung or crashing decoder is a reject (workers >= 2; 0 = off)
+    max_caption_chars: int = 2000  # reject a longer caption (0 = off); DiDeMo paragraphs are ~100-600
+    max_question_chars: int = 1000  # reject a longer question (0 = off)
+    max_answer_chars: int = 200  # reject a longer answer (0 = off); open-ended QA answers are a few words
+    max_caption_words: int = 0  # reject a caption of more words (0 = off); with caption_clean: truncate to it
+    caption_clean: bool = False  # ALBEF's pre_caption at ingest: lower case, punctuation out, max_caption_words
+    #   words kept (30 when 0, as ALBEF's code); the stored caption is the cleaned one
+    max_captions_per_video: int = 100  # captions of a video past this many valid ones are rejects (0 = off)
     storage_retries: int = 3  # re-reads of a file the store failed to serve, then the step fails (never a reject)
     retry_wait_s: float = 2.0  # wait before the first re-read; doubled before each further one
 
@@ -113,6 +120,7 @@ class _Raw:
 
     fmt: str
     origin: str  # the source URI, named by rejects that have no video path
+    root: str = ""  # every accepted video path lies inside it (recorded in videos.parquet for later steps)
     videos: list[dict[str, Any]] = field(default_factory=list)  # RAW_VIDEO_SCHEMA rows, path = URI
     captions: list[dict[str, Any]] = field(default_factory=list)  # CAPTION_SCHEMA rows
     qa: list[dict[str, Any]] = field(default_factory=list)  # QA_SCHEMA rows
@@ -155,7 +163,7 @@ def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ())
     summary = _summary(raw, tables, rejects)
     if probes:
         summary["probe_parts"] = len(probes)
-    _write(out, tables, rejects, raw.boxes)
+    _write(out, tables, rejects, raw.boxes, raw.root)
     log.info("ingest: %s", json.dumps({k: summary[k] for k in KINDS_SUMMARY}))
     accepted = summary["videos"]["accepted"]
     if accepted == 0:
@@ -215,7 +223,19 @@ def _check_config(cfg: IngestConfig) -> None:
         raise ValueError(f"ingest.format={cfg.format!r} is not one of auto, {', '.join(FORMATS)}")
     if cfg.split and cfg.split not in manifest.SPLITS:
         raise ValueError(f"ingest.split={cfg.split!r} is not one of {', '.join(manifest.SPLITS)} (or '' = unset)")
-    numbers = ("min_videos", "storage_retries", "retry_wait_s", "max_pixels", "max_bytes", "timeout_s")
+    numbers = (
+        "min_videos",
+        "storage_retries",
+        "retry_wait_s",
+        "max_pixels",
+        "max_bytes",
+        "timeout_s",
+        "max_caption_chars",
+        "max_question_chars",
+        "max_answer_chars",
+        "max_caption_words",
+        "max_captions_per_video",
+    )
     if any(getattr(cfg, name) < 0 for name in numbers):
         raise ValueError(f"ingest.{', ingest.'.join(numbers)} must be >= 0")
     if cfg.workers < 0:
@@ -232,7 +252,7 @@ def _inside(root: str, path: str) -> tuple[str, str | None]:
     """``(URI, None)`` for a path inside ``root``; ``(path as given, reason)`` for one that escapes (never opened)."""
     try:
         return manifest.resolve_inside(root, path), None
-    except manifest.PathEscapeError as exc:
+    except manifest.BadPathError as exc:  # outside the root, or a name the OS or the store refuses
         return _safe(path), str(exc)
 
 
@@ -244,7 +264,7 @@ def _absolute(uri: str) -> str:
 
 
 def _read_synth(source: str, cfg: IngestConfig) -> _Raw:
-    raw = _Raw("synth", source)
+    raw = _Raw("synth", source, root=source)
     videos = manifest.read(source, manifest.VIDEOS, manifest.RAW_VIDEO_SCHEMA).to_pylist()
     for row in videos:
         row["_reject"] = None
@@ -293,21 +313,24 @@ class _Annotations:
     """Turns the records of an annotation file into video, caption and QA rows with stable ids."""
 
     def __init__(self, fmt: str, origin: str, cfg: IngestConfig) -> None:
-        self.raw = _Raw(fmt, origin)
         self.cfg = cfg
         self.root = _absolute(cfg.video_root) if cfg.video_root else _parent(origin)
-        self._videos: dict[str, dict[str, Any]] = {}
+        self.raw = _Raw(fmt, origin, root=self.root)
+        self._videos: dict[str, dict[str, dict[str, Any]]] = {}  # video_id -> path -> row
         self._numbers: Counter[str] = Counter()
 
     def video(self, video_id: str, rel_path: str | None, split: Any) -> None:
-        """Register a video once; later records of the same id only add text."""
-        if video_id in self._videos:
-            return
+        """Register a video once; later records of the same id and file only add text. A record that gives the
+        id another file adds a second video row, and :func:`_check_videos` rejects both (whose clip would the
+        captions describe?)."""
         path, problem = _inside(self.root, rel_path or f"{video_id}{self.cfg.video_ext}")
+        known = self._videos.setdefault(video_id, {})
+        if path in known:
+            return
         media = "image" if video.is_image(path) else "video"
         row = {"video_id": video_id, "path": path, "split": self.split(split), "media": media, "source": self.raw.fmt}
-        self._videos[video_id] = row | {"_reject": problem}
-        self.raw.videos.append(self._videos[video_id])
+        known[path] = row | {"_reject": problem}
+        self.raw.videos.append(known[path])
         self.raw.inputs["video"] += 1
 
     def caption(self, video_id: str, text: Any, split: Any, where: str) -> None:
@@ -563,6 +586,7 @@ def _prevalidate(raw: _Raw, cfg: IngestConfig) -> tuple[dict[str, dict[str, Any]
     winners = _check_videos(raw.videos)
     _check_texts(raw.captions, winners, "caption_id", manifest.CAPTION_SCHEMA)
     _check_texts(raw.qa, winners, "qa_id", manifest.QA_SCHEMA)
+    _check_sizes(raw.captions, raw.qa, cfg)
     if cfg.require_text:
         with_text = {r["video_id"] for r in raw.captions + raw.qa if r["_reject"] is None}
         for vid, row in winners.items():
@@ -589,23 +613,43 @@ def _finish_validation(
 
 
 def _check_videos(videos: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Row problems and duplicates (first wins); returns ``video_id -> winning row``."""
+    """Row problems and duplicates; returns ``video_id -> first row`` (whose verdict the id's texts follow).
+
+    An id given to two different files is ambiguous: every row of it is rejected, each reason naming another
+    file of the id, so its captions are rejected too. A row that repeats the id and the file of an earlier row
+    (a raw ``videos.parquet`` listing a clip twice) is rejected as a duplicate and the first row stands.
+    """
     winners: dict[str, dict[str, Any]] = {}
     first_row: dict[str, int] = {}
+    files: dict[str, list[str]] = {}
+    for row in videos:
+        if row["video_id"] and row["path"] not in files.setdefault(row["video_id"], []):
+            files[row["video_id"]].append(row["path"])
     for i, row in enumerate(videos):
         vid = row["video_id"]
-        if row["_reject"]:  # already rejected by its reader (a path outside the root): its texts follow it
+        others = [f for f in files.get(vid, []) if f != row["path"]]
+        if others:  # overrides a reader's reject too: the conflict is what the texts must learn of
+            row["_reject"] = f"duplicate video_id: {_shown(vid)} also names {_shown(others[0])}" + (
+                f" and {len(others) - 1} other file(s)" if len(others) > 1 else ""
+            )
+        if row["_reject"]:  # rejected by its reader (a path outside the root) or ambiguous: its texts follow it
             if vid and vid not in winners:
                 winners[vid], first_row[vid] = row, i
             continue
         if not vid:
             row["_reject"] = "malformed record: empty video_id"
         elif vid in winners:
-            row["_reject"] = f"duplicate video_id: first defined by row {first_row[vid]}"
+            row["_reject"] = f"duplicate video_id: the same file as row {first_row[vid]}"
         else:
             winners[vid], first_row[vid] = row, i
             row["_reject"] = _video_row_problem(row)
     return winners
+
+
+def _shown(text: str, limit: int = 160) -> str:
+    """``text`` quoted for a reason, cut to ``limit`` characters."""
+    quoted = repr(text)
+    return quoted if len(quoted) <= limit else quoted[: limit - 4] + "...'"
 
 
 def _video_row_problem(row: dict[str, Any]) -> str | None:
@@ -642,6 +686,40 @@ def _check_texts(rows: list[dict[str, Any]], winners: dict[str, Any], id_field: 
             row["_reject"] = f"unknown split: {row['split']!r} (expected one of {', '.join(manifest.SPLITS)})"
         if not bad and row[id_field]:
             seen.add(row[id_field])
+
+
+def _check_sizes(captions: list[dict[str, Any]], qa: list[dict[str, Any]], cfg: IngestConfig) -> None:
+    """Text limits on the rows still accepted: characters per field, caption words (or ALBEF's cleaning), and
+    captions per video (the first ``max_captions_per_video`` valid ones of a video, in input order, stay)."""
+    limits = {"caption": cfg.max_caption_chars, "question": cfg.max_question_chars, "answer": cfg.max_answer_chars}
+    for row in captions + qa:
+        for name in ("caption", "question", "answer"):
+            if row["_reject"] is None and name in row and limits[name] and len(row[name]) > limits[name]:
+                size = f"{name} of {len(row[name])} characters"
+                row["_reject"] = f"text too long: {size} > ingest.max_{name}_chars={limits[name]}"
+    clean = None
+    if cfg.caption_clean:
+        from vlp.data.video_text import clean_caption as clean
+    per_video: Counter[str] = Counter()
+    for row in captions:
+        if row["_reject"] is not None:
+            continue
+        words = len(row["caption"].split())
+        if clean is not None:
+            row["caption"] = clean(row["caption"], cfg.max_caption_words or 30)
+            if not row["caption"]:
+                row["_reject"] = "empty caption: nothing left after ingest.caption_clean"
+                continue
+        elif cfg.max_caption_words and words > cfg.max_caption_words:
+            limit = cfg.max_caption_words
+            row["_reject"] = f"text too long: caption of {words} words > ingest.max_caption_words={limit}"
+            continue
+        per_video[row["video_id"]] += 1
+        if cfg.max_captions_per_video and per_video[row["video_id"]] > cfg.max_captions_per_video:
+            row["_reject"] = (
+                f"too many captions: {_shown(row['video_id'])} has more than "
+                f"ingest.max_captions_per_video={cfg.max_captions_per_video}"
+            )
 
 
 def _duration_problem(media: str, info: dict[str, Any] | None, cfg: IngestConfig) -> str | None:
@@ -800,10 +878,13 @@ def _summary(raw: _Raw, tables: dict[str, pa.Table], rejects: list[dict[str, str
     return summary
 
 
-def _write(out: str, tables: dict[str, pa.Table], rejects: list[dict[str, str]], boxes: pa.Table | None) -> None:
+def _write(
+    out: str, tables: dict[str, pa.Table], rejects: list[dict[str, str]], boxes: pa.Table | None, root: str
+) -> None:
     schemas = {manifest.VIDEOS: manifest.VIDEO_SCHEMA, manifest.CAPTIONS: manifest.CAPTION_SCHEMA}
     for name, table in tables.items():
-        manifest.write(out, name, table, schemas.get(name, manifest.QA_SCHEMA))
+        meta = {manifest.MEDIA_ROOT_KEY: root.encode()} if name == manifest.VIDEOS else None
+        manifest.write(out, name, table, schemas.get(name, manifest.QA_SCHEMA), meta)
     if boxes is None:
         storage.delete(storage.join(out, manifest.BOXES))  # never leave a stale table from an earlier run
     else:

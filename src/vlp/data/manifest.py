@@ -14,7 +14,9 @@ Tables
 ``rejects.parquet``  one row per rejected input record, with the reason
 
 ``path`` in ``videos`` is either absolute (``/...``, ``s3://...``) or relative to the dataset
-directory; :func:`resolve` turns it into a URI.
+directory; :func:`resolve` turns it into a URI. Ingest records the root those paths lie inside in the
+table's metadata (:func:`media_root`), and every step that opens them checks them against it again
+(:func:`resolve_inside`), so a table edited after ingest cannot make a step read elsewhere.
 """
 
 from __future__ import annotations
@@ -130,11 +132,26 @@ def read(dataset: str, name: str, schema: pa.Schema) -> pa.Table:
     return check_schema(storage.read_parquet(uri), schema, uri)
 
 
-def write(dataset: str, name: str, table: pa.Table, schema: pa.Schema) -> str:
-    """Validate and atomically write table ``name`` into ``dataset``; returns its URI."""
+def write(
+    dataset: str, name: str, table: pa.Table, schema: pa.Schema, metadata: dict[bytes, bytes] | None = None
+) -> str:
+    """Validate and atomically write table ``name`` into ``dataset`` (with Parquet key-value ``metadata``);
+    returns its URI."""
     uri = storage.join(dataset, name)
-    storage.write_parquet(uri, check_schema(table, schema, uri))
+    table = check_schema(table, schema, uri)
+    storage.write_parquet(uri, table.replace_schema_metadata(metadata) if metadata else table)
     return uri
+
+
+MEDIA_ROOT_KEY = b"vlp.media_root"  # videos.parquet metadata: the root every path of the table lies inside
+
+
+def media_root(dataset: str) -> str:
+    """The root that ingest resolved the media paths of ``dataset`` inside (recorded in ``videos.parquet``);
+    the dataset directory itself for a table that records none (one written by hand or by an older vlp)."""
+    meta = storage.read_parquet_metadata(storage.join(dataset, VIDEOS))
+    root = meta.get(MEDIA_ROOT_KEY)
+    return root.decode() if root else dataset
 
 
 def empty(schema: pa.Schema) -> pa.Table:
@@ -153,21 +170,69 @@ def resolve(dataset: str, path: str) -> str:
     return storage.join(dataset, path)
 
 
-class PathEscapeError(ValueError):
-    """A path read from a file (annotations, a manifest, ``model.json``) points outside its root."""
+class BadPathError(ValueError):
+    """A path read from a file (annotations, a manifest, ``model.json``) cannot be used as it is."""
+
+
+class PathEscapeError(BadPathError):
+    """A path read from a file points outside its root."""
+
+
+class UnusablePathError(BadPathError):
+    """A path read from a file is one the operating system or the object store refuses, or a hostile name."""
+
+
+MAX_PATH_BYTES = 1024  # an S3 key's limit, and well within a local path's (PATH_MAX 4096)
+MAX_NAME_BYTES = 255  # one local path component (NAME_MAX)
+
+
+def path_problem(path: str) -> str | None:
+    """Why ``path`` (a path or URI read from a file) cannot be used, or None.
+
+    Refused: a NUL byte (every OS call raises on it), other control characters (a newline in a name
+    forges log lines and breaks line-based tools), text that is not valid UTF-8, more than
+    :data:`MAX_PATH_BYTES` bytes in all or :data:`MAX_NAME_BYTES` in one component.
+    """
+    if not isinstance(path, str):
+        return f"is a {type(path).__name__}, not text"
+    if "\x00" in path:
+        return "contains a NUL byte"
+    control = next((c for c in path if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    if control is not None:
+        return f"contains the control character {control!r}"
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not valid UTF-8"
+    if len(encoded) > MAX_PATH_BYTES:
+        return f"is {len(encoded)} bytes long (at most {MAX_PATH_BYTES})"
+    longest = max((len(part.encode()) for part in path.split("/")), default=0)
+    if longest > MAX_NAME_BYTES:
+        return f"has a component of {longest} bytes (at most {MAX_NAME_BYTES})"
+    return None
+
+
+def _shown(path: str, limit: int = 120) -> str:
+    text = repr(path)
+    return text if len(text) <= limit else text[: limit - 4] + "...'"
 
 
 def resolve_inside(root: str, path: str) -> str:
     """:func:`resolve` ``path`` against ``root``, and insist that the result lies inside ``root``.
 
-    Local paths are compared after resolving ``..`` and symbolic links (``os.path.realpath``), so neither
-    ``../x``, an absolute path elsewhere nor a link out of the root gets through; ``s3://`` keys must sit
-    under ``root``'s bucket and prefix and may not contain a ``..`` segment (harmless to S3, but it would
-    climb out of a local directory once the key becomes a file name). Nothing is opened.
+    The path must first be usable (:func:`path_problem`). Local paths are compared after resolving ``..``
+    and symbolic links (``os.path.realpath``), so neither ``../x``, an absolute path elsewhere nor a link
+    out of the root gets through; ``s3://`` keys must sit under ``root``'s bucket and prefix and may not
+    contain a ``..`` segment (harmless to S3, but it would climb out of a local directory once the key
+    becomes a file name). Nothing is opened.
 
     Raises:
-        PathEscapeError: the path leaves ``root``; the message names both.
+        UnusablePathError: the path is not usable; the message says why ("unusable path: ...").
+        PathEscapeError: the path leaves ``root``; the message names both ("path outside its root: ...").
     """
+    problem = path_problem(path)
+    if problem:
+        raise UnusablePathError(f"unusable path: {_shown(path)} {problem}")
     uri = resolve(root, path)
     if storage.is_s3(root) or storage.is_s3(uri):
         prefix = root.rstrip("/") + "/"

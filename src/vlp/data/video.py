@@ -84,14 +84,27 @@ def _declared(path: str) -> tuple[int, int, float]:
         return int(width), int(height), duration
 
 
+# ffmpeg demuxers that read one still image (or a numbered image sequence), not a video container.
+_IMAGE_DEMUXERS = ("image2",)
+_IMAGE_DEMUXER_SUFFIX = "_pipe"  # png_pipe, jpeg_pipe, bmp_pipe, webp_pipe, tiff_pipe, ...
+
+
 def probe(path: str) -> VideoInfo:
-    """Measure a video (or still image) and prove it decodes: first and last frame are decoded."""
+    """Measure a video (or still image) and prove it decodes: first and last frame are decoded.
+
+    What a file is comes from its bytes, not its name: a file named as a video must be a video container
+    (a PNG renamed ``.mp4`` is refused, see :func:`container_problem`); a file with an image suffix
+    (:data:`IMAGE_SUFFIXES`) must be an image Pillow decodes, and is a *still image*: one frame, no fps.
+    """
     if not os.path.exists(path):
         raise VideoError(f"missing file: {path}")
     if os.path.getsize(path) == 0:
         raise VideoError("empty file (0 bytes)")
     if is_image(path):
         return _probe_image(path)
+    problem = container_problem(path)
+    if problem:
+        raise VideoError(problem)
     try:
         return _probe_decord(path)
     except Exception as decord_exc:  # decord raises its own DECORDError and RuntimeError
@@ -101,6 +114,27 @@ def probe(path: str) -> VideoInfo:
             raise VideoError(
                 f"not decodable: decord: {short_reason(decord_exc)}; pyav: {short_reason(av_exc)}"
             ) from av_exc
+
+
+def container_problem(path: str) -> str | None:
+    """Why ``path``, named as a video, is not one: ffmpeg reads it with an image demuxer (a still image under a
+    video name). None when it is a video container, or when the header cannot be read at all (the decoders then
+    give their own reason)."""
+    try:
+        import av
+
+        with av.open(path) as container:
+            names = container.format.name.split(",")
+            codecs = [s.codec_context.name for s in container.streams.video]
+    except Exception:
+        return None
+    if any(n in _IMAGE_DEMUXERS or n.endswith(_IMAGE_DEMUXER_SUFFIX) for n in names):
+        codec = codecs[0] if codecs else "no codec"
+        return (
+            f"not a video: a still image ({codec}, read by ffmpeg's {container.format.name} demuxer) under a video "
+            f"name; give it an image suffix {IMAGE_SUFFIXES} to use it as a one-frame clip"
+        )
+    return None
 
 
 def read_frames(path: str, indices: Sequence[int], *, backend: str = "auto") -> np.ndarray:

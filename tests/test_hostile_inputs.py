@@ -1,0 +1,313 @@
+"""Hostile and malformed inputs, round 2 (issue 22): one record's defect is that record's reject, whatever the format.
+
+Real files through the real steps: NUL bytes and control characters in paths, ids given to two files, text too
+large to train on, a still image under a video name, and a dataset edited after ingest to point elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from PIL import Image
+
+from conftest import write_mp4
+from vlp import cli, storage
+from vlp.data import manifest
+from vlp.data.frames import FramesConfig, FrameStore, extract
+from vlp.data.ingest import IngestConfig, ingest
+
+CFG = IngestConfig(workers=1, progress=False, split="train")
+NUL = "bad\x00name"
+
+
+@pytest.fixture(scope="module")
+def clip_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    return write_mp4(tmp_path_factory.mktemp("clip") / "clip.mp4").read_bytes()
+
+
+def put(path: Path, data: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
+def rejects(out: Path, kind: str = "video") -> dict[str, str]:
+    rows = storage.read_parquet(str(out / manifest.REJECTS)).to_pylist()
+    return {r["record_id"]: r["reason"] for r in rows if r["kind"] == kind}
+
+
+def accepted(out: Path, name: str = manifest.VIDEOS) -> list[dict]:
+    return storage.read_parquet(str(out / name)).to_pylist()
+
+
+def lost(summary: dict) -> int:
+    return sum(abs(c["input"] - c["accepted"] - c["rejected"]) for c in (summary[k] for k in ("videos", "captions")))
+
+
+# --------------------------------------------------------------------------- unusable paths
+
+
+def _annotations(fmt: str, root: Path, bad_path: str) -> Path:
+    """An annotation file of ``fmt`` naming good.mp4 and one video whose path is ``bad_path``."""
+    stem = bad_path.removesuffix(".mp4")
+    if fmt == "lavis":
+        recs = [{"video": "good.mp4", "caption": "a good clip"}, {"video": bad_path, "caption": "a bad path"}]
+        return put(root / "ann.json", json.dumps(recs))
+    if fmt == "msrvtt":
+        recs = [{"video_id": "good", "caption": "a good clip"}, {"video_id": "bad", "video": bad_path, "caption": "x"}]
+        return put(root / "ann.json", json.dumps(recs))
+    if fmt == "alpro":
+        lines = [{"clip_name": "good", "caption": "a good clip"}, {"clip_name": stem, "caption": "a bad path"}]
+        return put(root / "ann.jsonl", "\n".join(json.dumps(r) for r in lines))
+    assert fmt == "webvid"
+    return put(root / "ann.csv", f'videoid,name,page_dir\ngood,a good clip,\n"{stem}",a bad path,\n')
+
+
+@pytest.mark.parametrize("fmt", ["lavis", "msrvtt", "alpro", "webvid"])
+@pytest.mark.parametrize("bad", [f"{NUL}.mp4", "line\nbreak.mp4", "x" * 300 + ".mp4"], ids=["nul", "newline", "long"])
+def test_an_unusable_path_is_its_records_reject_in_every_format(tmp_path, clip_bytes, fmt, bad):
+    put(tmp_path / "good.mp4", clip_bytes)
+    ann = _annotations(fmt, tmp_path, bad)
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    assert [v["video_id"] for v in accepted(tmp_path / "out")] == ["good"]
+    assert summary["videos"]["accepted"] == 1 and lost(summary) == 0
+    reasons = list(rejects(tmp_path / "out").values()) + list(rejects(tmp_path / "out", "caption").values())
+    assert any(r.startswith(("unusable path:", "malformed record:")) for r in reasons), reasons
+
+
+def test_a_nul_byte_in_a_raw_videos_parquet_path_rejects_that_row_through_the_cli(tmp_path, clip_bytes, capsys):
+    src = tmp_path / "src"
+    put(src / "videos" / "good.mp4", clip_bytes)
+    row = {"split": "train", "media": "video", "source": "synth"}
+    videos = [row | {"video_id": "good", "path": "videos/good.mp4"}, row | {"video_id": "bad", "path": f"{NUL}.mp4"}]
+    captions = [{"video_id": v, "caption_id": f"{v}#0", "caption": "words", "split": "train"} for v in ("good", "bad")]
+    manifest.write(str(src), manifest.VIDEOS, manifest.from_rows(videos, manifest.RAW_VIDEO_SCHEMA),
+                   manifest.RAW_VIDEO_SCHEMA)  # fmt: skip
+    storage.write_parquet(str(src / manifest.CAPTIONS), manifest.from_rows(captions, manifest.CAPTION_SCHEMA))
+
+    code = cli.main(["ingest", "--source", str(src), "--out", str(tmp_path / "out"), "ingest.progress=false"])
+
+    assert code == 0, capsys.readouterr().err
+    assert rejects(tmp_path / "out")["bad"] == "unusable path: 'bad\\x00name.mp4' contains a NUL byte"
+    assert rejects(tmp_path / "out", "caption")["bad#0"].startswith("video rejected: unusable path")
+
+
+def test_path_problem_names_each_class():
+    assert manifest.path_problem("videos/a.mp4") is None
+    assert manifest.path_problem("s3://b/" + "k/" * 400) is None  # 802 bytes: within S3's 1024
+    assert manifest.path_problem("a\x00b") == "contains a NUL byte"
+    assert manifest.path_problem("a\x1bb") == "contains the control character '\\x1b'"
+    assert "not valid UTF-8" in manifest.path_problem("caf\udce9")
+    assert "1025 bytes" in manifest.path_problem("a" * 1025)
+    assert "256 bytes" in manifest.path_problem("d/" + "a" * 256)
+    assert "not text" in manifest.path_problem(7)
+    with pytest.raises(manifest.UnusablePathError, match="unusable path"):
+        manifest.resolve_inside("s3://b/root", "k\x00.mp4")
+
+
+def test_a_nul_byte_in_model_json_checkpoint_is_a_clear_error(tmp_path):
+    from vlp.models import directory
+
+    (tmp_path / "m").mkdir()
+    doc = {"format": directory.FORMAT, "kind": "alpro", "checkpoint": "weights\x00.safetensors", "config": {}}
+    (tmp_path / "m" / directory.MODEL_JSON).write_text(json.dumps(doc))
+    with pytest.raises(manifest.UnusablePathError, match="NUL byte"):
+        directory.describe(str(tmp_path / "m"))
+
+
+# --------------------------------------------------------------------------- duplicate ids
+
+
+def test_an_id_given_to_two_files_rejects_both_and_their_captions(tmp_path, clip_bytes):
+    put(tmp_path / "one" / "a.mp4", clip_bytes)
+    put(tmp_path / "two" / "a.mp4", clip_bytes[:-10])  # different media under the same id
+    put(tmp_path / "b.mp4", clip_bytes)
+    recs = [
+        {"video_id": "a", "video": "one/a.mp4", "caption": "the first file"},
+        {"video_id": "a", "video": "two/a.mp4", "caption": "the second file"},
+        {"video_id": "a", "video": "one/a.mp4", "caption": "the first file again"},
+        {"video_id": "b", "caption": "unrelated"},
+        {"video_id": "b", "video": "b.mp4", "caption": "the same file, named"},
+    ]
+    ann = put(tmp_path / "ann.json", json.dumps(recs))
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    assert summary["videos"] == {"input": 3, "accepted": 1, "rejected": 2}
+    assert summary["captions"] == {"input": 5, "accepted": 2, "rejected": 3}
+    assert summary["reject_reasons"]["duplicate video_id"] == 2
+    reasons = storage.read_parquet(str(tmp_path / "out" / manifest.REJECTS)).to_pylist()
+    video_reasons = {r["path"]: r["reason"] for r in reasons if r["kind"] == "video"}
+    one, two = str(tmp_path / "one" / "a.mp4"), str(tmp_path / "two" / "a.mp4")
+    assert video_reasons == {one: f"duplicate video_id: 'a' also names {two!r}",
+                             two: f"duplicate video_id: 'a' also names {one!r}"}  # fmt: skip
+    assert all(r["reason"].startswith("video rejected: duplicate video_id") for r in reasons if r["kind"] == "caption")
+    assert [c["caption"] for c in accepted(tmp_path / "out", manifest.CAPTIONS)] == [
+        "unrelated",
+        "the same file, named",
+    ]
+
+
+def test_webvid_rows_that_give_one_id_two_page_dirs_are_rejects(tmp_path, clip_bytes):
+    put(tmp_path / "p1" / "7.mp4", clip_bytes)
+    put(tmp_path / "p2" / "7.mp4", clip_bytes)
+    ann = put(tmp_path / "ann.csv", "videoid,name,page_dir\n7,first,p1\n7,second,p2\n")
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    assert summary["videos"] == {"input": 2, "accepted": 0, "rejected": 2} and lost(summary) == 0
+
+
+# --------------------------------------------------------------------------- text limits
+
+
+def _lavis(tmp_path: Path, clip_bytes: bytes, captions: list[str], qa: list[tuple[str, str]] = ()) -> Path:
+    put(tmp_path / "v.mp4", clip_bytes)
+    recs = [{"video": "v.mp4", "caption": c} for c in captions]
+    if qa:
+        return put(tmp_path / "qa.json", json.dumps([{"video": "v.mp4", "question": q, "answer": a} for q, a in qa]))
+    return put(tmp_path / "ann.json", json.dumps(recs))
+
+
+def test_a_ten_megabyte_caption_is_a_reject_and_the_rest_of_the_video_stays(tmp_path, clip_bytes):
+    ann = _lavis(tmp_path, clip_bytes, ["a red circle", "x" * 10_000_000, "a blue square"])
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    assert summary["captions"] == {"input": 3, "accepted": 2, "rejected": 1}
+    assert rejects(tmp_path / "out", "caption") == {
+        "v#1": "text too long: caption of 10000000 characters > ingest.max_caption_chars=2000"
+    }
+
+
+def test_question_and_answer_limits(tmp_path, clip_bytes):
+    ann = _lavis(tmp_path, clip_bytes, [], qa=[("what?", "red"), ("q" * 1001, "red"), ("what?", "a" * 201)])
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    assert summary["qa"] == {"input": 3, "accepted": 1, "rejected": 2}
+    assert sorted(r.split(" of ")[0] + " " + r.rsplit(" ", 1)[1] for r in rejects(tmp_path / "out", "qa").values()) == [
+        "text too long: answer ingest.max_answer_chars=200",
+        "text too long: question ingest.max_question_chars=1000",
+    ]
+
+
+def test_captions_per_video_and_words_are_limited(tmp_path, clip_bytes):
+    caps = [f"caption number {i}" for i in range(5)] + ["one two three four five six"]
+    ann = _lavis(tmp_path, clip_bytes, caps)
+    cfg = IngestConfig(workers=1, progress=False, split="train", max_captions_per_video=3, max_caption_words=5)
+
+    summary = ingest(str(ann), str(tmp_path / "out"), cfg)
+
+    assert [c["caption"] for c in accepted(tmp_path / "out", manifest.CAPTIONS)] == caps[:3]
+    assert rejects(tmp_path / "out", "caption") == {
+        "v#3": "too many captions: 'v' has more than ingest.max_captions_per_video=3",
+        "v#4": "too many captions: 'v' has more than ingest.max_captions_per_video=3",
+        "v#5": "text too long: caption of 6 words > ingest.max_caption_words=5",
+    }
+    assert lost(summary) == 0
+
+
+def test_albef_cleaning_truncates_instead_of_rejecting(tmp_path, clip_bytes):
+    long_caption = "A Red-Circle, moving: " + " ".join(f"w{i}" for i in range(40))
+    ann = _lavis(tmp_path, clip_bytes, [long_caption, "?!.,"])
+    cfg = IngestConfig(workers=1, progress=False, split="train", caption_clean=True)
+
+    summary = ingest(str(ann), str(tmp_path / "out"), cfg)
+
+    (kept,) = [c["caption"] for c in accepted(tmp_path / "out", manifest.CAPTIONS)]
+    assert kept == "a red circle moving " + " ".join(f"w{i}" for i in range(26))  # 30 words, as ALBEF's code
+    assert rejects(tmp_path / "out", "caption") == {"v#1": "empty caption: nothing left after ingest.caption_clean"}
+    assert summary["captions"]["rejected"] == 1
+
+
+def test_negative_text_limits_are_config_errors(tmp_path, clip_bytes):
+    ann = _lavis(tmp_path, clip_bytes, ["x"])
+    with pytest.raises(ValueError, match="max_caption_chars"):
+        ingest(str(ann), str(tmp_path / "out"), IngestConfig(split="train", max_caption_chars=-1))
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------- what a file is
+
+
+def test_a_png_renamed_mp4_is_a_reject_and_a_png_is_a_still_image(tmp_path, clip_bytes):
+    put(tmp_path / "good.mp4", clip_bytes)
+    Image.fromarray(np.full((24, 32, 3), 90, np.uint8)).save(tmp_path / "still.png")
+    put(tmp_path / "fake.mp4", (tmp_path / "still.png").read_bytes())
+    Image.fromarray(np.full((24, 32, 3), 90, np.uint8)).save(tmp_path / "photo.jpg")
+    put(tmp_path / "fake2.mp4", (tmp_path / "photo.jpg").read_bytes())
+    recs = [{"video": n, "caption": "c"} for n in ("good.mp4", "still.png", "fake.mp4", "fake2.mp4")]
+    ann = put(tmp_path / "ann.json", json.dumps(recs))
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    got = {v["video_id"]: (v["media"], v["num_frames"]) for v in accepted(tmp_path / "out")}
+    assert got == {"good": ("video", 24), "still": ("image", 1)}
+    found = rejects(tmp_path / "out")
+    assert found["fake"].startswith("not a video: a still image (png, read by ffmpeg's png_pipe demuxer)")
+    assert found["fake2"].startswith("not a video: a still image (mjpeg")
+    assert summary["videos"]["rejected"] == 2
+
+
+# --------------------------------------------------------------------------- later steps re-check manifest paths
+
+
+def test_extract_frames_rechecks_paths_of_a_dataset_edited_after_ingest(tmp_path, clip_bytes, monkeypatch):
+    put(tmp_path / "raw" / "a.mp4", clip_bytes)
+    put(tmp_path / "raw" / "b.mp4", clip_bytes)
+    secret = write_mp4(tmp_path / "elsewhere" / "secret.mp4")
+    ann = put(tmp_path / "raw" / "ann.json", json.dumps([{"video": f"{n}.mp4", "caption": n} for n in "ab"]))
+    ingest(str(ann), str(tmp_path / "ds"), CFG)
+    table = storage.read_parquet(str(tmp_path / "ds" / manifest.VIDEOS))
+    paths = table["path"].to_pylist()
+    edited = table.set_column(1, "path", pa.array([paths[0], str(secret)]))  # keeps the recorded media root
+    storage.write_parquet(str(tmp_path / "ds" / manifest.VIDEOS), edited)
+    opened: list[str] = []
+    real = storage.local_copy
+    monkeypatch.setattr(storage, "local_copy", lambda uri: opened.append(uri) or real(uri))
+
+    cfg = FramesConfig(num_frames=2, size=32, progress=False, workers=1)
+    summary = extract(str(tmp_path / "ds"), str(tmp_path / "frames"), cfg)
+
+    assert (summary["stored_videos"], summary["rejected"]) == (1, 1)
+    assert opened == [paths[0]]
+    (row,) = storage.read_parquet(str(tmp_path / "frames" / manifest.REJECTS)).to_pylist()
+    assert row["record_id"] == "b" and row["reason"].startswith("path outside its root:")
+
+
+def test_a_frame_index_naming_a_shard_outside_its_store_is_refused(tmp_path, clip_bytes):
+    put(tmp_path / "raw" / "a.mp4", clip_bytes)
+    ann = put(tmp_path / "raw" / "ann.json", json.dumps([{"video": "a.mp4", "caption": "a"}]))
+    ingest(str(ann), str(tmp_path / "ds"), CFG)
+    out = tmp_path / "frames"
+    extract(str(tmp_path / "ds"), str(out), FramesConfig(num_frames=2, size=32, progress=False, workers=1))
+    assert FrameStore(str(out)).load("a").shape == (2, 32, 32, 3)
+    index = storage.read_parquet(str(out / "index.parquet"))
+    for shard in ("../../etc/passwd", "shards/x.parquet", f"shards/{NUL}.parquet"):
+        storage.write_parquet(str(out / "index.parquet"), index.set_column(1, "shard", pa.array([shard])))
+        with pytest.raises(manifest.ManifestError, match="not a shard name"):
+            FrameStore(str(out))
+
+
+def test_an_s3_key_with_a_nul_byte_is_a_reject_not_a_request(tmp_path, clip_bytes, s3_bucket):
+    storage.upload(put(tmp_path / "good.mp4", clip_bytes), f"{s3_bucket}/raw/good.mp4")
+    recs = [{"video": "good.mp4", "caption": "c"}, {"video": f"{NUL}.mp4", "caption": "c"}]
+    storage.write_text(f"{s3_bucket}/raw/ann.json", json.dumps(recs))
+
+    summary = ingest(f"{s3_bucket}/raw/ann.json", f"{s3_bucket}/out", CFG)
+
+    assert (summary["videos"]["accepted"], summary["videos"]["rejected"]) == (1, 1)
+    (reason,) = rejects_s3(f"{s3_bucket}/out").values()
+    assert reason == "unusable path: 'bad\\x00name.mp4' contains a NUL byte"
+
+
+def rejects_s3(out: str) -> dict[str, str]:
+    rows = storage.read_parquet(storage.join(out, manifest.REJECTS)).to_pylist()
+    return {r["record_id"]: r["reason"] for r in rows if r["kind"] == "video"}
