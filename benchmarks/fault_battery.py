@@ -138,6 +138,149 @@ def oversize_declared(tmp: Path) -> Outcome:
     return Outcome(1, int(_rejects(tmp / "out").get("bomb", "").startswith("too large")), _lost(summary))
 
 
+def _write_annotations(fmt: str, root: Path, names: list[str]) -> Path:
+    """An annotation file of ``fmt`` naming the videos ``<name>.mp4`` under ``root`` (one caption each)."""
+    stems = [n.removesuffix(".mp4") for n in names]
+    if fmt == "lavis":
+        return _put(root / "ann.json", json.dumps([{"video": n, "caption": f"clip {i}"} for i, n in enumerate(names)]))
+    if fmt == "msrvtt":
+        recs = [{"video_id": f"v{i}", "video": n, "caption": "c"} for i, n in enumerate(names)]
+        return _put(root / "ann.json", json.dumps(recs))
+    if fmt == "alpro":
+        return _put(root / "ann.jsonl", "\n".join(json.dumps({"clip_name": s, "caption": "c"}) for s in stems))
+    rows = "".join(f'"{s}",a caption,\n' for s in stems)
+    return _put(root / "ann.csv", f"videoid,name,page_dir\n{rows}")
+
+
+def _put(path: Path, text: str | bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text.encode() if isinstance(text, str) else text)
+    return path
+
+
+def _all_rejects(out: Path) -> list[str]:
+    return [r["reason"] for r in manifest.read(str(out), manifest.REJECTS, manifest.REJECT_SCHEMA).to_pylist()]
+
+
+def unusable_paths(tmp: Path) -> Outcome:
+    """NUL bytes, control characters and over-long names, in every annotation format and a raw videos.parquet."""
+    good = write_mp4(tmp / "media" / "good.mp4")
+    bad_names = ["nul\x00byte.mp4", "new\nline.mp4", "esc\x1bname.mp4", "x" * 300 + ".mp4"]
+    outcome = Outcome()
+    for fmt in ("lavis", "msrvtt", "alpro", "webvid"):
+        ann = _write_annotations(fmt, tmp / fmt, ["good.mp4", *bad_names])
+        shutil.copy(good, tmp / fmt / "good.mp4")
+        summary = ingest(str(ann), str(tmp / f"out-{fmt}"), _cfg(tmp / fmt, workers=1))
+        reasons = _all_rejects(tmp / f"out-{fmt}")
+        outcome.tried += len(bad_names)
+        ok = summary["videos"]["accepted"] == 1
+        outcome.handled += sum(ok for r in reasons if r.startswith(("unusable path:", "malformed record:")))
+        outcome.lost += _lost(summary)
+    raw = tmp / "raw"
+    shutil.copytree(tmp / "media", raw)
+    row = {"split": "train", "media": "video", "source": "synth"}
+    names = ["good.mp4", *bad_names]
+    videos = [row | {"video_id": f"v{i}", "path": n} for i, n in enumerate(names)]
+    captions = [{"video_id": v["video_id"], "caption_id": f"{v['video_id']}#0", "caption": "c", "split": "train"}
+                for v in videos]  # fmt: skip
+    table = manifest.from_rows(videos, manifest.RAW_VIDEO_SCHEMA)
+    manifest.write(str(raw), manifest.VIDEOS, table, manifest.RAW_VIDEO_SCHEMA)
+    storage.write_parquet(str(raw / manifest.CAPTIONS), manifest.from_rows(captions, manifest.CAPTION_SCHEMA))
+    summary = ingest(str(raw), str(tmp / "out-raw"), _cfg(raw, workers=1))
+    outcome.tried += len(bad_names)
+    if summary["videos"]["accepted"] == 1:
+        outcome.handled += sum(r.startswith("unusable path:") for r in _rejects(tmp / "out-raw").values())
+    outcome.lost += _lost(summary)
+    return outcome
+
+
+def duplicate_ids(tmp: Path) -> Outcome:
+    """One id given to two different files (lavis-style json with ids, and WebVid page dirs): both rows rejected."""
+    for sub in ("one", "two"):
+        write_mp4(tmp / sub / "a.mp4", num_frames=24 if sub == "one" else 30)
+    write_mp4(tmp / "b.mp4")
+    recs = [{"video_id": "a", "video": "one/a.mp4", "caption": "first"}, {"video_id": "a", "video": "two/a.mp4",
+            "caption": "second"}, {"video_id": "b", "video": "b.mp4", "caption": "unrelated"}]  # fmt: skip
+    summary = ingest(str(_put(tmp / "ann.json", json.dumps(recs))), str(tmp / "out"), _cfg(tmp, workers=1))
+    webvid = _put(tmp / "ann.csv", "videoid,name,page_dir\na,first,one\na,second,two\n")
+    summary_w = ingest(str(webvid), str(tmp / "out-w"), _cfg(tmp, workers=1))
+    handled = 0
+    for out, s, n_ok in ((tmp / "out", summary, 1), (tmp / "out-w", summary_w, 0)):
+        dupes = [r for r in _all_rejects(out) if r.startswith("duplicate video_id: 'a' also names")]
+        handled += int(len(dupes) == 2 and s["videos"]["accepted"] == n_ok)
+    return Outcome(2, handled, _lost(summary) + _lost(summary_w))
+
+
+def oversize_text(tmp: Path) -> Outcome:
+    """A 10 MB caption, a 1 MB question and answer, and 5,000 captions on one video: rejects, the rest kept."""
+    write_mp4(tmp / "v.mp4")
+    caps = [{"video": "v.mp4", "caption": "x" * 10_000_000}] + [{"video": "v.mp4", "caption": f"c{i}"} for i in
+                                                                range(5000)]  # fmt: skip
+    summary = ingest(str(_put(tmp / "ann.json", json.dumps(caps))), str(tmp / "out"), _cfg(tmp, workers=1))
+    qa = [{"video": "v.mp4", "question": "q" * 1_000_000, "answer": "a"},
+          {"video": "v.mp4", "question": "what?", "answer": "a" * 1_000_000},
+          {"video": "v.mp4", "question": "what?", "answer": "red"}]  # fmt: skip
+    summary_qa = ingest(str(_put(tmp / "qa.json", json.dumps(qa))), str(tmp / "out-qa"), _cfg(tmp, workers=1))
+    reasons = _all_rejects(tmp / "out") + _all_rejects(tmp / "out-qa")
+    handled = int(sum(r.startswith("text too long: caption") for r in reasons) == 1)
+    handled += int(sum(r.startswith("too many captions") for r in reasons) == 5000 - 100)
+    handled += int(sum(r.startswith(("text too long: question", "text too long: answer")) for r in reasons) == 2)
+    handled = handled if summary["captions"]["accepted"] == 100 and summary_qa["qa"]["accepted"] == 1 else 0
+    return Outcome(3, handled, _lost(summary) + _lost(summary_qa))
+
+
+def still_image_as_video(tmp: Path) -> Outcome:
+    """PNG, JPEG and BMP stills renamed .mp4 are rejects ("not a video"); the same files named as images are stills."""
+    from PIL import Image
+
+    write_mp4(tmp / "good.mp4")
+    names = ["good.mp4"]
+    for ext in ("png", "jpg", "bmp"):
+        Image.new("RGB", (32, 24), (90, 20, 200)).save(tmp / f"still-{ext}.{ext}")
+        _put(tmp / f"{ext}-renamed.mp4", (tmp / f"still-{ext}.{ext}").read_bytes())
+        names += [f"still-{ext}.{ext}", f"{ext}-renamed.mp4"]
+    summary = ingest(str(_annotations(tmp, names)), str(tmp / "out"), _cfg(tmp, workers=1))
+    rejects = _rejects(tmp / "out")
+    handled = sum(
+        rejects.get(f"{e}-renamed", "").startswith("not a video: a still image") for e in ("png", "jpg", "bmp")
+    )
+    return Outcome(3, handled if summary["videos"]["accepted"] == 4 else 0, _lost(summary))
+
+
+def edited_manifest(tmp: Path) -> Outcome:
+    """A dataset edited after ingest (a path outside the media root, a NUL byte; an index naming ../ files):
+    extract-frames makes those rows rejects without opening them; FrameStore refuses the index."""
+    import pyarrow as pa
+
+    from vlp.data import frames
+    from vlp.data.frames import FramesConfig, FrameStore, extract
+
+    for n in "abc":
+        write_mp4(tmp / "raw" / f"{n}.mp4")
+    secret = write_mp4(tmp / "outside" / "secret.mp4")
+    ingest(str(_annotations(tmp / "raw", ["a.mp4", "b.mp4", "c.mp4"])), str(tmp / "ds"), _cfg(tmp / "raw"))
+    table = storage.read_parquet(str(tmp / "ds" / manifest.VIDEOS))
+    paths = table["path"].to_pylist()
+    edited = table.set_column(1, "path", pa.array([paths[0], str(secret), "c\x00.mp4"]))
+    storage.write_parquet(str(tmp / "ds" / manifest.VIDEOS), edited)
+    opened: list[str] = []
+    real = storage.local_copy
+    storage.local_copy = lambda uri: opened.append(uri) or real(uri)
+    try:
+        summary = extract(str(tmp / "ds"), str(tmp / "frames"), FramesConfig(num_frames=2, size=32, progress=False,
+                                                                              workers=1))  # fmt: skip
+    finally:
+        storage.local_copy = real
+    handled = 2 if (summary["stored_videos"], summary["rejected"], opened) == (1, 2, [paths[0]]) else 0
+    index = storage.read_parquet(str(tmp / "frames" / frames.INDEX))
+    storage.write_parquet(str(tmp / "frames" / frames.INDEX), index.set_column(1, "shard", pa.array(["../../x"])))
+    try:
+        FrameStore(str(tmp / "frames"))
+    except manifest.ManifestError:
+        handled += 1
+    return Outcome(3, handled, 0)
+
+
 def _misbehaving(kind: str) -> Callable[[str], None]:
     def act(path: str) -> None:
         if path.endswith(f"{kind}.mp4"):
@@ -333,6 +476,11 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("corrupt media", corrupt_media, 120),
     ("hostile paths", hostile_paths, 60),
     ("oversize declared frames", oversize_declared, 60),
+    ("unusable paths (NUL, control, long)", unusable_paths, 120),
+    ("one id, two files", duplicate_ids, 60),
+    ("oversize text", oversize_text, 120),
+    ("still image named as video", still_image_as_video, 60),
+    ("manifest edited after ingest", edited_manifest, 120),
     ("crashing decoder", lambda t: bad_decoder(t, "crash"), 120),
     ("hanging decoder", lambda t: bad_decoder(t, "hang"), 120),
     ("truncated checkpoints", truncated_checkpoints, 120),
@@ -349,12 +497,15 @@ def _on_alarm(*_: object) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="/tmp/vlp-fault-battery", help="scratch directory (emptied first)")
+    parser.add_argument("--only", nargs="*", default=[], help="run the cases whose names contain one of these")
     args = parser.parse_args(argv)
     out = Path(args.out)
     shutil.rmtree(out, ignore_errors=True)
     torch.set_num_threads(1)
     rows, totals = [], {"tried": 0, "handled": 0, "crashes": 0, "hangs": 0, "lost": 0}
     for i, (name, case, limit) in enumerate(CASES):
+        if args.only and not any(word in name for word in args.only):
+            continue
         tmp = out / f"case{i}"
         tmp.mkdir(parents=True)
         start, crash, hang = time.monotonic(), 0, 0
