@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/fault_battery.py [--out /tmp/vlp-faults]
+    .venv/bin/python benchmarks/fault_battery.py [--out /tmp/vlp-faults] [--only WORD ...]
 
 Every case runs real components (real mp4 files through the real decoders, moto's S3 server behind a proxy
 that injects 5xx answers and connection resets, a real ``mlflow server`` process that is SIGKILLed, a
@@ -12,6 +12,13 @@ training process that is SIGKILLed) and checks the outcome the design promises:
 corrupt media          garbage, truncated, empty and missing files are rejects with a reason; good ones kept
 hostile paths          ``../``, an absolute path and a symlink out of the root are rejects; nothing is opened
 oversize declared      a 16000x16000 header is a reject before any decoding
+unusable paths         NUL bytes, control characters and over-long names in every annotation format and a raw
+                       ``videos.parquet``: that record's reject; the rest of the dataset is ingested
+one id, two files      an id given to two different files (MSR-VTT json, WebVid page dirs): both rows rejected
+oversize text          a 10 MB caption, a 1 MB question and answer, 5,000 captions on one clip: rejects by the limits
+still image as video   PNG, JPEG and BMP files renamed ``.mp4``: rejects ("not a video"); named as images: stills
+edited manifest        paths outside the media root or with a NUL byte written into ``videos.parquet`` after ingest:
+                       extract-frames rejects them unopened; an index naming ``../`` files is refused by FrameStore
 crashing decoder       a decoder that kills its worker (ingest, extract-frames) is a reject; the rest go on
 hanging decoder        a decoder that never returns is a reject after ``timeout_s``; the rest go on
 truncated checkpoint   each file of the newest checkpoint cut in half: resume from the previous one, same weights
