@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -170,3 +172,23 @@ def test_same_clip_rules_and_negative_mode_reach_the_losses(tokenizer, batch, mo
         losses_of(model, batch, tokenizer, pem=pem)
     with pytest.raises(ValueError, match="vtm_negatives"):
         AlproConfig.tiny(vocab_size=10, num_entities=2, vtm_negatives="hardest")
+
+
+def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_weights_is_refused():
+    from vlp.models import albef, alpro
+    from vlp.train.settings import ModelConfig
+
+    section = ModelConfig(preset="paper")  # vit_base_patch16_224.orig_in21k + bert-base-uncased (nothing loaded)
+    section.video_init_revision, section.text_init_revision = "v1", "0" * 40  # keys ModelConfig may not declare yet
+    cfg = alpro.FAMILY.config(section, vocab_size=30522, num_entities=10)
+    assert (cfg.video.init_revision, cfg.text.init_revision) == ("v1", "0" * 40)
+    with pytest.raises(ValueError, match="ALBEF's frame ViT cannot pin a revision"):
+        albef.FAMILY.config(section, vocab_size=30522)  # until vlp.models.layers.vit takes one
+    section.video_init_revision = ""
+    assert albef.FAMILY.config(section, vocab_size=30522).text.init_revision == "0" * 40
+    rebuilt = alpro.AlproConfig.from_dict(dataclasses.asdict(cfg))
+    assert rebuilt.text.init == rebuilt.text.init_revision == rebuilt.video.init_revision == ""
+    tiny = ModelConfig()  # random init: a revision of nothing is a mistake
+    tiny.text_init_revision = "v1"
+    with pytest.raises(ValueError, match="init_revision 'v1' is set but init is empty"):
+        alpro.FAMILY.config(tiny, vocab_size=100, num_entities=10)

@@ -131,3 +131,51 @@ def test_steps_import_nothing_private_from_each_other():
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vlp.steps"):
                 private += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
     assert not private, private
+
+
+def test_lineage_records_the_hub_commits_and_file_digests_a_model_started_from(tok, tmp_path, monkeypatch):
+    """Text weights and tokenizer from an (offline) hub repo at tag ``v2``, video weights from a local file: the
+    model directory names the commit and the digest, and a model fine-tuned from it carries them on."""
+    import hashlib
+
+    from safetensors.torch import save_file
+    from transformers import BertForMaskedLM
+
+    from hub_cache import add_snapshot, commit_sha, offline_hub
+    from vlp.models.layers.timesformer import TimeSformer
+    from vlp.models.tokenizer import load_tokenizer, save_tokenizer
+
+    cache = offline_hub(monkeypatch, tmp_path)
+    base = _config(tok)
+    torch.manual_seed(0)
+    (tmp_path / "bert").mkdir()
+    BertForMaskedLM(base.text.to_bert_config()).save_pretrained(tmp_path / "bert")
+    save_tokenizer(tok, str(tmp_path / "bert"))
+    commit = commit_sha("tiny-bert v2")
+    add_snapshot(cache, "vlp-test/tiny-bert", tmp_path / "bert", commit=commit, refs=("main", "v2"))
+    vit = tmp_path / "vit.safetensors"
+    save_file({k: v.contiguous() for k, v in TimeSformer(base.video).state_dict().items()}, str(vit))
+
+    video = dataclasses.replace(base.video, init=str(vit))
+    text = dataclasses.replace(base.text, init="vlp-test/tiny-bert", init_revision="v2")
+    cfg = dataclasses.replace(base, video=video, text=text)
+    hub_tok = load_tokenizer("vlp-test/tiny-bert", revision="v2")
+    _save(tmp_path / "pre", "alpro", Alpro(cfg), cfg, hub_tok, lineage={"dataset": "synthetic"})
+
+    hub = {"repo": "vlp-test/tiny-bert", "revision": "v2", "commit": commit}
+    want = {
+        "video": {"source": str(vit), "sha256": hashlib.sha256(vit.read_bytes()).hexdigest()},
+        "text": {"source": "vlp-test/tiny-bert", **hub, "file": "model.safetensors"},
+        "tokenizer": {"source": "vlp-test/tiny-bert", **hub},
+    }
+    doc = json.loads((tmp_path / "pre" / "model.json").read_text())
+    assert doc["lineage"] == {"dataset": "synthetic", "upstream": want}
+    assert doc["config"]["text"]["init_revision"] == "v2"
+
+    start = directory.describe(str(tmp_path / "pre"))
+    assert start.config.text.init == start.config.text.init_revision == ""  # rebuilding never re-fetches
+    _save(tmp_path / "ft", "alpro_retrieval", start.load(), start.config, start.tokenizer(),
+          lineage={"pretrained": str(tmp_path / "pre")})  # fmt: skip
+    assert json.loads((tmp_path / "ft" / "model.json").read_text())["lineage"] == {
+        "pretrained": str(tmp_path / "pre"), "upstream": want
+    }  # fmt: skip

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import json
 import time
 from pathlib import Path
 
@@ -347,3 +348,71 @@ def test_presets_and_validation() -> None:
         TextConfig.tiny(max_len=100)
     with pytest.raises(ValueError, match="exceeds max_positions"):
         TextEncoder(tiny)(torch.ones(1, 65, dtype=torch.long))
+
+
+# ------------------------------------------------------------------------------------ hub revisions and lineage
+
+
+def _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert) -> tuple[str, str, BertForMaskedLM]:
+    """An offline hub cache holding ``vlp-test/tiny-bert`` at two commits: ``main`` (``hf_bert``) and ``v2`` (another
+    BERT); returns (main's commit, v2's commit, v2's BERT)."""
+    from hub_cache import add_snapshot, commit_sha, offline_hub
+
+    cache = offline_hub(monkeypatch, tmp_path)
+    torch.manual_seed(1)
+    other = BertForMaskedLM(TextConfig.tiny(vocab_size=len(tokenizer)).to_bert_config()).eval()
+    commits = commit_sha("tiny-bert v1"), commit_sha("tiny-bert v2")
+    for bert, commit, refs in ((hf_bert, commits[0], ("main",)), (other, commits[1], ("v2",))):
+        folder = tmp_path / commit
+        bert.save_pretrained(folder)
+        save_tokenizer(tokenizer, str(folder))
+        add_snapshot(cache, "vlp-test/tiny-bert", folder, commit=commit, refs=refs)
+    return commits[0], commits[1], other
+
+
+def test_hub_bert_loads_the_revision_asked_for_and_records_its_commit(monkeypatch, tmp_path, tokenizer, hf_bert):
+    from vlp.models.tokenizer import upstream_of
+
+    main, v2, other = _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert)
+    for revision, want, commit in (("", hf_bert, main), ("v2", other, v2), (main, hf_bert, main)):
+        cfg = TextConfig.tiny(vocab_size=len(tokenizer), init="vlp-test/tiny-bert", init_revision=revision)
+        text, _, _ = build_text_model(cfg)
+        assert torch.equal(text.word_embeddings.weight, want.bert.embeddings.word_embeddings.weight), revision
+        record = upstream_of("vlp-test/tiny-bert", revision)
+        assert record == {
+            "source": "vlp-test/tiny-bert",
+            "repo": "vlp-test/tiny-bert",
+            "revision": revision or "main",
+            "commit": commit,
+            "file": "model.safetensors",
+        }
+
+
+def test_a_wrong_revision_is_a_clear_error_that_lists_what_is_cached(monkeypatch, tmp_path, tokenizer, hf_bert):
+    main, _, _ = _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert)
+    cfg = TextConfig.tiny(vocab_size=len(tokenizer), init="vlp-test/tiny-bert", init_revision="v3")
+    start = time.monotonic()
+    with pytest.raises(PretrainedUnavailableError, match=rf"revision 'v3' is not in the local cache .*main={main}"):
+        build_text_model(cfg)
+    with pytest.raises(PretrainedUnavailableError, match=r"revision '0{40}' is not in the local cache"):
+        load_tokenizer("vlp-test/tiny-bert", revision="0" * 40)
+    assert time.monotonic() - start < 10  # offline: no network retries
+    with pytest.raises(ValueError, match="is a path, not a hub name"):
+        load_bert_weights(*build_text_model(TextConfig.tiny())[:2], str(tmp_path / main), revision="v2")
+    with pytest.raises(ValueError, match="init is empty"):
+        TextConfig.tiny(init_revision="v2")
+
+
+def test_a_hub_tokenizer_keeps_its_commit_through_save_and_load(monkeypatch, tmp_path, tokenizer, hf_bert):
+    from vlp.models.tokenizer import UPSTREAM_FILE, tokenizer_upstream
+
+    _, v2, _ = _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert)
+    tok = load_tokenizer("vlp-test/tiny-bert", revision="v2")
+    want = {"source": "vlp-test/tiny-bert", "repo": "vlp-test/tiny-bert", "revision": "v2", "commit": v2}
+    assert tokenizer_upstream(tok) == want and tok(TEXTS)["input_ids"] == tokenizer(TEXTS)["input_ids"]
+    save_tokenizer(tok, str(tmp_path / "saved"))
+    assert json.loads((tmp_path / "saved" / UPSTREAM_FILE).read_text()) == want
+    assert tokenizer_upstream(load_tokenizer(str(tmp_path / "saved"))) == want
+    assert tokenizer_upstream(tokenizer) is None  # trained on captions: nothing from outside
+    save_tokenizer(tokenizer, str(tmp_path / "trained"))
+    assert not (tmp_path / "trained" / UPSTREAM_FILE).exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
 from pathlib import Path
 
@@ -352,3 +353,44 @@ def test_random_init_starts_with_an_identity_temporal_path() -> None:
     image = torch.randn(2, 1, 3, 32, 32)
     with torch.no_grad():  # a static clip then encodes like its single frame, whatever T
         torch.testing.assert_close(model(image).tokens, model(image.expand(2, 4, 3, 32, 32)).tokens)
+
+
+# ------------------------------------------------------------------------------------ hub revisions and lineage
+
+
+def test_a_timm_name_loads_its_hub_repo_at_a_revision_and_records_the_commit(
+    vit_file: tuple[torch.nn.Module, Path], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """timm's ``vit_tiny_patch16_224.augreg_in21k`` lives in ``timm/vit_tiny_patch16_224.augreg_in21k``: an offline
+    cache holding the tiny ViT there (main) and another at tag ``v2`` stands in for the hub."""
+    from hub_cache import add_snapshot, commit_sha, offline_hub
+    from vlp.models.tokenizer import upstream_of
+
+    cache = offline_hub(monkeypatch, tmp_path)
+    name, repo = "vit_tiny_patch16_224.augreg_in21k", "timm/vit_tiny_patch16_224.augreg_in21k"
+    vit, path = vit_file
+    other = tiny_vit()
+    with torch.no_grad():
+        other.patch_embed.proj.weight.add_(1.0)
+    main, v2 = commit_sha("vit main"), commit_sha("vit v2")
+    (tmp_path / "main").mkdir()
+    (tmp_path / "main" / "model.safetensors").write_bytes(path.read_bytes())
+    (tmp_path / "v2").mkdir()
+    save_file({k: v.contiguous() for k, v in other.state_dict().items()}, str(tmp_path / "v2" / "model.safetensors"))
+    add_snapshot(cache, repo, tmp_path / "main", commit=main)
+    add_snapshot(cache, repo, tmp_path / "v2", commit=v2, refs=("v2",))
+
+    for revision, want, commit in (("", vit, main), ("v2", other, v2), (main, vit, main)):
+        model = TimeSformer(TimeSformerConfig.tiny(init=name, init_revision=revision))
+        assert torch.equal(model.patch_embed.proj.weight, want.patch_embed.proj.weight), revision
+        assert upstream_of(name, revision) == {
+            "source": name, "repo": repo, "revision": revision or "main", "commit": commit, "file": "model.safetensors"
+        }  # fmt: skip
+    with pytest.raises(RuntimeError, match=rf"revision 'v3' is not in the local cache .*main={main}.*local path"):
+        TimeSformer(TimeSformerConfig.tiny(init=name, init_revision="v3"))
+    with pytest.raises(ValueError, match="is a path, not a hub name"):
+        load_vit_weights(TimeSformer(TimeSformerConfig.tiny()), path, revision="v2")
+    with pytest.raises(ValueError, match="init_revision='v2' needs init"):
+        TimeSformerConfig.tiny(init_revision="v2")
+    TimeSformer(TimeSformerConfig.tiny(init=str(path)))
+    assert upstream_of(str(path)) == {"source": str(path), "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}

@@ -382,3 +382,56 @@ def test_the_didemo_row_sizes_the_aggregator_for_64_frames():
     tiny = TS2NetConfig.tiny(vocab_size=100, aggregator_positions=4)
     with pytest.raises(ValueError, match="exceed the aggregator's 4 positions"):
         TS2Net(tiny).eval().encode_video(torch.randn(1, 4, 3, 32, 32))
+
+
+# ------------------------------------------------------------------------------------ hub revisions and lineage
+
+
+def test_clip_by_hub_name_loads_the_revision_asked_for_and_records_its_commit(monkeypatch, tmp_path):
+    """An offline cache holds a tiny CLIP as ``vlp-test/tiny-clip`` at ``main`` and another at tag ``v2``."""
+    from dataclasses import asdict, replace
+
+    from hub_cache import add_snapshot, commit_sha, offline_hub
+    from vlp.models.tokenizer import PretrainedUnavailableError, upstream_of
+    from vlp.models.ts2net import FAMILY
+    from vlp.train.settings import ModelConfig
+
+    cache = offline_hub(monkeypatch, tmp_path)
+    cfg = TS2NetConfig.tiny(vocab_size=50)
+    torch.manual_seed(0)
+    clips = {"main": TS2Net(cfg).clip, "v2": TS2Net(cfg).clip}
+    commits = {"main": commit_sha("clip main"), "v2": commit_sha("clip v2")}
+    for ref, clip in clips.items():
+        save_file({k: v.contiguous() for k, v in clip.state_dict().items()}, str(tmp_path / f"{ref}.safetensors"))
+        (tmp_path / ref).mkdir()
+        (tmp_path / f"{ref}.safetensors").rename(tmp_path / ref / "model.safetensors")
+        add_snapshot(cache, "vlp-test/tiny-clip", tmp_path / ref, commit=commits[ref], refs=(ref,))
+
+    def named(revision: str) -> TS2NetConfig:
+        hub = {"init": "vlp-test/tiny-clip", "init_revision": revision}
+        return replace(cfg, video=replace(cfg.video, **hub), text=replace(cfg.text, **hub))
+
+    for revision, ref in (("", "main"), ("v2", "v2"), (commits["main"], "main")):
+        model = TS2Net(named(revision))
+        want = clips[ref].text_model.embeddings.token_embedding.weight
+        assert torch.equal(model.clip.text_model.embeddings.token_embedding.weight, want), revision
+        record = upstream_of("vlp-test/tiny-clip", revision)
+        want_record = ("vlp-test/tiny-clip", revision or "main", commits[ref])
+        assert (record["repo"], record["revision"], record["commit"]) == want_record
+    with pytest.raises(PretrainedUnavailableError, match=r"CLIP weights 'vlp-test/tiny-clip' at revision 'v3'.*"
+                       r"is not in the local cache .*main="):  # fmt: skip
+        TS2Net(named("v3"))
+    mixed = named("v2")
+    with pytest.raises(ValueError, match="one CLIP checkpoint holds both towers"):
+        TS2Net(replace(mixed, text=replace(mixed.text, init_revision="")))
+
+    section = ModelConfig(family="ts2net", video_init="vlp-test/tiny-clip", text_init="vlp-test/tiny-clip")
+    section.video_init_revision = section.text_init_revision = "v2"  # keys ModelConfig may not declare yet
+    built = FAMILY.config(section, vocab_size=50)
+    assert (built.video.init_revision, built.text.init_revision) == ("v2", "v2")
+    loaded = TS2NetConfig.from_dict(asdict(built))
+    assert (loaded.video.init, loaded.video.init_revision) == ("", "")  # a saved model never re-fetches
+    random = ModelConfig(family="ts2net")
+    random.text_init_revision = "v2"
+    with pytest.raises(ValueError, match="init_revision 'v2' is set but init is empty"):
+        FAMILY.config(random, vocab_size=50)

@@ -157,7 +157,9 @@ class Towers(nn.Module):
         with_mlm = "mlm" in cfg.losses if mlm is None else mlm
         self.mlm_head = MLMHead(cfg.text, self.text.word_embeddings) if with_mlm else None
         if load and cfg.text.init:  # BERT layers 1..6 -> text, 7..12 -> fusion (cross-attention stays random)
-            load_bert_weights(self.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head)
+            load_bert_weights(
+                self.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head, revision=cfg.text.init_revision
+            )
 
     def encode_video(self, video: Tensor) -> tuple[Tensor, FrameOutput]:
         out = self.visual(video)

@@ -138,7 +138,7 @@ class DualEncoder(nn.Module):
         self.video = TimeSformer(video)
         self.text = TextEncoder(text)
         if text.init and load_text:
-            load_bert_weights(self.text, None, text.init)
+            load_bert_weights(self.text, None, text.init, revision=text.init_revision)
         self.video_proj = nn.Linear(self.video.width, embed_dim)
         self.text_proj = nn.Linear(self.text.width, embed_dim)
         self.temp = nn.Parameter(torch.tensor(float(init_temp)))
@@ -187,7 +187,9 @@ class Alpro(nn.Module):
             else None
         )
         if cfg.text.init:  # BERT layers 1..6 -> text tower, 7..12 -> fusion (ALPRO §3.4), MLM head from BERT's
-            load_bert_weights(self.dual.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head)
+            load_bert_weights(
+                self.dual.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head, revision=cfg.text.init_revision
+            )
 
     def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
         """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
@@ -217,7 +219,7 @@ class AlproQA(nn.Module):
         width = cfg.text.width
         self.fusion = MultimodalEncoder(cfg.text, video_width=self.dual.video.width)
         if cfg.text.init:
-            load_bert_weights(self.dual.text, self.fusion, cfg.text.init)
+            load_bert_weights(self.dual.text, self.fusion, cfg.text.init, revision=cfg.text.init_revision)
         self.classifier = nn.Sequential(nn.Linear(width, 2 * width), nn.ReLU(), nn.Linear(2 * width, num_answers))
 
     def forward(self, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
