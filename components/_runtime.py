@@ -13,7 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,9 +42,11 @@ def load_step_config(config: str, overrides: Sequence[str]) -> tuple[Any, list[s
     """The vlp step config of ``config`` + ``overrides``, and the overrides that reproduce it in a subprocess.
 
     An empty ``tracking.tracking_uri`` is taken from ``$MLFLOW_TRACKING_URI`` (the cluster's MLflow, set on
-    every pod by the compiled pipeline); one set in the config or the overrides wins.
+    every pod by the compiled pipeline); one set in the config or the overrides wins. In a cluster pod
+    (``KFP_POD_NAME`` set) a credential in the overrides or in the loaded config, whatever file or text it came
+    from, is refused: storage keys and MLflow logins come from Secrets, never from run parameters.
     """
-    from vlp.config import credential_overrides, load_config
+    from vlp.config import credential_overrides, load_config, to_dict
 
     overrides = list(overrides)
     secret = credential_overrides(overrides)
@@ -54,11 +56,53 @@ def load_step_config(config: str, overrides: Sequence[str]) -> tuple[Any, list[s
             "put storage keys in the Secret of pipelines/config s3.secret and MLflow logins in tracking_secret"
         )
     cfg = load_config(config_file(config), overrides)
+    secret = config_credentials(to_dict(cfg))
+    if secret and os.environ.get("KFP_POD_NAME"):  # the `config` parameter: in the UI, and a TrainJob's env
+        raise ValueError(
+            f"credentials in the step config ({', '.join(secret)}): the `config` run parameter is visible in the "
+            "KFP UI and a multi-node step copies it into its TrainJob; remove them from the config and put storage "
+            "keys in the Secret of pipelines/config s3.secret and MLflow logins in tracking_secret"
+        )
     uri = os.environ.get(TRACKING_ENV, "").strip()
     if uri and not cfg.tracking.tracking_uri:
         overrides.append(f"tracking.tracking_uri={uri}")
         cfg.tracking.tracking_uri = uri
     return cfg, overrides
+
+
+def config_credentials(data: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """The dotted keys of a step config mapping (a loaded config's ``to_dict``, or parsed YAML) that carry a
+    credential, judged as :func:`vlp.config.credential_overrides` judges an override: a storage key, or a URI with
+    a password in it."""
+    from vlp.config import credential_overrides
+
+    found = []
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            found += config_credentials(value, f"{dotted}.")
+        elif isinstance(value, str | int | float):
+            found += credential_overrides([f"{dotted}={value}"])
+    return found
+
+
+def config_param_credentials(config: Any) -> list[str]:
+    """The dotted keys of a ``config`` run parameter that carry a credential: its YAML text, or the repo's file it
+    names (e.g. ``configs/default.yaml``; the image holds the same files). Text that is not a YAML mapping, or a
+    file only the image has, gives []: the step checks what it loads."""
+    import yaml
+
+    text = str(config or "").strip()
+    if "\n" not in text and text.endswith((".yaml", ".yml")):
+        path = Path(text) if Path(text).is_absolute() else REPO_ROOT / text
+        if not path.is_file():
+            return []
+        text = path.read_text(encoding="utf-8")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return []
+    return config_credentials(data) if isinstance(data, dict) else []
 
 
 def location(artifact: Any) -> str:

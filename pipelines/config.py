@@ -217,6 +217,14 @@ def _check(cfg: PipelineConfig, path: Path) -> None:
 
 
 def _check_env(cfg: PipelineConfig, path: Path) -> None:
+    from components._runtime import config_param_credentials
+
+    secret = config_param_credentials(cfg.step_config)
+    if secret:
+        raise ConfigError(
+            f"{path}: step_config carries credentials ({', '.join(secret)}): it becomes the `config` run parameter "
+            "that the KFP UI shows; use s3.secret and tracking_secret (references to Kubernetes Secrets)"
+        )
     s3 = cfg.s3
     for key, value in (("s3.endpoint_url", s3.endpoint_url), ("tracking_uri", cfg.tracking_uri)):
         if value and not value.startswith(("http://", "https://")):

@@ -256,20 +256,31 @@ def check_durable_checkpoints(package: str | Path, params: dict[str, Any]) -> No
         )
 
 
-def check_no_credentials(params: dict[str, Any]) -> None:
+def check_no_credentials(params: dict[str, Any], package: str | Path | None = None) -> None:
     """Refuse credentials in the run parameters (the KFP UI shows them to everyone who can see the run): storage
-    keys as overrides, or a URI with a password in any parameter."""
+    keys as overrides or in the ``config`` parameter's YAML (given, else ``package``'s compiled default), or a URI
+    with a password in any parameter."""
+    from components._runtime import config_param_credentials
     from vlp.config import credential_overrides
 
     overrides = params.get("overrides") or []
     found = credential_overrides(overrides) + credential_overrides(
         f"{k}={v}" for k, v in params.items() if k != "overrides" and isinstance(v, str)
     )
+    config = params.get("config", _default(package, "config") if package else "")
+    found += [f"config: {key}" for key in config_param_credentials(config)]
     if found:
         raise SubmitError(
             f"credentials in the run parameters ({', '.join(sorted(set(found)))}): KFP shows them in the UI. Put "
             "storage keys in the Secret of pipelines/config s3.secret and MLflow logins in tracking_secret"
         )
+
+
+def _default(package: str | Path, name: str) -> Any:
+    """The compiled default value of run parameter ``name`` ("" when it has none)."""
+    spec = next(yaml.safe_load_all(Path(package).read_text(encoding="utf-8")))
+    params = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
+    return params.get(name, {}).get("defaultValue", "")
 
 
 def _task_names(spec: dict[str, Any], tasks: dict[str, Any]) -> list[str]:
@@ -288,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not package.is_file():
             raise SubmitError(f"{package} does not exist: run `make pipeline-compile` first")
         params = parse_params(args.param, package)
-        check_no_credentials(params)
+        check_no_credentials(params, package)
         if not args.allow_pod_local_checkpoints:
             check_durable_checkpoints(package, params)
         if args.command == "schedule":

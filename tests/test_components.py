@@ -278,6 +278,38 @@ def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tm
     assert f"| t2v_r1 | {first['t2v_r1']:.4f} | {second['t2v_r1']:.4f} | +0.0000 |" in Path(table.path).read_text()
 
 
+@pytest.mark.parametrize(
+    "secret",
+    [
+        {"storage": {"secret_access_key": "SENTINEL-s3cr3t"}},
+        {"storage": {"access_key_id": "AKIASENTINEL"}},
+        {"tracking": {"tracking_uri": "http://vlp-steps:SENTINEL-pw@vlp-mlflow:5000"}},
+    ],
+)
+@pytest.mark.parametrize("given_as", ["text", "file"])
+def test_a_cluster_pod_refuses_credentials_in_the_loaded_config(monkeypatch, tmp_path, secret, given_as):
+    """The `config` run parameter (YAML text, shown in the KFP UI, copied into a TrainJob's env) or a config file
+    holding a credential is refused in a cluster pod, before any step work; kfp.local and tests may use one."""
+    import yaml
+
+    text = Path(TINY).read_text(encoding="utf-8") + yaml.safe_dump(secret)
+    config = text
+    if given_as == "file":
+        config = str(tmp_path / "secret.yaml")
+        Path(config).write_text(text, encoding="utf-8")
+    cfg, _ = _runtime.load_step_config(config, [])  # off a cluster: allowed
+    assert "SENTINEL" in str(cfg.storage) + cfg.tracking.tracking_uri
+    monkeypatch.setenv("KFP_POD_NAME", "run-pod-1")
+    key = next(f"{section}.{k}" for section, values in secret.items() for k in values)
+    with pytest.raises(ValueError, match=f"credentials in the step config \\({key}\\)") as refused:
+        reporting.start_run.python_func(config=config, overrides=[], kfp_run_id="k", pipeline="p", image="i")
+    assert "SENTINEL" not in str(refused.value)
+    with pytest.raises(ValueError, match="credentials in the step config"):
+        _runtime.Step("ingest", config, ["frames.size=8"])
+    emptied = [f"{key}="] if "tracking" not in key else [f"{key}=http://vlp-mlflow:5000"]
+    assert _runtime.load_step_config(config, emptied)[0]  # an override that clears the key makes it acceptable
+
+
 def test_credentials_never_reach_a_cluster_pods_overrides_or_printed_lines(monkeypatch, capsys, store):
     """In a KFP pod (KFP_POD_NAME set) credential overrides are refused; a printed torchrun line and a printed
     tracking URI never show a secret."""

@@ -190,6 +190,7 @@ def test_custom_s3_settings_compile_into_every_task(tmp_path: Path) -> None:
         ("s3: {endpoint_url: s3.amazonaws.com}", "needs a scheme"),
         ("s3: {secret: vlp-s3, access_key_key: 'a key'}", "not a Secret key"),
         ("s3: {secret: vlp-s3, access_key_key: k, secret_key_key: k}", "are both 'k'"),
+        ("step_config: 'storage: {secret_access_key: SENTINEL-s3cr3t}'", "step_config carries credentials"),
     ],
 )
 def test_bad_environment_settings_fail_loudly(tmp_path: Path, text: str, why: str) -> None:
@@ -423,6 +424,33 @@ def test_credentials_in_run_parameters_are_refused_before_anything_is_sent(
     assert not state["requests"]
     assert submit.main(["run", "--host", host, "--param", "data_root=s3://bkt/vlp", "--param",
                         "overrides=[storage.endpoint_url=http://minio:9000, storage.access_key_id=]"]) == 0  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        "storage:\n  secret_access_key: SENTINEL-s3cr3t\n",
+        "storage: {access_key_id: AKIASENTINEL}",
+        "tracking:\n  tracking_uri: http://vlp-steps:SENTINEL-s3cr3t@vlp-mlflow:5000\n",
+        "FILE",  # a config file holding the key, named by its path
+    ],
+)
+def test_credentials_in_the_config_parameter_are_refused_before_anything_is_sent(
+    fake_kfp: tuple[str, dict[str, Any]], capsys: pytest.CaptureFixture[str], tmp_path: Path, config: str
+) -> None:
+    """The `config` run parameter is YAML text (or a file) shown in the KFP UI and copied into a TrainJob's env."""
+    host, state = fake_kfp
+    if config == "FILE":
+        config = str(tmp_path / "secret.yaml")
+        Path(config).write_text("frames: {size: 8}\nstorage: {secret_access_key: SENTINEL-s3cr3t}\n")
+    argv = ["run", "--host", host, "--param", "data_root=s3://bkt/vlp", "--param", f"config={config}"]
+    assert submit.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "credentials in the run parameters" in err and "config: " in err and "SENTINEL" not in err
+    assert not state["requests"]
+    for fine in ("configs/tiny.yaml", "frames: {size: 8}\nstorage: {endpoint_url: 'http://minio:9000'}\n"):
+        argv = ["run", "--host", host, "--param", "data_root=s3://bkt/vlp", "--param", f"config={fine}"]
+        assert submit.main(argv) == 0
 
 
 def test_reevaluate_cli_has_the_cronjob_shape(
