@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import hashlib
 import itertools
 import json
 import time
@@ -28,6 +29,7 @@ from vlp.models.tokenizer import (
     save_tokenizer,
     tokenizer_digest,
     train_wordpiece,
+    upstream_of,
     wordpiece_vocab,
 )
 
@@ -135,6 +137,9 @@ def test_tokenizer_and_weights_through_s3(tokenizer, hf_bert, s3_bucket: str, tm
     hf_bert.save_pretrained(tmp_path / "bert")
     storage.upload(tmp_path / "bert" / "model.safetensors", f"{s3_bucket}/bert/model.safetensors")
     text, fusion, head = build_text_model(TextConfig.tiny(vocab_size=len(tokenizer), init=f"{s3_bucket}/bert"))
+    digest = hashlib.sha256((tmp_path / "bert" / "model.safetensors").read_bytes()).hexdigest()
+    want = {"source": f"{s3_bucket}/bert", "sha256": digest, "file": "model.safetensors"}
+    assert upstream_of(f"{s3_bucket}/bert") == want  # the lineage of a model started from it
     assert torch.equal(head.bias, hf_bert.cls.predictions.bias)
     assert torch.equal(text.word_embeddings.weight, hf_bert.bert.embeddings.word_embeddings.weight)
     assert torch.equal(fusion.layers[1].output.dense.weight, hf_bert.bert.encoder.layer[3].output.dense.weight)
@@ -371,8 +376,6 @@ def _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert) -> tuple[s
 
 
 def test_hub_bert_loads_the_revision_asked_for_and_records_its_commit(monkeypatch, tmp_path, tokenizer, hf_bert):
-    from vlp.models.tokenizer import upstream_of
-
     main, v2, other = _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert)
     for revision, want, commit in (("", hf_bert, main), ("v2", other, v2), (main, hf_bert, main)):
         cfg = TextConfig.tiny(vocab_size=len(tokenizer), init="vlp-test/tiny-bert", init_revision=revision)

@@ -480,10 +480,9 @@ def read_bert_state_dict(
     """
     if storage.is_s3(source):
         check_no_revision(source, revision)
-        if not source.endswith((".safetensors", ".bin", ".pt", ".pth")):
-            source = storage.join(source, "model.safetensors")
-        with storage.local_copy(source) as path:
-            return _read_recorded(source, path)
+        is_file = source.endswith((".safetensors", ".bin", ".pt", ".pth"))
+        with storage.local_copy(source if is_file else storage.join(source, "model.safetensors")) as path:
+            return _read_recorded(source, path, "" if is_file else "model.safetensors")
     if looks_like_path(source):
         check_no_revision(source, revision)
         path = Path(source).expanduser()
