@@ -23,7 +23,8 @@ existed read as format 1 of the ALPRO family.
 ``lineage.upstream`` says exactly which outside weights the model started from, one record per source:
 ``video`` / ``text`` for the towers' ``init`` (hub weights: ``{"source", "repo", "revision", "commit",
 "file"}``, the commit the revision resolved to when they were loaded; a local or ``s3://`` file: ``{"source",
-"sha256"}``; timm URL weights: ``{"source", "url"}``) and ``tokenizer`` for a tokenizer that came from the hub
+"sha256"}`` of the file read, with ``file`` when ``source`` is a directory; timm URL weights: ``{"source",
+"url"}``) and ``tokenizer`` for a tokenizer that came from the hub
 (its repo, revision and commit, also kept in ``tokenizer/upstream.json``). A model trained from another model
 directory (``lineage.pretrained``) carries that directory's records on. Absent when nothing came from outside
 (random init, a tokenizer trained on the captions or read from a directory, which the model directory holds).
