@@ -20,6 +20,9 @@ Secret, never as values)::
     s3: {secret: vlp-s3, endpoint_url: https://s3.amazonaws.com, region: us-east-1}
     tracking_uri: http://vlp-mlflow:5000
     tracking_secret: {name: vlp-mlflow-step}   # MLFLOW_TRACKING_USERNAME / _PASSWORD (keys username, password)
+
+Every step container runs as ``run_as`` (default the image's uid/gid 10001, ``runAsNonRoot``), and every step
+pod carries the label ``vlp.dev/pipeline-step=true`` that the Helm chart's step egress NetworkPolicy selects.
 """
 
 from __future__ import annotations
@@ -125,6 +128,15 @@ class TrackingSecret:
 
 
 @dataclass
+class RunAs:
+    """The non-root user and group every step container runs as: the image's own (docker/Dockerfile ``USER
+    10001:10001``, which owns ``/gcs``, ``/minio``, ``/s3`` and ``/oci``, where the KFP launcher writes)."""
+
+    user: int = 10001
+    group: int = 10001
+
+
+@dataclass
 class FanOut:
     """Fan-out of ingest and extract_frames (``pipelines/fanout.py``): the parts use the steps' own settings."""
 
@@ -144,6 +156,7 @@ class PipelineConfig:
     tracking_secret: TrackingSecret = field(default_factory=TrackingSecret)  # the steps' MLflow login
     s3: S3Settings = field(default_factory=S3Settings)
     images: Images = field(default_factory=Images)
+    run_as: RunAs = field(default_factory=RunAs)  # runAsUser/runAsGroup (and runAsNonRoot) of every step
     fanout: FanOut = field(default_factory=FanOut)
     steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
 
@@ -202,6 +215,8 @@ SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a ke
 
 def _check(cfg: PipelineConfig, path: Path) -> None:
     _check_env(cfg, path)
+    if cfg.run_as.user < 1 or cfg.run_as.group < 1:
+        raise ConfigError(f"{path}: run_as.user and run_as.group must be > 0 (steps run as non-root), got {cfg.run_as}")
     if not 1 <= cfg.fanout.parts <= 1024 or cfg.fanout.parallelism < 0:
         raise ConfigError(f"{path}: fanout.parts must be in 1..1024 and fanout.parallelism >= 0")
     for name, step in cfg.steps.items():
@@ -255,7 +270,8 @@ SHM_VOLUME = "dshm"
 
 
 def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
-    """Apply step ``name``'s settings (image, resources, accelerator, scheduling, /dev/shm, retries, caching)."""
+    """Apply step ``name``'s settings (image, resources, accelerator, scheduling, /dev/shm, retries, caching), the
+    environment of every step and its security context."""
     from kfp import kubernetes
 
     s = cfg.step(name)
@@ -283,10 +299,27 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
             s.retries, backoff_duration=s.retry_backoff or None, backoff_factor=2.0 if s.retry_backoff else None
         )
     task.set_caching_options(enable_caching=s.caching)
-    return set_environment(task, cfg)
+    return secure(set_environment(task, cfg), cfg)
 
 
 MLFLOW_CLIENT_LABEL = ("vlp.dev/mlflow-client", "true")  # the chart's NetworkPolicy admits these pods to MLflow
+STEP_POD_LABEL = ("vlp.dev/pipeline-step", "true")  # the chart's step egress NetworkPolicy selects these pods
+
+
+def secure(task: Any, cfg: PipelineConfig) -> Any:
+    """Run the step's container as ``run_as`` (non-root user and group) and label its pod as a step pod.
+
+    kfp-kubernetes can set only runAsUser, runAsGroup and runAsNonRoot; the KFP backend adds no privilege
+    escalation, no capabilities and the RuntimeDefault seccomp profile itself. A read-only root filesystem cannot
+    be said in the compiled spec (see docs/pipelines.md); the Helm chart adds what it can at the namespace: a Pod
+    Security label and an egress NetworkPolicy for pods with :data:`STEP_POD_LABEL`.
+    """
+    from kfp import kubernetes
+
+    kubernetes.set_security_context(task, run_as_user=cfg.run_as.user, run_as_group=cfg.run_as.group,
+                                    run_as_non_root=True)  # fmt: skip
+    kubernetes.add_pod_label(task, *STEP_POD_LABEL)
+    return task
 
 
 def set_environment(task: Any, cfg: PipelineConfig) -> Any:

@@ -21,6 +21,7 @@ from pipelines import submit
 from vlp.config import ConfigError
 
 COMPILED = compile_mod.COMPILED_DIR
+DOCKERFILE = Path(__file__).resolve().parents[1] / "docker" / "Dockerfile"
 GPU_STEPS = ("pretrain_prompter", "pretrain", "finetune_retrieval", "finetune_qa")
 
 
@@ -119,11 +120,49 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         assert sorted((k["secretKey"], k["envVar"]) for k in refs[0]["keyToEnv"]) == [(k, k) for k in KEY_ENV]
         assert sorted((k["secretKey"], k["envVar"]) for k in refs[1]["keyToEnv"]) == [
             ("password", "MLFLOW_TRACKING_PASSWORD"), ("username", "MLFLOW_TRACKING_USERNAME")]  # fmt: skip
-        assert k8s[executor]["podMetadata"]["labels"] == {"vlp.dev/mlflow-client": "true"}  # the chart's policy
+        assert k8s[executor]["podMetadata"]["labels"] == {  # what the chart's NetworkPolicies select
+            "vlp.dev/mlflow-client": "true", "vlp.dev/pipeline-step": "true"}  # fmt: skip
     lines = (compiled / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
     secrets = (*KEY_ENV, "MLFLOW_TRACKING_PASSWORD")
     mentions = [line.strip().removeprefix("- ") for line in lines if any(key in line for key in secrets)]
     assert mentions and all(m.startswith(("envVar: ", "secretKey: ")) for m in mentions), mentions  # refs only
+
+
+def _run_as(executor: dict[str, Any]) -> dict[str, Any]:
+    """An executor's securityContext with the int64 fields (strings in the protobuf JSON) as ints."""
+    context = executor.get("securityContext", {})
+    return {k: int(v) if k in ("runAsUser", "runAsGroup") else v for k, v in context.items()}
+
+
+@pytest.mark.parametrize("name", sorted(compile_mod.BUILDERS))
+def test_every_step_runs_as_the_images_non_root_user(compiled: Path, name: str) -> None:
+    """Every step pod (they decode untrusted media) runs as the image's uid/gid, never root, and carries the label
+    that the chart's step egress NetworkPolicy selects."""
+    user = [line.split()[1] for line in DOCKERFILE.read_text(encoding="utf-8").splitlines() if line.startswith("USER ")]
+    uid, gid = (int(x) for x in user[-1].split(":"))
+    spec, platform = _docs(compiled / f"{name}.yaml")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    containers = _container_executors(spec)
+    assert containers and set(containers) <= set(k8s)
+    for executor in containers:
+        assert _run_as(k8s[executor]) == {"runAsUser": uid, "runAsGroup": gid, "runAsNonRoot": True}, executor
+        assert k8s[executor]["podMetadata"]["labels"]["vlp.dev/pipeline-step"] == "true", executor
+
+
+def test_run_as_is_configurable_and_never_root(tmp_path: Path) -> None:
+    custom = tmp_path / "run-as.yaml"
+    custom.write_text("run_as: {user: 2000, group: 3000}\n")
+    compile_mod.compile_all(custom, tmp_path)
+    spec, platform = _docs(tmp_path / "reevaluate.yaml")
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    assert {executor: _run_as(k8s[executor]) for executor in _container_executors(spec)} == {
+        executor: {"runAsUser": 2000, "runAsGroup": 3000, "runAsNonRoot": True}
+        for executor in _container_executors(spec)
+    }
+    for bad in ("run_as: {user: 0}", "run_as: {group: 0}"):
+        custom.write_text(bad + "\n")
+        with pytest.raises(ConfigError, match="must be > 0"):
+            pipeline_config.load(custom)
 
 
 def test_cluster_defaults_match_the_helm_chart() -> None:
