@@ -545,3 +545,33 @@ def test_frame_vit_pools_over_time_and_takes_any_frame_count():
     assert torch.allclose(shifted.tokens[:, 17:], shifted.frame_tokens[:, 1] + 1.0)  # frame 2 gets time_embed[1]
     mean = FrameViT(FrameViTConfig.tiny(temporal="mean"))
     assert mean.time_embed is None and mean(clip).tokens.shape == (1, 17, 64)
+
+
+def test_frame_vit_loads_a_timm_name_at_a_hub_revision_and_records_the_commit(monkeypatch, tmp_path):
+    """ALBEF's frame ViT pins hub weights as the TimeSformer does: an offline cache with two commits of
+    ``timm/vit_tiny_patch16_224.augreg_in21k`` (tag ``v2`` holds other weights) stands in for the hub."""
+    from safetensors.torch import save_file
+
+    from hub_cache import add_snapshot, commit_sha, offline_hub
+    from vlp.models.layers.vit import FrameViT, FrameViTConfig
+    from vlp.models.tokenizer import upstream_of
+
+    cache = offline_hub(monkeypatch, tmp_path)
+    name, repo = "vit_tiny_patch16_224.augreg_in21k", "timm/vit_tiny_patch16_224.augreg_in21k"
+    weights = {}
+    for seed, label in ((0, "main"), (1, "v2")):
+        torch.manual_seed(seed)
+        state = {
+            k: v.contiguous() for k, v in FrameViT(FrameViTConfig.tiny()).state_dict().items() if k != "time_embed"
+        }
+        (tmp_path / label).mkdir()
+        save_file(state, str(tmp_path / label / "model.safetensors"))
+        add_snapshot(cache, repo, tmp_path / label, commit=commit_sha(label), refs=(label,))
+        weights[label] = state["patch_embed.proj.weight"]
+
+    for revision, label in (("", "main"), ("v2", "v2"), (commit_sha("v2"), "v2")):
+        vit = FrameViT(FrameViTConfig.tiny(init=name, init_revision=revision))
+        assert torch.equal(vit.patch_embed.proj.weight, weights[label]), revision
+        assert upstream_of(name, revision)["commit"] == commit_sha(label)
+    with pytest.raises(RuntimeError, match="revision 'v3' is not in the local cache"):
+        FrameViT(FrameViTConfig.tiny(init=name, init_revision="v3"))

@@ -552,12 +552,7 @@ class AlbefFamily(TwoTowerMethods):
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         video_rev, text_rev = init_revisions(model)
         frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
-        if video_rev and "init_revision" not in _VIT_FIELDS:
-            raise ValueError(
-                f"ALBEF's frame ViT cannot pin a revision ({video_rev!r}) of {video_init!r} yet: clear "
-                "model.video_init_revision, or pass a local checkpoint file (recorded by its SHA-256)"
-            )
-        frames |= {"init_revision": video_rev} if video_rev else {}
+        frames["init_revision"] = video_rev
         frames["temporal"] = model.temporal
         if model.preset == "tiny":
             video, text = FrameViTConfig.tiny(**frames), TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len)

@@ -49,6 +49,8 @@ class FrameViTConfig:
         drop_path: stochastic depth of the last block (linear from 0; ALBEF pre-training: 0).
         temporal: ``"concat"`` or ``"mean"``: how frame tokens reach the multimodal encoder (module docstring).
         init: ``""`` random init; else a timm model name (hub access) or a local ViT / DeiT state dict file.
+        init_revision: hub revision of a timm name's weights (branch, tag or commit; ``""`` = the default branch);
+            the commit loaded is recorded in the model directory's lineage.
         pos_interp: how ``pos_embed`` is resized over the patch grid (``"bicubic"``, ``"bilinear"``, ``"nearest"``).
     """
 
@@ -62,6 +64,7 @@ class FrameViTConfig:
     drop_path: float = 0.0
     temporal: Literal["concat", "mean"] = "concat"
     init: str = ""
+    init_revision: str = ""
     pos_interp: str = "bicubic"
 
     def __post_init__(self) -> None:
@@ -126,7 +129,7 @@ class FrameViT(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
         if config.init:
-            load_frame_vit_weights(self, config.init)
+            load_frame_vit_weights(self, config.init, config.init_revision)
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "time_embed"}
@@ -157,13 +160,14 @@ class FrameViT(nn.Module):
         return FrameOutput(cls=cls, tokens=tokens, frame_tokens=frames)
 
 
-def load_frame_vit_weights(model: FrameViT, source: str | os.PathLike[str]) -> list[str]:
-    """Fill ``model`` from a timm ViT / DeiT state dict (file or timm name); returns the ignored keys.
+def load_frame_vit_weights(model: FrameViT, source: str | os.PathLike[str], revision: str = "") -> list[str]:
+    """Fill ``model`` from a timm ViT / DeiT state dict (file, or timm name at hub ``revision``); returns the
+    ignored keys.
 
     ``pos_embed`` is resized over the patch grid; ``time_embed``, which no image checkpoint has, stays at zero.
     A distilled DeiT's distillation token and head are ignored; any other unknown key is an error.
     """
-    state = read_vit_state_dict(source)
+    state = read_vit_state_dict(source, revision)
     target = model.state_dict()
     ignored = sorted(k for k in state if k.startswith(_IGNORED_PREFIXES))
     unknown = sorted(k for k in state if k not in target and k not in ignored)
