@@ -173,7 +173,20 @@ def test_default_image_is_the_one_make_image_builds(render: Callable[..., Docs])
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     assert chart["appVersion"] == env["IMAGE_TAG"], "Chart.yaml appVersion must equal IMAGE_TAG in docker/image.env"
     images = {c["image"] for _, spec in _pod_specs(render()) for c in spec["containers"]}
-    assert images == {f"{env['REGISTRY']}/{env['IMAGE_NAME']}:{env['IMAGE_TAG']}"}
+    repo = f"{env['REGISTRY']}/{env['IMAGE_NAME']}"
+    digest = env.get("IMAGE_DIGEST", "")
+    assert _values("default")["image"]["digest"] == digest, "values.yaml image.digest must equal IMAGE_DIGEST"
+    assert images == {f"{repo}@{digest}" if digest else f"{repo}:{env['IMAGE_TAG']}"}
+
+
+def test_images_can_be_pinned_by_digest(render: Callable[..., Docs], helm: str) -> None:
+    digest = "sha256:" + "0123456789abcdef" * 4
+    docs = render("default", "--set", f"image.digest={digest}")
+    images = {c["image"] for _, spec in _pod_specs(docs) for c in spec.get("initContainers", []) + spec["containers"]}
+    assert images == {f"ghcr.io/vlp-ml/vlp@{digest}"}
+    for bad in ("0123456789abcdef" * 4, "sha256:latest", "sha256:" + "A" * 64):
+        proc = _template(helm, "--set", f"image.digest={bad}")
+        assert proc.returncode != 0 and "image.digest" in proc.stderr.replace("/", "."), proc.stderr
 
 
 # ---------------------------------------------------------------------------------------------------------------------

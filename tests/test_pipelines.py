@@ -165,6 +165,55 @@ def test_run_as_is_configurable_and_never_root(tmp_path: Path) -> None:
             pipeline_config.load(custom)
 
 
+SHA_CPU, SHA_GPU = "sha256:" + "a" * 64, "sha256:" + "0123456789abcdef" * 4
+
+
+def _image_env(tmp_path: Path, **extra: str) -> Path:
+    env = tmp_path / "image.env"
+    lines = ["# test", "REGISTRY=registry.local/ml", "IMAGE_NAME=vlp", "IMAGE_TAG=1.2.3"]
+    env.write_text("\n".join([*lines, *(f"{k}={v}" for k, v in extra.items())]) + "\n")
+    return env
+
+
+def test_images_are_named_by_tag_or_by_digest(tmp_path: Path) -> None:
+    from components.images import image
+
+    env = _image_env(tmp_path, IMAGE_DIGEST="", IMAGE_DIGEST_CUDA="")
+    assert (image(path=env), image(gpu=True, path=env)) == (
+        "registry.local/ml/vlp:1.2.3",
+        "registry.local/ml/vlp:1.2.3-cuda",
+    )
+    env = _image_env(tmp_path, IMAGE_DIGEST=SHA_CPU, IMAGE_DIGEST_CUDA=SHA_GPU)
+    assert image(path=env) == f"registry.local/ml/vlp@{SHA_CPU}"
+    assert image(gpu=True, path=env) == f"registry.local/ml/vlp@{SHA_GPU}"
+    for bad in ("a" * 64, "sha256:" + "A" * 64, "sha256:abc", "latest"):
+        with pytest.raises(ValueError, match=r"IMAGE_DIGEST=.* is not a digest"):
+            image(path=_image_env(tmp_path, IMAGE_DIGEST=bad))
+
+
+def test_a_digest_in_image_env_pins_every_compiled_step(tmp_path: Path) -> None:
+    """With IMAGE_DIGEST / IMAGE_DIGEST_CUDA set, every executor runs ``registry/name@sha256:...``, the GPU steps
+    the CUDA image's digest (a subprocess: the components read image.env when first imported)."""
+    import subprocess
+    import sys
+
+    env = _image_env(tmp_path, IMAGE_DIGEST=SHA_CPU, IMAGE_DIGEST_CUDA=SHA_GPU)
+    script = (
+        "import sys; from pathlib import Path; import components.images as im; "
+        "im.CPU_IMAGE, im.GPU_IMAGE = im.image(path=Path(sys.argv[1])), im.image(True, Path(sys.argv[1])); "
+        "from pipelines import compile; compile.compile_all(out_dir=sys.argv[2])"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-c", script, str(env), str(tmp_path)], cwd=root, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    spec, _ = _docs(tmp_path / "pretrain.yaml")
+    images = {name: c["image"] for name, c in _container_executors(spec).items()}
+    gpu = {_executor(step) for step in GPU_STEPS}
+    assert {images[name] for name in images if name in gpu} == {f"registry.local/ml/vlp@{SHA_GPU}"}
+    assert {images[name] for name in images if name not in gpu} == {f"registry.local/ml/vlp@{SHA_CPU}"}
+
+
 def test_cluster_defaults_match_the_helm_chart() -> None:
     cfg = pipeline_config.load()
     values = yaml.safe_load(CHART_VALUES.read_text(encoding="utf-8"))
