@@ -166,7 +166,10 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
         raise ValueError(f"{uri} holds a {kind!r} model; this step needs one of: {wanted}")
     if not doc.get("checkpoint"):
         raise ValueError(f"{doc_uri} names no checkpoint: the step that wrote it did not finish")
-    checkpoint = manifest.resolve_inside(uri, doc["checkpoint"])
+    try:
+        checkpoint = manifest.resolve_inside(uri, doc["checkpoint"])
+    except manifest.BadPathError as exc:  # outside the directory, or a name no OS call takes (a NUL byte)
+        raise type(exc)(f"{doc_uri}: checkpoint: {exc}") from None
     return ModelDir(uri, kind, family, family.config_from_dict(doc["config"]), checkpoint, doc)
 
 
