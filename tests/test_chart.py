@@ -566,6 +566,126 @@ def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: 
             assert any(sel.items() <= labels.items() for sel in selectors), d["metadata"]["name"]
 
 
+STEP_LABEL = {"vlp.dev/pipeline-step": "true"}  # pipelines/config.py STEP_POD_LABEL, on every compiled task
+
+
+def _rule_to(policy: dict[str, Any], port: int) -> dict[str, Any]:
+    """The first egress rule of ``policy`` that opens ``port`` (the object store's comes before the API server's)."""
+    return next(r for r in policy["spec"]["egress"] if any(p["port"] == port for p in r.get("ports", [])))
+
+
+def test_the_step_label_is_the_one_the_compiled_pipelines_set() -> None:
+    from pipelines.config import STEP_POD_LABEL
+
+    assert dict([STEP_POD_LABEL]) == STEP_LABEL
+
+
+@pytest.mark.parametrize(("value_set", "s3_port"), [("default", 443), ("sqlite", 8333)])
+def test_step_pods_may_reach_only_dns_the_object_store_mlflow_and_kfp(
+    render: Callable[..., Docs], value_set: str, s3_port: int
+) -> None:
+    docs = render(value_set)
+    steps = _one(docs, "NetworkPolicy", "pipeline-steps")
+    assert steps["metadata"].get("namespace", NAMESPACE) == NAMESPACE
+    assert steps["spec"]["podSelector"] == {"matchLabels": STEP_LABEL}
+    assert steps["spec"]["policyTypes"] == ["Egress"] and "ingress" not in steps["spec"]
+    assert _egress_ports(steps) == {53, s3_port, 5000, 8080, 8887, 8888, 443, 6443}
+    dns = _rule_to(steps, 53)
+    assert sorted(p["protocol"] for p in dns["ports"]) == ["TCP", "UDP"]
+    assert dns["to"][0]["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}
+    store = _rule_to(steps, s3_port)
+    assert store.get("to", []) == _values(value_set)["networkPolicy"]["objectStorePeers"]  # [] = any address
+    mlflow_pod = _one(docs, "Deployment", "mlflow")["spec"]["template"]
+    mlflow = _rule_to(steps, 5000)
+    (peer,) = mlflow["to"]
+    assert peer["podSelector"]["matchLabels"].items() <= mlflow_pod["metadata"]["labels"].items()
+    container_ports = {p["containerPort"] for c in mlflow_pod["spec"]["containers"] for p in c.get("ports", [])}
+    assert [p["port"] for p in mlflow["ports"]] == [5000] and 5000 in container_ports
+    kfp = _rule_to(steps, 8080)
+    assert kfp["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}}]
+
+
+def test_step_egress_is_narrowed_by_values(render: Callable[..., Docs]) -> None:
+    """postgres-values.yaml: object store by CIDR (for MLflow too), the API server's address, an extra rule; and the
+    MLflow rule uses the container port (5000), not the Service port (80): policies see the pod's port."""
+    docs = render("postgres")
+    steps = _one(docs, "NetworkPolicy", "pipeline-steps")
+    assert _egress_ports(steps) == {53, 443, 5000, 8080, 8887, 3128}
+    cidrs = [{"ipBlock": {"cidr": "52.216.0.0/15"}}, {"ipBlock": {"cidr": "2600:1f18::/36"}}]
+    rules_443 = [r for r in steps["spec"]["egress"] if any(p["port"] == 443 for p in r["ports"])]
+    assert [r["to"] for r in rules_443] == [cidrs, [{"ipBlock": {"cidr": "172.20.0.10/32"}}]]
+    assert _rule_to(_one(docs, "NetworkPolicy", "mlflow"), 443)["to"] == cidrs
+    assert _rule_to(steps, 3128) == _values("postgres")["networkPolicy"]["steps"]["extraEgress"][0]
+    assert not any(r.get("to") == [] for r in steps["spec"]["egress"])
+    no_api = render("default", "--set", "rbac.trainJobs.create=false")
+    assert _egress_ports(_one(no_api, "NetworkPolicy", "pipeline-steps")) == {53, 443, 5000, 8080, 8887, 8888}
+    no_mlflow = _one(render("default", "--set", "mlflow.enabled=false"), "NetworkPolicy", "pipeline-steps")
+    assert 5000 not in _egress_ports(no_mlflow)
+    off = render("default", "--set", "networkPolicy.steps.enabled=false")
+    assert not [d for d in off if d["metadata"]["labels"].get("app.kubernetes.io/component") == "pipeline-steps"]
+
+
+def test_pod_security_labels_the_namespace(render: Callable[..., Docs], helm: str) -> None:
+    assert not [d for d in render() if d["kind"] == "Namespace"], "off by default: the namespace exists already"
+    namespace = _one(render("postgres"), "Namespace")
+    assert namespace["metadata"]["name"] == NAMESPACE
+    assert namespace["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"  # never deleted on uninstall
+    labels = {k: v for k, v in namespace["metadata"]["labels"].items() if k.startswith("pod-security.")}
+    assert labels == {
+        f"pod-security.kubernetes.io/{mode}{suffix}": value
+        for mode in ("enforce", "audit", "warn")
+        for suffix, value in (("", "restricted"), ("-version", "v1.30"))
+    }
+    audit_only = _one(
+        render("default", "--set", "podSecurity.enabled=true", "--set", "podSecurity.enforce="), "Namespace"
+    )
+    assert "pod-security.kubernetes.io/enforce" not in audit_only["metadata"]["labels"]
+    assert audit_only["metadata"]["labels"]["pod-security.kubernetes.io/warn"] == "restricted"
+    for bad in ("podSecurity.enforce=strict", "podSecurity.version=1.30", "networkPolicy.objectStoreCIDRs={s3.aws}"):
+        proc = _template(helm, "--set", bad)
+        assert proc.returncode != 0 and bad.split("=")[0].split(".")[-1] in proc.stderr, proc.stderr
+
+
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim",
+                      "projected", "secret"}  # fmt: skip
+
+
+def _restricted_violations(spec: dict[str, Any]) -> list[str]:
+    """What the Pod Security Standards' restricted level (v1.30) refuses in a pod spec (hand-written check)."""
+    found = [f"{k}" for k in ("hostNetwork", "hostPID", "hostIPC") if spec.get(k)]
+    found += [f"volume {v['name']}" for v in spec.get("volumes", []) if not set(v) - {"name"} <= RESTRICTED_VOLUMES]
+    pod = spec.get("securityContext", {})
+    for c in spec.get("initContainers", []) + spec["containers"]:
+        sc = c.get("securityContext", {})
+        merged = {**pod, **sc}
+        if sc.get("privileged") or sc.get("allowPrivilegeEscalation") is not False:
+            found.append(f"{c['name']}: privileged or may escalate")
+        if "ALL" not in sc.get("capabilities", {}).get("drop", []) or set(sc.get("capabilities", {}).get("add", [])) - {
+            "NET_BIND_SERVICE"
+        }:
+            found.append(f"{c['name']}: capabilities")
+        if merged.get("runAsNonRoot") is not True or merged.get("runAsUser") == 0:
+            found.append(f"{c['name']}: may run as root")
+        if merged.get("seccompProfile", {}).get("type") not in ("RuntimeDefault", "Localhost"):
+            found.append(f"{c['name']}: seccomp")
+        if any(p.get("hostPort") for p in c.get("ports", [])):
+            found.append(f"{c['name']}: hostPort")
+    return found
+
+
+@pytest.mark.parametrize("value_set", VALUE_SETS)
+def test_every_pod_of_the_chart_is_admitted_at_the_restricted_level(
+    render: Callable[..., Docs], value_set: str
+) -> None:
+    """A namespace that enforces `restricted` (podSecurity) still runs every pod the chart makes."""
+    specs = list(_pod_specs(render(value_set)))
+    assert specs
+    for name, spec in specs:
+        assert _restricted_violations(spec) == [], name
+    loose = {"containers": [{"name": "c", "securityContext": {"runAsNonRoot": True}}], "hostNetwork": True}
+    assert len(_restricted_violations(loose)) == 4  # the check itself catches what it must
+
+
 def _gpu_step(docs: Docs) -> dict[str, Any]:
     return yaml.safe_load(_one(docs, "ConfigMap", "gpu-node-pool")["data"]["gpu-step.yaml"])
 

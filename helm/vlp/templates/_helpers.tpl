@@ -185,3 +185,23 @@ imagePullSecrets:
     - port: 53
       protocol: TCP
 {{- end -}}
+
+{{/* NetworkPolicy egress rule for the object store: objectStorePorts (else the endpoint's port) to
+objectStorePeers + objectStoreCIDRs (none = any address). */}}
+{{- define "vlp.networkPolicy.objectStore" -}}
+{{- $np := .Values.networkPolicy -}}
+{{- $ports := $np.objectStorePorts | default (list (include "vlp.objectStore.port" .)) -}}
+{{- $peers := $np.objectStorePeers | default list -}}
+{{- range $np.objectStoreCIDRs -}}
+{{- $peers = append $peers (dict "ipBlock" (dict "cidr" .)) -}}
+{{- end -}}
+- ports:
+    {{- range $ports }}
+    - port: {{ . | int }}
+      protocol: TCP
+    {{- end }}
+  {{- with $peers }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end -}}
