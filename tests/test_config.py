@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -146,3 +147,82 @@ def test_every_paper_row_layers_over_the_default_config(name):
         ]
         ts2 = TS2NET.task_config(TS2NET.config(load_config(layered).model, 49408), "retrieval", cfg.retrieval)
         assert ts2.video.init == "openai/clip-vit-base-patch32" and ts2.aggregator_layers == 4
+
+
+# --------------------------------------------------------------------------- value ranges
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("pretrain.batch_size=0", "pretrain.batch_size=0 must be >= 1"),
+        ("pretrain.max_steps=-1", "pretrain.max_steps=-1 must be >= 1"),
+        ("pretrain.max_steps=0", "pretrain.max_steps=0 must be >= 1"),
+        ("pretrain.lr=-0.001", "pretrain.lr=-0.001 must be > 0"),
+        ("pretrain.ckpt_every=-5", "pretrain.ckpt_every=-5 must be >= 0 (0 = at the end only)"),
+        ("pretrain.betas=[0.9, 1.0]", "pretrain.betas=[0.9, 1.0] must be two values in [0, 1)"),
+        ("retrieval.max_steps=-1", "retrieval.max_steps=-1 must be >= 0 (0 = epochs x updates per epoch)"),
+        ("retrieval.epochs=0", "retrieval.epochs=0.0 must be > 0"),
+        ("retrieval.eval_batch_size=0", "retrieval.eval_batch_size=0 must be >= 1"),
+        ("qa.batch_size=-4", "qa.batch_size=-4 must be >= 1"),
+        ("qa.log_every=0", "qa.log_every=0 must be >= 1"),
+        ("qa.num_frames=0", "qa.num_frames=0 must be >= 1"),
+        ("model.num_frames=0", "model.num_frames=0 must be >= 1"),
+        ("model.img_size=-32", "model.img_size=-32 must be >= 1"),
+        (
+            "model.pixel_std=[0.5, 0.0, 0.5]",
+            "model.pixel_std=[0.5, 0.0, 0.5] must be [] (the family's) or 3 values > 0",
+        ),
+        ("frames.workers=-1", "frames.workers=-1 must be >= 0 (0 = one per CPU core)"),
+        ("frames.size=0", "frames.size=0 must be >= 8"),
+        ("entities.n_process=0", "entities.n_process=0 must be >= 1, or -1 for one per CPU"),
+        ("storage.max_attempts=0", "storage.max_attempts=0 must be >= 1"),
+        ("tracking.timeout_s=0", "tracking.timeout_s=0.0 must be > 0"),
+        ("synth.workers=0", "synth.workers must be >= 1"),
+    ],
+)
+def test_a_value_out_of_range_fails_at_load_naming_the_key(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "tiny.yaml", [override])
+    assert str(info.value) == f"invalid config: {message}"
+
+
+def test_every_value_out_of_range_is_named_in_one_line_and_edges_that_mean_something_load():
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["pretrain.batch_size=0", "qa.max_steps=-1", "frames.jpeg_quality=96"])
+    message = str(info.value)
+    assert "\n" not in message
+    for fragment in ("pretrain.batch_size=0 must be", "qa.max_steps=-1 must be", "frames.jpeg_quality=96 must be"):
+        assert fragment in message
+    edges = ["retrieval.max_steps=0", "pretrain.ckpt_every=0", "frames.workers=0", "entities.n_process=-1",
+             "model.alpha_ramp_steps=-1", "model.queue_size=0", "tracking.retries=0"]  # fmt: skip
+    cfg = load_config(None, edges)
+    assert (cfg.retrieval.max_steps, cfg.entities.n_process, cfg.model.alpha_ramp_steps) == (0, -1, -1)
+
+
+NOT_RANGED = {  # numbers that may take any value, or that their own module checks
+    "pretrain.seed", "retrieval.seed", "qa.seed", "pretrain.grad_clip", "retrieval.grad_clip", "qa.grad_clip",
+    "model.frame_lambda",
+}  # fmt: skip
+SELF_CHECKED = {"synth", "ingest"}  # SynthConfig.validate (called by validate), vlp.data.ingest at its step's start
+
+
+def test_every_count_size_and_rate_of_every_section_has_a_range():
+    from vlp.config import RANGES
+
+    unranged = []
+    for section in dataclasses.fields(Config):
+        if section.name in SELF_CHECKED:
+            continue
+        hints = typing.get_type_hints(type(getattr(Config(), section.name)))
+        for f in dataclasses.fields(getattr(Config(), section.name)):
+            numeric = hints[f.name] in (int, float) or typing.get_args(hints[f.name]) == (float,)
+            key = f"{section.name}.{f.name}"
+            if numeric and f.name not in RANGES.get(section.name, {}) and key not in NOT_RANGED:
+                unranged.append(key)
+    assert not unranged, f"add a range to vlp.config.RANGES (or to NOT_RANGED here) for {unranged}"
+    for section, ranges in RANGES.items():  # every range names a real key, and the defaults are in range
+        assert set(ranges) <= {f.name for f in dataclasses.fields(getattr(Config(), section))}, section
+    from vlp.config import validate
+
+    validate(Config())

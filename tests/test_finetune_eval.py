@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from vlp import storage
 from vlp.cli import main
-from vlp.config import load_config
+from vlp.config import Config, ConfigError, load_config, parse_override
 from vlp.steps.evaluate import evaluate_qa, evaluate_retrieval
 from vlp.steps.finetune import finetune_qa, finetune_retrieval
 from vlp.steps.mine_entities import mine_entities
@@ -197,6 +199,50 @@ def test_wrong_model_kind_is_a_clear_error(pretrained, tmp_path):
     args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"], "--config", str(TINY)]
     code = main(["evaluate-retrieval", *args, "--model", str(tmp_path / "nowhere"), "--out", str(tmp_path / "y")])
     assert code == 2
+
+
+def _unchecked(*overrides: str) -> Config:
+    """The tiny config with ``overrides`` set after loading, unchecked, as a caller building it in Python would."""
+    cfg = load_config(TINY)
+    for key, value in map(parse_override, overrides):
+        section, name = key.split(".")
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: value})})
+    return cfg
+
+
+OUT_OF_RANGE = [  # (command, whether it starts from the pre-trained ALPRO (else TS2-Net from scratch), override, rule)
+    ("finetune-retrieval", True, "retrieval.batch_size=0", ">= 1"),
+    ("finetune-retrieval", False, "retrieval.batch_size=0", ">= 1"),  # from scratch: trains its tokenizer first
+    ("finetune-retrieval", False, "retrieval.max_steps=-1", ">= 0 (0 = epochs x updates per epoch)"),
+    ("finetune-retrieval", False, "pretrain.batch_size=0", ">= 1"),  # every section, not only the step's own
+    ("finetune-qa", True, "qa.batch_size=0", ">= 1"),
+    ("finetune-qa", True, "qa.max_steps=-1", ">= 0 (0 = epochs x updates per epoch)"),
+    ("evaluate-retrieval", True, "retrieval.eval_batch_size=0", ">= 1"),
+    ("evaluate-qa", True, "qa.eval_batch_size=0", ">= 1"),
+]
+
+
+@pytest.mark.parametrize(("command", "from_pretrained", "override", "must"), OUT_OF_RANGE)
+def test_a_count_out_of_range_fails_before_the_step_writes_anything(
+    command, from_pretrained, override, must, pretrained, tmp_path, capsys
+):
+    start = ["--model" if command.startswith("evaluate") else "--pretrained", pretrained["alpro"]]
+    args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"]]
+    args += start if from_pretrained else ["--model", "ts2net"]
+    out = tmp_path / "out"
+    assert main([command, *args, "--out", str(out), "--config", str(TINY), override]) == 2
+    message = f"invalid config: {override} must be {must}"
+    assert capsys.readouterr().err.strip().splitlines() == [f"vlp {command}: error: {message}"]
+    assert not out.exists()
+    step = {"finetune-retrieval": finetune_retrieval, "finetune-qa": finetune_qa,
+            "evaluate-retrieval": evaluate_retrieval, "evaluate-qa": evaluate_qa}[command]  # fmt: skip
+    if from_pretrained:
+        model, cfg = pretrained["alpro"], _unchecked(override)
+    else:
+        model, cfg = "", _unchecked(override, "model.family=ts2net")
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        step(pretrained["dataset"], pretrained["frames"], model, str(out), cfg)
+    assert not out.exists()
 
 
 def test_cli_chain_on_s3(pretrained, s3_bucket, s3_env):

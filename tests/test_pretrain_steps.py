@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,7 @@ import torch
 
 from vlp import storage
 from vlp.cli import main
-from vlp.config import load_config
+from vlp.config import Config, ConfigError, load_config, parse_override
 from vlp.models.prompts import PromptBank
 from vlp.steps.mine_entities import mine_entities
 from vlp.steps.pretrain import build_prompt_bank, load_prompter, pretrain, pretrain_prompter
@@ -120,6 +122,38 @@ def test_resume_against_another_tokenizer_is_refused_and_names_the_checkpoint(tr
     cfg = load_config(TINY, ["pretrain.max_steps=5", "model.tokenizer=" + trained["prompter"] + "/tokenizer"])
     with pytest.raises(ValueError, match=r"model.text_init\) differs from the one .* was trained with"):
         pretrain_prompter(trained["dataset"], trained["frames"], str(out), cfg)
+
+
+def unchecked(*overrides: str) -> Config:
+    """The tiny config with ``overrides`` set after loading, unchecked: as a caller that builds its config in Python
+    (or edits a loaded one) hands it to a step."""
+    cfg = load_config(TINY)
+    for key, value in map(parse_override, overrides):
+        section, name = key.split(".")
+        cfg = dataclasses.replace(cfg, **{section: dataclasses.replace(getattr(cfg, section), **{name: value})})
+    return cfg
+
+
+@pytest.mark.parametrize("override", ["pretrain.batch_size=0", "pretrain.max_steps=-1"])
+@pytest.mark.parametrize("step", ["pretrain-prompter", "pretrain", "pretrain --model albef"])
+def test_a_count_out_of_range_fails_before_the_step_writes_anything(step, override, trained, tmp_path, capsys):
+    """pretrain-prompter and ALBEF's pretrain write their tokenizer first thing: nothing may come before the check."""
+    inputs = ["--dataset", trained["dataset"], "--frames", trained["frames"]]
+    if step == "pretrain":
+        inputs += ["--prompter", trained["prompter"], "--prompt-bank", trained["bank"]]
+    out = tmp_path / "out"
+    assert main([*step.split(), *inputs, "--out", str(out), "--config", str(TINY), override]) == 2
+    message = f"invalid config: {override} must be >= 1"
+    assert capsys.readouterr().err.strip().splitlines() == [f"vlp {step.split()[0]}: error: {message}"]
+    assert not out.exists()
+    cfg = unchecked(override, *(["model.family=albef"] if "albef" in step else []))
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        if step == "pretrain-prompter":
+            pretrain_prompter(trained["dataset"], trained["frames"], str(out), cfg)
+        else:
+            prompter, bank = (trained["prompter"], trained["bank"]) if step == "pretrain" else ("", "")
+            pretrain(trained["dataset"], trained["frames"], prompter, bank, str(out), cfg)
+    assert not out.exists()
 
 
 def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):

@@ -2,7 +2,9 @@
 
 Every section of a config file is a dataclass. Loading is strict: an unknown key, a value of
 the wrong type or a malformed override raises :class:`ConfigError` naming the dotted key, so a
-typo never silently falls back to a default.
+typo never silently falls back to a default. So does a count, size or rate out of its range
+(:data:`RANGES`, e.g. ``pretrain.batch_size=0 must be >= 1``): :func:`validate` runs at the end
+of :func:`load_config`, and again when a step starts, before it writes anything.
 
 Example::
 
@@ -15,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -63,7 +65,9 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
     for item in overrides:
         key, value = parse_override(item)
         _set_dotted(data, key, value)
-    return from_dict(Config, data)
+    cfg = from_dict(Config, data)
+    validate(cfg)
+    return cfg
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
@@ -212,3 +216,84 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
         return value
     raise ConfigError(f"{key}: unsupported config type {tp}")
+
+
+# --------------------------------------------------------------------------- value ranges
+
+Range = tuple[Callable[[Any], bool], str]  # (is the value fine, what it must be)
+
+
+def _at_least(low: float, note: str = "") -> Range:
+    return (lambda v: v >= low), f">= {low}{note}"
+
+
+def _above(low: float, note: str = "") -> Range:
+    return (lambda v: v > low), f"> {low}{note}"
+
+
+def _within(low: float, high: float) -> Range:
+    return (lambda v: low <= v <= high), f"in [{low}, {high}]"
+
+
+_COUNT, _SIZE, _RATE, _SHARE = _at_least(1), _at_least(0), _above(0), _within(0, 1)
+_BETAS = (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values in [0, 1)"
+_CROP = (lambda v: not v or (len(v) == 2 and 0 < v[0] <= v[1] <= 1)), "[] or [lo, hi] with 0 < lo <= hi <= 1"
+_PIXELS = (lambda v: len(v) in (0, 3)), "[] (the family's) or 3 values, one per channel"
+_STD = (lambda v: len(v) in (0, 3) and all(x > 0 for x in v)), "[] (the family's) or 3 values > 0"
+_TEXT = _at_least(3, " ([CLS], a token and [SEP])")
+_OFF = " (0 = off)"
+# What the training sections share (pretrain, retrieval, qa): the optimiser, the schedule, logging, checkpoints
+_TRAINING: dict[str, Range] = {
+    "batch_size": _COUNT, "grad_accum": _COUNT, "lr": _RATE, "weight_decay": _SIZE, "warmup_ratio": _SHARE,
+    "warmup_steps": _at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": _SHARE, "warmup_start_ratio": _SHARE,
+    "crop_scale": _CROP, "log_every": _COUNT, "ckpt_every": _at_least(0, " (0 = at the end only)"),
+    "fusion_lr_mult": _RATE, "backbone_lr_mult": _RATE, "betas": _BETAS, "eps": _RATE,
+}  # fmt: skip
+_FINETUNE: dict[str, Range] = {
+    **_TRAINING, "epochs": _RATE, "max_steps": _at_least(0, " (0 = epochs x updates per epoch)"),
+    "num_frames": _COUNT, "max_len": _TEXT, "eval_batch_size": _COUNT,
+}  # fmt: skip
+# The range of every count, size and rate, by section. synth checks its own (SynthConfig.validate, called here);
+# ingest's are checked by vlp.data.ingest when its step starts (its limits change with its rejects). A number
+# that is not here may take any value (a seed, grad_clip: <= 0 = no clipping, model.frame_lambda).
+RANGES: dict[str, dict[str, Range]] = {
+    "storage": {"multipart_threshold_mb": _COUNT, "multipart_chunk_mb": _COUNT, "max_concurrency": _COUNT,
+                "max_attempts": _COUNT},
+    "frames": {"num_frames": _COUNT, "size": _at_least(8), "jpeg_quality": _within(1, 95), "videos_per_shard": _COUNT,
+               "workers": _at_least(0, " (0 = one per CPU core)"), "max_pixels": _at_least(0, _OFF),
+               "max_bytes": _at_least(0, _OFF), "timeout_s": _at_least(0, _OFF)},
+    "entities": {"top_m": _COUNT, "min_count": _COUNT, "min_len": _COUNT, "batch_size": _COUNT,
+                 "n_process": ((lambda v: v >= 1 or v == -1), ">= 1, or -1 for one per CPU")},
+    "model": {"img_size": _COUNT, "num_frames": _COUNT, "max_len": _TEXT, "vocab_size": _COUNT, "embed_dim": _COUNT,
+              "pixel_mean": _PIXELS, "pixel_std": _STD, "vtm_hard_fraction": _SHARE, "num_entities": _COUNT,
+              "momentum": _SHARE, "queue_size": _at_least(0, " (0 = in-batch ITC only)"), "alpha": _SHARE,
+              "alpha_ramp_steps": _at_least(-1, " (-1 = one epoch, 0 = none)"), "shift_last": _SIZE,
+              "shift_ratio": _SHARE, "select_k": _at_least(0, " (0 = the rule's)"),
+              "aggregator_layers": _at_least(0, " (0 = none)"), "aggregator_positions": _COUNT},
+    "pretrain": {**_TRAINING, "max_steps": _COUNT, "group_fraction": _SHARE,
+                 "group_epochs": _at_least(0, " (0 = every epoch)")},
+    "retrieval": {**_FINETUNE, "k": _COUNT, "vtm_hard_fraction": _SHARE, "report_examples": _SIZE,
+                  "rescore_scale": _RATE},
+    "qa": {**_FINETUNE, "answer_vocab": _COUNT, "answer_len": _TEXT, "answer_topk": _COUNT},
+    "tracking": {"timeout_s": _RATE, "retries": _SIZE, "retry_every_s": _SIZE},
+}  # fmt: skip
+
+
+def validate(cfg: Config) -> None:
+    """Check every count, size and rate of ``cfg`` against :data:`RANGES` (and ``synth`` against its own rules).
+
+    Raises:
+        ConfigError: one line naming every key out of range, e.g. ``pretrain.batch_size=0 must be >= 1``.
+    """
+    problems = [
+        f"{section}.{key}={value!r} must be {what}"
+        for section, ranges in RANGES.items()
+        for key, (ok, what) in ranges.items()
+        if not ok(value := getattr(getattr(cfg, section), key))
+    ]
+    try:
+        cfg.synth.validate()
+    except ValueError as exc:
+        problems.append(str(exc).removeprefix("invalid synth config: "))
+    if problems:
+        raise ConfigError(f"invalid config: {'; '.join(problems)}")
