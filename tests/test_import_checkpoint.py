@@ -7,6 +7,12 @@ release formats, fixed inputs, and what salesforce/ALPRO's and LAVIS's own class
 from __future__ import annotations
 
 import json
+import os
+import random
+import struct
+import subprocess
+import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -224,5 +230,105 @@ class _Payload:  # stands for any object a pickle could carry
 def test_a_pickle_with_arbitrary_objects_is_never_unpickled(tmp_path):
     path = tmp_path / "evil.pt"
     torch.save({"model": {"w": torch.zeros(1)}, "config": _Payload()}, path)
-    with pytest.raises(CheckpointFormatError, match=r"weights_only=True"):
+    with pytest.raises(CheckpointFormatError, match=r"evil\.pt: not a PyTorch file of tensors only") as err:
         read_checkpoint(str(path))
+    assert "Unsupported global" in str(err.value) and "weights_only=False" not in str(err.value)
+
+
+# --------------------------------------------------------------------------- damaged and hostile files
+
+
+def _safetensors(path: Path, header: dict, body: bytes = b"", declared: int | None = None) -> Path:
+    """A file in the safetensors layout: 8-byte little-endian header length, JSON header, tensor bytes."""
+    raw = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(raw) if declared is None else declared) + raw + body)
+    return path
+
+
+def _declares_8_gib(path: Path) -> Path:
+    """A PyTorch zip whose pickle declares a 2^31-element float tensor stored in a 16-byte record."""
+    small = path.with_name("small.pt")
+    torch.save({"w": torch.zeros(4)}, small)
+    big = b"J" + struct.pack("<i", 2**31 - 1)  # BININT 2^31 - 1 instead of BININT1 4: the storage and the shape
+    with zipfile.ZipFile(small) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as dst:
+        for name in src.namelist():
+            data = src.read(name)
+            if name.endswith("data.pkl"):
+                assert data.count(b"K\x04") == 2, "the pickle of a 4-element tensor names its size twice"
+                data = data.replace(b"K\x04", big)
+            dst.writestr(name, data)
+    return path
+
+
+def _misshapen_alpro(path: Path) -> Path:
+    """A well-formed safetensors file with ALPRO's keys, one matrix replaced by a scalar."""
+    from safetensors.torch import save_file
+
+    state, _ = read_checkpoint(str(FIXTURE / "lavis_retrieval.pt"))
+    state = {k: v.clone() for k, v in state.items()}
+    state["vision_proj.weight"] = torch.tensor(1.0)
+    save_file(state, str(path))
+    return path
+
+
+def _random_bytes(path: Path) -> Path:
+    path.write_bytes(random.Random(path.name).randbytes(4096))
+    return path
+
+
+def _arbitrary_objects(path: Path) -> Path:
+    torch.save({"model": {"w": torch.zeros(1)}, "config": _Payload()}, path)
+    return path
+
+
+HUGE_LAYER = "visual_encoder.model.blocks.0.mlp.fc1.weight"  # its rows are read as the MLP width
+HOSTILE = {  # file name -> (how to make it, what the error says)
+    "random.safetensors": (_random_bytes, "not a safetensors file: it declares a"),
+    "header_length_4tib.safetensors": (
+        lambda p: _safetensors(p, {}, declared=1 << 42),
+        "declares a 4,398,046,511,104-byte header in 10 bytes",
+    ),
+    "tensor_of_4tib.safetensors": (
+        lambda p: _safetensors(
+            p, {"w": {"dtype": "F32", "shape": [1 << 20, 1 << 20], "data_offsets": [0, 1 << 42]}}, b"\0" * 16
+        ),
+        "not a valid safetensors file",
+    ),
+    "offsets_past_the_end.safetensors": (
+        lambda p: _safetensors(p, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8),
+        "not a valid safetensors file",
+    ),
+    "empty_tensor_declares_a_huge_layer.safetensors": (
+        lambda p: _safetensors(p, {HUGE_LAYER: {"dtype": "F32", "shape": [10**9, 0], "data_offsets": [0, 0]}}),
+        f"1 empty tensor(s), e.g. ['{HUGE_LAYER}']",
+    ),
+    "misshapen.safetensors": (_misshapen_alpro, "its tensors do not form the model their names suggest"),
+    "random.pth": (_random_bytes, "not a PyTorch file of tensors only"),
+    "arbitrary_objects.pth": (_arbitrary_objects, "(Unsupported global: GLOBAL "),
+    "declares_8_gib.pth": (_declares_8_gib, "(record size (16 bytes) does not match expected size"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+def test_a_damaged_or_hostile_file_is_refused_in_one_line_that_names_it(name, tmp_path, capsys):
+    make, says = HOSTILE[name]
+    path = make(tmp_path / name)
+    out = tmp_path / "out"
+    assert main(["import-checkpoint", "--source", str(path), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"vlp import-checkpoint: error: {path}: "), captured.err
+    assert says in lines[0]
+    assert "weights_only=False" not in captured.out + captured.err and "trust" not in captured.err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("name", ["tensor_of_4tib.safetensors", "arbitrary_objects.pth"])
+def test_the_command_prints_no_traceback_and_no_advice_to_unpickle(name, tmp_path):
+    path = HOSTILE[name][0](tmp_path / name)
+    cmd = [sys.executable, "-m", "vlp.cli", "import-checkpoint", "--source", str(path), "--out", str(tmp_path / "o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if " INFO " not in line]
+    assert len(errors) == 1 and errors[0].startswith(f"vlp import-checkpoint: error: {path}: "), proc.stderr
+    assert "Traceback" not in proc.stderr and "weights_only=False" not in proc.stdout + proc.stderr

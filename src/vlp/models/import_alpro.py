@@ -15,12 +15,14 @@ Two formats are read (key layouts written down from the reference code, see
 The architecture is read from the shapes (widths, depths, patch size, frame size, frames, vocabulary, text
 positions, projection size, PEM entities, answers); what shapes cannot tell (attention heads, where BERT splits
 into text and fusion layers) comes from the caller, with ALPRO's values as defaults (head width 64, the second
-half of BERT fuses). Files are read with ``torch.load(weights_only=True)`` or safetensors: nothing is unpickled.
+half of BERT fuses). Files are read with ``torch.load(weights_only=True)`` or safetensors: nothing but tensors
+and plain containers is unpickled (:func:`read_checkpoint`).
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -84,24 +86,17 @@ def read_checkpoint(uri: str) -> tuple[dict[str, Tensor], str]:
     """``(state dict, SHA-256 of the file)``; a ``{"model": ...}`` / ``{"state_dict": ...}`` wrapper and DDP's
     ``module.`` prefix are removed; tensors only (other entries of a wrapper, e.g. an epoch, are dropped).
 
+    ``.safetensors`` files are read with safetensors, anything else with torch's weights-only unpickler: no other
+    object is ever rebuilt, and a file either loader refuses (damaged, truncated, random bytes, a header that
+    declares more bytes than the file has, a pickle of arbitrary objects) is a one-line error naming the file.
+
     Raises:
-        CheckpointFormatError: not a state dict, or it holds objects that only unpickling could rebuild.
+        CheckpointFormatError: not a readable checkpoint, not a state dict, or it holds empty tensors (shapes
+            that claim sizes the file does not hold).
     """
     with storage.local_copy(uri) as path:
         digest = _sha256(path)
-        if path.endswith(".safetensors"):
-            from safetensors.torch import load_file
-
-            state: Any = load_file(path)
-        else:
-            try:
-                state = torch.load(path, map_location="cpu", weights_only=True)
-            except Exception as exc:  # UnpicklingError for arbitrary objects; RuntimeError for non-torch files
-                raise CheckpointFormatError(
-                    f"{uri}: cannot be read with torch.load(weights_only=True): {exc}. vlp never unpickles "
-                    "arbitrary objects; in an environment you trust, save just the tensors: "
-                    "torch.save(torch.load(f, weights_only=False)['model'], 'weights.pt')"
-                ) from exc
+        state = _load_safetensors(path, uri) if path.endswith(".safetensors") else _load_pickle(path, uri)
     for wrapper in ("model", "state_dict", "module"):
         if isinstance(state, Mapping) and isinstance(state.get(wrapper), Mapping):
             state = state[wrapper]
@@ -111,7 +106,66 @@ def read_checkpoint(uri: str) -> tuple[dict[str, Tensor], str]:
     tensors = {str(k).removeprefix("module."): v for k, v in state.items() if isinstance(v, Tensor)}
     if not tensors:
         raise CheckpointFormatError(f"{uri}: the state dict holds no tensors")
+    empty = sorted(k for k, v in tensors.items() if v.numel() == 0)
+    if empty:  # a 0 in a shape lets a tiny file declare any other dimension, and so a model of any size
+        raise CheckpointFormatError(
+            f"{uri}: holds {len(empty)} empty tensor(s), e.g. {empty[:3]}; no model vlp imports has one: the file "
+            "is damaged or not model weights"
+        )
     return tensors, digest
+
+
+def _load_safetensors(path: str, uri: str) -> Any:
+    """The tensors of a ``.safetensors`` file. The header length it declares is checked against the file's size
+    first; safetensors checks the header itself (JSON, dtypes, shapes, offsets) before it reads any tensor."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    size = os.path.getsize(path)
+    with open(path, "rb") as f:
+        head = f.read(8)
+    declared = int.from_bytes(head, "little")
+    if len(head) < 8 or not 0 < declared <= size - 8:
+        what = f"declares a {declared:,}-byte header in" if len(head) == 8 else "has no 8-byte header length in its"
+        raise CheckpointFormatError(
+            f"{uri}: not a safetensors file: it {what} {size:,} bytes; the file is damaged or another format "
+            "(a .pt/.pth/.bin file is read as a PyTorch file)"
+        )
+    try:
+        return load_file(path)
+    except (SafetensorError, ValueError, OSError) as exc:  # a bad header: JSON, dtype, shapes, offsets
+        raise CheckpointFormatError(
+            f"{uri}: not a valid safetensors file ({_one_line(exc)}); it is damaged or was cut short: fetch it again"
+        ) from exc
+
+
+def _load_pickle(path: str, uri: str) -> Any:
+    """A PyTorch file read with torch's weights-only unpickler: tensors and plain containers, nothing else."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # UnpicklingError: random bytes, arbitrary objects; RuntimeError: a broken archive
+        raise CheckpointFormatError(
+            f"{uri}: not a PyTorch file of tensors only ({_unpickling_reason(exc)}); vlp reads tensors and plain "
+            "containers, never other pickled objects: export the state dict's tensors (e.g. as .safetensors) "
+            "from the file's source"
+        ) from exc
+
+
+def _unpickling_reason(exc: BaseException) -> str:
+    """What torch's loader objected to, in one line, without its advice on loading the file unsafely."""
+    text = str(exc)
+    marker = "WeightsUnpickler error:"
+    if marker in text:
+        text = text.split(marker, 1)[1]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    reason = (lines[0] if lines else type(exc).__name__).split(". ")[0].rstrip(".")
+    if "weights_only" in reason or "trust" in reason:  # torch's advice, not a reason
+        return type(exc).__name__
+    return reason[:200]
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300] or type(exc).__name__
 
 
 def _sha256(path: str) -> str:
