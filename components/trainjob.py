@@ -15,8 +15,9 @@ The runtime sets ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PE
 ``--nproc-per-node``, ``--node-rank``, ``--master-addr`` and ``--master-port``: the command is
 ``python -m torch.distributed.run -m vlp.cli <step> ...`` with no flags, and the training code reads only what
 torchrun sets (``RANK``, ``WORLD_SIZE``, ...). The step config travels as text in ``VLP_STEP_CONFIG`` (a
-component's config may be YAML text that exists only in the launching pod); object-store and MLflow
-credentials travel as references to their Secrets, never as values.
+component's config may be YAML text that exists only in the launching pod, and the launching pod refuses one
+that carries a credential); object-store and MLflow credentials travel as references to their Secrets, never as
+values. The node pods run as the steps' non-root user on a read-only root filesystem (``Launch.run_as``).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ class Launch:
     shm_size: str = ""
     env: list[dict[str, Any]] = field(default_factory=list)  # Kubernetes EnvVar objects (values or secret refs)
     pod_labels: dict[str, str] = field(default_factory=dict)  # on the node pods (e.g. the MLflow client label)
+    run_as: dict[str, int] = field(default_factory=dict)  # {"user", "group"}: non-root, read-only root filesystem
     poll_s: float = 10.0
 
     @classmethod
@@ -71,6 +73,8 @@ class Launch:
             raise ValueError(f"a TrainJob needs num_nodes >= 2 and proc_per_node >= 1, got {data}")
         if not launch.image:
             raise ValueError("a TrainJob needs the step's image")
+        if launch.run_as and (set(launch.run_as) != {"user", "group"} or min(launch.run_as.values()) < 1):
+            raise ValueError(f"run_as must be {{'user': uid, 'group': gid}} with both > 0, got {launch.run_as}")
         return launch
 
 
@@ -130,7 +134,8 @@ def manifest(
 
 
 def _pod_patch(launch: Launch) -> dict[str, Any]:
-    """The node pods' scheduling and /dev/shm, as the runtime patch allows (no env: that is ``trainer.env``)."""
+    """The node pods' scheduling, /dev/shm and security, as the runtime patch allows (no env: that is
+    ``trainer.env``)."""
     pod: dict[str, Any] = {}
     if launch.node_selector:
         pod["nodeSelector"] = dict(launch.node_selector)
@@ -138,10 +143,43 @@ def _pod_patch(launch: Launch) -> dict[str, Any]:
         pod["tolerations"] = [dict(t) for t in launch.tolerations]
     if launch.service_account:
         pod["serviceAccountName"] = launch.service_account
+    volumes, mounts = [], []
     if launch.shm_size:
-        pod["volumes"] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": launch.shm_size}}]
-        pod["containers"] = [{"name": NODE_JOB, "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}]
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": launch.shm_size}})
+        mounts.append({"name": "dshm", "mountPath": "/dev/shm"})
+    container: dict[str, Any] = {"name": NODE_JOB}
+    if launch.run_as:
+        pod["securityContext"] = _pod_security(launch.run_as)
+        container["securityContext"] = CONTAINER_SECURITY
+        volumes += [{"name": name, "emptyDir": {}} for name in SCRATCH]
+        mounts += [{"name": name, "mountPath": path} for name, path in SCRATCH.items()]
+    if volumes:
+        pod["volumes"] = volumes
+        container["volumeMounts"] = mounts
+    if len(container) > 1:
+        pod["containers"] = [container]
     return pod
+
+
+# The node container as the Helm chart runs its own: no privilege escalation, no capabilities, a read-only root
+# filesystem with emptyDirs where the step writes (mktemp's config file, caches in $HOME). The image-test runs the
+# node command exactly so (scripts/image-test.sh).
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "readOnlyRootFilesystem": True,
+    "capabilities": {"drop": ["ALL"]},
+}
+SCRATCH = {"tmp": "/tmp", "home": "/home/vlp"}  # emptyDir name -> mount path
+
+
+def _pod_security(run_as: dict[str, int]) -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "runAsUser": run_as["user"],
+        "runAsGroup": run_as["group"],
+        "fsGroup": run_as["group"],
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 # --------------------------------------------------------------------------- status

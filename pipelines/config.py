@@ -374,8 +374,8 @@ def scale(cfg: PipelineConfig, name: str) -> dict[str, Any]:
 
 def launch_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
     """What ``components.trainjob.Launch`` needs for step ``name`` on ``num_nodes`` nodes ({} for one node): its
-    image, one node's resources, scheduling and /dev/shm, and the environment of every step pod (credentials as
-    Secret references)."""
+    image, one node's resources, scheduling and /dev/shm, the environment of every step pod (credentials as
+    Secret references) and ``run_as`` (the node pods run non-root on a read-only root filesystem)."""
     s = cfg.step(name)
     if s.num_nodes <= 1:
         return {}
@@ -397,6 +397,7 @@ def launch_settings(cfg: PipelineConfig, name: str) -> dict[str, Any]:
         "shm_size": s.shm_size,
         "env": secret_env(cfg) + [{"name": k, "value": v} for k, v in environment(cfg).items()],
         "pod_labels": dict([MLFLOW_CLIENT_LABEL]) if cfg.tracking_uri else {},
+        "run_as": {"user": cfg.run_as.user, "group": cfg.run_as.group},
     }
 
 

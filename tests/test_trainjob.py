@@ -88,6 +88,27 @@ def test_the_generated_trainjob_validates_against_the_crd_schema() -> None:
     assert "runtimePatches" not in bare["spec"] and "resourcesPerNode" not in bare["spec"]["trainer"]
 
 
+def test_node_pods_run_non_root_on_a_read_only_root_filesystem() -> None:
+    """With ``run_as`` (every compiled launch has it) the node pods meet the restricted Pod Security level and write
+    only to emptyDirs, as scripts/image-test.sh runs the node command."""
+    job = body(launch=gpu_launch(run_as={"user": 10001, "group": 10001}))
+    jsonschema.validate(job, SCHEMA)
+    pod = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"][0]
+    pod = pod["template"]["spec"]["template"]["spec"]
+    assert pod["securityContext"] == {"runAsNonRoot": True, "runAsUser": 10001, "runAsGroup": 10001,
+                                      "fsGroup": 10001, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    (node,) = pod["containers"]
+    assert node["securityContext"] == {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                                       "capabilities": {"drop": ["ALL"]}}  # fmt: skip
+    volumes = {v["name"]: v["emptyDir"] for v in pod["volumes"]}
+    mounts = {m["mountPath"]: m["name"] for m in node["volumeMounts"]}
+    assert mounts == {"/dev/shm": "dshm", "/tmp": "tmp", "/home/vlp": "home"} and set(volumes) == set(mounts.values())
+    assert "mktemp" in job["spec"]["trainer"]["command"][2]  # the config file goes to /tmp, an emptyDir
+    for bad in ({"user": 0, "group": 10001}, {"user": 10001}):
+        with pytest.raises(ValueError, match="run_as must be"):
+            gpu_launch(run_as=bad)
+
+
 @pytest.mark.parametrize(
     ("path", "value"),
     [(("trainer", "numNodes"), "4"), (("trainer", "numProcPerNode"), "auto"), (("runtimeRef",), {}),
@@ -134,6 +155,8 @@ def test_a_multi_node_step_compiles_its_launch_settings(tmp_path: Path) -> None:
     jsonschema.validate(job, SCHEMA)
     (patch,) = job["spec"]["runtimePatches"][0]["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert patch["template"]["spec"]["template"]["metadata"]["labels"] == {"vlp.dev/mlflow-client": "true"}
+    assert launch.run_as == {"user": 10001, "group": 10001}  # the pipeline config's run_as: the steps' own user
+    assert patch["template"]["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
     assert pipeline_config.launch_settings(cfg, "finetune_qa") == {}
     assert pipeline_config.scale(cfg, "finetune_qa") == {"nproc": 1}
     bad = tmp_path / "bad.yaml"
@@ -334,6 +357,23 @@ def test_a_step_with_launch_settings_runs_as_a_trainjob(
     with pytest.raises(ValueError, match="data_root run parameter"):
         local.run(lambda cfg: {}, ["pretrain", "--dataset", "/tmp/ds", "--out", out], out)
     assert len([r for r in state["requests"] if r[0] == "POST"]) == 1
+
+
+def test_a_config_carrying_a_secret_never_reaches_a_trainjob(
+    kube: tuple[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step config travels in the TrainJob's VLP_STEP_CONFIG (readable by whoever reads TrainJobs): a config
+    with a storage key is refused in the launching pod, before anything is sent to the API server."""
+    from components._runtime import Step
+
+    url, state = kube
+    monkeypatch.setattr(trainjob, "in_cluster", lambda: (api_client(url), "ml"))
+    monkeypatch.setenv("KFP_POD_NAME", "run-pod-8")
+    config = TINY.read_text(encoding="utf-8") + "storage:\n  secret_access_key: SENTINEL-s3cr3t\n"
+    with pytest.raises(ValueError, match="credentials in the step config") as refused:
+        Step("pretrain", config, [], "run-1", launch={"num_nodes": 2, "image": "img", "poll_s": 0.05})
+    assert "SENTINEL" not in str(refused.value)
+    assert not state["requests"]
 
 
 # --------------------------------------------------------------------------- the node command under PET_*
