@@ -14,14 +14,12 @@ TIMING = ("train/clips_per_s", "train/peak_rss_mb", "train/peak_mem_mb")
 
 
 def metrics_by_step(out: Path) -> dict[int, dict]:
-    """The last line of every step of ``<out>/metrics.jsonl`` (a resume repeats the steps after its checkpoint),
-    timing figures dropped."""
-    rows = {}
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        if "step" in row:
-            rows[row["step"]] = {k: v for k, v in row.items() if k not in TIMING}
-    return rows
+    """Every step's line of ``<out>/metrics.jsonl``, timing figures dropped; asserts that the file holds each step
+    once, in order (a resume rewinds it to its checkpoint before logging the steps after it again)."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [row["step"] for row in rows if "step" in row]
+    assert steps == sorted(set(steps)), f"{out}/metrics.jsonl repeats or reorders steps: {steps}"
+    return {row["step"]: {k: v for k, v in row.items() if k not in TIMING} for row in rows if "step" in row}
 
 
 def kill_then_rerun(cmd: Callable[[Path], list[str]], root: Path, kill_after: int, last: int) -> dict:

@@ -1,4 +1,15 @@
-from vlp.tracking import MultiLogger, flatten
+"""vlp.tracking without a server: params, fan-out, reading metrics.jsonl, and `vlp tracking sync` on a sqlite store."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from vlp.cli import main
+from vlp.tracking import MultiLogger, TrackingConfig, client, flatten, read_metrics
 
 
 def test_flatten_nested_params():
@@ -26,3 +37,106 @@ def test_multi_logger_fans_out():
     multi.log_params({"k": 1})
     multi.log_metrics({"loss": 0.5}, 3)
     assert a.calls == b.calls == [("p", {"k": 1}), ("m", {"loss": 0.5}, 3)]
+
+
+# --------------------------------------------------------------------------- metrics.jsonl and `vlp tracking sync`
+
+
+def _write_out(out: Path, lines: list[str], summary: dict | None) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "metrics.jsonl").write_text("".join(f"{line}\n" for line in lines))
+    if summary is not None:
+        (out / "summary.json").write_text(json.dumps(summary))
+
+
+OLD_FILE = [  # as written before resumes rewound the file: steps 2 and 3 twice, and a line cut by a kill
+    '{"params": {"train": {"max_steps": 4}}}',
+    '{"step": 1, "train/loss": 4.0}',
+    '{"step": 2, "train/loss": 3.5}',
+    '{"step": 3, "train/loss": 3.25}',
+    '{"step": 2, "train/loss": 3.0}',
+    '{"step": 3, "train/loss": 2.0}',
+    '{"step": 4, "train/lo',
+    '{"step": 4, "train/loss": 1.0}',
+]
+
+
+def test_read_metrics_keeps_each_step_once_the_last_line_winning(tmp_path: Path) -> None:
+    _write_out(tmp_path, OLD_FILE, None)
+    with pytest.warns(UserWarning, match=r"metrics.jsonl line 7 is not JSON"):
+        params, rows = read_metrics(str(tmp_path / "metrics.jsonl"))
+    assert params == [{"train": {"max_steps": 4}}]
+    assert rows == [{"step": s, "train/loss": v} for s, v in ((1, 4.0), (2, 3.0), (3, 2.0), (4, 1.0))]
+    assert read_metrics(str(tmp_path / "missing.jsonl")) == ([], [])
+
+
+def _sync(out: Path, store: Path, capsys: pytest.CaptureFixture, *extra: str) -> tuple[int, dict | str]:
+    code = main(["tracking", "sync", str(out), f"tracking.tracking_uri=sqlite:///{store}", *extra])
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if code == 0 else captured.err
+
+
+def test_sync_sends_each_step_once_in_order_and_twice_nothing(tmp_path: Path, capsys) -> None:
+    out, store = tmp_path / "out", tmp_path / "mlflow.db"
+    stale = {"step": "pretrain", "steps": 4, "tracking": {"run_id": None, "complete": False, "unsent": 6}}
+    _write_out(out, OLD_FILE, stale)  # the server was down for the whole step: no run was ever opened
+    with pytest.warns(UserWarning, match="line 7 is not JSON"):
+        code, report = _sync(out, store, capsys)
+    assert code == 0 and report["sent"] == 4 and report["status"] == "FINISHED"
+    cfg = TrackingConfig(tracking_uri=f"sqlite:///{store}")
+    run = client(cfg).get_run(report["run_id"])
+    assert run.info.status == "FINISHED" and run.info.run_name == "pretrain"
+    assert run.data.tags["vlp.out"] == str(out) and run.data.params == {"train.max_steps": "4"}
+    history = [(m.step, m.value) for m in client(cfg).get_metric_history(run.info.run_id, "train/loss")]
+    assert history == [(1, 4.0), (2, 3.0), (3, 2.0), (4, 1.0)]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tracking"] == {"run_id": run.info.run_id, "complete": True, "unsent": 0, "outages": 0}
+    record = json.loads((out / "tracking.json").read_text())
+    assert (record["run_id"], record["status"], record["complete"]) == (run.info.run_id, "FINISHED", True)
+
+    with pytest.warns(UserWarning, match="line 7 is not JSON"):
+        code, again = _sync(out, store, capsys)
+    assert code == 0 and again == report | {"sent": 0}
+    assert len(client(cfg).get_metric_history(run.info.run_id, "train/loss")) == 4
+    assert client(cfg).get_run(run.info.run_id).info.end_time == run.info.end_time
+
+
+def test_sync_of_a_step_that_did_not_finish_leaves_its_run_running_unless_told(tmp_path: Path, capsys) -> None:
+    out, store = tmp_path / "out", tmp_path / "mlflow.db"
+    _write_out(out, OLD_FILE[:4], None)  # killed: no summary.json, nothing recorded
+    code, report = _sync(out, store, capsys)
+    assert code == 0 and (report["sent"], report["status"]) == (3, "RUNNING")
+    cfg = TrackingConfig(tracking_uri=f"sqlite:///{store}")
+    assert client(cfg).get_run(report["run_id"]).info.status == "RUNNING"
+    code, killed = _sync(out, store, capsys, "--status", "KILLED")
+    assert code == 0 and (killed["run_id"], killed["sent"], killed["status"]) == (report["run_id"], 0, "KILLED")
+    assert client(cfg).get_run(report["run_id"]).info.status == "KILLED"
+
+
+def test_sync_errors_say_what_is_wrong(tmp_path: Path, capsys) -> None:
+    code, err = _sync(tmp_path / "nothing", tmp_path / "m.db", capsys)
+    assert code == 2 and "has no metrics.jsonl: nothing to sync" in err
+    _write_out(tmp_path / "out", OLD_FILE[:2], {"step": "pretrain"})
+    assert main(["tracking", "sync", str(tmp_path / "out")]) == 2
+    assert "tracking.tracking_uri is empty" in capsys.readouterr().err
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    with pytest.warns(UserWarning, match="is down"):
+        code = main(["tracking", "sync", str(tmp_path / "out"), f"tracking.tracking_uri={url}",
+                     "tracking.timeout_s=1", "tracking.retries=0"])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 1 and "tracking error" in err and "run `vlp tracking sync" in err
+
+
+def test_multi_logger_rewinds_the_loggers_that_can():
+    class Rewindable:
+        def __init__(self):
+            self.rewound = []
+
+        def rewind(self, step):
+            self.rewound.append(step)
+
+    a = Rewindable()
+    MultiLogger([a, object()]).rewind(3)
+    assert a.rewound == [3]

@@ -560,6 +560,45 @@ def test_kill_and_resume_on_s3(s3_bucket: str, straight_runs: dict[int, nn.Modul
     assert lines[0]["params"]["train"]["max_steps"] == 8 and lines[-1]["step"] == 8
 
 
+TIMING = ("train/clips_per_s", "train/peak_rss_mb")
+
+
+def _metric_lines(out: str) -> tuple[list[dict], list[dict]]:
+    """``(params lines, step lines)`` of ``<out>/metrics.jsonl`` as written, timing figures dropped."""
+    lines = [json.loads(s) for s in storage.read_text(f"{out}/metrics.jsonl").splitlines()]
+    steps = [{k: v for k, v in line.items() if k not in TIMING} for line in lines if "step" in line]
+    return [line for line in lines if "params" in line], steps
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_metrics_jsonl_holds_each_step_once_after_kill_and_resume(tmp_path: Path, request, where: str) -> None:
+    root = request.getfixturevalue("s3_bucket") + "/jsonl" if where == "s3" else str(tmp_path)
+    x, y = make_data(10)
+    train(TinyMLP(), ce_step, make_loader(x, y, 3), cfg_for(f"{root}/straight"), OPT)
+    out = f"{root}/killed"
+    with pytest.raises(Killed):  # updates 1..5 logged, checkpoint at 3: a resume runs 4 and 5 again
+        train(TinyMLP(), killing(ce_step, 10), make_loader(x, y, 3), cfg_for(out), OPT)
+    assert [line["step"] for line in _metric_lines(out)[1]] == [1, 2, 3, 4, 5]
+    if where == "local":  # and the kill cut a line short
+        with open(f"{out}/metrics.jsonl", "a", encoding="utf-8") as fh:
+            fh.write('{"step": 6, "train/lo')
+    result = train(TinyMLP(seed=5), ce_step, make_loader(x, y, 3), cfg_for(out), OPT)
+    assert result.start_step == 3
+    params, steps = _metric_lines(out)
+    assert [line["step"] for line in steps] == list(range(1, 9)), "each step once, in order"
+    assert len(params) == 1 and params[0]["params"]["train"]["out_dir"] == out
+    assert steps == _metric_lines(f"{root}/straight")[1], "the same curves as an uninterrupted run's"
+
+
+def test_training_from_the_start_empties_a_stale_metrics_file(tmp_path: Path) -> None:
+    x, y = make_data(10)
+    with pytest.raises(Killed):  # killed before its first checkpoint: a rerun starts over
+        train(TinyMLP(), killing(ce_step, 4), make_loader(x, y, 3), cfg_for(tmp_path), OPT)
+    train(TinyMLP(), ce_step, make_loader(x, y, 3), cfg_for(tmp_path), OPT)
+    params, steps = _metric_lines(str(tmp_path))
+    assert len(params) == 1 and [line["step"] for line in steps] == list(range(1, 9))
+
+
 @pytest.mark.parametrize("damaged", [MODEL_FILE, OPTIM_FILE, "rng-rank00000.safetensors", STATE_FILE])
 def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
     tmp_path: Path, straight_runs: dict[int, nn.Module], damaged: str

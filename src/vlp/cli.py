@@ -2,7 +2,9 @@
 
 Every step takes input/output URIs (local paths or ``s3://bucket/prefix``), ``--config FILE``
 and trailing ``section.key=value`` overrides, prints a JSON summary on stdout and exits 0 on
-success, 2 on bad usage or bad input, 1 on an unexpected failure.
+success, 2 on bad usage or bad input, 1 on an unexpected failure. ``vlp tracking sync OUT`` (not a
+step) sends a training output's MLflow run what it lacks of ``OUT/metrics.jsonl`` and ends the run;
+it exits 1 when the tracking server cannot take it.
 """
 
 from __future__ import annotations
@@ -46,6 +48,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     p.add_argument("--num-videos", type=int, default=None, help="number of clips (default: synth.num_videos)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: synth.seed)")
+    _common(p)
+
+    track = sub.add_parser("tracking", help="MLflow tracking utilities (sync)")
+    track_sub = track.add_subparsers(dest="tracking_command", required=True, metavar="COMMAND")
+    p = track_sub.add_parser(
+        "sync",
+        help="send a training output's MLflow run what it lacks of OUT/metrics.jsonl, in step order, and end it "
+        "with the step's status (a finished step: FINISHED); running it again sends nothing twice",
+        epilog=EPILOG,
+    )
+    p.add_argument("out", help="training step output directory or s3:// prefix (holds metrics.jsonl)")
+    p.add_argument("--status", choices=["FINISHED", "FAILED", "KILLED"], default="",
+                   help="end the run so (default: FINISHED when OUT has summary.json, else the status the step "
+                   "recorded; a step that has not finished stays RUNNING)")  # fmt: skip
     _common(p)
 
     p = sub.add_parser(
@@ -188,6 +204,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from vlp.steps.synth import synth
 
         return synth(args.out, cfg)
+    if args.command == "tracking":
+        from vlp import storage, tracking
+
+        storage.configure(cfg.storage)
+        return tracking.sync(cfg.tracking, args.out, args.status)
     if args.command == "ingest":
         from vlp.steps.ingest import ingest, ingest_part
 
@@ -257,12 +278,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vlp.config import ConfigError
     from vlp.data.manifest import ManifestError
     from vlp.storage import StorageError
+    from vlp.tracking import TrackingError
 
     try:
         summary = run(args)
     except (ConfigError, ManifestError, FileNotFoundError, ValueError) as exc:
         print(f"vlp {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except TrackingError as exc:  # the MLflow server is down or refused: nothing is lost, run it again later
+        print(f"vlp {args.command}: tracking error: {exc}", file=sys.stderr)
+        return 1
     except StorageError as exc:  # e.g. a missing bucket, bad credentials, an unreachable endpoint
         if args.verbose:
             logging.exception("storage error")

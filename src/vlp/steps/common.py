@@ -137,6 +137,9 @@ def train_model(
 
     ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
     The checkpoints record ``tokenizer``'s digest, and a resume with another tokenizer is refused.
+    The MLflow run is ``out``'s (:class:`vlp.tracking.MlflowLogger` with ``out``): a resume, or a rerun of a
+    finished step, continues the run an earlier call opened, sends it what it lacks of ``metrics.jsonl`` and
+    ends it with this call's status, so an outage that outlasted the step is made good by the rerun.
     """
     from vlp.models.tokenizer import tokenizer_digest
     from vlp.tracking import MlflowLogger, MultiLogger
@@ -174,7 +177,8 @@ def train_model(
     if distributed.rank() == 0:
         loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]
         if config.tracking.tracking_uri:
-            mlflow_run = MlflowLogger(config.tracking, run_name=name, tags={"vlp.step": name, "vlp.out": out})
+            tags = {"vlp.step": name, "vlp.out": out}
+            mlflow_run = MlflowLogger(config.tracking, run_name=name, tags=tags, out=out)
             loggers.append(mlflow_run)
         logger = MultiLogger(loggers)
     identity = {"tokenizer_sha256": tokenizer_digest(tokenizer)}
@@ -193,7 +197,8 @@ def train_summary(result: Any) -> dict[str, Any]:
     """The summary entries of a training step: steps, checkpoint, metrics, and whether and where it resumed.
 
     ``skipped`` is true when the output was already trained to the end (a rerun): nothing was trained, every
-    output stays as it was, and ``metrics`` are those the finished run logged last.
+    output stays as it was, and ``metrics`` are those the finished run logged last (``tracking`` then says
+    whether the output's MLflow run has caught up).
     """
     return {
         "steps": result.step,

@@ -260,8 +260,9 @@ class JsonlMetricsLogger:
     """One JSON object per line: ``{"step": s, "train/loss": ...}`` or ``{"params": {...}}``.
 
     Local files are appended to; on ``s3://`` (no appends) the whole file is rewritten atomically on
-    every call, which is fine for the few thousand lines of a run. After a resume, the steps between
-    the last checkpoint and the interruption appear twice; readers keep the last line of a step.
+    every call, which is fine for the few thousand lines of a run. :func:`train` calls :meth:`rewind`
+    before it logs, so the file holds each step once, also after a resume (read it with
+    :func:`vlp.tracking.read_metrics`).
     """
 
     def __init__(self, uri: str) -> None:
@@ -285,6 +286,25 @@ class JsonlMetricsLogger:
 
     def log_params(self, params: dict[str, Any]) -> None:
         self._write({"params": json.loads(json.dumps(params, default=str))})
+
+    def rewind(self, step: int) -> None:
+        """Drop the lines of the steps after ``step``: a resume from checkpoint ``step`` logs them again.
+
+        ``step == 0`` (training from the start) empties the file, params included. A line cut short by a
+        kill is dropped too (it was being written after the last checkpoint).
+        """
+        if not storage.exists(self.uri):
+            self._lines = []
+            return
+        kept = []
+        for line in storage.read_text(self.uri).splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                record = json.loads(line)
+                if step > 0 and ("params" in record or int(record.get("step", step + 1)) <= step):
+                    kept.append(line)
+        if storage.is_s3(self.uri):
+            self._lines = kept
+        storage.write_text(self.uri, "".join(f"{line}\n" for line in kept))  # atomic on both backends
 
 
 # --------------------------------------------------------------------------- config and result
@@ -560,7 +580,8 @@ def train(
         data: Iterable of batches, ideally with ``state_dict()/load_state_dict()`` (exact resume).
         cfg: Loop settings.
         optim_cfg: AdamW / schedule / clipping settings (defaults: :class:`OptimConfig`).
-        metrics_logger: Receives metrics on rank 0; default: JSONL at ``<out_dir>/metrics.jsonl``.
+        metrics_logger: Receives metrics on rank 0; default: JSONL at ``<out_dir>/metrics.jsonl``. One with a
+            ``rewind(step)`` method is rewound to the step training starts from before anything is logged.
         resume: Continue from the newest complete checkpoint under ``<out_dir>/checkpoints`` if any.
         identity: What the weights are only valid with (e.g. ``{"tokenizer_sha256": ...}``): recorded in every
             checkpoint; a resume from a checkpoint that recorded another value raises ``CheckpointError``.
@@ -580,6 +601,8 @@ def train(
     logger = metrics_logger
     if logger is None and run.rank == 0:
         logger = JsonlMetricsLogger(storage.join(cfg.out_dir, "metrics.jsonl"))
+    if logger is not None and run.rank == 0 and hasattr(logger, "rewind"):
+        logger.rewind(start)  # the steps after the checkpoint are logged again below: keep each step once
     if logger is not None and run.rank == 0 and resumed_from is None:
         logger.log_params({"train": dataclasses.asdict(cfg), "optim": dataclasses.asdict(optim_cfg)})
     # no buffer broadcast: every rank keeps its buffers equal by construction (ALBEF's queues are written from
