@@ -22,6 +22,7 @@ values. The node pods run as the steps' non-root user on a read-only root filesy
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import os
 import signal
@@ -150,7 +151,7 @@ def _pod_patch(launch: Launch) -> dict[str, Any]:
     container: dict[str, Any] = {"name": NODE_JOB}
     if launch.run_as:
         pod["securityContext"] = _pod_security(launch.run_as)
-        container["securityContext"] = CONTAINER_SECURITY
+        container["securityContext"] = copy.deepcopy(CONTAINER_SECURITY)
         volumes += [{"name": name, "emptyDir": {}} for name in SCRATCH]
         mounts += [{"name": name, "mountPath": path} for name, path in SCRATCH.items()]
     if volumes:
