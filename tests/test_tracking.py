@@ -4,12 +4,23 @@ from __future__ import annotations
 
 import json
 import socket
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from vlp.cli import main
-from vlp.tracking import MultiLogger, TrackingConfig, client, flatten, read_metrics
+from vlp.tracking import (
+    KIND_TAG,
+    MlflowLogger,
+    MultiLogger,
+    TrackingConfig,
+    client,
+    end_run,
+    flatten,
+    read_metrics,
+    start_run,
+)
 
 
 def test_flatten_nested_params():
@@ -140,3 +151,36 @@ def test_multi_logger_rewinds_the_loggers_that_can():
     a = Rewindable()
     MultiLogger([a, object()]).rewind(3)
     assert a.rewound == [3]
+
+
+def test_a_pipeline_retry_takes_the_output_over_and_a_resumed_run_reopens(tmp_path: Path) -> None:
+    cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="takeover")
+    out = tmp_path / "out"
+    _write_out(out, OLD_FILE[:4], None)
+    first = MlflowLogger(cfg, "pretrain", out=str(out))  # an attempt that is killed: it never closes
+    with open(out / "metrics.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"step": 4, "train/loss": 1.0}\n')  # in the file, never sent
+    mlflow_client = client(cfg)
+
+    def steps(run_id: str) -> list[int]:
+        return [m.step for m in mlflow_client.get_metric_history(run_id, "train/loss")]
+
+    assert steps(first.run_id) == [1, 2, 3]
+    retry = start_run(cfg, "pretrain", {KIND_TAG: "step"})  # the retry's step run (track_step opens it)
+    second = MlflowLogger(replace(cfg, run_id=retry), "pretrain", out=str(out))
+    second.log_metrics({"train/loss": 0.5}, 5)
+    assert second.close() == {"run_id": retry, "complete": True, "unsent": 0, "outages": 0}
+    assert steps(retry) == [1, 2, 3, 4, 5], "the retry's run holds the whole curve"
+    assert mlflow_client.get_run(first.run_id).info.status == "KILLED"
+    assert mlflow_client.get_run(retry).info.status == "RUNNING", "an attached run is its owner's to end"
+    assert json.loads((out / "tracking.json").read_text())["run_id"] == retry
+
+    end_run(cfg, retry, "FAILED")  # the step failed; a rerun resumes it
+    third = MlflowLogger(cfg, "pretrain", out=str(out))
+    assert third.run_id == retry
+    third.log_metrics({"train/loss": 0.5, "train/lr": 0.1}, 5)  # step 5 again after a resume from step 4
+    third.log_metrics({"train/loss": 0.25}, 6)
+    assert mlflow_client.get_run(retry).info.status == "RUNNING", "training goes on in the reopened run"
+    third.close()
+    assert steps(retry) == [1, 2, 3, 4, 5, 6] and mlflow_client.get_run(retry).info.status == "FINISHED"
+    assert [m.step for m in mlflow_client.get_metric_history(retry, "train/lr")] == [5]

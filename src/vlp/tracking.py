@@ -397,7 +397,9 @@ class MlflowLogger:
     (KILLED when it recorded none).
     """
 
-    def __init__(self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None, out: str = ""):
+    def __init__(
+        self, cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None, out: str = ""
+    ) -> None:
         self._cfg, self._run_name, self._tags, self._out = cfg, run_name, dict(tags or {}), out
         self._owned = not cfg.run_id
         self._record, self._backlog = self._read_output(out) if out else ({}, [])
@@ -416,7 +418,8 @@ class MlflowLogger:
 
     @property
     def unsent(self) -> int:
-        """Records (metrics batches, params, tags, the run's end) not yet accepted by the server."""
+        """Records (one step's metrics, params, tags, the run's end) not yet accepted by the server; until the
+        server is first reached, every record of the output's ``metrics.jsonl`` counts too."""
         return len(self._pending) + len(self._backlog)
 
     @property
