@@ -245,6 +245,23 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [
+        (["model.family=alpro"], "PEM needs num_entities >= 1"),  # ALPRO's pre-training objectives, from scratch
+        (["model.losses=[vtc,vtm]", "model.img_size=30"], "img_size=30 must be a positive multiple of patch_size"),
+    ],
+)
+def test_retrieval_from_scratch_with_a_model_that_cannot_build_writes_no_tokenizer(
+    overrides, says, pretrained, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"], "--out", str(out)]
+    assert main(["finetune-retrieval", *args, "--config", str(TINY), *overrides]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_cli_chain_on_s3(pretrained, s3_bucket, s3_env):
     """finetune-retrieval -> evaluate-retrieval through the CLI with every output on s3://."""
     ft, ev = f"{s3_bucket}/ft", f"{s3_bucket}/ev"

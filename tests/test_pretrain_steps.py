@@ -156,6 +156,24 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(step, overri
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    ("step", "override", "says"),
+    [
+        ("pretrain-prompter", "model.family=albef", "model family 'albef' has no prompter"),
+        ("pretrain-prompter", "model.img_size=30", "img_size=30 must be a positive multiple of patch_size=8"),
+        ("pretrain --model albef", "model.losses=[vtc]", "losses must be a non-empty subset of ('itc', 'mlm', 'itm')"),
+    ],
+)
+def test_a_model_section_that_cannot_build_fails_before_the_tokenizer_is_written(
+    step, override, says, tiny_world, tmp_path, capsys
+):
+    out = tmp_path / "out"
+    args = ["--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--out", str(out)]
+    assert main([*step.split(), *args, "--config", str(TINY), override]) == 2
+    assert says in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
     out = f"{s3_bucket}/prompter"
     code = main(["pretrain-prompter", "--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"],

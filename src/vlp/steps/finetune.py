@@ -144,6 +144,8 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             lineage = {"pretrained": pretrained}
         else:
             fam = family_of(cfg.model)
+            # the model and retrieval sections must fit before the tokenizer is written
+            fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
             tok = step_tokenizer(cfg, dataset, out)
             base, checkpoint = fam.config(cfg.model, len(tok)), ""
             video_init, text_init = fam.weights(cfg.model)

@@ -104,10 +104,11 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         from vlp.train import distributed
 
         distributed.init_from_env()
-        tok = step_tokenizer(cfg, dataset, out)
         fam = family_of(cfg.model)
         if not fam.kinds.prompter:
             raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
+        model_config(cfg.model, cfg.model.vocab_size, 0, ["vtc"])  # the model section fits: before anything is written
+        tok = step_tokenizer(cfg, dataset, out)
         model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.prompter, model_cfg).to(device())
@@ -177,6 +178,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
             if prompter_dir or bank_dir:
                 log.warning("pretrain: model family %s uses no prompter or prompt bank; ignoring %r and %r",
                             fam.name, prompter_dir, bank_dir)  # fmt: skip
+            model_config(cfg.model, cfg.model.vocab_size, 0, terms)  # the model section fits: before the tokenizer
             tok = step_tokenizer(cfg, dataset, out)
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = model_config(cfg.model, len(tok), num_entities, terms)
