@@ -23,9 +23,14 @@ crashing decoder       a decoder that kills its worker (ingest, extract-frames) 
 hanging decoder        a decoder that never returns is a reject after ``timeout_s``; the rest go on
 truncated checkpoint   each file of the newest checkpoint cut in half: resume from the previous one, same weights
 MLflow killed          the server SIGKILLed mid-training and restarted: training finishes, every metric arrives
+MLflow down at the end the server is down when the step ends and back later: ``vlp tracking sync`` (twice) sends
+                       each missing step once, in order, and ends the run FINISHED
+secret in config       the ``config`` parameter (text or file) with a storage key or a URI password: refused by
+                       submit and by a cluster pod, the secret never in the message; a clean config passes
 S3 faults              503s and connection resets on video reads: retried, nothing lost; a lasting outage fails
                        the step naming the file, with no dataset written
-kill -9 + resume       a training process SIGKILLed after its 2nd checkpoint; the rerun ends bit-identical
+kill -9 + resume       a training process SIGKILLed after its 2nd checkpoint; the rerun ends bit-identical, and
+                       ``metrics.jsonl`` holds each step once
 =====================  =====================================================================================
 
 A case "crashes" when it raises where the design says it must not, "hangs" when it runs past its limit (it is
@@ -403,6 +408,93 @@ def mlflow_killed(tmp: Path) -> Outcome:
         server.kill()
 
 
+def mlflow_down_at_the_end(tmp: Path) -> Outcome:
+    """The server dies at update 5 and is still down when the step ends; once it is back, ``vlp tracking sync``
+    (twice) must leave the run FINISHED with each of the 12 steps once. lost = steps missing + steps doubled."""
+    from vlp import tracking
+    from vlp.config import load_config
+    from vlp.models.tokenizer import train_wordpiece
+    from vlp.steps.common import run_step, train_model, train_summary
+    from vlp.train.loop import ResumableSampler, SamplerBatches
+
+    server = MlflowServer(tmp)
+    server.start()
+    try:
+        x, y = torch.randn(16, 4, generator=torch.Generator().manual_seed(0)), torch.arange(16) % 2
+        data = SamplerBatches(ResumableSampler(16, seed=0), lambda i: {"x": x[i], "y": y[i]}, 4)
+        calls, out = {"n": 0}, tmp / "out"
+
+        def step(m: torch.nn.Module, b: dict) -> dict:
+            calls["n"] += 1
+            if calls["n"] == 5:
+                server.kill()
+            return {"loss": torch.nn.functional.cross_entropy(m(b["x"]), b["y"])}
+
+        cfg = load_config(TINY, [f"tracking.tracking_uri={server.url}", "tracking.retry_every_s=60",
+                                 "pretrain.max_steps=12", "pretrain.log_every=1"])  # fmt: skip
+        tok = train_wordpiece(["a b c"], vocab_size=12)
+
+        def work() -> dict:
+            model = torch.nn.Linear(4, 2)
+            return train_summary(train_model(model, step, data, cfg, str(out), "pretrain", tokenizer=tok))
+
+        summary = run_step("pretrain", str(out), cfg, "pretrain", work)
+        server.start()
+        cmd = [sys.executable, "-m", "vlp.cli", "tracking", "sync", "--config", str(TINY), str(out),
+               f"tracking.tracking_uri={server.url}"]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        first, second = (subprocess.run(cmd, capture_output=True, text=True, env=env) for _ in range(2))
+        client = tracking.client(tracking.TrackingConfig(tracking_uri=server.url))
+        run_id = summary["tracking"]["run_id"]
+        history = [m.step for m in client.get_metric_history(run_id, "train/loss")]
+        lost = (12 - len(set(history))) + (len(history) - len(set(history)))
+        synced = first.returncode == 0 and second.returncode == 0 and json.loads(second.stdout)["sent"] == 0
+        ok = summary["tracking"]["unsent"] > 0 and synced and client.get_run(run_id).info.status == "FINISHED"
+        return Outcome(1, int(ok and lost == 0), lost)
+    finally:
+        server.kill()
+
+
+def secret_in_config(tmp: Path) -> Outcome:
+    """Storage keys or a URI password in the ``config`` run parameter (YAML text, or a file it names): refused by
+    submit and by a cluster pod before any work, the secret never in the message; a clean config passes both."""
+    from components._runtime import load_step_config
+    from pipelines.submit import SubmitError, check_no_credentials
+
+    sentinel = "SENTINEL-s3cr3t"
+    texts = [f"storage:\n  secret_access_key: {sentinel}\n", f"storage:\n  access_key_id: {sentinel}\n",
+             f"tracking:\n  tracking_uri: http://user:{sentinel}@mlflow:5000\n"]  # fmt: skip
+    variants = []
+    for i, text in enumerate(texts):
+        path = tmp / f"secret-{i}.yaml"
+        path.write_text(text)
+        variants += [text, str(path)]
+    outcome = Outcome()
+    before = os.environ.get("KFP_POD_NAME")
+    os.environ["KFP_POD_NAME"] = "fault-battery-pod"
+    try:
+        for config in variants:
+            outcome.tried += 2
+            try:
+                check_no_credentials({"config": config})
+            except SubmitError as exc:
+                outcome.handled += int(sentinel not in str(exc))
+            try:
+                load_step_config(config, [])
+            except ValueError as exc:
+                outcome.handled += int("credentials in the step config" in str(exc) and sentinel not in str(exc))
+        outcome.tried += 1
+        check_no_credentials({"config": str(TINY)})
+        load_step_config(str(TINY), [])
+        outcome.handled += 1
+    finally:
+        if before is None:
+            os.environ.pop("KFP_POD_NAME", None)
+        else:
+            os.environ["KFP_POD_NAME"] = before
+    return outcome
+
+
 def s3_faults(tmp: Path) -> Outcome:
     moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
     port = _free_port()
@@ -473,10 +565,10 @@ def kill_and_resume(tmp: Path) -> Outcome:
     last = Path("checkpoints") / "step-000006"
     same = all((tmp / "killed" / last / f).read_bytes() == (tmp / "straight" / last / f).read_bytes()
                for f in ("model.safetensors", "optimizer.safetensors", "rng-rank00000.safetensors"))  # fmt: skip
-    steps = {
-        json.loads(s)["step"] for s in (tmp / "killed" / "metrics.jsonl").read_text().splitlines() if '"step"' in s
-    }
-    return Outcome(1, int(same), 6 - len(steps))
+    lines = (tmp / "killed" / "metrics.jsonl").read_text().splitlines()
+    steps = [json.loads(s)["step"] for s in lines if '"step"' in s]
+    doubled = len(steps) - len(set(steps))  # metrics.jsonl must hold each step once after a resume
+    return Outcome(1, int(same and doubled == 0), 6 - len(set(steps)) + doubled)
 
 
 CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
@@ -492,6 +584,8 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("hanging decoder", lambda t: bad_decoder(t, "hang"), 120),
     ("truncated checkpoints", truncated_checkpoints, 120),
     ("MLflow killed mid-run", mlflow_killed, 300),
+    ("MLflow down at the step's end, then sync", mlflow_down_at_the_end, 300),
+    ("secret in the config parameter", secret_in_config, 60),
     ("S3 5xx / resets / outage", s3_faults, 300),
     ("kill -9 + resume", kill_and_resume, 600),
 ]
