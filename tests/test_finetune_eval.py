@@ -250,14 +250,14 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(
     [
         (["model.family=alpro"], "PEM needs num_entities >= 1"),  # ALPRO's pre-training objectives, from scratch
         (["model.losses=[vtc,vtm]", "model.img_size=30"], "img_size=30 must be a positive multiple of patch_size"),
+        (["model.family=ts2net", "--frames=nowhere"], "nowhere/index.parquet does not exist"),
     ],
 )
-def test_retrieval_from_scratch_with_a_model_that_cannot_build_writes_no_tokenizer(
-    overrides, says, pretrained, tmp_path, capsys
-):
+def test_retrieval_from_scratch_that_cannot_work_writes_no_tokenizer(overrides, says, pretrained, tmp_path, capsys):
     out = tmp_path / "out"
-    args = ["--dataset", pretrained["dataset"], "--frames", pretrained["frames"], "--out", str(out)]
-    assert main(["finetune-retrieval", *args, "--config", str(TINY), *overrides]) == 2
+    frames = str(tmp_path / "nowhere") if "--frames=nowhere" in overrides else pretrained["frames"]
+    args = ["--dataset", pretrained["dataset"], "--frames", frames, "--out", str(out), "--config", str(TINY)]
+    assert main(["finetune-retrieval", *args, *(o for o in overrides if not o.startswith("--"))]) == 2
     assert says in capsys.readouterr().err
     assert not out.exists()
 

@@ -161,15 +161,21 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(step, overri
     [
         ("pretrain-prompter", "model.family=albef", "model family 'albef' has no prompter"),
         ("pretrain-prompter", "model.img_size=30", "img_size=30 must be a positive multiple of patch_size=8"),
+        ("pretrain-prompter", "--frames=nowhere", "nowhere/index.parquet does not exist"),
+        ("pretrain-prompter", "pretrain.group_by=qa:nosuchtype", "no clip of these pairs has a question of type"),
         ("pretrain --model albef", "model.losses=[vtc]", "losses must be a non-empty subset of ('itc', 'mlm', 'itm')"),
+        ("pretrain --model albef", "model.queue_size=6", "queue_size 6 must be a multiple of the global batch 4"),
     ],
 )
-def test_a_model_section_that_cannot_build_fails_before_the_tokenizer_is_written(
+def test_a_setting_that_cannot_work_fails_before_the_tokenizer_is_written(
     step, override, says, tiny_world, tmp_path, capsys
 ):
+    """The model section, the data and the batch shape are checked before the step trains and saves a tokenizer."""
     out = tmp_path / "out"
-    args = ["--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--out", str(out)]
-    assert main([*step.split(), *args, "--config", str(TINY), override]) == 2
+    frames = str(tmp_path / "nowhere") if override == "--frames=nowhere" else tiny_world["frames"]
+    overrides = [] if override.startswith("--") else [override]
+    args = ["--dataset", tiny_world["dataset"], "--frames", frames, "--out", str(out), "--config", str(TINY)]
+    assert main([*step.split(), *args, *overrides]) == 2
     assert says in capsys.readouterr().err
     assert not out.exists()
 
@@ -263,13 +269,14 @@ def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path, losses):
 def test_group_by_scene_gives_batches_that_share_a_scene(tiny_world):
     from vlp.data import manifest
     from vlp.data.video_text import VideoTextDataset
-    from vlp.steps.pretrain import _batches
+    from vlp.steps.pretrain import _batches, _dataset, model_config
 
     cfg = load_config(TINY, ["pretrain.group_by=qa:scene", "pretrain.batch_size=2"])
     qa = manifest.read(tiny_world["dataset"], manifest.QA, manifest.QA_SCHEMA).to_pylist()
     scene = {r["video_id"]: r["answer"] for r in qa if r["answer_type"] == "scene"}
     pairs = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], split="train", num_frames=2).pairs
-    sampler = _batches(cfg, tiny_world["dataset"], tiny_world["frames"], tokenizer=None).sampler  # no batch built
+    data = _dataset(cfg, tiny_world["dataset"], tiny_world["frames"], model_config(cfg.model, 300, 0, ["vtc"]))
+    sampler = _batches(cfg, tiny_world["dataset"], data, tokenizer=None).sampler  # no batch built
     order = [int(i) for i in sampler.epoch_indices(0)]
     shared = [len({scene[pairs[i][0]] for i in order[b : b + 2]}) == 1 for b in range(0, len(order) - 1, 2)]
     counts = {s: sum(scene[v] == s for v, _ in pairs) for s in set(scene.values())}

@@ -124,6 +124,17 @@ def _epoch_shape(batches: Any) -> tuple[int, int]:
     return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
 
 
+def _checked_data(cfg: Config, dataset: str, frames: str, fam: Any) -> VideoTextDataset:
+    """The retrieval training pairs of a model started from the ``model`` section, read before the step writes its
+    tokenizer, with the model and ``retrieval`` sections and the batch shape checked by the family (its config
+    built once with the configured vocabulary size), so that a setting that cannot work fails before anything is
+    written."""
+    dry = fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
+    data = retrieval_data(cfg, dataset, frames, dry, "train")  # frame size and pixels do not depend on the vocabulary
+    fam.prepare(dry, *_epoch_shape(_batches(data, with_max_steps(cfg.retrieval, len(data)), None)))
+    return data
+
+
 def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
     """Fine-tune a model for text-video retrieval with the ``retrieval.losses`` (ALPRO: VTC + VTM; ALBEF: ITC +
     ITM; TS2-Net: its frame-score contrastive loss).
@@ -138,21 +149,22 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         from vlp.train import distributed
 
         distributed.init_from_env()
+        data = None
         if pretrained:
             start = directory.describe(pretrained, starts())
             fam, base, tok, checkpoint = start.family, start.config, start.tokenizer(), start.checkpoint
             lineage = {"pretrained": pretrained}
         else:
             fam = family_of(cfg.model)
-            # the model and retrieval sections must fit before the tokenizer is written
-            fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
+            data = _checked_data(cfg, dataset, frames, fam)
             tok = step_tokenizer(cfg, dataset, out)
             base, checkpoint = fam.config(cfg.model, len(tok)), ""
             video_init, text_init = fam.weights(cfg.model)
             lineage = {"dataset": dataset, "video_init": video_init or "random", "text_init": text_init or "random"}
         model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
         length = text_length(cfg.retrieval, model_cfg)
-        data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
+        if data is None:
+            data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
         section = with_max_steps(cfg.retrieval, len(data))
 
         def fetch(indices: list[int]) -> PretrainBatch:

@@ -41,14 +41,10 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
     return family_of(model).config(replace(model, losses=list(losses)), vocab_size, num_entities)
 
 
-def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any = None) -> Any:
-    """Resumable batches of :class:`PretrainBatch` over the training pairs, normalised with ``pixels``' (a model
-    config's) ``pixel_mean`` / ``pixel_std`` (None: the ``model`` section's, else 0.5 / 0.5)."""
-    from vlp.models.family import PretrainBatch
-    from vlp.train.loop import ResumableSampler, SamplerBatches
-
+def _dataset(cfg: Config, dataset: str, frames: str, pixels: Any) -> VideoTextDataset:
+    """The training pairs, normalised with ``pixels``' (a model config's) ``pixel_mean`` / ``pixel_std``."""
     p = cfg.pretrain
-    data = VideoTextDataset(
+    return VideoTextDataset(
         frames,
         dataset,
         split="train",
@@ -60,9 +56,40 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any
         caption_clean=p.caption_clean,
         seed=p.seed,
         size=cfg.model.img_size,
-        mean=pixels.pixel_mean if pixels is not None else cfg.model.pixel_mean or (0.5, 0.5, 0.5),
-        std=pixels.pixel_std if pixels is not None else cfg.model.pixel_std or (0.5, 0.5, 0.5),
+        mean=pixels.pixel_mean,
+        std=pixels.pixel_std,
     )
+
+
+def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
+    """``(clips per batch, batches per epoch)`` on this rank: the batch is cut to the items a rank has."""
+    from vlp.train.loop import ResumableSampler
+
+    items = len(ResumableSampler(len(data), seed=cfg.pretrain.seed))  # items per rank per epoch
+    batch = min(cfg.pretrain.batch_size, items)
+    return batch, items // batch  # VideoTextDataset refuses a split without pairs: items >= 1
+
+
+def _checked_data(cfg: Config, dataset: str, frames: str, terms: list[str]) -> VideoTextDataset:
+    """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
+    checked by the family (its config built once with the configured vocabulary size) and ``pretrain.group_by``
+    against the pairs, so that a setting that cannot work fails before anything is written."""
+    from vlp.train import distributed
+
+    fam = family_of(cfg.model)
+    dry = model_config(cfg.model, cfg.model.vocab_size, 0, terms)
+    data = _dataset(cfg, dataset, frames, dry)  # the pixel statistics do not depend on the vocabulary
+    batch, per_epoch = _batch_shape(cfg, data)
+    fam.prepare(dry, per_epoch, batch * distributed.world_size())
+    if cfg.pretrain.group_by:
+        pair_groups(cfg.pretrain.group_by, dataset, data.pairs)  # a type no clip has is refused
+    return data
+
+
+def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) -> Any:
+    """Resumable batches of :class:`PretrainBatch` over ``data``, the training pairs of ``dataset``."""
+    from vlp.models.family import PretrainBatch
+    from vlp.train.loop import ResumableSampler, SamplerBatches
 
     def fetch(indices: list[int]) -> PretrainBatch:
         items = collate_video_text([data[i] for i in indices])
@@ -73,8 +100,8 @@ def _batches(cfg: Config, dataset: str, frames: str, tokenizer: Any, pixels: Any
         return PretrainBatch(items["video"], ids, mask, is_image, clips)
 
     clip_index = data.clip_index()
-
-    batch = min(p.batch_size, len(ResumableSampler(len(data), seed=p.seed)))  # items per rank per epoch
+    p = cfg.pretrain
+    batch, _ = _batch_shape(cfg, data)
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
     sampler = ResumableSampler(
         len(data),
@@ -107,15 +134,15 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         fam = family_of(cfg.model)
         if not fam.kinds.prompter:
             raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
-        model_config(cfg.model, cfg.model.vocab_size, 0, ["vtc"])  # the model section fits: before anything is written
+        data = _checked_data(cfg, dataset, frames, ["vtc"])
         tok = step_tokenizer(cfg, dataset, out)
         model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.prompter, model_cfg).to(device())
         ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
-        data = _batches(cfg, dataset, frames, tok, model_cfg)
+        batches = _batches(cfg, dataset, data, tok)
         step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
-        result = train_model(model, step_fn, data, cfg, out, "pretrain_prompter", tokenizer=tok)
+        result = train_model(model, step_fn, batches, cfg, out, "pretrain_prompter", tokenizer=tok)
         directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
         return train_summary(result)
 
@@ -165,7 +192,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
                 "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
             )
         terms = list(cfg.model.losses or fam.default_losses)
-        prompter = bank = None
+        prompter = bank = data = None
         if fam.kinds.prompter:
             if not prompter_dir:
                 raise ValueError(f"{fam.name} pre-training needs a prompter (--prompter) and its prompt bank")
@@ -178,11 +205,12 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
             if prompter_dir or bank_dir:
                 log.warning("pretrain: model family %s uses no prompter or prompt bank; ignoring %r and %r",
                             fam.name, prompter_dir, bank_dir)  # fmt: skip
-            model_config(cfg.model, cfg.model.vocab_size, 0, terms)  # the model section fits: before the tokenizer
+            data = _checked_data(cfg, dataset, frames, terms)
             tok = step_tokenizer(cfg, dataset, out)
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = model_config(cfg.model, len(tok), num_entities, terms)
-        batches = _batches(cfg, dataset, frames, tok, model_cfg)
+        data = data if data is not None else _dataset(cfg, dataset, frames, model_cfg)
+        batches = _batches(cfg, dataset, data, tok)
         world = distributed.world_size()
         model_cfg = fam.prepare(model_cfg, len(batches.sampler) // batches.batch_size, batches.batch_size * world)
         where = device()
