@@ -281,6 +281,19 @@ def _arbitrary_objects(path: Path) -> Path:
     return path
 
 
+class _RunsOnLoad:  # a pickle that would run a command when unpickled: it must never be
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _code_on_load(path: Path) -> Path:
+    torch.save({"model": {"w": torch.zeros(1)}, "hook": _RunsOnLoad(path.with_name("ran"))}, path)
+    return path
+
+
 HUGE_LAYER = "visual_encoder.model.blocks.0.mlp.fc1.weight"  # its rows are read as the MLP width
 HOSTILE = {  # file name -> (how to make it, what the error says)
     "random.safetensors": (_random_bytes, "not a safetensors file: it declares a"),
@@ -305,6 +318,7 @@ HOSTILE = {  # file name -> (how to make it, what the error says)
     "misshapen.safetensors": (_misshapen_alpro, "its tensors do not form the model their names suggest"),
     "random.pth": (_random_bytes, "not a PyTorch file of tensors only"),
     "arbitrary_objects.pth": (_arbitrary_objects, "(Unsupported global: GLOBAL "),
+    "code_on_load.pth": (_code_on_load, "(Trying to load unsupported GLOBAL "),
     "declares_8_gib.pth": (_declares_8_gib, "(record size (16 bytes) does not match expected size"),
 }
 
@@ -320,7 +334,7 @@ def test_a_damaged_or_hostile_file_is_refused_in_one_line_that_names_it(name, tm
     assert len(lines) == 1 and lines[0].startswith(f"vlp import-checkpoint: error: {path}: "), captured.err
     assert says in lines[0]
     assert "weights_only=False" not in captured.out + captured.err and "trust" not in captured.err
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "ran").exists()
 
 
 @pytest.mark.parametrize("name", ["tensor_of_4tib.safetensors", "arbitrary_objects.pth"])

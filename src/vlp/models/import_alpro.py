@@ -151,17 +151,15 @@ def _load_pickle(path: str, uri: str) -> Any:
         ) from exc
 
 
+_TORCH_ADVICE = ("weights_only", "trust", "Weights only load failed", "Check the documentation", "Please file")
+
+
 def _unpickling_reason(exc: BaseException) -> str:
     """What torch's loader objected to, in one line, without its advice on loading the file unsafely."""
-    text = str(exc)
-    marker = "WeightsUnpickler error:"
-    if marker in text:
-        text = text.split(marker, 1)[1]
-    lines = [line.strip() for line in text.splitlines() if line.strip()]
-    reason = (lines[0] if lines else type(exc).__name__).split(". ")[0].rstrip(".")
-    if "weights_only" in reason or "trust" in reason:  # torch's advice, not a reason
-        return type(exc).__name__
-    return reason[:200]
+    text = str(exc).split("WeightsUnpickler error:", 1)[-1]
+    sentences = [line.strip().split(". ")[0].rstrip(".") for line in text.splitlines() if line.strip()]
+    facts = [s for s in sentences if not any(advice in s for advice in _TORCH_ADVICE)]
+    return facts[0][:200] if facts else type(exc).__name__
 
 
 def _one_line(exc: BaseException) -> str:
