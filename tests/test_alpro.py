@@ -179,7 +179,7 @@ def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_wei
     from vlp.train.settings import ModelConfig
 
     section = ModelConfig(preset="paper")  # vit_base_patch16_224.orig_in21k + bert-base-uncased (nothing loaded)
-    section.video_init_revision, section.text_init_revision = "v1", "0" * 40  # keys ModelConfig may not declare yet
+    section.video_init_revision, section.text_init_revision = "v1", "0" * 40
     cfg = alpro.FAMILY.config(section, vocab_size=30522, num_entities=10)
     assert (cfg.video.init_revision, cfg.text.init_revision) == ("v1", "0" * 40)
     albef_cfg = albef.FAMILY.config(section, vocab_size=30522)

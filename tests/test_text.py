@@ -419,3 +419,25 @@ def test_a_hub_tokenizer_keeps_its_commit_through_save_and_load(monkeypatch, tmp
     assert tokenizer_upstream(tokenizer) is None  # trained on captions: nothing from outside
     save_tokenizer(tokenizer, str(tmp_path / "trained"))
     assert not (tmp_path / "trained" / UPSTREAM_FILE).exists()
+
+
+def test_a_step_takes_its_tokenizer_at_the_text_weights_revision(monkeypatch, tmp_path, tokenizer, hf_bert):
+    """model.text_init_revision pins the tokenizer too (the text weights' own); model.tokenizer_revision pins a
+    named tokenizer; both come from the model section, as a user sets them."""
+    from vlp.config import load_config
+    from vlp.models.tokenizer import tokenizer_upstream
+    from vlp.steps.common import step_tokenizer
+
+    main, v2, _ = _two_commit_bert_cache(monkeypatch, tmp_path, tokenizer, hf_bert)
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    cases = [
+        (["model.text_init=vlp-test/tiny-bert", "model.text_init_revision=v2"], v2),
+        (["model.text_init=vlp-test/tiny-bert"], main),
+        (["model.tokenizer=vlp-test/tiny-bert", "model.tokenizer_revision=v2", "model.text_init_revision=xx"], v2),
+    ]
+    for i, (overrides, commit) in enumerate(cases):
+        cfg = load_config(tiny, overrides)
+        tok = step_tokenizer(cfg, str(tmp_path / "no-dataset"), str(tmp_path / f"out{i}"))
+        assert tokenizer_upstream(tok)["commit"] == commit, overrides
+        saved = json.loads((tmp_path / f"out{i}" / "tokenizer" / "upstream.json").read_text())
+        assert saved["commit"] == commit

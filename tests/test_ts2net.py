@@ -426,7 +426,7 @@ def test_clip_by_hub_name_loads_the_revision_asked_for_and_records_its_commit(mo
         TS2Net(replace(mixed, text=replace(mixed.text, init_revision="")))
 
     section = ModelConfig(family="ts2net", video_init="vlp-test/tiny-clip", text_init="vlp-test/tiny-clip")
-    section.video_init_revision = section.text_init_revision = "v2"  # keys ModelConfig may not declare yet
+    section.video_init_revision = section.text_init_revision = "v2"
     built = FAMILY.config(section, vocab_size=50)
     assert (built.video.init_revision, built.text.init_revision) == ("v2", "v2")
     loaded = TS2NetConfig.from_dict(asdict(built))

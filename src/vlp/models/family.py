@@ -211,10 +211,10 @@ def preset_weights(model: Any, presets: dict[str, tuple[str, str]]) -> tuple[str
 
 def init_revisions(model: Any) -> tuple[str, str]:
     """``(video, text)`` hub revisions of a ``model`` config section's starting weights: ``model.video_init_revision``
-    / ``model.text_init_revision`` (branch, tag or commit sha); ``""`` (also when the section has no such key) =
-    the repository's default branch, ``main``, as it is at load time. The commit actually loaded is recorded in
-    the model directory's ``lineage.upstream``, so a run can be repeated exactly by setting it here."""
-    return str(getattr(model, "video_init_revision", "") or ""), str(getattr(model, "text_init_revision", "") or "")
+    / ``model.text_init_revision`` (branch, tag or commit sha); ``""`` = the repository's default branch, ``main``,
+    as it is at load time. The commit actually loaded is recorded in the model directory's ``lineage.upstream``,
+    so a run can be repeated exactly by setting it here."""
+    return model.video_init_revision, model.text_init_revision
 
 
 def generator_on(generator: Any, like: Tensor) -> Any:

@@ -73,6 +73,13 @@ def tokenizer_source(model: Any) -> str:
     return model.tokenizer or resolved_inits(model)[1]
 
 
+def tokenizer_revision(model: Any) -> str:
+    """The hub revision of :func:`tokenizer_source`: ``model.tokenizer_revision`` for a named tokenizer, else (the
+    text weights' own tokenizer) ``model.text_init_revision``, so pinned weights never get a tokenizer of another
+    commit."""
+    return model.tokenizer_revision if model.tokenizer else model.text_init_revision
+
+
 def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
     """The tokenizer of ``out``: the one saved there by an earlier run, else :func:`tokenizer_source`'s (the
     configured one, or the text weights' own), else WordPiece trained on the training captions; saved under
@@ -92,7 +99,7 @@ def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
     saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
     if storage.exists(storage.join(saved, "tokenizer.json")):
         tok = load_tokenizer(saved)
-        if source and tokenizer_digest(load_tokenizer(source)) != tokenizer_digest(tok):
+        if source and tokenizer_digest(load_tokenizer(source, tokenizer_revision(cfg.model))) != tokenizer_digest(tok):
             raise ValueError(
                 f"the tokenizer {source!r} (model.tokenizer / model.text_init) differs from the one {saved} was "
                 "trained with; use another output directory for another tokenizer"
@@ -100,7 +107,7 @@ def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
         log.info("reusing the tokenizer saved in %s", saved)
         return tok
     if source:
-        tok = load_tokenizer(source)
+        tok = load_tokenizer(source, tokenizer_revision(cfg.model))
     else:
         captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
         pairs = zip(captions["caption"].to_pylist(), captions["split"].to_pylist(), strict=True)

@@ -27,6 +27,13 @@ class ModelConfig:
     # small: random init); "random" = random init; else a timm ViT name / a BERT name, or a local path
     video_init: str = ""
     text_init: str = ""
+    # Hub revision (branch, tag or commit) of a hub-named video_init / text_init / tokenizer; "" = the repository's
+    # default branch as it is at load time. The commit loaded is recorded in model.json's lineage.upstream: set it
+    # here to start again from exactly the same weights. tokenizer_revision "" = text_init_revision when the
+    # tokenizer is the text weights' own.
+    video_init_revision: str = ""
+    text_init_revision: str = ""
+    tokenizer_revision: str = ""
     embed_dim: int = 256  # VTC projection size
     # [] = the family's objectives (ALPRO: vtc, pem, mlm, vtm, eq. 6; ALBEF: itc, mlm, itm, eq. 5)
     losses: list[str] = field(default_factory=list)
