@@ -226,3 +226,17 @@ def test_every_count_size_and_rate_of_every_section_has_a_range():
     from vlp.config import validate
 
     validate(Config())
+
+
+def test_every_step_validates_a_config_built_in_code_before_it_writes(tmp_path):
+    """run_step checks the whole config first: a Config made in code (no load_config) with a count out of range
+    fails a data step too, before the step opens its source or writes its output."""
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest
+
+    cfg = Config()
+    cfg.storage.max_attempts = 0
+    for step in (ingest, extract_frames):
+        with pytest.raises(ConfigError, match=r"^invalid config: storage\.max_attempts=0 must be >= 1$"):
+            step(str(tmp_path / "missing-source"), str(tmp_path / "out"), cfg)
+    assert not (tmp_path / "out").exists()

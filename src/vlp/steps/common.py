@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vlp import __version__, storage
-from vlp.config import Config, to_dict
+from vlp.config import Config, to_dict, validate
 from vlp.data import manifest
 
 StepResult = dict[str, Any]
@@ -22,8 +22,11 @@ log = logging.getLogger("vlp")
 def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], StepResult]) -> StepResult:
     """Configure storage, run ``work``, write ``<out>/summary.json``; return the summary.
 
-    The summary records the step's own config ``section`` (never ``storage``: it may hold keys).
+    The summary records the step's own config ``section`` (never ``storage``: it may hold keys). The whole config is
+    validated first (:func:`vlp.config.validate`), so a value out of range fails before the step writes anything,
+    whether ``cfg`` came from :func:`vlp.config.load_config` or was built in code.
     """
+    validate(cfg)
     storage.configure(cfg.storage)
     start = time.perf_counter()
     log.info("%s -> %s", name, out)
