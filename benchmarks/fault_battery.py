@@ -22,8 +22,12 @@ edited manifest        paths outside the media root or with a NUL byte written i
 crashing decoder       a decoder that kills its worker (ingest, extract-frames) is a reject; the rest go on
 hanging decoder        a decoder that never returns is a reject after ``timeout_s``; the rest go on
 truncated checkpoint   each file of the newest checkpoint cut in half: resume from the previous one, same weights
+hostile checkpoints    damaged or hostile files for ``vlp import-checkpoint`` (random bytes, terabyte headers, empty
+                       or misshapen tensors, pickles of objects or code): one line naming the file, nothing written
+config out of range    a zero batch size, a negative step count, a size that cannot work: exit 2, one line naming
+                       the key, before the step writes anything (records lost = files under the refused output)
 MLflow killed          the server SIGKILLed mid-training and restarted: training finishes, every metric arrives
-MLflow down at the end the server is down when the step ends and back later: ``vlp tracking sync`` (twice) sends
+MLflow down at end     the server is down when the step ends and back later: ``vlp tracking sync`` (twice) sends
                        each missing step once, in order, and ends the run FINISHED
 secret in config       the ``config`` parameter (text or file) with a storage key or a URI password: refused by
                        submit and by a cluster pod, the secret never in the message; a clean config passes
@@ -330,6 +334,76 @@ def bad_decoder(tmp: Path, kind: str) -> Outcome:
     return Outcome(2, int(ingest_ok) + int(frames_ok), _lost(summary))
 
 
+def _cli(argv: list[str]) -> tuple[int, str]:
+    """``vlp <argv>`` in this process: (exit code, what it wrote to stderr)."""
+    import io
+
+    from vlp import cli
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = cli.main(argv)
+        except SystemExit as exc:  # argparse refusing the command line
+            code = exc.code if isinstance(exc.code, int) else 1
+    return code, err.getvalue()
+
+
+def hostile_checkpoints(tmp: Path) -> Outcome:
+    """Damaged and hostile files given to ``vlp import-checkpoint`` (random bytes, a header or tensor that declares
+    terabytes, offsets past the end, empty tensors, misshapen tensors, pickles of other objects or of code): each
+    is one error line naming the file, no traceback, no advice to load with ``weights_only=False``, nothing
+    written, no code run."""
+    from test_import_checkpoint import HOSTILE
+
+    outcome = Outcome()
+    for name, (make, _) in sorted(HOSTILE.items()):
+        folder = tmp / name.replace(".", "_")
+        folder.mkdir()
+        path, out = make(folder / name), folder / "out"
+        code, err = _cli(["import-checkpoint", "--source", str(path), "--out", str(out)])
+        lines = [line for line in err.splitlines() if " INFO " not in line]
+        ok = code == 2 and len(lines) == 1 and lines[0].startswith(f"vlp import-checkpoint: error: {path}: ")
+        ok = ok and "Traceback" not in err and "weights_only=False" not in err
+        outcome.tried += 1
+        outcome.handled += int(ok and not out.exists() and not (folder / "ran").exists())
+    return outcome
+
+
+def config_out_of_range(tmp: Path) -> Outcome:
+    """Counts out of range and settings that cannot work, given to the training steps on a tiny world: exit 2 with
+    one line naming the key, before the step writes anything. lost = files found under a refused ``--out``."""
+    from vlp.config import load_config
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+
+    cfg = load_config(TINY)
+    synth(str(tmp / "raw"), cfg)
+    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
+    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+    data = ["--dataset", str(tmp / "dataset"), "--frames", str(tmp / "frames"), "--config", str(TINY)]
+    cases = [
+        (["pretrain-prompter", *data], "pretrain.batch_size=0", "pretrain.batch_size=0 must be >= 1"),
+        (["pretrain-prompter", *data], "pretrain.max_steps=-1", "pretrain.max_steps=-1 must be >= 1"),
+        (["pretrain-prompter", *data], "model.img_size=30", "img_size"),
+        (["finetune-retrieval", "--model", "ts2net", *data], "retrieval.max_steps=-1", "retrieval.max_steps=-1"),
+        (["finetune-retrieval", "--model", "ts2net", *data], "retrieval.batch_size=0", "retrieval.batch_size=0"),
+        (["finetune-qa", "--pretrained", str(tmp / "none"), *data], "qa.batch_size=0", "qa.batch_size=0 must be >= 1"),
+        (["extract-frames", "--dataset", str(tmp / "dataset"), "--config", str(TINY)], "storage.max_attempts=0",
+         "storage.max_attempts=0"),
+    ]  # fmt: skip
+    outcome = Outcome()
+    for i, (argv, override, says) in enumerate(cases):
+        out = tmp / f"refused-{i}"
+        code, err = _cli([*argv, "--out", str(out), override])
+        lines = [line for line in err.splitlines() if " INFO " not in line and " WARNING " not in line]
+        outcome.tried += 1
+        outcome.handled += int(code == 2 and len(lines) == 1 and says in lines[0] and not out.exists())
+        outcome.lost += sum(1 for f in out.rglob("*") if f.is_file()) if out.exists() else 0
+    return outcome
+
+
 def truncated_checkpoints(tmp: Path) -> Outcome:
     from vlp.train.checkpoint import MODEL_FILE, OPTIM_FILE, STATE_FILE
     from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
@@ -583,6 +657,8 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("crashing decoder", lambda t: bad_decoder(t, "crash"), 120),
     ("hanging decoder", lambda t: bad_decoder(t, "hang"), 120),
     ("truncated checkpoints", truncated_checkpoints, 120),
+    ("hostile checkpoint files", hostile_checkpoints, 300),
+    ("config out of range", config_out_of_range, 300),
     ("MLflow killed mid-run", mlflow_killed, 300),
     ("MLflow down at the step's end, then sync", mlflow_down_at_the_end, 300),
     ("secret in the config parameter", secret_in_config, 60),
