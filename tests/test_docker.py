@@ -207,6 +207,7 @@ def test_compiled_pipelines_run_the_image_make_builds() -> None:
     env = image_env()
     repo = f"{env['REGISTRY']}/{env['IMAGE_NAME']}"
     allowed = {f"{repo}:{env['IMAGE_TAG']}", f"{repo}:{env['IMAGE_TAG']}-cuda"}
+    allowed |= {f"{repo}@{env[key]}" for key in ("IMAGE_DIGEST", "IMAGE_DIGEST_CUDA") if env.get(key)}  # pinned
     images: set[str] = set()
     for path in compiled:
         for doc in yaml.safe_load_all(path.read_text()):
