@@ -348,8 +348,8 @@ def write_bframe_mp4(path: Path, num_frames: int, gop: int) -> Path:
 def test_sparse_reader_returns_exactly_what_decord_returns(tmp_path, gop, indices):
     path = str(write_bframe_mp4(tmp_path / "clip.mp4", 80, gop))
     sparse = read_sparse(path, indices)
-    assert np.array_equal(sparse, video.read_frames(path, indices, backend="decord"))
-    assert np.array_equal(sparse, video.read_frames(path, indices, backend="pyav"))
+    assert np.array_equal(sparse, video.BACKENDS["decord"](path, indices))
+    assert np.array_equal(sparse, video.BACKENDS["pyav"](path, indices))
 
 
 def test_sparse_reader_demuxes_twice_for_large_files(tmp_path, monkeypatch):
@@ -360,7 +360,7 @@ def test_sparse_reader_demuxes_twice_for_large_files(tmp_path, monkeypatch):
     in_memory = read_sparse(path, indices)
     monkeypatch.setattr(frames_module, "_KEEP_PACKETS_BYTES", 0)
     assert np.array_equal(read_sparse(path, indices), in_memory)
-    assert np.array_equal(in_memory, video.read_frames(path, indices, backend="decord"))
+    assert np.array_equal(in_memory, video.BACKENDS["decord"](path, indices))
 
 
 def test_sparse_reader_rejects_out_of_range_indices(tmp_path):

@@ -31,7 +31,7 @@ from vlp.data.synth import (
     render,
     scene_texture,
 )
-from vlp.data.video import probe, read_frames
+from vlp.data.video import BACKENDS, probe, read_image
 
 WORLD_CFG = SynthConfig(num_videos=6, num_images=2, seed=3, size=64, workers=1)
 NEAR = 150.0  # RGB distance beyond which a decoded pixel is never "the object's colour"
@@ -250,7 +250,7 @@ def test_boxes_contain_their_object_on_frames_decoded_by_decord(world):
         per_frame = boxes[v["video_id"]]
         picks = sorted({0, len(per_frame) // 2, len(per_frame) - 1})
         with storage.local_copy(manifest.resolve(out, v["path"])) as path:
-            frames = read_frames(path, picks, backend="auto" if v["media"] == "image" else "decord")
+            frames = [read_image(path)] if v["media"] == "image" else BACKENDS["decord"](path, picks)
         for img, f in zip(frames, picks, strict=True):
             for row in per_frame[f]:
                 others = [o for o in per_frame[f] if o["entity_id"] != row["entity_id"]]

@@ -137,21 +137,6 @@ def container_problem(path: str) -> str | None:
     return None
 
 
-def read_frames(path: str, indices: Sequence[int], *, backend: str = "auto") -> np.ndarray:
-    """Decode only frames ``indices`` of ``path`` -> uint8 array ``(N, H, W, 3)`` RGB, in the given order.
-
-    ``backend``: ``"auto"`` (decord, PyAV on failure), ``"decord"`` or ``"pyav"``.
-    """
-    if not len(indices):
-        raise ValueError("read_frames needs at least one frame index")
-    if backend not in _CHAINS:
-        raise ValueError(f"unknown video backend {backend!r}; use one of {list(_CHAINS)}")
-    if is_image(path):
-        img = read_image(path)
-        return np.stack([img for _ in indices])
-    return read_with_fallbacks(path, indices, [(name, BACKENDS[name]) for name in _CHAINS[backend]])
-
-
 def read_with_fallbacks(path: str, indices: Sequence[int], readers: Sequence[tuple[str, Reader]]) -> np.ndarray:
     """The frames from the first of ``readers`` (``(name, reader)`` pairs) that succeeds.
 
@@ -259,4 +244,3 @@ def _read_pyav(path: str, indices: Sequence[int]) -> np.ndarray:
 
 Reader = Callable[[str, Sequence[int]], np.ndarray]  # (local path, frame indices) -> (N, H, W, 3) uint8 RGB
 BACKENDS: dict[str, Reader] = {"decord": _read_decord, "pyav": _read_pyav}
-_CHAINS = {"auto": ("decord", "pyav"), "decord": ("decord",), "pyav": ("pyav",)}  # backend -> readers tried
