@@ -617,8 +617,9 @@ def test_step_egress_is_narrowed_by_values(render: Callable[..., Docs]) -> None:
     assert _rule_to(_one(docs, "NetworkPolicy", "mlflow"), 443)["to"] == cidrs
     assert _rule_to(steps, 3128) == _values("postgres")["networkPolicy"]["steps"]["extraEgress"][0]
     assert not any(r.get("to") == [] for r in steps["spec"]["egress"])
-    no_api = render("default", "--set", "rbac.trainJobs.create=false")
-    assert _egress_ports(_one(no_api, "NetworkPolicy", "pipeline-steps")) == {53, 443, 5000, 8080, 8887, 8888}
+    no_trainjobs = render("default", "--set", "rbac.trainJobs.create=false")  # every step pod still needs the API
+    assert _egress_ports(_one(no_trainjobs, "NetworkPolicy", "pipeline-steps")) == {53, 443, 5000, 6443, 8080, 8887,
+                                                                                    8888}  # fmt: skip
     no_mlflow = _one(render("default", "--set", "mlflow.enabled=false"), "NetworkPolicy", "pipeline-steps")
     assert 5000 not in _egress_ports(no_mlflow)
     off = render("default", "--set", "networkPolicy.steps.enabled=false")

@@ -103,6 +103,9 @@ def test_path_problem_names_each_class():
     assert manifest.path_problem("s3://b/" + "k/" * 400) is None  # 802 bytes: within S3's 1024
     assert manifest.path_problem("a\x00b") == "contains a NUL byte"
     assert manifest.path_problem("a\x1bb") == "contains the control character '\\x1b'"
+    assert manifest.path_problem("a\x85b") == "contains the control character '\\x85'"  # C1 NEL
+    assert manifest.path_problem("a\u2028b") == "contains the control character '\\u2028'"
+    assert manifest.path_problem("caf\u00e9/\u6620\u50cf.mp4") is None  # letters of any script are fine
     assert "not valid UTF-8" in manifest.path_problem("caf\udce9")
     assert "1025 bytes" in manifest.path_problem("a" * 1025)
     assert "256 bytes" in manifest.path_problem("d/" + "a" * 256)
@@ -152,6 +155,17 @@ def test_an_id_given_to_two_files_rejects_both_and_their_captions(tmp_path, clip
         "unrelated",
         "the same file, named",
     ]
+
+
+def test_one_file_named_two_ways_is_one_video_not_a_duplicate(tmp_path, clip_bytes):
+    put(tmp_path / "v" / "a.mp4", clip_bytes)
+    recs = [
+        {"video_id": "a", "video": p, "caption": f"c{i}"} for i, p in enumerate(["v/a.mp4", "./v/a.mp4", "v//a.mp4"])
+    ]
+    summary = ingest(str(put(tmp_path / "ann.json", json.dumps(recs))), str(tmp_path / "out"), CFG)
+    assert summary["videos"] == {"input": 1, "accepted": 1, "rejected": 0}
+    assert [v["path"] for v in accepted(tmp_path / "out")] == [str(tmp_path / "v" / "a.mp4")]
+    assert summary["captions"]["accepted"] == 3
 
 
 def test_webvid_rows_that_give_one_id_two_page_dirs_are_rejects(tmp_path, clip_bytes):
@@ -280,6 +294,42 @@ def test_extract_frames_rechecks_paths_of_a_dataset_edited_after_ingest(tmp_path
     assert opened == [paths[0]]
     (row,) = storage.read_parquet(str(tmp_path / "frames" / manifest.REJECTS)).to_pylist()
     assert row["record_id"] == "b" and row["reason"].startswith("path outside its root:")
+
+
+def test_a_dataset_that_records_no_media_root_is_refused_whole_when_its_paths_leave_it(tmp_path, clip_bytes):
+    """A videos.parquet written by an older vlp (absolute paths into the source, no recorded root): one clear error
+    that says to re-run ingest, not a reject for every clip. Relative paths inside the dataset still work."""
+    put(tmp_path / "raw" / "a.mp4", clip_bytes)
+    ann = put(tmp_path / "raw" / "ann.json", json.dumps([{"video": "a.mp4", "caption": "a"}]))
+    ingest(str(ann), str(tmp_path / "ds"), CFG)
+    videos = tmp_path / "ds" / manifest.VIDEOS
+    storage.write_parquet(str(videos), storage.read_parquet(str(videos)).replace_schema_metadata(None))
+    cfg = FramesConfig(num_frames=2, size=32, progress=False, workers=1)
+    with pytest.raises(manifest.ManifestError, match=r"records no media root .* re-run `vlp ingest`"):
+        extract(str(tmp_path / "ds"), str(tmp_path / "frames"), cfg)
+    assert not (tmp_path / "frames").exists()
+    put(tmp_path / "ds" / "media" / "a.mp4", clip_bytes)
+    table = storage.read_parquet(str(videos))
+    storage.write_parquet(str(videos), table.set_column(1, "path", pa.array(["media/a.mp4"])))
+    assert extract(str(tmp_path / "ds"), str(tmp_path / "frames"), cfg)["stored_videos"] == 1
+
+
+def test_a_shard_is_named_anew_when_its_paths_are_refused(tmp_path, clip_bytes):
+    """Shard names cover the verdict on each path: a clip refused under one media root and opened under another
+    never share a shard file, so a rerun cannot keep a shard written under the other verdict."""
+    from vlp.data.frames import _plan_shards
+
+    put(tmp_path / "raw" / "a.mp4", clip_bytes)
+    ann = put(tmp_path / "raw" / "ann.json", json.dumps([{"video": "a.mp4", "caption": "a"}]))
+    ingest(str(ann), str(tmp_path / "ds"), CFG)
+    videos = tmp_path / "ds" / manifest.VIDEOS
+    table = storage.read_parquet(str(videos))
+    cfg = FramesConfig(num_frames=2, size=32)
+    opened = _plan_shards(table, str(tmp_path / "ds"), cfg)
+    storage.write_parquet(str(videos), table.replace_schema_metadata({manifest.MEDIA_ROOT_KEY: b"/elsewhere"}))
+    refused = _plan_shards(table, str(tmp_path / "ds"), cfg)
+    assert refused[0].tasks[0].problem.startswith("path outside its root")
+    assert opened[0].name != refused[0].name
 
 
 def test_a_frame_index_naming_a_shard_outside_its_store_is_refused(tmp_path, clip_bytes):

@@ -153,11 +153,27 @@ def test_multi_logger_rewinds_the_loggers_that_can():
     assert a.rewound == [3]
 
 
+def test_a_resume_sends_the_resumed_values_of_steps_the_killed_attempt_never_sent(tmp_path: Path) -> None:
+    """The server was down while the killed attempt logged steps 3 and 4 past its checkpoint at 2: those lines are
+    in metrics.jsonl only. The resumed logger must send steps 1-2 from the file and the resumed 3-4, each once."""
+    cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="resume")
+    out = tmp_path / "out"
+    _write_out(out, [f'{{"step": {s}, "train/loss": 1.0}}' for s in (1, 2, 3, 4)], None)
+    logger = MlflowLogger(cfg, "pretrain", out=str(out))
+    MultiLogger([logger]).rewind(2)  # the checkpoint the loop resumes from
+    for step in (3, 4):
+        logger.log_metrics({"train/loss": 2.0}, step)
+    logger.close()
+    history = client(cfg).get_metric_history(logger.run_id, "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [(1, 1.0), (2, 1.0), (3, 2.0), (4, 2.0)]
+
+
 def test_a_pipeline_retry_takes_the_output_over_and_a_resumed_run_reopens(tmp_path: Path) -> None:
     cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="takeover")
     out = tmp_path / "out"
     _write_out(out, OLD_FILE[:4], None)
     first = MlflowLogger(cfg, "pretrain", out=str(out))  # an attempt that is killed: it never closes
+    first.rewind(3)  # as train() does first: the logger reaches the server and sends the file's steps
     with open(out / "metrics.jsonl", "a", encoding="utf-8") as fh:
         fh.write('{"step": 4, "train/loss": 1.0}\n')  # in the file, never sent
     mlflow_client = client(cfg)

@@ -303,7 +303,9 @@ def read_metrics(uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         except json.JSONDecodeError:
             warnings.warn(f"{uri} line {number} is not JSON (a write cut short by a kill?); skipped", stacklevel=2)
             continue
-        if "step" in record:
+        if not isinstance(record, dict):
+            warnings.warn(f"{uri} line {number} is not a JSON object; skipped", stacklevel=2)
+        elif "step" in record:
             rows[int(record["step"])] = record
         elif "params" in record:
             params.append(record["params"])
@@ -394,7 +396,9 @@ class MlflowLogger:
     and the first thing sent is what ``<out>/metrics.jsonl`` holds and the run lacks, in step order; a metric
     the run already holds at a step is never sent again. An attached run takes the output over: it gets the
     whole file, and the output's earlier run, if still RUNNING, is ended with the status its process recorded
-    (KILLED when it recorded none).
+    (KILLED when it recorded none). Such a logger reaches the server at its first call, not when built, so that
+    :meth:`rewind` (which the training loop calls first) can drop what a killed attempt wrote past the checkpoint
+    before any of it is sent: the resumed values of those steps are the ones the run gets.
     """
 
     def __init__(
@@ -414,6 +418,19 @@ class MlflowLogger:
         self._next_try = 0.0
         self.outages = 0
         self.sent = 0  # metric values this logger sent
+        if not out:
+            self._flush(force=True)
+
+    def rewind(self, step: int) -> None:
+        """Forget the records of ``metrics.jsonl`` past ``step`` not yet sent (training logs those steps again),
+        then reach the server."""
+
+        def keep(record: tuple[str, Any]) -> bool:
+            kind, payload = record
+            return kind != "metrics" or payload[2] or payload[1] <= step  # (metrics, step, live)
+
+        self._backlog = [r for r in self._backlog if keep(r)]
+        self._pending = [r for r in self._pending if keep(r)]
         self._flush(force=True)
 
     @property

@@ -175,15 +175,23 @@ def _plan_shards(videos: pa.Table, dataset: str, cfg: FramesConfig) -> list[_Sha
     dupes = sorted({a["video_id"] for a, b in itertools.pairwise(rows) if a["video_id"] == b["video_id"]})
     if dupes:
         raise ValueError(f"videos.parquet has duplicate video_id values {dupes[:5]}; re-run ingest to deduplicate")
-    root = manifest.media_root(dataset)
-    tasks = [_task(r, root) for r in rows]
+    recorded = manifest.media_root(dataset)
+    tasks = [_task(r, recorded or dataset) for r in rows]
+    escaped = [t for t in tasks if t.problem.startswith("path outside its root")]
+    if recorded is None and escaped:  # an older vlp's dataset: its paths point at the source, not the dataset
+        raise manifest.ManifestError(
+            f"{storage.join(dataset, manifest.VIDEOS)} records no media root (written by hand, or by a vlp older "
+            f"than that record) and {len(escaped)} of its paths lie outside {dataset} (first: {escaped[0].uri!r}): "
+            "re-run `vlp ingest` into this dataset, which records the root the paths were checked against"
+        )
     settings = json.dumps(_settings(cfg), sort_keys=True)
     plans = []
     for number, start in enumerate(range(0, len(tasks), cfg.videos_per_shard)):
         group = tuple(tasks[start : start + cfg.videos_per_shard])
         digest = hashlib.sha256(settings.encode())
         for t in group:
-            digest.update(json.dumps([t.video_id, t.uri, t.media, t.num_frames, t.fps]).encode())
+            refused = [t.problem] if t.problem else []  # a path refused now names another shard than it did opened
+            digest.update(json.dumps([t.video_id, t.uri, t.media, t.num_frames, t.fps, *refused]).encode())
         name = f"{SHARDS_DIR}/shard-{number:05d}-{digest.hexdigest()[:8]}.parquet"
         plans.append(_ShardPlan(number, name, group))
     return plans

@@ -21,12 +21,16 @@ Rules. Every input record ends up either in the output tables or in ``rejects.pa
 reason ``"<category>: <detail>"``, and ``input == accepted + rejected`` is asserted for videos,
 captions and QA. Annotation files are read as bytes and decoded record by record, so one line
 that is not UTF-8 or not JSON rejects that record only. A caption/QA is rejected when its text is
-empty or not UTF-8, when its video is unknown, or (``"video rejected: ..."``) when its video is.
-A video is rejected when a duplicate of an earlier ``video_id``, when its row is inconsistent
-(split, media), when it has no valid caption or QA left (``require_text``; such a clip is useless
-for training, and the check runs before probing to save the decode), when the probe fails, or when
-its duration is outside the configured limits. Annotation formats list one video per distinct id
-(many records per video are normal there); the first record's path and split win.
+empty or not UTF-8, longer than its ``max_*_chars`` limit (a caption: more than ``max_caption_words``
+words, unless ``caption_clean`` truncates it), past ``max_captions_per_video`` valid captions of its
+video, when its video is unknown, or (``"video rejected: ..."``) when its video is. A video is rejected
+when its path is unusable or leaves its root, when its id is given to two different files (every row
+of the id, each reason naming another file: whose clip would the captions describe?), when it repeats
+an earlier row's id and file (a raw table), when its row is inconsistent (split, media), when it has
+no valid caption or QA left (``require_text``; such a clip is useless for training, and the check runs
+before probing to save the decode), when the probe fails (a still image under a video name included),
+or when its duration is outside the configured limits. Annotation formats list one video per distinct
+id and file (many records per video are normal there); the first record's split wins.
 
 Fan-out: probing is the step's cost, so on a cluster pod ``i`` of ``n`` probes the contiguous run of the files to
 probe that :func:`vlp.data.manifest.part_range` gives it (:func:`probe_part`, into ``probes.parquet``), and
@@ -317,12 +321,16 @@ class _Annotations:
         self.root = _absolute(cfg.video_root) if cfg.video_root else _parent(origin)
         self.raw = _Raw(fmt, origin, root=self.root)
         self._videos: dict[str, dict[str, dict[str, Any]]] = {}  # video_id -> path -> row
+        self._named: set[tuple[str, str | None]] = set()  # (video_id, path as given) already registered
         self._numbers: Counter[str] = Counter()
 
     def video(self, video_id: str, rel_path: str | None, split: Any) -> None:
         """Register a video once; later records of the same id and file only add text. A record that gives the
         id another file adds a second video row, and :func:`_check_videos` rejects both (whose clip would the
         captions describe?)."""
+        if (video_id, rel_path) in self._named:  # the common case: another caption of a known clip
+            return
+        self._named.add((video_id, rel_path))
         path, problem = _inside(self.root, rel_path or f"{video_id}{self.cfg.video_ext}")
         known = self._videos.setdefault(video_id, {})
         if path in known:

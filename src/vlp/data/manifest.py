@@ -16,10 +16,15 @@ Tables
 ``path`` in ``videos`` is either absolute (``/...``, ``s3://...``) or relative to the dataset
 directory; :func:`resolve` turns it into a URI. Ingest records the root those paths lie inside in the
 table's metadata (:func:`media_root`), and every step that opens them checks them against it again
-(:func:`resolve_inside`), so a table edited after ingest cannot make a step read elsewhere.
+(:func:`resolve_inside`): a path changed after ingest (by a script, a merge of tables, a careless edit) cannot
+make a step read elsewhere. The record lives in the same file, so this does not stop someone who rewrites the
+file's metadata too: the dataset's storage permissions do.
 """
 
 from __future__ import annotations
+
+import os
+import unicodedata
 
 import pyarrow as pa
 
@@ -146,12 +151,11 @@ def write(
 MEDIA_ROOT_KEY = b"vlp.media_root"  # videos.parquet metadata: the root every path of the table lies inside
 
 
-def media_root(dataset: str) -> str:
-    """The root that ingest resolved the media paths of ``dataset`` inside (recorded in ``videos.parquet``);
-    the dataset directory itself for a table that records none (one written by hand or by an older vlp)."""
-    meta = storage.read_parquet_metadata(storage.join(dataset, VIDEOS))
-    root = meta.get(MEDIA_ROOT_KEY)
-    return root.decode() if root else dataset
+def media_root(dataset: str) -> str | None:
+    """The root that ingest resolved the media paths of ``dataset`` inside (recorded in ``videos.parquet``), or
+    None for a table that records none (one written by hand, or by a vlp older than the record)."""
+    root = storage.read_parquet_metadata(storage.join(dataset, VIDEOS)).get(MEDIA_ROOT_KEY)
+    return root.decode() if root else None
 
 
 def empty(schema: pa.Schema) -> pa.Table:
@@ -189,15 +193,15 @@ MAX_NAME_BYTES = 255  # one local path component (NAME_MAX)
 def path_problem(path: str) -> str | None:
     """Why ``path`` (a path or URI read from a file) cannot be used, or None.
 
-    Refused: a NUL byte (every OS call raises on it), other control characters (a newline in a name
-    forges log lines and breaks line-based tools), text that is not valid UTF-8, more than
-    :data:`MAX_PATH_BYTES` bytes in all or :data:`MAX_NAME_BYTES` in one component.
+    Refused: a NUL byte (every OS call raises on it), other control characters and line separators (C0, DEL,
+    C1, U+2028/2029: a line break in a name forges log lines and breaks line-based tools), text that is not valid
+    UTF-8, more than :data:`MAX_PATH_BYTES` bytes in all or :data:`MAX_NAME_BYTES` in one component.
     """
     if not isinstance(path, str):
         return f"is a {type(path).__name__}, not text"
     if "\x00" in path:
         return "contains a NUL byte"
-    control = next((c for c in path if ord(c) < 0x20 or ord(c) == 0x7F), None)
+    control = next((c for c in path if unicodedata.category(c) in ("Cc", "Zl", "Zp")), None)
     if control is not None:
         return f"contains the control character {control!r}"
     try:
@@ -234,6 +238,8 @@ def resolve_inside(root: str, path: str) -> str:
     if problem:
         raise UnusablePathError(f"unusable path: {_shown(path)} {problem}")
     uri = resolve(root, path)
+    if not storage.is_s3(uri):
+        uri = os.path.normpath(uri)  # "a.mp4" and "./a.mp4" name one file (symbolic links are kept)
     if storage.is_s3(root) or storage.is_s3(uri):
         prefix = root.rstrip("/") + "/"
         inside = storage.is_s3(root) and uri.startswith(prefix) and ".." not in uri[len(prefix) :].split("/")

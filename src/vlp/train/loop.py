@@ -300,7 +300,11 @@ class JsonlMetricsLogger:
         for line in storage.read_text(self.uri).splitlines():
             with contextlib.suppress(json.JSONDecodeError):
                 record = json.loads(line)
-                if step > 0 and ("params" in record or int(record.get("step", step + 1)) <= step):
+                if (
+                    step > 0
+                    and isinstance(record, dict)
+                    and ("params" in record or int(record.get("step", step + 1)) <= step)
+                ):
                     kept.append(line)
         if storage.is_s3(self.uri):
             self._lines = kept
