@@ -117,6 +117,19 @@ def write_mp4(path: str | Path, num_frames: int = 24, fps: int = 12, size: tuple
     return path
 
 
+@pytest.fixture(scope="module")
+def clip_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
+    """One real 2 s h264 mp4 (24 frames at 12 fps, 64x48), copied wherever a good clip is needed."""
+    return write_mp4(tmp_path_factory.mktemp("clip") / "clip.mp4").read_bytes()
+
+
+def put(path: Path, data: bytes | str) -> Path:
+    """Write ``data`` (text as UTF-8) to ``path``, creating its folders; returns ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return path
+
+
 def png_header(path: str | Path, width: int, height: int) -> Path:
     """A PNG whose header declares ``width x height``; its pixel data is a stub, so nothing may decode it.
 

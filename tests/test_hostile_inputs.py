@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from conftest import write_mp4
+from conftest import put, write_mp4
 from vlp import cli, storage
 from vlp.data import manifest
 from vlp.data.frames import FramesConfig, FrameStore, extract
@@ -22,17 +22,6 @@ from vlp.data.ingest import IngestConfig, ingest
 
 CFG = IngestConfig(workers=1, progress=False, split="train")
 NUL = "bad\x00name"
-
-
-@pytest.fixture(scope="module")
-def clip_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    return write_mp4(tmp_path_factory.mktemp("clip") / "clip.mp4").read_bytes()
-
-
-def put(path: Path, data: bytes | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    return path
 
 
 def rejects(out: Path, kind: str = "video") -> dict[str, str]:

@@ -10,24 +10,12 @@ import pyarrow as pa
 import pytest
 from PIL import Image
 
-from conftest import write_mp4
+from conftest import put, write_mp4
 from vlp import cli, storage
 from vlp.data import manifest
 from vlp.data.ingest import IngestConfig, _run_pool, detect_format, ingest
 
 CFG = IngestConfig(workers=1, progress=False, split="train")  # annotation files below name no split
-
-
-@pytest.fixture(scope="module")
-def clip_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
-    """One real 2 s h264 mp4 (24 frames at 12 fps, 64x48), copied wherever a good clip is needed."""
-    return write_mp4(tmp_path_factory.mktemp("clip") / "clip.mp4").read_bytes()
-
-
-def put(path: Path, data: bytes | str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    return path
 
 
 def make_raw_dir(root: Path, clip: bytes, n_good: int, bad: dict[str, bytes | None], **kw) -> Path:
