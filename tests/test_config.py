@@ -108,6 +108,18 @@ def test_cli_reports_a_broken_config_file_in_one_line(tmp_path, capsys):
     assert "not valid YAML" in err and len(err.strip().splitlines()) == 1
 
 
+def test_a_missing_config_file_is_one_line_that_names_it(tmp_path, capsys):
+    from vlp.cli import main
+
+    for path, what in ((tmp_path / "nope.yaml", "does not exist"), (tmp_path, "is a directory")):
+        args = ["extract-frames", "--dataset", str(tmp_path), "--out", str(tmp_path / "o"), "--config", str(path)]
+        assert main(args) == 2
+        (line,) = capsys.readouterr().err.strip().splitlines()
+        assert line == f"vlp extract-frames: error: config file {path} {what}: --config takes a YAML file, e.g. " \
+            "configs/default.yaml"  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("name", ["tiny.yaml", "default.yaml"])
 def test_shipped_configs_load(name):
     cfg = load_config(REPO / "configs" / name)

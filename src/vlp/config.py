@@ -71,6 +71,9 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
+    if not Path(path).is_file():
+        what = "is a directory" if Path(path).is_dir() else "does not exist"
+        raise ConfigError(f"config file {path} {what}: --config takes a YAML file, e.g. configs/default.yaml")
     text = Path(path).read_text(encoding="utf-8")
     try:
         loaded = yaml.safe_load(text)
