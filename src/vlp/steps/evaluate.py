@@ -23,7 +23,7 @@ import pyarrow as pa
 import torch
 
 from vlp import storage
-from vlp.config import Config, validate
+from vlp.config import Config
 from vlp.data.video_text import VideoQADataset
 from vlp.models import directory
 from vlp.steps.common import StepResult, device, run_step
@@ -180,7 +180,6 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             )  # fmt: skip
         return {"metrics": metrics, "model": model, "model_kind": info.kind, "split": rc.split, "warnings": warnings}
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("evaluate_retrieval", out, cfg, "retrieval", work)
 
 
@@ -263,7 +262,6 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         baseline = {"majority_answer": majority, "majority_from": source}
         return {"metrics": flat, "model": model, "split": qc.split, "baseline": baseline}
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("evaluate_qa", out, cfg, "qa", work)
 
 

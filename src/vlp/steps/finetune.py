@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vlp.config import Config, validate
+from vlp.config import Config
 from vlp.data.video_text import (
     RANDAUG_OPS,
     ClipRandAugment,
@@ -212,7 +212,6 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         )
         return train_summary(result)
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("finetune_retrieval", out, cfg, "retrieval", work)
 
 
@@ -283,5 +282,4 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             "train_answer_coverage": round(len(keep) / total, 4),
         }
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("finetune_qa", out, cfg, "qa", work)

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from vlp.config import Config, validate
+from vlp.config import Config
 from vlp.data.entities import mine
 from vlp.steps.common import StepResult, run_step
 
 
 def mine_entities(dataset: str, out: str, cfg: Config) -> StepResult:
     """Mine ``dataset``'s top-M caption nouns (the ``entities`` section) into ``out``."""
-    validate(cfg)  # every section in range before anything is written
     return run_step("mine_entities", out, cfg, "entities", lambda: mine(dataset, out, cfg.entities))

@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vlp import storage
-from vlp.config import Config, validate
+from vlp.config import Config
 from vlp.data.video_text import RANDAUG_OPS, ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
 from vlp.steps.common import (
@@ -146,7 +146,6 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
         return train_summary(result)
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("pretrain_prompter", out, cfg, "pretrain", work)
 
 
@@ -172,7 +171,6 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
         bank.save(out)
         return {"entities": len(entities), "renormalize": bank.renormalize, "dim": int(bank.video.shape[1])}
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("build_prompt_bank", out, cfg, "model", work)
 
 
@@ -249,7 +247,6 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
             figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg, model_cfg)
         return train_summary(result) | {"pem_examples": figures}
 
-    validate(cfg)  # every section in range before anything is written
     return run_step("pretrain", out, cfg, "pretrain", work)
 
 
