@@ -64,7 +64,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import torch  # noqa: E402
 
-from conftest import png_header, write_mp4  # noqa: E402
+from conftest import png_header, put, write_mp4  # noqa: E402
 from faulty_servers import FaultyProxy, MlflowServer, fail_first  # noqa: E402
 from vlp import storage  # noqa: E402
 from vlp.data import manifest, video  # noqa: E402
@@ -158,20 +158,14 @@ def _write_annotations(fmt: str, root: Path, names: list[str]) -> Path:
     """An annotation file of ``fmt`` naming the videos ``<name>.mp4`` under ``root`` (one caption each)."""
     stems = [n.removesuffix(".mp4") for n in names]
     if fmt == "lavis":
-        return _put(root / "ann.json", json.dumps([{"video": n, "caption": f"clip {i}"} for i, n in enumerate(names)]))
+        return put(root / "ann.json", json.dumps([{"video": n, "caption": f"clip {i}"} for i, n in enumerate(names)]))
     if fmt == "msrvtt":
         recs = [{"video_id": f"v{i}", "video": n, "caption": "c"} for i, n in enumerate(names)]
-        return _put(root / "ann.json", json.dumps(recs))
+        return put(root / "ann.json", json.dumps(recs))
     if fmt == "alpro":
-        return _put(root / "ann.jsonl", "\n".join(json.dumps({"clip_name": s, "caption": "c"}) for s in stems))
+        return put(root / "ann.jsonl", "\n".join(json.dumps({"clip_name": s, "caption": "c"}) for s in stems))
     rows = "".join(f'"{s}",a caption,\n' for s in stems)
-    return _put(root / "ann.csv", f"videoid,name,page_dir\n{rows}")
-
-
-def _put(path: Path, text: str | bytes) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(text.encode() if isinstance(text, str) else text)
-    return path
+    return put(root / "ann.csv", f"videoid,name,page_dir\n{rows}")
 
 
 def _all_rejects(out: Path) -> list[str]:
@@ -217,8 +211,8 @@ def duplicate_ids(tmp: Path) -> Outcome:
     write_mp4(tmp / "b.mp4")
     recs = [{"video_id": "a", "video": "one/a.mp4", "caption": "first"}, {"video_id": "a", "video": "two/a.mp4",
             "caption": "second"}, {"video_id": "b", "video": "b.mp4", "caption": "unrelated"}]  # fmt: skip
-    summary = ingest(str(_put(tmp / "ann.json", json.dumps(recs))), str(tmp / "out"), _cfg(tmp, workers=1))
-    webvid = _put(tmp / "ann.csv", "videoid,name,page_dir\na,first,one\na,second,two\n")
+    summary = ingest(str(put(tmp / "ann.json", json.dumps(recs))), str(tmp / "out"), _cfg(tmp, workers=1))
+    webvid = put(tmp / "ann.csv", "videoid,name,page_dir\na,first,one\na,second,two\n")
     summary_w = ingest(str(webvid), str(tmp / "out-w"), _cfg(tmp, workers=1))
     handled = 0
     for out, s, n_ok in ((tmp / "out", summary, 1), (tmp / "out-w", summary_w, 0)):
@@ -232,11 +226,11 @@ def oversize_text(tmp: Path) -> Outcome:
     write_mp4(tmp / "v.mp4")
     caps = [{"video": "v.mp4", "caption": "x" * 10_000_000}] + [{"video": "v.mp4", "caption": f"c{i}"} for i in
                                                                 range(5000)]  # fmt: skip
-    summary = ingest(str(_put(tmp / "ann.json", json.dumps(caps))), str(tmp / "out"), _cfg(tmp, workers=1))
+    summary = ingest(str(put(tmp / "ann.json", json.dumps(caps))), str(tmp / "out"), _cfg(tmp, workers=1))
     qa = [{"video": "v.mp4", "question": "q" * 1_000_000, "answer": "a"},
           {"video": "v.mp4", "question": "what?", "answer": "a" * 1_000_000},
           {"video": "v.mp4", "question": "what?", "answer": "red"}]  # fmt: skip
-    summary_qa = ingest(str(_put(tmp / "qa.json", json.dumps(qa))), str(tmp / "out-qa"), _cfg(tmp, workers=1))
+    summary_qa = ingest(str(put(tmp / "qa.json", json.dumps(qa))), str(tmp / "out-qa"), _cfg(tmp, workers=1))
     reasons = _all_rejects(tmp / "out") + _all_rejects(tmp / "out-qa")
     handled = int(sum(r.startswith("text too long: caption") for r in reasons) == 1)
     handled += int(sum(r.startswith("too many captions") for r in reasons) == 5000 - 100)
@@ -253,7 +247,7 @@ def still_image_as_video(tmp: Path) -> Outcome:
     names = ["good.mp4"]
     for ext in ("png", "jpg", "bmp"):
         Image.new("RGB", (32, 24), (90, 20, 200)).save(tmp / f"still-{ext}.{ext}")
-        _put(tmp / f"{ext}-renamed.mp4", (tmp / f"still-{ext}.{ext}").read_bytes())
+        put(tmp / f"{ext}-renamed.mp4", (tmp / f"still-{ext}.{ext}").read_bytes())
         names += [f"still-{ext}.{ext}", f"{ext}-renamed.mp4"]
     summary = ingest(str(_annotations(tmp, names)), str(tmp / "out"), _cfg(tmp, workers=1))
     rejects = _rejects(tmp / "out")

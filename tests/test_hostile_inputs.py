@@ -311,12 +311,11 @@ def test_a_shard_is_named_anew_when_its_paths_are_refused(tmp_path, clip_bytes):
     put(tmp_path / "raw" / "a.mp4", clip_bytes)
     ann = put(tmp_path / "raw" / "ann.json", json.dumps([{"video": "a.mp4", "caption": "a"}]))
     ingest(str(ann), str(tmp_path / "ds"), CFG)
-    videos = tmp_path / "ds" / manifest.VIDEOS
-    table = storage.read_parquet(str(videos))
-    cfg = FramesConfig(num_frames=2, size=32)
+    table, cfg = manifest.read(str(tmp_path / "ds"), manifest.VIDEOS, manifest.VIDEO_SCHEMA), FramesConfig(size=32)
     opened = _plan_shards(table, str(tmp_path / "ds"), cfg)
-    storage.write_parquet(str(videos), table.replace_schema_metadata({manifest.MEDIA_ROOT_KEY: b"/elsewhere"}))
-    refused = _plan_shards(table, str(tmp_path / "ds"), cfg)
+    elsewhere = table.replace_schema_metadata({manifest.MEDIA_ROOT_KEY: b"/elsewhere"})
+    refused = _plan_shards(elsewhere, str(tmp_path / "ds"), cfg)
+    assert not opened[0].tasks[0].problem
     assert refused[0].tasks[0].problem.startswith("path outside its root")
     assert opened[0].name != refused[0].name
 

@@ -175,7 +175,7 @@ def _plan_shards(videos: pa.Table, dataset: str, cfg: FramesConfig) -> list[_Sha
     dupes = sorted({a["video_id"] for a, b in itertools.pairwise(rows) if a["video_id"] == b["video_id"]})
     if dupes:
         raise ValueError(f"videos.parquet has duplicate video_id values {dupes[:5]}; re-run ingest to deduplicate")
-    recorded = manifest.media_root(dataset)
+    recorded = manifest.media_root(videos)
     tasks = [_task(r, recorded or dataset) for r in rows]
     escaped = [t for t in tasks if t.problem.startswith("path outside its root")]
     if recorded is None and escaped:  # an older vlp's dataset: its paths point at the source, not the dataset

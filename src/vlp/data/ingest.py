@@ -637,7 +637,7 @@ def _check_videos(videos: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
         vid = row["video_id"]
         others = [f for f in files.get(vid, []) if f != row["path"]]
         if others:  # overrides a reader's reject too: the conflict is what the texts must learn of
-            row["_reject"] = f"duplicate video_id: {_shown(vid)} also names {_shown(others[0])}" + (
+            row["_reject"] = f"duplicate video_id: {manifest.quoted(vid)} also names {manifest.quoted(others[0])}" + (
                 f" and {len(others) - 1} other file(s)" if len(others) > 1 else ""
             )
         if row["_reject"]:  # rejected by its reader (a path outside the root) or ambiguous: its texts follow it
@@ -652,12 +652,6 @@ def _check_videos(videos: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             winners[vid], first_row[vid] = row, i
             row["_reject"] = _video_row_problem(row)
     return winners
-
-
-def _shown(text: str, limit: int = 160) -> str:
-    """``text`` quoted for a reason, cut to ``limit`` characters."""
-    quoted = repr(text)
-    return quoted if len(quoted) <= limit else quoted[: limit - 4] + "...'"
 
 
 def _video_row_problem(row: dict[str, Any]) -> str | None:
@@ -725,7 +719,7 @@ def _check_sizes(captions: list[dict[str, Any]], qa: list[dict[str, Any]], cfg: 
         per_video[row["video_id"]] += 1
         if cfg.max_captions_per_video and per_video[row["video_id"]] > cfg.max_captions_per_video:
             row["_reject"] = (
-                f"too many captions: {_shown(row['video_id'])} has more than "
+                f"too many captions: {manifest.quoted(row['video_id'])} has more than "
                 f"ingest.max_captions_per_video={cfg.max_captions_per_video}"
             )
 

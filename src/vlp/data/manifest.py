@@ -130,11 +130,12 @@ def check_schema(table: pa.Table, schema: pa.Schema, name: str) -> pa.Table:
 
 
 def read(dataset: str, name: str, schema: pa.Schema) -> pa.Table:
-    """Read and validate table ``name`` of dataset directory ``dataset``."""
+    """Read and validate table ``name`` of dataset directory ``dataset`` (its key-value metadata kept)."""
     uri = storage.join(dataset, name)
     if not storage.exists(uri):
         raise ManifestError(f"{uri} does not exist: is {dataset!r} a dataset directory?")
-    return check_schema(storage.read_parquet(uri), schema, uri)
+    table = storage.read_parquet(uri)
+    return check_schema(table, schema, uri).replace_schema_metadata(table.schema.metadata)
 
 
 def write(
@@ -151,10 +152,10 @@ def write(
 MEDIA_ROOT_KEY = b"vlp.media_root"  # videos.parquet metadata: the root every path of the table lies inside
 
 
-def media_root(dataset: str) -> str | None:
-    """The root that ingest resolved the media paths of ``dataset`` inside (recorded in ``videos.parquet``), or
-    None for a table that records none (one written by hand, or by a vlp older than the record)."""
-    root = storage.read_parquet_metadata(storage.join(dataset, VIDEOS)).get(MEDIA_ROOT_KEY)
+def media_root(videos: pa.Table) -> str | None:
+    """The root that ingest resolved the paths of ``videos`` (a :func:`read` ``videos.parquet``) inside, or None
+    for a table that records none (one written by hand, or by a vlp older than the record)."""
+    root = (videos.schema.metadata or {}).get(MEDIA_ROOT_KEY)
     return root.decode() if root else None
 
 
@@ -216,9 +217,10 @@ def path_problem(path: str) -> str | None:
     return None
 
 
-def _shown(path: str, limit: int = 120) -> str:
-    text = repr(path)
-    return text if len(text) <= limit else text[: limit - 4] + "...'"
+def quoted(text: str, limit: int = 160) -> str:
+    """``text`` quoted (``repr``) for an error or a reject reason, cut to ``limit`` characters."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 4] + "...'"
 
 
 def resolve_inside(root: str, path: str) -> str:
@@ -236,7 +238,7 @@ def resolve_inside(root: str, path: str) -> str:
     """
     problem = path_problem(path)
     if problem:
-        raise UnusablePathError(f"unusable path: {_shown(path)} {problem}")
+        raise UnusablePathError(f"unusable path: {quoted(path, 120)} {problem}")
     uri = resolve(root, path)
     if not storage.is_s3(uri):
         uri = os.path.normpath(uri)  # "a.mp4" and "./a.mp4" name one file (symbolic links are kept)
