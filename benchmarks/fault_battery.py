@@ -184,7 +184,7 @@ def unusable_paths(tmp: Path) -> Outcome:
         reasons = _all_rejects(tmp / f"out-{fmt}")
         outcome.tried += len(bad_names)
         ok = summary["videos"]["accepted"] == 1
-        outcome.handled += sum(ok for r in reasons if r.startswith(("unusable path:", "malformed record:")))
+        outcome.handled += sum(ok for r in reasons if r.startswith("unusable path:"))
         outcome.lost += _lost(summary)
     raw = tmp / "raw"
     shutil.copytree(tmp / "media", raw)
