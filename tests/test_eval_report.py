@@ -80,7 +80,7 @@ def test_retrieval_report_files(tmp_path: Path) -> None:
         value = f"{metrics[key]:.2f}"
         assert value in md, f"{key} = {value} missing from report.md"
     assert "num_pairs" in md and "| 9 |" in md
-    assert f"| vtc text → video | {metrics['vtc_t2v_r1']:.2f} |" in md  # extra prefixes get their own rows
+    assert f"| vtc text → video | {metrics['vtc_t2v_r1']:.2f} |" in md  # no pairs_scored: shown
     assert "| text → video | 33.33 | 100.00 | 100.00 | 2.00 | 2.00 |" in md  # t2v ranks [1, 2, 3]
     assert "✓" in md and "not in the top 5" in md
     assert "![rank histogram](rank_histogram.png)" in md
@@ -115,7 +115,7 @@ def test_qa_report_files(tmp_path: Path) -> None:
         assert value in md
     assert "| color | 1 | 0 | 1 | 1 |" in md  # confusion row: columns color, count, then oov, unseen
     page = _parse(Path(paths[1]))
-    assert page.tags.count("table") == 3
+    assert page.tags.count("table") == 4  # the verdict, then overall, per type, confusion
     text = "".join(page.text)
     assert "33.33" in text and "oov" in text
 
@@ -158,3 +158,160 @@ def test_headline_table_puts_each_figure_next_to_what_it_must_beat() -> None:
     assert "| qa | accuracy (%) | 42.00 |  | 1.00 | 20.00 |" in table
     assert "| retrieval | held-out VTM loss (lower is better) | 0.50 |  | 0.64 (label prior) |  |" in table
     assert "VTM loss" not in headline_table({"qa": qa})
+
+
+# --------------------------------------------------------------------------- verdicts next to the figures
+
+
+@pytest.mark.parametrize(
+    ("value", "chance", "tolerance", "expected"),
+    [
+        (16.67, 16.67, 0.0, "at chance"),  # exactly at chance, no count of queries
+        (100 / 6, 100 * (1 / 6), 0.0, "at chance"),  # equal up to float rounding
+        (20.0, 16.67, 100 / 12, "at chance"),  # less than one query's worth above
+        (10.0, 16.67, 100 / 12, "at chance"),  # less than one query's worth below
+        (100 / 12, 100 / 6, 100 / 12, "below chance"),  # exactly one query's worth below is below
+        (8.3, 16.7, 0.0, "below chance"),
+        (62.5, 10.0, 1.0, "above chance by 6.25x"),
+        (5.0, 0.0, 0.0, "above chance (chance is 0)"),
+        (42.0, None, 1.0, "no baseline recorded"),
+        (float("nan"), 16.67, 1.0, "no verdict: the figure is NaN"),  # not "below chance"
+    ],
+)
+def test_verdict_against_chance(value, chance, tolerance, expected) -> None:
+    from vlp.eval.report import verdict
+
+    assert verdict(value, chance, tolerance) == expected
+
+
+@pytest.mark.parametrize(
+    ("value", "chance", "majority", "expected"),
+    [
+        (42.0, 1.0, 20.0, "above the majority baseline by 22.00 points"),
+        (20.1, 1.0, 20.0, "equal to the majority baseline"),  # within one question (0.2 points)
+        (20.0, 1.0, 20.0, "equal to the majority baseline"),
+        (15.0, 1.0, 20.0, "below the majority baseline"),  # above chance, but a constant answer does better
+        (0.2, 1.0, 20.0, "below chance"),  # below chance is said first, whatever the majority says
+        (0.4, 1.0, 0.0, "below chance"),  # above a majority guess the vocabulary lacks, still below chance
+        (30.0, 1.0, None, "above chance by 30.00x"),  # no majority baseline: against chance alone
+        (30.0, None, 20.0, "above the majority baseline by 10.00 points"),  # no chance level
+        (30.0, None, None, "no baseline recorded"),
+    ],
+)
+def test_verdict_against_the_majority_baseline(value, chance, majority, expected) -> None:
+    from vlp.eval.report import verdict
+
+    assert verdict(value, chance, 0.2, majority=majority) == expected
+
+
+def test_verdict_for_a_figure_where_lower_is_better() -> None:
+    from vlp.eval.report import verdict
+
+    assert verdict(5.0, 50.5, 1.0, lower_is_better=True) == "better than chance by 10.10x"  # a median rank
+    assert verdict(50.0, 50.5, 1.0, lower_is_better=True) == "at chance"
+    assert verdict(60.0, 50.5, 1.0, lower_is_better=True) == "worse than chance"
+    assert verdict(0.7, 0.6365, lower_is_better=True, level="the label prior") == "worse than the label prior"
+
+
+def _below_chance_ranking() -> tuple[torch.Tensor, torch.Tensor]:
+    """12 captions of 6 clips, only caption 0 ranks its clip first: ``(scores (12, 6), text_video (12,))``."""
+    text_video = torch.arange(6).repeat_interleave(2)  # (12,)
+    scores = torch.zeros(12, 6)
+    scores[torch.arange(12), (text_video + 1) % 6] = 1.0  # every caption prefers the next clip ...
+    scores[0, 0] = 2.0  # ... but caption 0
+    return scores, text_video
+
+
+def _below_chance_retrieval() -> dict[str, float]:
+    """The figures of :func:`_below_chance_ranking`: t2v R@1 = 8.33 against chance 16.67."""
+    from vlp.eval.retrieval import chance_metrics
+
+    scores, text_video = _below_chance_ranking()
+    metrics = retrieval_metrics(scores, text_video) | chance_metrics(text_video, 6)
+    return metrics | {"num_texts": 12.0, "num_videos": 6.0}
+
+
+def test_a_below_chance_retrieval_report_says_so(tmp_path: Path) -> None:
+    metrics = _below_chance_retrieval() | {"pairs_scored": 0.0}
+    assert metrics["t2v_r1"] == pytest.approx(100 / 12) and metrics["chance_t2v_r1"] == pytest.approx(100 / 6)
+    retrieval_report(metrics, [1] + [6] * 11, [], tmp_path)
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "| text → video R@1 | 8.33 | 16.67 | below chance |" in md
+    assert "**Warning:** text → video R@1 8.33 is below chance (16.67)" in md
+    text = "".join(_parse(tmp_path / "report.html").text)
+    assert "below chance" in text and "Warning:" in text
+
+
+@pytest.mark.parametrize(
+    ("recorded", "shown"),
+    [
+        ({"pairs_scored": 0.0}, False),  # TS2-Net (or a model without VTM): the similarity is the ranking
+        ({"pairs_scored": 120.0}, True),  # ALPRO / ALBEF: a fused pass re-ranked the similarity's top-k
+        ({"pairs_scored": 0.0, "rescored": 1.0}, True),  # test-time re-scoring ranked a re-scored matrix
+        ({}, True),  # not recorded: shown, as before
+    ],
+)
+def test_the_similarity_only_row_follows_how_the_ranking_was_made(tmp_path: Path, recorded, shown) -> None:
+    """Decided by definition: here the similarity figures equal the main ones in every case."""
+    from vlp.eval.report import headline_table
+
+    metrics = _below_chance_retrieval()
+    metrics |= {f"vtc_{k}": v for k, v in retrieval_metrics(*_below_chance_ranking()).items()} | recorded
+    retrieval_report(metrics, [1] + [6] * 11, [], tmp_path)
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    html_text = "".join(_parse(tmp_path / "report.html").text)
+    assert ("| vtc text → video | 8.33 |" in md) is shown
+    assert ("vtc video → text" in html_text) is shown and ("similarity only" in md) is shown
+    assert ("vtc_rsum" in md) is shown  # the similarity ranking's other figures go with its row
+    assert md.count("text → video | 8.33 |") == (2 if shown else 1)  # the main row, and the similarity's if shown
+    row = headline_table({"retrieval": metrics}).split("| retrieval | text → video R@1 |")[1].split("\n")[0]
+    assert row.split("|")[1].strip() == ("8.33" if shown else "")  # value | similarity only | chance
+
+
+def test_ranking_is_similarity_reads_how_the_figures_were_made() -> None:
+    from vlp.eval.report import ranking_is_similarity
+
+    assert ranking_is_similarity({"pairs_scored": 0.0}) is True
+    assert ranking_is_similarity({"pairs_scored": 3.0}) is False
+    assert ranking_is_similarity({"pairs_scored": 0.0, "rescored": 1.0}) is False
+    assert ranking_is_similarity({"t2v_r1": 1.0, "vtc_t2v_r1": 1.0}) is None  # not recorded
+
+
+def test_the_headline_table_carries_verdicts() -> None:
+    from vlp.eval.report import VERDICT_RULES, headline_table
+
+    retrieval = _below_chance_retrieval() | {"pairs_scored": 0.0, "vtm_loss": 0.7, "vtm_loss_prior": 0.6365}
+    qa = {"accuracy": 0.42, "majority_accuracy": 0.2, "chance_accuracy": 0.01, "n": 500.0}
+    table = headline_table({"retrieval": retrieval, "qa": qa})
+    assert table.startswith(VERDICT_RULES + "\n\n|")  # the rules stand above the table
+    assert "Retrieval verdicts" not in headline_table({"qa": qa}) and "QA verdicts" in headline_table({"qa": qa})
+    assert "| retrieval | text → video R@1 | 8.33 |  | 16.67 |  | **below chance** |" in table
+    assert "| retrieval | held-out VTM loss (lower is better) | 0.70 |  | 0.64 (label prior) |  | " \
+           "**worse than the label prior** |" in table  # fmt: skip
+    assert "| qa | accuracy (%) | 42.00 |  | 1.00 | 20.00 | above the majority baseline by 22.00 points |" in table
+    rows = [line for line in table.splitlines() if line.startswith("| retrieval") or line.startswith("| qa")]
+    assert len(rows) == 8 + 1 + 1 and all(line.split("|")[-2].strip() for line in rows)  # every row has a verdict
+
+
+def test_a_qa_report_states_its_verdict(tmp_path: Path) -> None:
+    from vlp.eval.qa import qa_baselines
+
+    gold = ["red"] * 6 + ["blue", "two"]
+    metrics = qa_metrics(["two"] * 8, gold, ["color"] * 7 + ["count"], vocab=["red", "blue", "two"])
+    metrics |= qa_baselines(gold, ["red", "blue", "two"], "red")  # majority 6/8, chance 1/3
+    qa_report(metrics, tmp_path, majority_answer="red")
+    md = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "| accuracy (%) | 12.50 | 33.33 | 75.00 | below chance |" in md
+    assert "**Warning:** accuracy (%) 12.50 is below chance (33.33)" in md
+    metrics["accuracy"] = 7 / 8
+    qa_report(metrics, tmp_path, majority_answer="red")
+    assert "above the majority baseline by 12.50 points" in (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert "Warning" not in (tmp_path / "report.md").read_text(encoding="utf-8")
+
+
+def test_rescored_figures_record_that_they_were_rescored() -> None:
+    from vlp.eval.retrieval import rescored_metrics
+
+    scores, text_video = _below_chance_ranking()
+    assert rescored_metrics(scores, text_video, "dual_softmax")["rescored"] == 1.0
+    assert "rescored" not in retrieval_metrics(scores, text_video)

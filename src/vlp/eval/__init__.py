@@ -1,7 +1,16 @@
-"""Evaluation: retrieval metrics and top-k VTM re-ranking, QA accuracy, and the report files. Pure functions."""
+"""Evaluation: retrieval metrics and top-k VTM re-ranking, QA accuracy, the verdicts against chance and the
+majority baseline, and the report files. Pure functions."""
 
 from vlp.eval.qa import answer_type_map, build_answer_vocab, normalize_answer, qa_metrics
-from vlp.eval.report import pem_figure, qa_report, rank_histogram, retrieval_report
+from vlp.eval.report import (
+    headline_table,
+    pem_figure,
+    qa_report,
+    rank_histogram,
+    ranking_is_similarity,
+    retrieval_report,
+    verdict,
+)
 from vlp.eval.retrieval import (
     Reranked,
     candidate_pairs,
@@ -19,15 +28,18 @@ __all__ = [
     "build_answer_vocab",
     "candidate_pairs",
     "full_rerank",
+    "headline_table",
     "normalize_answer",
     "pem_figure",
     "qa_metrics",
     "qa_report",
     "rank_histogram",
     "rank_summary",
+    "ranking_is_similarity",
     "ranks_t2v",
     "ranks_v2t",
     "retrieval_metrics",
     "retrieval_report",
     "topk_rerank",
+    "verdict",
 ]

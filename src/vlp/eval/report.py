@@ -11,7 +11,9 @@ from __future__ import annotations
 import base64
 import html
 import io
+import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +22,15 @@ import torch
 from PIL import Image, ImageDraw, ImageFont
 from torch import Tensor
 
-__all__ = ["pem_figure", "qa_report", "rank_histogram", "retrieval_report"]
+__all__ = [
+    "headline_table",
+    "pem_figure",
+    "qa_report",
+    "rank_histogram",
+    "ranking_is_similarity",
+    "retrieval_report",
+    "verdict",
+]
 
 RANK_BINS = ((1, 1), (2, 2), (3, 5), (6, 10), (11, 20), (21, 50), (51, 100), (101, None))
 _DIRECTIONS = (("t2v", "text → video"), ("v2t", "video → text"))
@@ -84,6 +94,174 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> tuple[str, s
     return "\n".join(md), f"<table><tr>{head}</tr>{body}</table>"
 
 
+_RETRIEVAL_RULES = (
+    "Retrieval verdicts: recalls and median ranks against chance as a ratio (6.30x: 6.3 times chance's recall, or "
+    "chance's median rank over the model's); *at chance* = less than one query's worth away (100 / queries points "
+    "of recall, the texts for text → video and the videos for video → text; one rank of median rank; the VTM loss "
+    "only when equal to the label prior's)."
+)
+_QA_RULES = (
+    "QA verdicts: accuracy against the majority-answer baseline in percentage points, and *below chance* under "
+    "chance; *equal* / *at chance* = less than one question's worth away (100 / questions points)."
+)
+_NO_COUNT = "Without a count of queries or questions, only an equal figure is at a level."
+_SIMILARITY_ONLY = (
+    "*Similarity only*: the ranking a fused pass re-ranks (or test-time re-scoring re-scores); blank where the "
+    "figure's ranking is that similarity itself."
+)
+VERDICT_RULES = f"{_RETRIEVAL_RULES} {_SIMILARITY_ONLY} {_QA_RULES} {_NO_COUNT}"
+"""How :func:`verdict` is applied to the headline figures, and what the similarity-only column holds: what
+:func:`headline_table` states above a table of both tasks (the reports state their task's part)."""
+_FLAGGED = ("below chance", "worse than")
+
+
+def verdict(
+    value: float,
+    chance: float | None,
+    tolerance: float = 0.0,
+    *,
+    majority: float | None = None,
+    lower_is_better: bool = False,
+    level: str = "chance",
+) -> str:
+    """What ``value`` says against its reference levels, in words.
+
+    ``value`` is *at* a level when ``|value - level| < tolerance`` (a difference of exactly ``tolerance``, one
+    query's worth, is a real difference), or when the two are equal up to float rounding. Otherwise:
+
+    * below ``chance`` (the worse side, beyond tolerance): ``"below chance"`` (``"worse than chance"`` when
+      ``lower_is_better``), whatever the majority baseline says;
+    * with a ``majority`` baseline (QA accuracy, pass percent): ``"above the majority baseline by 3.10 points"``,
+      ``"equal to the majority baseline"`` or ``"below the majority baseline"``;
+    * else against ``chance`` as a ratio: ``"above chance by 6.25x"`` (``"better than chance by 6.25x"``, the ratio
+      chance / value, when ``lower_is_better``), ``"at chance"``; no ratio when the denominator is 0;
+    * neither level given: ``"no baseline recorded"``; a NaN ``value``: ``"no verdict: the figure is NaN"``.
+
+    Args:
+        value: the figure (a recall, an accuracy, a rank, a loss).
+        chance: what a random predictor scores (``level`` names it), or None when unknown.
+        tolerance: the band around each level that counts as *at* it, in the figure's units (>= 0).
+        majority: the majority-answer baseline, or None.
+        lower_is_better: ranks and losses.
+        level: the name of ``chance`` in the words (``"the label prior"`` for the VTM loss).
+    """
+    if math.isnan(value):
+        return "no verdict: the figure is NaN"
+    better, worse = ("better than", "worse than") if lower_is_better else ("above", "below")
+
+    def near(ref: float) -> bool:
+        return abs(value - ref) < tolerance * (1 - 1e-9) or math.isclose(value, ref, rel_tol=1e-9, abs_tol=1e-12)
+
+    def beats(ref: float) -> bool:
+        return value < ref if lower_is_better else value > ref
+
+    if chance is not None and not near(chance) and not beats(chance):
+        return f"{worse} {level}"
+    if majority is not None:
+        if near(majority):
+            return "equal to the majority baseline"
+        if beats(majority):
+            return f"{better} the majority baseline by {abs(value - majority):.2f} points"
+        return f"{worse} the majority baseline"
+    if chance is None:
+        return "no baseline recorded"
+    if near(chance):
+        return f"at {level}"
+    num, den = (chance, value) if lower_is_better else (value, chance)
+    return f"{better} {level} by {num / den:.2f}x" if den > 0 else f"{better} {level} ({level} is 0)"
+
+
+def ranking_is_similarity(metrics: Mapping[str, Any]) -> bool | None:
+    """Whether the main ranking of a retrieval evaluation is, by definition, the similarity ranking it also stores
+    as ``vtc_*``: True when ``evaluate-retrieval`` recorded no fused re-ranking pass (``pairs_scored == 0``: the
+    family's ``reranks`` is False, e.g. TS2-Net) and no test-time re-scoring (no ``rescored`` flag, which
+    :func:`vlp.eval.retrieval.rescored_metrics` sets); False when either happened; None when ``metrics`` do not say
+    (no ``pairs_scored``). Decided from how the figures were made, never by comparing them."""
+    if "pairs_scored" not in metrics:
+        return None
+    return not metrics["pairs_scored"] and not metrics.get("rescored")
+
+
+@dataclass(frozen=True)
+class _Headline:
+    """One headline figure with its reference levels and the verdict computed from them."""
+
+    figure: str
+    value: float
+    similarity: float | None = None  # the similarity-only ranking's figure, where a fused pass re-ranks
+    chance: float | None = None
+    majority: float | None = None
+    verdict: str = ""
+    chance_note: str = ""  # e.g. " (label prior)"
+
+    def cells(self, *, similarity: bool, majority: bool) -> list[Any]:
+        level = "" if self.chance is None else f"{self.chance:.2f}{self.chance_note}"
+        row = [self.figure, self.value, *([_blank(self.similarity)] if similarity else []), level]
+        return [*row, *([_blank(self.majority)] if majority else []), self.verdict]
+
+
+def _blank(value: float | None) -> Any:
+    return "" if value is None else value
+
+
+def _retrieval_headlines(m: Mapping[str, Any]) -> list[_Headline]:
+    """R@1/5/10 and MdR of both directions against chance, and the held-out VTM loss against the label prior."""
+    out = []
+    show_similarity = not ranking_is_similarity(m)
+    for direction, count in (("t2v", "num_texts"), ("v2t", "num_videos")):
+        one_query = 100.0 / m[count] if m.get(count) else 0.0
+        for key, label in _RANK_COLUMNS[:4]:
+            name = f"{direction}_{key}"
+            if name not in m:
+                continue
+            rank = key == "medr"
+            chance = m.get(f"chance_{name}")
+            words = verdict(m[name], chance, 1.0 if rank else one_query, lower_is_better=rank)
+            similarity = m.get(f"vtc_{name}") if show_similarity else None
+            out.append(_Headline(f"{_direction_label(direction)} {label}", m[name], similarity, chance, None, words))
+    if "vtm_loss" in m:  # the VTM head on held-out hard negatives; its trivial level is the 1:2 label prior
+        prior = m.get("vtm_loss_prior")
+        words = verdict(m["vtm_loss"], prior, lower_is_better=True, level="the label prior")
+        out.append(_Headline("held-out VTM loss (lower is better)", m["vtm_loss"], None, prior, None, words,
+                             " (label prior)"))  # fmt: skip
+    return out
+
+
+def _qa_headlines(m: Mapping[str, Any]) -> list[_Headline]:
+    """QA accuracy (percent) against chance and the majority-answer baseline."""
+    if "accuracy" not in m:
+        return []
+    chance, majority = (100.0 * m[k] if k in m else None for k in ("chance_accuracy", "majority_accuracy"))
+    accuracy, one_question = 100.0 * m["accuracy"], 100.0 / m["n"] if m.get("n") else 0.0
+    words = verdict(accuracy, chance, one_question, majority=majority)
+    return [_Headline("accuracy (%)", accuracy, None, chance, majority, words)]
+
+
+def _flags(headlines: Sequence[_Headline]) -> list[str]:
+    """A plain sentence for every figure on the wrong side of chance (or of the VTM loss's label prior)."""
+    trivial = {"": "a random guess does better on average", " (label prior)": "predicting the label prior does better"}
+    return [
+        f"{h.figure} {h.value:.2f} is {h.verdict} ({h.chance:.2f}): {trivial.get(h.chance_note, 'chance does better')}."
+        for h in headlines
+        if h.chance is not None and h.verdict.startswith(_FLAGGED)
+    ]
+
+
+def _verdict_section(headlines: Sequence[_Headline], rules: str, *, majority: bool) -> tuple[str, str]:
+    """The verdict table (Markdown, HTML) with the rules above it and any below-chance figure called out."""
+    similarity = any(h.similarity is not None for h in headlines)
+    header = ["figure", "value", *(["similarity only"] if similarity else []), "chance"]
+    header += [*(["majority answer"] if majority else []), "verdict"]
+    md_table, html_table = _table(header, [h.cells(similarity=similarity, majority=majority) for h in headlines])
+    flags = _flags(headlines)
+    rules = f"{rules} {_NO_COUNT}"
+    md = ["## Verdict", "", rules, "", *(f"- **Warning:** {f}" for f in flags), *([""] if flags else []), md_table]
+    md.append("")
+    htm = ["<h2>Verdict</h2>", f"<p>{html.escape(rules.replace('*', ''))}</p>"]
+    htm += [f"<p><strong>Warning:</strong> {html.escape(f)}</p>" for f in flags] + [html_table]
+    return "\n".join(md), "\n".join(htm)
+
+
 def rank_histogram(ranks: Tensor | np.ndarray | Sequence[int]) -> tuple[Image.Image, list[tuple[str, int]]]:
     """Bar chart of 1-based ranks in the bins ``1, 2, 3-5, 6-10, 11-20, 21-50, 51-100, >100``.
 
@@ -120,7 +298,12 @@ def _direction_label(prefix: str) -> str:
 
 
 def _metric_rows(metrics: Mapping[str, Any]) -> tuple[list[list[Any]], dict[str, Any]]:
-    """One row per prefix that has all five rank columns (``t2v``, ``v2t``, ``vtc_t2v``, ...); the rest apart."""
+    """One row per prefix that has all five rank columns (``t2v``, ``v2t``, ``vtc_t2v``, ...); the rest apart.
+
+    The similarity-only figures (``vtc_*``) are left out where :func:`ranking_is_similarity` says the main ranking
+    is that same similarity ranking (they would repeat the main rows)."""
+    if ranking_is_similarity(metrics):
+        metrics = {k: v for k, v in metrics.items() if not k.startswith("vtc_")}
     rows, used = [], set()
     for key in metrics:
         prefix = key.removesuffix("_r1")
@@ -185,9 +368,13 @@ def retrieval_report(
 ) -> list[str]:
     """Write ``report.md`` and a self-contained ``report.html`` for one retrieval evaluation.
 
-    Contents: the metrics table (R@1/5/10 in percent, MdR, MnR per direction; every other scalar in ``metrics``,
-    e.g. ``rsum`` or timings, listed below it), the text->video rank histogram, and each example query with its
-    top-5 videos as thumbnails, the correct one marked with ✓ (and a note when it is not in the top 5).
+    Contents: the verdict table (each headline figure, R@1/5/10 and MdR per direction and the held-out VTM loss,
+    next to chance, the similarity-only figure where the main ranking is not the similarity ranking, and its
+    :func:`verdict`; a warning line for each figure on the wrong side of chance), the metrics table (R@1/5/10 in
+    percent, MdR, MnR per direction, a similarity-only row per direction unless :func:`ranking_is_similarity`;
+    every other scalar in ``metrics``, e.g. ``rsum`` or timings, listed below it), the text->video rank
+    histogram, and each example query with its top-5 videos as thumbnails, the correct one marked with ✓ (and a
+    note when it is not in the top 5).
 
     Args:
         metrics: as :func:`vlp.eval.retrieval.retrieval_metrics` returns, optionally with extra scalar keys.
@@ -207,11 +394,20 @@ def retrieval_report(
     md_rest, html_rest = _table(["metric", "value"], [[k, v] for k, v in rest.items()])
     md_hist, html_hist = _table(["rank", *(label for label, _ in counts)], [["texts", *(c for _, c in counts)]])
     md_ex, html_ex, thumbs = _examples_section(examples, out)
+    md_verdict, html_verdict = _verdict_section(_retrieval_headlines(metrics), _RETRIEVAL_RULES, majority=False)
+    vtc = any(row[0].startswith("vtc ") for row in rows)
+    note = (
+        "`vtc` rows: the similarity-only ranking (VTC / ITC, or TS2-Net's frame score) before re-ranking or re-scoring."
+    )
     md = [
         "# Retrieval report",
         "",
         "Recalls in percent; ranks 1-based, ties counted against the query.",
         "",
+        md_verdict,
+        "## Every figure",
+        "",
+        *([note, ""] if vtc else []),
         md_table,
         "",
         md_rest if rest else "",
@@ -227,6 +423,9 @@ def retrieval_report(
     body = "\n".join(
         [
             "<p>Recalls in percent; ranks 1-based, ties counted against the query.</p>",
+            html_verdict,
+            "<h2>Every figure</h2>",
+            f"<p>{html.escape(note.replace('`', ''))}</p>" if vtc else "",
             html_table,
             html_rest if rest else "",
             "<h2>Text → video rank histogram</h2>",
@@ -241,35 +440,31 @@ def retrieval_report(
 
 
 def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
-    """Markdown: each headline figure of each evaluation next to the levels it must beat.
+    """Markdown: each headline figure of each evaluation next to the levels it must beat, with its verdict.
 
     ``results`` maps a task (``retrieval``, ``qa``) to its ``metrics.json``. Retrieval rows (R@1/5/10 in percent,
-    MdR, both directions) show the similarity-only ranking (VTC / ITC, or TS2-Net's frame score: the ranking before
-    any re-ranking) and chance (:func:`vlp.eval.retrieval.chance_metrics`); the QA row shows the majority-answer
-    baseline and chance (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss
-    (:func:`vlp.eval.retrieval.heldout_vtm`) shows the loss of predicting the label prior. A missing level is left
-    blank.
+    MdR, both directions) show chance (:func:`vlp.eval.retrieval.chance_metrics`) and, where a fused pass re-ranks
+    or test-time re-scoring ranks (:func:`ranking_is_similarity` is not True), the similarity-only ranking it
+    started from (VTC / ITC, or TS2-Net's frame score); the QA row shows the majority-answer baseline and chance
+    (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss (:func:`vlp.eval.retrieval.heldout_vtm`) shows the
+    loss of predicting the label prior. The last column is :func:`verdict` of the figure against those levels
+    (bold when it is on the wrong side of chance); the rules of :data:`VERDICT_RULES` that apply to the tasks given
+    stand above the table. A missing level is left blank.
     """
-
-    def cell(value: float | None, scale: float = 1.0) -> str:
-        return "" if value is None else f"{scale * value:.2f}"
-
-    rows = ["| task | figure | value | similarity only | chance | majority answer |", "|---|---|---|---|---|---|"]
+    rows = [
+        "| task | figure | value | similarity only | chance | majority answer | verdict |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    any_retrieval = any_qa = False
     for task, m in results.items():
-        if "t2v_r1" in m:
-            for direction in ("t2v", "v2t"):
-                for key, label in _RANK_COLUMNS[:4]:
-                    name = f"{direction}_{key}"
-                    figure = f"{_direction_label(direction)} {label}"
-                    rows.append(f"| {task} | {figure} | {cell(m.get(name))} | {cell(m.get('vtc_' + name))} | "
-                                f"{cell(m.get('chance_' + name))} |  |")  # fmt: skip
-        if "vtm_loss" in m:  # the VTM head on held-out hard negatives; its trivial level is the 1:2 label prior
-            rows.append(f"| {task} | held-out VTM loss (lower is better) | {cell(m['vtm_loss'])} |  | "
-                        f"{cell(m.get('vtm_loss_prior'))} (label prior) |  |")  # fmt: skip
-        if "accuracy" in m:
-            chance, majority = cell(m.get("chance_accuracy"), 100), cell(m.get("majority_accuracy"), 100)
-            rows.append(f"| {task} | accuracy (%) | {cell(m['accuracy'], 100)} |  | {chance} | {majority} |")
-    return "\n".join(rows) + "\n"
+        retrieval, qa = _retrieval_headlines(m), _qa_headlines(m)
+        any_retrieval, any_qa = any_retrieval or bool(retrieval), any_qa or bool(qa)
+        for h in [*retrieval, *qa]:
+            words = f"**{h.verdict}**" if h.chance is not None and h.verdict.startswith(_FLAGGED) else h.verdict
+            cells = [task, *(_fmt(c) for c in h.cells(similarity=True, majority=True)[:-1]), words]
+            rows.append("| " + " | ".join(cells) + " |")
+    rules = [_RETRIEVAL_RULES, _SIMILARITY_ONLY] * any_retrieval + [_QA_RULES] * any_qa
+    return "\n".join([" ".join([*rules, _NO_COUNT]), "", *rows]) + "\n"
 
 
 def _qa_tables(metrics: Mapping[str, Any], majority: str | None) -> list[tuple[str, str, tuple[str, str]]]:
@@ -305,7 +500,8 @@ def _qa_tables(metrics: Mapping[str, Any], majority: str | None) -> list[tuple[s
 
 
 def qa_report(metrics: Mapping[str, Any], out_dir: str | Path, *, majority_answer: str | None = None) -> list[str]:
-    """Write ``report.md`` and ``report.html`` for one QA evaluation.
+    """Write ``report.md`` and ``report.html`` for one QA evaluation: the verdict of the accuracy against chance and
+    the majority-answer baseline (:func:`verdict`, one question's worth of tolerance), then the tables.
 
     Args:
         metrics: as :func:`vlp.eval.qa.qa_metrics` returns (fractions; shown here in percent), with the
@@ -319,7 +515,8 @@ def qa_report(metrics: Mapping[str, Any], out_dir: str | Path, *, majority_answe
     if "accuracy" not in metrics:
         raise ValueError("QA metrics lack 'accuracy'; pass the dict vlp.eval.qa.qa_metrics returns")
     out = _local_dir(out_dir)
-    md, body = ["# Video QA report", ""], []
+    md_verdict, html_verdict = _verdict_section(_qa_headlines(metrics), _QA_RULES, majority=True)
+    md, body = ["# Video QA report", "", md_verdict], [html_verdict]
     for title, note, (md_table, html_table) in _qa_tables(metrics, majority_answer):
         md += [f"## {title}", "", *([note, ""] if note else []), md_table, ""]
         body += [f"<h2>{html.escape(title)}</h2>", f"<p>{html.escape(note)}</p>" if note else "", html_table]
