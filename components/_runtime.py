@@ -20,6 +20,18 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 POINTER = "LOCATION"  # file inside an artifact dir naming where its data really lives (an s3:// prefix)
 TRACKING_ENV = "MLFLOW_TRACKING_URI"  # set on every step pod by the pipeline config's `tracking_uri`
+RUN_ID_ENV = "KFP_RUN_ID"  # the KFP run id, from the environment, never a task input (see kfp_run_id)
+
+
+def kfp_run_id() -> str:
+    """The KFP run this step belongs to: ``$KFP_RUN_ID`` ("" when unset).
+
+    It is read from the environment, not taken as a task input, so that a task's inputs (and so its KFP cache
+    key) are the same in every run with the same parameters: a rerun reuses what an earlier run computed. On a
+    cluster every step's pod gets it from its ``pipeline/runid`` label through the downward API
+    (``pipelines.config.set_environment``); ``pipelines.local_run`` sets it for the step subprocesses.
+    """
+    return os.environ.get(RUN_ID_ENV, "").strip()
 
 
 def config_file(config: str) -> str:
@@ -160,7 +172,6 @@ class Step:
         name: Step name (the MLflow run name and ``vlp.step`` tag).
         config: YAML text or a path (see :func:`config_file`).
         overrides: ``section.key=value`` overrides applied after the file.
-        kfp_run_id: The KFP run id; with tracking on, the step run is nested under that run's parent run.
         nproc: Processes on this node; > 1 runs the step's CLI under ``torchrun --nproc-per-node nproc``.
         launch: Multi-node settings (:class:`components.trainjob.Launch`); non-empty = the step's CLI runs as a
             Kubeflow Trainer TrainJob on ``launch["num_nodes"]`` nodes, which this pod launches and follows.
@@ -171,11 +182,11 @@ class Step:
         name: str,
         config: str,
         overrides: Sequence[str],
-        kfp_run_id: str = "",
         nproc: int = 1,
         launch: dict[str, Any] | None = None,
     ):
-        self.name, self.kfp_run_id, self.nproc, self.launch = name, kfp_run_id, nproc, dict(launch or {})
+        self.name, self.nproc, self.launch = name, nproc, dict(launch or {})
+        self.kfp_run_id = kfp_run_id()  # with tracking on, the step run nests under this KFP run's parent run
         self.config_path = config_file(config)
         self.cfg, self.overrides = load_step_config(self.config_path, overrides)
 
@@ -258,6 +269,10 @@ def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> di
     values = numeric_leaves(read_json(out, "metrics.json") or {})
     for key, value in values.items():
         metrics.log_metric(key, value)
+    # The figures as a file too: KFP keeps a Metrics artifact's values in its metadata and writes no file, and
+    # kfp.local's cache treats an output whose file is missing as a miss, so the step would never be reused.
+    Path(metrics.path).parent.mkdir(parents=True, exist_ok=True)
+    Path(metrics.path).write_text(json.dumps(values, indent=1, sort_keys=True) + "\n", encoding="utf-8")
     for name, artifact in (("report.md", report_md), ("report.html", report_html)):
         uri = storage.join(out, name)
         text = storage.read_text(uri) if storage.exists(uri) else f"{name} was not written by the step\n"
@@ -269,8 +284,9 @@ def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> di
 # --------------------------------------------------------------------------- pipeline-level tracking
 
 
-def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipeline: str, image: str) -> str:
-    """Create (or find) the MLflow parent run of this pipeline run, tagged and with the step config as params."""
+def start_pipeline(config: str, overrides: Sequence[str], pipeline: str, image: str) -> str:
+    """Create (or find) the MLflow parent run of this pipeline run (:func:`kfp_run_id`), tagged and with the step
+    config as params."""
     from vlp import __version__
     from vlp.config import to_dict
     from vlp.tracking import log_params, pipeline_run
@@ -280,7 +296,8 @@ def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipel
         print("tracking.tracking_uri is empty: MLflow tracking is off for this run")
         return ""
     tags = {"vlp.pipeline": pipeline, "vlp.image": image, "vlp.version": __version__}
-    run_id = pipeline_run(cfg.tracking, kfp_run_id, run_name=f"{pipeline}-{kfp_run_id}", tags=tags)
+    run = _require_run_id()
+    run_id = pipeline_run(cfg.tracking, run, run_name=f"{pipeline}-{run}", tags=tags)
     log_params(cfg.tracking, run_id, {k: v for k, v in to_dict(cfg).items() if k not in ("storage", "tracking")})
     from vlp.tracking_auth import redact
 
@@ -288,14 +305,26 @@ def start_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, pipel
     return run_id
 
 
-def finish_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, state: str) -> None:
+def _require_run_id() -> str:
+    """:func:`kfp_run_id`, or an error that says where it comes from (a run-level task cannot find its parent run
+    without it)."""
+    run = kfp_run_id()
+    if not run:
+        raise RuntimeError(
+            f"${RUN_ID_ENV} is not set: on a cluster the compiled pipeline sets it on every step from the pod's "
+            "pipeline/runid label (recompile with `make pipeline-compile`); locally pipelines.local_run sets it"
+        )
+    return run
+
+
+def finish_pipeline(config: str, overrides: Sequence[str], state: str) -> None:
     """End the parent run: FINISHED when the pipeline's tasks succeeded, else FAILED."""
     from vlp.tracking import end_run, find_pipeline_run
 
     cfg, _ = load_step_config(config, overrides)
     if not cfg.tracking.tracking_uri:
         return
-    run_id = find_pipeline_run(cfg.tracking, kfp_run_id)
+    run_id = find_pipeline_run(cfg.tracking, _require_run_id())
     if run_id:
         end_run(cfg.tracking, run_id, "FINISHED" if state == "SUCCEEDED" else "FAILED")
 
@@ -303,7 +332,6 @@ def finish_pipeline(config: str, overrides: Sequence[str], kfp_run_id: str, stat
 def final_report(
     config: str,
     overrides: Sequence[str],
-    kfp_run_id: str,
     results: dict[str, tuple[Any, Any]],
     register_prefix: str,
     register_alias: str,
@@ -313,6 +341,7 @@ def final_report(
     from vlp.tracking import log_metrics, pipeline_run, register_model
 
     cfg, _ = load_step_config(config, overrides)
+    run = _require_run_id() if cfg.tracking.tracking_uri else ""
     rows, final, per_task = [], {}, {}
     for task, (evaluation, model) in results.items():
         metrics = {k: float(v) for k, v in (read_json(location(evaluation), "metrics.json") or {}).items()}
@@ -320,16 +349,16 @@ def final_report(
         final.update({f"{task}.{k}": v for k, v in metrics.items()})
         version = ""
         if cfg.tracking.tracking_uri and model is not None and metrics:
-            parent = pipeline_run(cfg.tracking, kfp_run_id)
+            parent = pipeline_run(cfg.tracking, run)
             name = f"{register_prefix}-{task}"
-            tags = {"vlp.kfp_run_id": kfp_run_id, "vlp.task": task}
+            tags = {"vlp.kfp_run_id": run, "vlp.task": task}
             version = register_model(
                 cfg.tracking, name, location(model), parent, metrics, register_alias, tags, f"{task}_model"
             )
             version = f"{name}/{version}"
         rows += [f"| {task} | {k} | {v:.4f} | {version} |" for k, v in sorted(metrics.items())]
     if cfg.tracking.tracking_uri and final:
-        log_metrics(cfg.tracking, pipeline_run(cfg.tracking, kfp_run_id), final)
+        log_metrics(cfg.tracking, pipeline_run(cfg.tracking, run), final)
     from vlp.eval.report import headline_table
 
     header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat:", ""]
@@ -342,7 +371,7 @@ CHAMPION = "champion"  # the alias the scheduled re-evaluation scores by default
 
 
 def compare_scores(
-    config: str, overrides: Sequence[str], kfp_run_id: str, task: str, model: Any, evaluation: Any
+    config: str, overrides: Sequence[str], task: str, model: Any, evaluation: Any
 ) -> tuple[str, dict[str, float]]:
     """New evaluation metrics vs the registered model's previous ones (newest re-evaluation, else those at
     registration) and, when the model is not its name's ``@champion``, vs the champion's (its newest
@@ -366,7 +395,7 @@ def compare_scores(
             cells += [_cell(champion[1].get(key)), _change(value, champion[1].get(key))]
         rows.append("| " + " | ".join(cells) + " |")
     if cfg.tracking.tracking_uri and new:
-        parent = pipeline_run(cfg.tracking, kfp_run_id)
+        parent = pipeline_run(cfg.tracking, _require_run_id())
         logged = {f"{task}.{k}": v for k, v in new.items()}
         if champion:
             logged |= {f"{task}.vs_champion.{k}": v - champion[1][k] for k, v in new.items() if k in champion[1]}

@@ -17,7 +17,6 @@ def synth(
     raw: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
     source_uri: str = "",
 ) -> None:
@@ -27,7 +26,6 @@ def synth(
         raw: The raw dataset (videos, images, manifests) or a pointer to ``source_uri``.
         config: Step config: YAML text or a path such as ``configs/tiny.yaml``.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id; nests the MLflow step run under the pipeline's parent run.
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         source_uri: A raw dataset directory / annotation file to ingest instead of the synthetic world.
     """
@@ -42,7 +40,7 @@ def synth(
         raw.metadata["uri"] = source_uri
         return
     out = output_location(raw, data_root)
-    Step("synth", config, overrides, kfp_run_id).run(lambda cfg: step(out, cfg))
+    Step("synth", config, overrides).run(lambda cfg: step(out, cfg))
 
 
 @component
@@ -51,7 +49,6 @@ def ingest(
     dataset: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Validate and probe a raw dataset into the manifest schema, with rejects.
@@ -61,14 +58,13 @@ def ingest(
         dataset: The ingested dataset: videos/captions/qa/rejects Parquet manifests.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.ingest import ingest as step
 
     source, out = location(raw), output_location(dataset, data_root)
-    Step("ingest", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg))
+    Step("ingest", config, overrides).run(lambda cfg: step(source, out, cfg))
 
 
 @component
@@ -77,7 +73,6 @@ def extract_frames(
     frames: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Sparse frames of every video as Parquet shards of JPEGs with an index.
@@ -87,14 +82,13 @@ def extract_frames(
         frames: Frame shards + ``index.parquet`` (large: consider ``data_root``).
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.extract_frames import extract_frames as step
 
     source, out = location(dataset), output_location(frames, data_root)
-    Step("extract_frames", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg))
+    Step("extract_frames", config, overrides).run(lambda cfg: step(source, out, cfg))
 
 
 @component
@@ -103,7 +97,6 @@ def mine_entities(
     entities: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """The entity vocabulary: top-M nouns of the training captions.
@@ -113,14 +106,13 @@ def mine_entities(
         entities: ``entities.parquet``, ``entities.json``, ``unigrams.txt``.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.mine_entities import mine_entities as step
 
     source, out = location(dataset), output_location(entities, data_root)
-    Step("mine_entities", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg))
+    Step("mine_entities", config, overrides).run(lambda cfg: step(source, out, cfg))
 
 
 # --------------------------------------------------------------------------- fan-out
@@ -147,7 +139,6 @@ def ingest_part(
     count: int,
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Probe part ``index`` of ``count`` of the raw dataset's files (``probes.parquet``), for ``ingest_merge``.
@@ -159,7 +150,6 @@ def ingest_part(
         count: Parts in all.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix: the part writes under ``<data_root>/parts/ingest/<hash of its source,
             settings and part>``, where a rerun's part finds it done ("" = inside the artifact).
     """
@@ -167,7 +157,7 @@ def ingest_part(
     from vlp.config import to_dict
     from vlp.steps.ingest import ingest_part as step
 
-    run = Step("ingest_part", config, overrides, kfp_run_id)
+    run = Step("ingest_part", config, overrides)
     source = location(raw)
     out = part_location(part, data_root, "ingest", [source, to_dict(run.cfg.ingest), index, count])
     run.run(lambda cfg: step(source, out, cfg, index, count))
@@ -180,7 +170,6 @@ def ingest_merge(
     dataset: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """``ingest`` with every probe taken from the parts: byte-identical to one ``ingest`` pod's dataset.
@@ -191,7 +180,6 @@ def ingest_merge(
         dataset: The ingested dataset: videos/captions/qa/rejects Parquet manifests.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
@@ -199,7 +187,7 @@ def ingest_merge(
 
     source, out = location(raw), output_location(dataset, data_root)
     probes = [location(p) for p in parts]
-    Step("ingest", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg, probes=probes))
+    Step("ingest", config, overrides).run(lambda cfg: step(source, out, cfg, probes=probes))
 
 
 @component
@@ -210,7 +198,6 @@ def extract_frames_part(
     count: int,
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Frame shards of part ``index`` of ``count`` (no index), for ``extract_frames_merge``.
@@ -222,7 +209,6 @@ def extract_frames_part(
         count: Parts in all.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix: the part writes under ``<data_root>/parts/frames/<hash of the videos
             table, settings and part>``, where a rerun's part skips the shards it finds ("" = inside the artifact).
     """
@@ -233,7 +219,7 @@ def extract_frames_part(
     from vlp.config import to_dict
     from vlp.steps.extract_frames import extract_frames_part as step
 
-    run = Step("extract_frames_part", config, overrides, kfp_run_id)
+    run = Step("extract_frames_part", config, overrides)
     source = location(dataset)
     videos = hashlib.sha256(storage.read_bytes(storage.join(source, "videos.parquet"))).hexdigest()
     out = part_location(part, data_root, "frames", [videos, to_dict(run.cfg.frames), index, count])
@@ -247,7 +233,6 @@ def extract_frames_merge(
     frames: Output[Dataset],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Every part's shards copied into one frame store, with its index: byte-identical to one pod's.
@@ -258,7 +243,6 @@ def extract_frames_merge(
         frames: Frame shards + ``index.parquet`` (large: consider ``data_root``).
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
@@ -266,4 +250,4 @@ def extract_frames_merge(
 
     source, out = location(dataset), output_location(frames, data_root)
     done = [location(p) for p in parts]
-    Step("extract_frames", config, overrides, kfp_run_id).run(lambda cfg: step(source, out, cfg, parts=done))
+    Step("extract_frames", config, overrides).run(lambda cfg: step(source, out, cfg, parts=done))

@@ -21,7 +21,6 @@ def evaluate_retrieval(
     report_html: Output[HTML],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Text-video retrieval: R@1/5/10, MdR, MnR in both directions on the test split.
@@ -36,14 +35,13 @@ def evaluate_retrieval(
         report_html: The HTML report.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location, publish_eval
     from vlp.steps.evaluate import evaluate_retrieval as step
 
     ds, fr, md, out = location(dataset), location(frames), location(model), output_location(results, data_root)
-    Step("evaluate_retrieval", config, overrides, kfp_run_id).run(lambda cfg: step(ds, fr, md, out, cfg), out=out)
+    Step("evaluate_retrieval", config, overrides).run(lambda cfg: step(ds, fr, md, out, cfg), out=out)
     publish_eval(out, metrics, report_md, report_html)
 
 
@@ -58,7 +56,6 @@ def evaluate_qa(
     report_html: Output[HTML],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Open-ended video QA: accuracy, per question type, OOV rate on the test split.
@@ -73,12 +70,11 @@ def evaluate_qa(
         report_html: The HTML report.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location, publish_eval
     from vlp.steps.evaluate import evaluate_qa as step
 
     ds, fr, md, out = location(dataset), location(frames), location(model), output_location(results, data_root)
-    Step("evaluate_qa", config, overrides, kfp_run_id).run(lambda cfg: step(ds, fr, md, out, cfg), out=out)
+    Step("evaluate_qa", config, overrides).run(lambda cfg: step(ds, fr, md, out, cfg), out=out)
     publish_eval(out, metrics, report_md, report_html)

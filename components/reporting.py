@@ -15,13 +15,12 @@ component = functools.partial(dsl.component, base_image=CPU_IMAGE, install_kfp_p
 
 
 @component
-def start_run(config: str, overrides: list[str], kfp_run_id: str, pipeline: str, image: str) -> str:
+def start_run(config: str, overrides: list[str], pipeline: str, image: str) -> str:
     """Create the MLflow parent run of this pipeline run (tags: KFP run id, pipeline, image, vlp version).
 
     Args:
         config: Step config: YAML text or a path (its ``tracking`` section says where MLflow is).
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id.
         pipeline: Pipeline name.
         image: The image the steps run in.
 
@@ -30,23 +29,22 @@ def start_run(config: str, overrides: list[str], kfp_run_id: str, pipeline: str,
     """
     from components._runtime import start_pipeline
 
-    return start_pipeline(config, overrides, kfp_run_id, pipeline, image)
+    return start_pipeline(config, overrides, pipeline, image)
 
 
 @component
-def finish_run(config: str, overrides: list[str], kfp_run_id: str, status: dsl.PipelineTaskFinalStatus) -> None:
+def finish_run(config: str, overrides: list[str], status: dsl.PipelineTaskFinalStatus) -> None:
     """Exit handler: end the parent run FINISHED, or FAILED when a task failed.
 
     Args:
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id.
         status: The final status of the pipeline's tasks (set by KFP).
     """
     from components._runtime import finish_pipeline
 
     print(f"pipeline tasks ended {status.state} {status.error_message or ''}")
-    finish_pipeline(config, overrides, kfp_run_id, status.state)
+    finish_pipeline(config, overrides, status.state)
 
 
 @component
@@ -55,7 +53,6 @@ def report(
     config: str,
     overrides: list[str],
     pretrained: Input[Model] = None,
-    kfp_run_id: str = "",
     register_prefix: str = "vlp",
     register_alias: str = "candidate",
     retrieval_results: Input[Artifact] = None,
@@ -70,7 +67,6 @@ def report(
         summary: Markdown table of the final metrics and the registered model versions.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id.
         register_prefix: Models register as ``<prefix>-retrieval`` and ``<prefix>-qa``.
         register_alias: Alias pointed at the new versions.
         retrieval_results: evaluate_retrieval output dir.
@@ -87,7 +83,7 @@ def report(
         results["retrieval"] = (retrieval_results, retrieval_model)
     if qa_results is not None:
         results["qa"] = (qa_results, qa_model)
-    text = final_report(config, overrides, kfp_run_id, results, register_prefix, register_alias)
+    text = final_report(config, overrides, results, register_prefix, register_alias)
     if pretrained is not None:
         text += f"\npre-trained model: `{location(pretrained)}`\n"
     pathlib.Path(summary.path).parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +118,6 @@ def compare_scores(
     metrics: Output[Metrics],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
 ) -> None:
     """New scores of a registered model vs its previous ones, to MLflow, the model version and a table.
 
@@ -134,13 +129,12 @@ def compare_scores(
         metrics: The new metrics, for the KFP UI.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id.
     """
     import pathlib
 
     from components._runtime import compare_scores as compare
 
-    text, new = compare(config, overrides, kfp_run_id, task, model, results)
+    text, new = compare(config, overrides, task, model, results)
     for key, value in new.items():
         metrics.log_metric(key, value)
     pathlib.Path(summary.path).parent.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,6 @@ def pretrain_prompter(
     prompter: Output[Model],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
     launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
@@ -37,7 +36,6 @@ def pretrain_prompter(
         prompter: ``model.json``, ``tokenizer/``, ``checkpoints/``, ``metrics.jsonl``.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
         launch: Multi-node TrainJob settings ({} = train in this pod).
@@ -47,9 +45,7 @@ def pretrain_prompter(
 
     ds, fr, out = location(dataset), location(frames), output_location(prompter, data_root)
     cli = ["pretrain-prompter", "--dataset", ds, "--frames", fr, "--out", out]
-    Step("pretrain_prompter", config, overrides, kfp_run_id, nproc, launch).run(
-        lambda cfg: step(ds, fr, out, cfg), cli, out
-    )
+    Step("pretrain_prompter", config, overrides, nproc, launch).run(lambda cfg: step(ds, fr, out, cfg), cli, out)
 
 
 @cpu_component
@@ -59,7 +55,6 @@ def build_prompt_bank(
     bank: Output[Model],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
 ) -> None:
     """Embed 12 video + 12 image templates x the top-M entities with the frozen prompter.
@@ -70,14 +65,13 @@ def build_prompt_bank(
         bank: ``prompt_bank.safetensors`` + ``prompt_bank.json``.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, location, output_location
     from vlp.steps.pretrain import build_prompt_bank as step
 
     pr, en, out = location(prompter), location(entities), output_location(bank, data_root)
-    Step("build_prompt_bank", config, overrides, kfp_run_id).run(lambda cfg: step(pr, en, out, cfg))
+    Step("build_prompt_bank", config, overrides).run(lambda cfg: step(pr, en, out, cfg))
 
 
 @component
@@ -90,7 +84,6 @@ def pretrain(
     prompter: Input[Model] = None,
     bank: Input[Model] = None,
     family: str = "alpro",
-    kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
     launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
@@ -106,7 +99,6 @@ def pretrain(
         prompter: The pretrain_prompter output (ALPRO's PEM pseudo-labels; none for ALBEF).
         bank: The build_prompt_bank output (ALPRO).
         family: Model family (``alpro``, ``albef``).
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
         launch: Multi-node TrainJob settings ({} = train in this pod).
@@ -119,7 +111,7 @@ def pretrain(
     out = output_location(model, data_root)
     cli = ["pretrain", "--model", family, "--dataset", ds, "--frames", fr]
     cli += ["--prompter", pr, "--prompt-bank", bk] if pr else []
-    run = Step("pretrain", config, [*overrides, f"model.family={family}"], kfp_run_id, nproc, launch).run
+    run = Step("pretrain", config, [*overrides, f"model.family={family}"], nproc, launch).run
     run(lambda cfg: step(ds, fr, pr, bk, out, cfg), [*cli, "--out", out], out)
 
 
@@ -132,7 +124,6 @@ def finetune_retrieval(
     overrides: list[str],
     pretrained: Input[Model] = None,
     family: str = "",
-    kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
     launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
@@ -148,7 +139,6 @@ def finetune_retrieval(
         overrides: ``section.key=value`` config overrides.
         pretrained: The pretrain output; None = start from the ``model`` section.
         family: Without ``pretrained``: the model family (``""`` = the config's ``model.family``).
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
         launch: Multi-node TrainJob settings ({} = train in this pod).
@@ -160,7 +150,7 @@ def finetune_retrieval(
     pt = location(pretrained) if pretrained is not None else ""
     cli = ["finetune-retrieval", "--dataset", ds, "--frames", fr, "--out", out] + (["--pretrained", pt] if pt else [])
     extra = [f"model.family={family}"] if family and not pt else []
-    run = Step("finetune_retrieval", config, [*overrides, *extra], kfp_run_id, nproc, launch).run
+    run = Step("finetune_retrieval", config, [*overrides, *extra], nproc, launch).run
     run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)
 
 
@@ -172,7 +162,6 @@ def finetune_qa(
     model: Output[Model],
     config: str,
     overrides: list[str],
-    kfp_run_id: str = "",
     data_root: str = "",
     nproc: int = 1,
     launch: dict = {},  # noqa: B006 (KFP reads the default; it is never mutated)
@@ -186,7 +175,6 @@ def finetune_qa(
         model: The fine-tuned model dir.
         config: Step config: YAML text or a path.
         overrides: ``section.key=value`` config overrides.
-        kfp_run_id: KFP run id (MLflow nesting).
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
         nproc: Training processes on this node (torchrun when > 1).
         launch: Multi-node TrainJob settings ({} = train in this pod).
@@ -196,5 +184,5 @@ def finetune_qa(
 
     ds, fr, pt, out = location(dataset), location(frames), location(pretrained), output_location(model, data_root)
     cli = ["finetune-qa", "--dataset", ds, "--frames", fr, "--pretrained", pt, "--out", out]
-    run = Step("finetune_qa", config, overrides, kfp_run_id, nproc, launch).run
+    run = Step("finetune_qa", config, overrides, nproc, launch).run
     run(lambda cfg: step(ds, fr, pt, out, cfg), cli, out)

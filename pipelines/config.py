@@ -159,6 +159,9 @@ class PipelineConfig:
     run_as: RunAs = field(default_factory=RunAs)  # runAsUser/runAsGroup (and runAsNonRoot) of every step
     fanout: FanOut = field(default_factory=FanOut)
     steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
+    # Added to the cache key of every cached step ("" = none). pipelines.local_run sets a digest of the code and
+    # the step config: locally every step runs this checkout, so the image name says nothing of what changed.
+    cache_key: str = ""
 
     def step(self, name: str) -> StepSettings:
         """Settings of step ``name``."""
@@ -298,7 +301,7 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
         task.set_retry(
             s.retries, backoff_duration=s.retry_backoff or None, backoff_factor=2.0 if s.retry_backoff else None
         )
-    task.set_caching_options(enable_caching=s.caching)
+    task.set_caching_options(enable_caching=s.caching, cache_key=cfg.cache_key or None)
     return secure(set_environment(task, cfg), cfg)
 
 
@@ -322,11 +325,22 @@ def secure(task: Any, cfg: PipelineConfig) -> Any:
     return task
 
 
+RUN_ID_LABEL = "pipeline/runid"  # the label KFP's API server puts on every pod of a run: the run's id
+
+
 def set_environment(task: Any, cfg: PipelineConfig) -> Any:
     """Object-store credentials (from the Secret ``s3.secret``), the MLflow login (from ``tracking_secret``),
-    endpoint, region and the MLflow URI as env; the label that lets the pod reach MLflow."""
+    endpoint, region and the MLflow URI as env; ``KFP_RUN_ID`` from the pod's run-id label; the label that lets
+    the pod reach MLflow.
+
+    The run id reaches the step through the downward API rather than as a task input: an input would differ in
+    every run, so no step's cache key would ever repeat and KFP would never reuse a finished step.
+    """
     from kfp import kubernetes
 
+    from components._runtime import RUN_ID_ENV
+
+    kubernetes.use_field_path_as_env(task, env_name=RUN_ID_ENV, field_path=f"metadata.labels['{RUN_ID_LABEL}']")
     for secret, keys in _secret_keys(cfg):
         kubernetes.use_secret_as_env(task, secret_name=secret, secret_key_to_env=keys)
     for name, value in environment(cfg).items():

@@ -15,17 +15,22 @@ family, TS2-Net by default, fine-tunes from its named weights; the tiny preset's
 """
 
 import argparse
+import contextlib
+import dataclasses
+import hashlib
 import json
 import os
+import signal
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pipelines import config as pipeline_config
-from pipelines import pretrain, retrieval
+from pipelines import local_talk, pretrain, retrieval
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "vlp-local"
@@ -46,6 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--param", action="append", default=[], metavar="key=value",
                         help="pipeline parameter, as PARAMS on a cluster (repeat)")  # fmt: skip
+    parser.add_argument("--no-cache", action="store_true", help="run every task again (no reuse of earlier runs)")
+    parser.add_argument("--verbose", action="store_true", help="kfp.local's own log: executor inputs, artifacts")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="step config overrides")
     return parser.parse_args(argv)
 
@@ -60,17 +67,28 @@ def run(
     params: dict[str, Any] | None = None,
     family: str = "alpro",
     pipeline: str = "pretrain",
+    cache: bool = True,
+    verbose: bool = False,
+    talk: local_talk.Talk | None = None,
 ) -> dict[str, Any]:
     """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``)
-    locally into ``out``; returns ``{"outputs": {task: {name: path}},
-    "mlflow": {...}}``.
+    locally into ``out``; returns ``{"outputs": {task: {name: path}}, "tasks": [(task, "done" | "cached" |
+    "failed", seconds)], "reports": {task: html path}, "mlflow": {...}}``.
 
     With ``data_root`` (e.g. ``s3://bucket/prefix``; default: the pipeline config's) the large outputs go there
     and the local artifacts keep ``LOCATION`` pointers; storage settings come from the ``AWS_*`` environment,
     which the step subprocesses inherit.
+
+    With ``cache`` (the default) a task whose inputs, component code and :func:`code_digest` match a finished task
+    of an earlier run in the same ``out`` is not run again: kfp.local's cache (``<out>/kfp-cache``) gives its
+    outputs, as KFP's does on a cluster. The tasks that exist for their MLflow side effects (start_run, report,
+    finish_run) are never cached, so every run has its own MLflow parent run. Each run gets a fresh
+    ``$KFP_RUN_ID`` (``local-<time>-<hex>``) that its steps read to nest their MLflow runs; it is not a task
+    input, so it does not break the cache.
     """
     from kfp import local
 
+    from components._runtime import RUN_ID_ENV
     from vlp.tracking import sqlite_uri
 
     cfg = pipeline_config.load(pipeline_config_path)
@@ -80,11 +98,21 @@ def run(
     config = step_config or cfg.step_config
     if "\n" not in config and not Path(config).is_absolute():
         config = str((REPO_ROOT / config).resolve())
+    cfg = dataclasses.replace(cfg, cache_key=code_digest(config))
     tracking = [f"tracking.tracking_uri={sqlite_uri(run_dir)}", f"tracking.experiment={EXPERIMENT}"]
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(run_dir / "kfp"))
-    before = set((run_dir / "kfp").glob("*"))
-    with warnings.catch_warnings():
+    kfp_root = run_dir / "kfp"
+    local.init(
+        runner=local.SubprocessRunner(use_venv=False),
+        pipeline_root=str(kfp_root),
+        enable_caching=cache,
+        cache_root=str(run_dir / "kfp-cache"),
+    )
+    before = set(kfp_root.glob("*"))
+    os.environ[RUN_ID_ENV] = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    talk = talk or local_talk.Talk(verbose=verbose)
+    with warnings.catch_warnings(), talk:
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
+        warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
         root = cfg.data_root if data_root is None else data_root
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
         arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
@@ -93,19 +121,68 @@ def run(
             retrieval.build(cfg)(**arguments, family=family)
         else:
             pretrain.build(cfg, family)(**arguments)
-    new_dirs = sorted(set((run_dir / "kfp").glob("*")) - before)
-    return {"outputs": list_outputs(new_dirs[-1]), "mlflow": mlflow_summary(sqlite_uri(run_dir))}
+    new_dirs = sorted(p for p in set(kfp_root.glob("*")) - before if p.is_dir())
+    outputs = list_outputs(new_dirs[-1]) if new_dirs else {}
+    for task, items in talk.outputs.items():  # cached tasks: their files are in the run that made them
+        if task not in outputs:
+            outputs[task] = {name: where(value) for name, value in items.items() if hasattr(value, "path")}
+    return {
+        "outputs": outputs,
+        "tasks": list(talk.order),
+        "reports": copy_reports(outputs, run_dir / "reports"),
+        "mlflow": mlflow_summary(sqlite_uri(run_dir)),
+    }
+
+
+def code_digest(step_config: str) -> str:
+    """A digest of what a local step's result depends on besides its inputs: vlp's and the components' source, the
+    repo's step configs and the step config given (its text when it is a path).
+
+    Locally every task runs the same "image" (this checkout), and a config path names a file whose text can
+    change, so kfp.local's cache key (inputs, the component's own code, its image name) would reuse a step after
+    ``src/vlp`` or the config changed. This digest is each task's custom cache key: any such change misses.
+    On a cluster the image digest and a config path inside that image do the same.
+    """
+    h = hashlib.sha256()
+    files = sorted([*REPO_ROOT.glob("src/vlp/**/*.py"), *REPO_ROOT.glob("components/*.py"),
+                    *REPO_ROOT.glob("configs/**/*.yaml")])  # fmt: skip
+    for path in files:
+        h.update(str(path.relative_to(REPO_ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    config = Path(step_config) if "\n" not in step_config else None
+    h.update(config.read_bytes() if config is not None and config.is_file() else step_config.encode())
+    return h.hexdigest()[:16]
+
+
+def where(artifact: Any) -> str:
+    """Where an artifact's data is: the URI its ``LOCATION`` pointer names (outputs under ``data_root``), else its
+    local path."""
+    from components._runtime import POINTER
+
+    path = Path(artifact.path if hasattr(artifact, "path") else artifact)
+    pointer = path / POINTER
+    return pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else str(path)
+
+
+def copy_reports(outputs: dict[str, dict[str, str]], dest: Path) -> dict[str, str]:
+    """Copy each task's HTML report (an artifact file with no extension, which a browser shows as text) to
+    ``<dest>/<task>.html``; returns ``{task: path}``."""
+    from vlp import storage
+
+    copied = {}
+    for task, items in outputs.items():
+        source = items.get("report_html")
+        if not source or not storage.exists(source):
+            continue
+        dest.mkdir(parents=True, exist_ok=True)
+        target = dest / f"{task}.html"
+        target.write_bytes(storage.read_bytes(source))
+        copied[task] = str(target)
+    return copied
 
 
 def list_outputs(run_root: Path) -> dict[str, dict[str, str]]:
     """``{task: {output name: where}}`` of a kfp.local pipeline run directory: the artifact's local path, or the
     URI its ``LOCATION`` pointer names (outputs written under ``data_root``)."""
-    from components._runtime import POINTER
-
-    def where(path: Path) -> str:
-        pointer = path / POINTER
-        return pointer.read_text(encoding="utf-8").strip() if pointer.is_file() else str(path)
-
     outputs: dict[str, dict[str, str]] = {}
     for task_dir in sorted(p for p in run_root.iterdir() if p.is_dir()):
         items = {p.name: where(p) for p in sorted(task_dir.iterdir()) if p.name != "executor_output.json"}
@@ -137,6 +214,14 @@ def mlflow_summary(tracking_uri: str) -> dict[str, Any]:
     }
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM reached the local run; ``code`` is the exit status (130 / 143)."""
+
+    def __init__(self, sig: int):
+        super().__init__(signal.Signals(sig).name)
+        self.code = 128 + sig
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
@@ -152,10 +237,61 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
         return 2
-    result = run(
-        args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,
-        args.pipeline,
-    )  # fmt: skip
+    talk = local_talk.Talk(verbose=args.verbose)
+
+    def on_signal(sig: int, _frame: Any) -> None:
+        raise Interrupted(sig)
+
+    saved = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        result = run(
+            args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,
+            args.pipeline, cache=not args.no_cache, talk=talk,
+        )  # fmt: skip
+    except (Interrupted, KeyboardInterrupt) as exc:
+        for sig in saved:  # a second Ctrl-C while the steps wind down kills at once
+            signal.signal(sig, signal.SIG_DFL)
+        code = exc.code if isinstance(exc, Interrupted) else 130
+        return interrupted(args.out, talk, code)
+    except RuntimeError:  # kfp.local: "Pipeline ... finished with status FAILURE. Inner task failed: ..."
+        failed = [task for task, kind, _ in talk.order if kind == "failed"]
+        if not failed:
+            raise
+        print(f"pipelines.local_run: the run failed at {', '.join(failed)} (its output is above); "
+              f"{_done(talk)}", file=sys.stderr)  # fmt: skip
+        return 1
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    print_result(result, time.perf_counter() - start)
+    return 0
+
+
+def _done(talk: local_talk.Talk) -> str:
+    done = [task for task, kind, _ in talk.order if kind in ("done", "cached")]
+    return f"{len(done)} task(s) finished; rerun the same command and they come from KFP's cache"
+
+
+def interrupted(out: str | Path, talk: local_talk.Talk, code: int) -> int:
+    """Stop the running step (it ends its MLflow run KILLED), end the parent run and any step run left RUNNING as
+    KILLED, and say in one line where the run stopped and how to go on."""
+    task = talk.running
+    talk.stop_children(signal.SIGTERM if code == 143 else signal.SIGINT)
+    from components._runtime import RUN_ID_ENV
+    from vlp.tracking import TrackingConfig, end_open_runs, find_pipeline_run, sqlite_uri
+
+    cfg = TrackingConfig(tracking_uri=sqlite_uri(Path(out).resolve()), experiment=EXPERIMENT)
+    with contextlib.suppress(Exception):  # tracking must not hide the one line below
+        parent = find_pipeline_run(cfg, os.environ.get(RUN_ID_ENV, ""))
+        if parent:
+            end_open_runs(cfg, parent, "KILLED")
+    where = f"during {task}" if task else "between tasks"
+    print(f"interrupted {where}; {_done(talk)}", file=sys.stderr)
+    return code
+
+
+def print_result(result: dict[str, Any], seconds: float) -> None:
+    """Where every output is, the headline table, the HTML reports and the MLflow run to open."""
     print("\n=== outputs (task -> artifact) ===")
     for task, items in result["outputs"].items():
         for name, path in items.items():
@@ -165,18 +301,27 @@ def main(argv: Sequence[str] | None = None) -> int:
         headline = Path(summary).read_text(encoding="utf-8").split("## Every metric")[0]
         print("\n=== results ===")
         print(headline.removeprefix("# vlp pipeline run").strip())
+    if result["reports"]:
+        print("\n=== reports (open in a browser) ===")
+        for task, path in result["reports"].items():
+            print(f"  {task:20s} {path}")
     tracked = result["mlflow"]
     print("\n=== MLflow ===")
-    print(json.dumps(tracked, indent=2, sort_keys=True))
     if tracked.get("parent_run_id"):
-        print(f"open: mlflow ui --backend-store-uri {tracked['tracking_uri']}  (then the experiment {EXPERIMENT},")
+        print(f"parent run {tracked['parent_run_id']} ({tracked['status']}), experiment {EXPERIMENT}, "
+              f"store {tracked['tracking_uri']}")  # fmt: skip
+        for step, status in sorted(tracked["steps"].items()):
+            print(f"  {step:20s} {status}")
+        print(f"open: .venv/bin/mlflow ui --backend-store-uri {tracked['tracking_uri']}")
         print(
-            f"      run {tracked['parent_run_id']}: http://127.0.0.1:5000/#/experiments/{tracked['experiment_id']}"
-            f"/runs/{tracked['parent_run_id']})"
+            f"      then http://127.0.0.1:5000/#/experiments/{tracked['experiment_id']}/runs/{tracked['parent_run_id']}"
         )
-    print(f"\nlocal pipeline run finished in {time.perf_counter() - start:.0f} s")
-    print("(KFP's cache is not reused across runs: every step takes the run id, for MLflow nesting, as an input)")
-    return 0
+    else:
+        print(json.dumps(tracked, indent=2, sort_keys=True))
+    cached = [task for task, kind, _ in result["tasks"] if kind == "cached"]
+    ran = [task for task, kind, _ in result["tasks"] if kind == "done"]
+    print(f"\nlocal pipeline run finished in {seconds:.0f} s: {len(ran)} task(s) ran, {len(cached)} reused from "
+          "KFP's cache" + (f" ({', '.join(cached)})" if cached else "") + " (--no-cache runs them all)")  # fmt: skip
 
 
 if __name__ == "__main__":

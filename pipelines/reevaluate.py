@@ -31,7 +31,7 @@ def build(cfg: PipelineConfig) -> Any:
     ) -> None:
         """Args: test_dataset / test_frames = URIs of an ingested test set and its frames; retrieval_model /
         qa_model = name@alias, name/version or name ("" skips); config, overrides = vlp step config."""
-        common = {"config": config, "overrides": overrides, "kfp_run_id": dsl.PIPELINE_JOB_ID_PLACEHOLDER}
+        common = {"config": config, "overrides": overrides}
         finish = configure(reporting.finish_run(**common), cfg, "finish_run")
         with dsl.ExitHandler(finish, name="tracked-run"):
             start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("evaluate_retrieval"))

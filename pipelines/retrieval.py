@@ -36,8 +36,7 @@ def build(cfg: PipelineConfig) -> Any:
         fresh synthetic world); data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias =
         alias of the new model; data_parts = pods for ingest and for extract_frames each (in a DAG
         compiled with fanout.parts > 1 only)."""
-        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-        common = {"config": config, "overrides": overrides, "kfp_run_id": run_id}
+        common = {"config": config, "overrides": overrides}
         stored = {**common, "data_root": data_root}
         finish = configure(reporting.finish_run(**common), cfg, "finish_run")
         with dsl.ExitHandler(finish, name="tracked-run"):

@@ -37,12 +37,13 @@ def _runs(store: list[str]) -> list:
     return tracking.client(cfg).search_runs([tracking.experiment_id(cfg)])
 
 
-def test_ingest_and_mine_entities_write_outputs_and_nested_runs(tiny_world, tmp_path, store):
+def test_ingest_and_mine_entities_write_outputs_and_nested_runs(tiny_world, tmp_path, store, monkeypatch):
     raw = _art(Dataset, tmp_path / "raw")
     data.synth.python_func(raw=raw, config=TINY, overrides=[], source_uri=tiny_world["raw"])
     assert _runtime.location(raw) == tiny_world["raw"]  # a pointer, nothing copied
     dataset, entities = _art(Dataset, tmp_path / "dataset"), _art(Dataset, tmp_path / "entities")
-    common = {"config": TINY, "overrides": store, "kfp_run_id": "run-1"}
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "run-1")  # as the pod's run-id label / local_run set it
+    common = {"config": TINY, "overrides": store}
     data.ingest.python_func(raw=raw, dataset=dataset, **common)
     data.mine_entities.python_func(dataset=dataset, entities=entities, **common)
     assert json.loads((tmp_path / "dataset" / "summary.json").read_text())["step"] == "ingest"
@@ -88,8 +89,9 @@ def test_config_can_be_yaml_text_and_bad_input_fails_loudly(tiny_world, tmp_path
 def test_tracking_uri_comes_from_the_pod_environment_unless_the_config_sets_one(store, tmp_path, monkeypatch):
     uri = _cfg(store).tracking_uri
     monkeypatch.setenv(_runtime.TRACKING_ENV, uri)  # what the compiled pipeline sets on every pod
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "env-1")
     run_id = reporting.start_run.python_func(
-        config=TINY, overrides=["tracking.experiment=components"], kfp_run_id="env-1", pipeline="p", image="i"
+        config=TINY, overrides=["tracking.experiment=components"], pipeline="p", image="i"
     )
     assert run_id and [r.info.run_id for r in _runs(store)] == [run_id]
     cfg, overrides = _runtime.load_step_config(TINY, [])
@@ -102,21 +104,21 @@ def test_tracking_uri_comes_from_the_pod_environment_unless_the_config_sets_one(
     assert _runtime.load_step_config(TINY, [])[0].tracking.tracking_uri == ""
 
 
-def test_start_and_finish_run_tag_and_close_the_parent(store):
-    run_id = reporting.start_run.python_func(
-        config=TINY, overrides=store, kfp_run_id="k-7", pipeline="vlp-pretrain", image="img:1"
-    )
-    assert (
-        reporting.start_run.python_func(config=TINY, overrides=store, kfp_run_id="k-7", pipeline="p", image="i")
-        == run_id
-    )
+def test_start_and_finish_run_tag_and_close_the_parent(store, monkeypatch):
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-7")  # as the pod's run-id label / local_run set it
+    run_id = reporting.start_run.python_func(config=TINY, overrides=store, pipeline="vlp-pretrain", image="img:1")
+    assert reporting.start_run.python_func(config=TINY, overrides=store, pipeline="p", image="i") == run_id
     status = SimpleNamespace(state="FAILED", error_message="boom")
-    reporting.finish_run.python_func(config=TINY, overrides=store, kfp_run_id="k-7", status=status)
+    reporting.finish_run.python_func(config=TINY, overrides=store, status=status)
     run = tracking.client(_cfg(store)).get_run(run_id)
     assert run.info.status == "FAILED"
     assert run.data.tags["vlp.image"] == "img:1"
     assert run.data.params["model.preset"] == "tiny"
-    assert reporting.start_run.python_func(config=TINY, overrides=[], kfp_run_id="k", pipeline="p", image="i") == ""
+    assert reporting.start_run.python_func(config=TINY, overrides=[], pipeline="p", image="i") == ""
+    monkeypatch.setenv(_runtime.TRACKING_ENV, _cfg(store).tracking_uri)
+    monkeypatch.delenv(_runtime.RUN_ID_ENV)  # tracking on and no run id: one error that says where it comes from
+    with pytest.raises(RuntimeError, match=r"\$KFP_RUN_ID is not set.*pipeline/runid"):
+        reporting.start_run.python_func(config=TINY, overrides=[], pipeline="p", image="i")
 
 
 def _fake_model(path: Path) -> Model:
@@ -133,15 +135,15 @@ def _results(path: Path, metrics: dict[str, float]) -> Artifact:
     return _art(Artifact, path)
 
 
-def test_report_registers_models_and_reevaluation_compares(tmp_path, store):
-    reporting.start_run.python_func(config=TINY, overrides=store, kfp_run_id="k-1", pipeline="p", image="i")
+def test_report_registers_models_and_reevaluation_compares(tmp_path, store, monkeypatch):
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-1")
+    reporting.start_run.python_func(config=TINY, overrides=store, pipeline="p", image="i")
     summary = _art(Markdown, tmp_path / "summary.md")
     reporting.report.python_func(
         pretrained=_art(Model, tmp_path / "pretrained"),
         summary=summary,
         config=TINY,
         overrides=store,
-        kfp_run_id="k-1",
         register_prefix="t",
         retrieval_results=_results(tmp_path / "eval", {"t2v_r1": 40.0, "t2v_r5": 80.0}),
         retrieval_model=_fake_model(tmp_path / "tuned"),
@@ -159,7 +161,8 @@ def test_report_registers_models_and_reevaluation_compares(tmp_path, store):
     assert fetched.metadata["version"] == "1"
     table, metrics = _art(Markdown, tmp_path / "cmp.md"), _art(Metrics, tmp_path / "m")
     new = _results(tmp_path / "eval2", {"t2v_r1": 45.0, "t2v_r5": 70.0})
-    common = {"config": TINY, "overrides": store, "kfp_run_id": "k-2"}
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-2")  # as the pod's run-id label / local_run set it
+    common = {"config": TINY, "overrides": store}
     reporting.compare_scores.python_func(
         task="retrieval", model=fetched, results=new, summary=table, metrics=metrics, **common
     )
@@ -195,14 +198,16 @@ def test_publish_eval_fills_the_kfp_artifacts(tmp_path):
     )
     assert _runtime.publish_eval(out, metrics, md, html) == {"accuracy": 0.5, "acc_color": 0.25}
     assert metrics.metadata == {"accuracy": 0.5, "acc_color": 0.25}
+    assert json.loads(Path(metrics.path).read_text()) == metrics.metadata  # a file, or kfp.local's cache misses
     assert Path(md.path).read_text() == "# QA\n"
     assert "not written" in Path(html.path).read_text()
 
 
 @pytest.mark.slow
-def test_training_chain_through_the_components(tiny_world, tmp_path, store):
+def test_training_chain_through_the_components(tiny_world, tmp_path, store, monkeypatch):
     ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
-    common = {"config": TINY, "overrides": store, "kfp_run_id": "k-3"}
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-3")  # as the pod's run-id label / local_run set it
+    common = {"config": TINY, "overrides": store}
     entities, prompter = _art(Dataset, tmp_path / "entities"), _art(Model, tmp_path / "prompter")
     bank, model = _art(Model, tmp_path / "bank"), _art(Model, tmp_path / "model")
     data.mine_entities.python_func(dataset=ds, entities=entities, **common)
@@ -233,11 +238,12 @@ def test_training_chain_through_the_components(tiny_world, tmp_path, store):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["albef", "ts2net"])
-def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tmp_path, store, family):
+def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tmp_path, store, family, monkeypatch):
     """ALBEF (pretrain without a prompter) and TS2-Net (no pre-training: fine-tuned from its named weights) through
     the components: fine-tune, register, fetch, re-evaluate."""
     ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
-    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"], "kfp_run_id": f"k-{family}"}
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, f"k-{family}")  # as the pod's run-id label / local_run set it
+    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"]}
     reporting.start_run.python_func(**common, pipeline=f"vlp-{family}", image="i")
     model, tuned = _art(Model, tmp_path / "model"), _art(Model, tmp_path / "tuned")
     if family == "albef":
@@ -301,8 +307,9 @@ def test_a_cluster_pod_refuses_credentials_in_the_loaded_config(monkeypatch, tmp
     assert "SENTINEL" in str(cfg.storage) + cfg.tracking.tracking_uri
     monkeypatch.setenv("KFP_POD_NAME", "run-pod-1")
     key = next(f"{section}.{k}" for section, values in secret.items() for k in values)
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k")
     with pytest.raises(ValueError, match=f"credentials in the step config \\({key}\\)") as refused:
-        reporting.start_run.python_func(config=config, overrides=[], kfp_run_id="k", pipeline="p", image="i")
+        reporting.start_run.python_func(config=config, overrides=[], pipeline="p", image="i")
     assert "SENTINEL" not in str(refused.value)
     with pytest.raises(ValueError, match="credentials in the step config"):
         _runtime.Step("ingest", config, ["frames.size=8"])

@@ -679,3 +679,40 @@ def test_a_dag_compiled_without_fan_out_has_one_pod_per_data_step_and_no_parts_p
     bad.write_text("fanout: {parts: 0}\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"fanout\.parts"):
         pipeline_config.load(bad)
+
+
+def _tasks(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every ``(task name, task spec)`` of a compiled pipeline spec, in every DAG (exit handler, ParallelFor...)."""
+    if isinstance(node, dict):
+        yield from (node.get("dag") or {}).get("tasks", {}).items()
+        for value in node.values():
+            yield from _tasks(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _tasks(value)
+
+
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval"])
+def test_no_cached_step_takes_a_per_run_input_and_every_step_gets_the_run_id_from_its_pod(
+    compiled: Path, name: str
+) -> None:
+    """A cached step's key is its inputs: one that took the run id (or any other per-run value) would never repeat,
+    and KFP would never reuse a finished step. The run id reaches every step through the downward API instead."""
+    spec, platform = _docs(compiled / f"{name}.yaml")
+    text = yaml.safe_dump(spec)
+    assert "kfp_run_id" not in text
+    cached = 0
+    for task_name, task in _tasks(spec):
+        if not task.get("cachingOptions", {}).get("enableCache"):
+            continue
+        cached += 1
+        constants = json.dumps(task.get("inputs", {}))
+        for per_run in ("pipeline_job_uuid", "pipeline_job_name", "pipeline_task_uuid", "pipeline_job_create_time"):
+            assert per_run not in constants, f"{name}: cached task {task_name} takes {per_run} as an input"
+    assert cached or name == "reevaluate"
+    k8s = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+    for executor in spec["deploymentSpec"]["executors"]:
+        if "container" not in spec["deploymentSpec"]["executors"][executor]:
+            continue  # an importer
+        fields = {e["name"]: e["fieldPath"] for e in k8s[executor].get("fieldPathAsEnv", [])}
+        assert fields.get("KFP_RUN_ID") == "metadata.labels['pipeline/runid']", executor
