@@ -361,7 +361,7 @@ def final_report(
         log_metrics(cfg.tracking, pipeline_run(cfg.tracking, run), final)
     from vlp.eval.report import headline_table
 
-    header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat:", ""]
+    header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat, and its verdict:", ""]
     header += [headline_table(per_task).rstrip(), ""]
     header += ["## Every metric", "", "| task | metric | value | registered |", "|---|---|---|---|"]
     return "\n".join([*header, *rows]) + "\n"

@@ -214,8 +214,9 @@ def mlflow_summary(tracking_uri: str) -> dict[str, Any]:
     }
 
 
-class Interrupted(Exception):
-    """SIGINT or SIGTERM reached the local run; ``code`` is the exit status (130 / 143)."""
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) reached the local run; ``code`` is the exit status (143 / 130). A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` in kfp.local turns it into a failed task."""
 
     def __init__(self, sig: int):
         super().__init__(signal.Signals(sig).name)
@@ -273,10 +274,9 @@ def _done(talk: local_talk.Talk) -> str:
 
 
 def interrupted(out: str | Path, talk: local_talk.Talk, code: int) -> int:
-    """Stop the running step (it ends its MLflow run KILLED), end the parent run and any step run left RUNNING as
-    KILLED, and say in one line where the run stopped and how to go on."""
-    task = talk.running
-    talk.stop_children(signal.SIGTERM if code == 143 else signal.SIGINT)
+    """End the parent run and the step run left RUNNING as KILLED, and say in one line where the run stopped and
+    how to go on."""
+    task = talk.running  # its step process has been stopped (Talk.stop)
     from components._runtime import RUN_ID_ENV
     from vlp.tracking import TrackingConfig, end_open_runs, find_pipeline_run, sqlite_uri
 
@@ -285,8 +285,8 @@ def interrupted(out: str | Path, talk: local_talk.Talk, code: int) -> int:
         parent = find_pipeline_run(cfg, os.environ.get(RUN_ID_ENV, ""))
         if parent:
             end_open_runs(cfg, parent, "KILLED")
-    where = f"during {task}" if task else "between tasks"
-    print(f"interrupted {where}; {_done(talk)}", file=sys.stderr)
+    again = f" ({task} runs again from its start)" if task else ""
+    print(f"interrupted {f'during {task}' if task else 'between tasks'}; {_done(talk)}{again}", file=sys.stderr)
     return code
 
 

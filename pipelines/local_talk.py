@@ -12,7 +12,7 @@ moves them):
   recorded in :attr:`Talk.outputs` (the cached ones included: their files live in the run that made them);
 - ``task_dispatcher.run_single_task_implementation``: tells a run task from a cache hit;
 - ``subprocess_task_handler.run_local_subprocess``: the step's output, less the ``[KFP Executor ...]`` lines and
-  the executor input's JSON; the step process is remembered, so an interrupted run can stop it and wait for it;
+  the executor input's JSON; on an interruption it stops the step process and waits for it;
 - ``logging_utils.local_logger_context`` and ``print_horizontal_line``: kfp's own INFO lines and rules off
   (warnings and errors stay).
 """
@@ -67,7 +67,6 @@ class Talk:
         self.outputs: dict[str, dict[str, Any]] = {}
         self.order: list[tuple[str, str, float]] = []
         self.running: str | None = None
-        self.children: set[subprocess.Popen[str]] = set()
         self._executed = threading.local()
         self._lock = threading.Lock()
         self._saved: list[tuple[Any, str, Any]] = []
@@ -112,7 +111,8 @@ class Talk:
         return wrapper
 
     def _run_local_subprocess(self, full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
-        """kfp's ``run_local_subprocess``, less the executor's bookkeeping lines, with the process remembered."""
+        """kfp's ``run_local_subprocess``, less the executor's bookkeeping lines; an interruption (Ctrl-C, or the
+        SIGTERM that ``pipelines.local_run`` turns into an exception) stops the step process before it goes on."""
         import os
 
         env = {**os.environ, **env_vars} if env_vars else None
@@ -120,33 +120,31 @@ class Talk:
         with subprocess.Popen(
             full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
         ) as process:
-            self.children.add(process)
             try:
                 assert process.stdout is not None
                 for line in iter(process.stdout.readline, ""):
                     if keep(line):
                         print(line, end="", flush=True)  # kfp indents it under the task (indented_print)
                 return process.wait()
-            finally:
-                self.children.discard(process)
+            except BaseException as exc:
+                self.stop(process, signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+                raise
 
-    # ------------------------------------------------------------------ interruption
-
-    def stop_children(self, sig: int, grace_s: float = 60.0) -> None:
-        """Send ``sig`` to the running step processes (a Ctrl-C in a terminal has reached them already) and wait up
-        to ``grace_s`` for them to end their MLflow runs and exit; kill what is left."""
-        live = list(self.children)
-        for child in live:
+    @staticmethod
+    def stop(process: subprocess.Popen[str], sig: int, grace_s: float = 30.0) -> None:
+        """End a step process after the run got ``sig``: a terminal's Ctrl-C (SIGINT) has reached the step too; a
+        SIGTERM to this process alone is passed on as SIGINT, which the step handles as an interruption (its MLflow
+        run ends KILLED). ``grace_s`` to exit, then SIGKILL. Its last output is not shown: the run prints one line."""
+        if process.poll() is not None:
+            return
+        if sig != signal.SIGINT:
             with contextlib.suppress(ProcessLookupError):
-                if sig != signal.SIGINT:
-                    child.send_signal(sig)
-        deadline = time.monotonic() + grace_s
-        for child in live:
-            try:
-                child.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-                child.wait()
+                process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
     # ------------------------------------------------------------------ context
 

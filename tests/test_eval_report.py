@@ -283,7 +283,7 @@ def test_the_headline_table_carries_verdicts() -> None:
     retrieval = _below_chance_retrieval() | {"pairs_scored": 0.0, "vtm_loss": 0.7, "vtm_loss_prior": 0.6365}
     qa = {"accuracy": 0.42, "majority_accuracy": 0.2, "chance_accuracy": 0.01, "n": 500.0}
     table = headline_table({"retrieval": retrieval, "qa": qa})
-    assert table.startswith(VERDICT_RULES + "\n\n|")  # the rules stand above the table
+    assert table.startswith("| task |") and table.endswith("\n\n" + VERDICT_RULES + "\n")  # the table, then rules
     assert "Retrieval verdicts" not in headline_table({"qa": qa}) and "QA verdicts" in headline_table({"qa": qa})
     assert "| retrieval | text → video R@1 | 8.33 |  | 16.67 |  | **below chance** |" in table
     assert "| retrieval | held-out VTM loss (lower is better) | 0.70 |  | 0.64 (label prior) |  | " \

@@ -3,7 +3,12 @@ computes something and still opens, fills and closes its own MLflow parent run; 
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,3 +94,46 @@ def test_talk_patches_kfp_local_and_restores_it() -> None:
     assert [getattr(module, name) for module, name in targets] == originals
     with local_talk.Talk(verbose=True):  # verbose keeps kfp's own log
         assert logging_utils.local_logger_context is originals[3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("sig", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_an_interrupted_run_says_one_line_and_leaves_no_mlflow_run_running(tmp_path: Path, sig: int, code: int) -> None:
+    """SIGTERM to `make pipeline-run`'s process alone (a timeout's kill), or SIGINT to its whole process group (a
+    terminal's Ctrl-C), while a training step runs: exit 143 / 130, one line on stderr and no traceback, the step
+    process gone, and the MLflow parent run and the step's run KILLED (nothing left RUNNING)."""
+    from vlp.tracking import TrackingConfig, client, experiment_id, sqlite_uri
+
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "pipelines.local_run", "--out", str(out), "--step-config", TINY]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:  # wait, with no fixed sleep, until the first training step is under way
+        seen.append(line)
+        if "pretrain-prompter started" in line:
+            break
+    else:
+        pytest.fail("the run ended before pretrain-prompter started:\n" + "".join(seen) + proc.stderr.read())
+    time.sleep(2)  # into the step's work, past its imports
+    if sig == signal.SIGINT:
+        os.killpg(proc.pid, sig)  # a terminal sends Ctrl-C to the whole foreground process group
+    else:
+        proc.send_signal(sig)
+    rest, err = proc.communicate(timeout=120)
+    assert proc.returncode == code, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    assert lines[-1].startswith("interrupted during pretrain-prompter; "), err
+    assert "come from KFP's cache" in lines[-1] and "pretrain-prompter runs again" in lines[-1]
+    assert "pretrain-prompter done" not in rest
+
+    cfg = TrackingConfig(tracking_uri=sqlite_uri(out), experiment=local_run.EXPERIMENT)
+    runs = client(cfg).search_runs([experiment_id(cfg)])
+    status = {r.info.run_name: r.info.status for r in runs}
+    assert status.get("pretrain_prompter") == "KILLED", status
+    parent = [r for r in runs if r.data.tags.get("vlp.kind") == "pipeline"]
+    assert [r.info.status for r in parent] == ["KILLED"], status
+    assert "RUNNING" not in status.values(), status

@@ -449,7 +449,7 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
     (:func:`vlp.eval.qa.qa_baselines`); the held-out VTM loss (:func:`vlp.eval.retrieval.heldout_vtm`) shows the
     loss of predicting the label prior. The last column is :func:`verdict` of the figure against those levels
     (bold when it is on the wrong side of chance); the rules of :data:`VERDICT_RULES` that apply to the tasks given
-    stand above the table. A missing level is left blank.
+    follow the table. A missing level is left blank.
     """
     rows = [
         "| task | figure | value | similarity only | chance | majority answer | verdict |",
@@ -464,7 +464,7 @@ def headline_table(results: Mapping[str, Mapping[str, float]]) -> str:
             cells = [task, *(_fmt(c) for c in h.cells(similarity=True, majority=True)[:-1]), words]
             rows.append("| " + " | ".join(cells) + " |")
     rules = [_RETRIEVAL_RULES, _SIMILARITY_ONLY] * any_retrieval + [_QA_RULES] * any_qa
-    return "\n".join([" ".join([*rules, _NO_COUNT]), "", *rows]) + "\n"
+    return "\n".join([*rows, "", " ".join([*rules, _NO_COUNT])]) + "\n"  # the table first: what a reader wants
 
 
 def _qa_tables(metrics: Mapping[str, Any], majority: str | None) -> list[tuple[str, str, tuple[str, str]]]:
