@@ -2,7 +2,8 @@
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
 # PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG;
-# PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there).
+# PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there). A rerun into the same
+# PIPELINE_OUT reuses every unchanged step from KFP's cache (CACHE=0 runs them all); VERBOSE=1 keeps kfp.local's log.
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
@@ -13,6 +14,8 @@ FAMILY ?= $(if $(filter retrieval,$(PIPELINE)),ts2net,alpro)
 RUN_PIPELINE = $(if $(filter retrieval,$(PIPELINE)),retrieval,$(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY)))
 PIPELINE_OUT ?= runs/pipeline-local
 PIPELINE_DATA_ROOT ?=
+CACHE ?= 1
+VERBOSE ?= 0
 CRON ?= 0 0 3 * * *
 SCHEDULE_NAME ?= vlp-reevaluate-nightly
 SUBMIT = $(PY) -m pipelines.submit
@@ -27,7 +30,8 @@ pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/
 pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, or PIPELINE=retrieval FAMILY=ts2net]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
 	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --pipeline $(PIPELINE) --family $(FAMILY) \
-		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)')
+		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)') \
+		$(if $(filter 0,$(CACHE)),--no-cache) $(if $(filter 1,$(VERBOSE)),--verbose)
 else
 	$(PY) -m pipelines.compile
 	$(SUBMIT) run --pipeline $(RUN_PIPELINE) $(SUBMIT_ARGS) $(if $(filter retrieval,$(PIPELINE)),--param 'family=$(FAMILY)')
