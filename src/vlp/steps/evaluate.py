@@ -24,9 +24,9 @@ import torch
 
 from vlp import storage
 from vlp.config import Config
+from vlp.data import manifest
 from vlp.data.video_text import VideoQADataset
-from vlp.models import directory
-from vlp.steps.common import StepResult, device, run_step
+from vlp.steps.common import ModelInput, StepResult, check_inputs, device, run_step
 from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
 log = logging.getLogger("vlp")
@@ -110,6 +110,9 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
     """Text->video and video->text retrieval metrics of a pre-trained (zero-shot) or fine-tuned model."""
 
     def work() -> StepResult:
+        rc = cfg.retrieval
+        models = [ModelInput("--model", model, retrieval_kinds)]
+        inputs = check_inputs(dataset, frames, split=rc.split, setting="retrieval.split", models=models)
         from vlp.eval.report import retrieval_report
         from vlp.eval.retrieval import (
             chance_metrics,
@@ -120,10 +123,9 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             topk_rerank,
         )
 
-        rc = cfg.retrieval
-        net, tok, info = directory.load(model, retrieval_kinds(), device())
-        fam = info.family
-        data = retrieval_data(cfg, dataset, frames, info.config, rc.split)
+        info = inputs.models[0]
+        data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split)
+        net, tok, fam = info.load(device()), info.tokenizer(), info.family
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
         texts = [t for _, t in data.pairs]
@@ -223,13 +225,16 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
     """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong)."""
 
     def work() -> StepResult:
+        qc = cfg.qa
+        models = [ModelInput("--model", model, qa_kinds)]
+        inputs = check_inputs(dataset, frames, table=manifest.QA, split=qc.split, setting="qa.split", models=models)
         from vlp.eval.qa import qa_baselines, qa_metrics
         from vlp.eval.report import qa_report
 
-        qc = cfg.qa
-        net, tok, info = directory.load(model, qa_kinds(), device())
+        info = inputs.models[0]
         answers, model_cfg = info.answers(), info.config
-        data = task_data(VideoQADataset, qc, dataset, frames, model_cfg, qc.split)
+        data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split)
+        net, tok = info.load(device()), info.tokenizer()
         length = text_length(qc, model_cfg)
         preds, confidence = _predict_qa(info.family, net, tok, data, length, qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
@@ -268,7 +273,6 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
 def _majority(dataset: str, answers: list[str]) -> tuple[str, str]:
     """The majority-answer baseline's guess: the most frequent answer of the dataset's training questions, or,
     without any, the fine-tuning vocabulary's first (``finetune-qa`` orders it by training frequency)."""
-    from vlp.data import manifest
     from vlp.eval.qa import majority_answer
 
     qa = manifest.read(dataset, manifest.QA, manifest.QA_SCHEMA)

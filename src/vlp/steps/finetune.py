@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 from vlp.config import Config
+from vlp.data import manifest
+from vlp.data.frames import FrameStore
 from vlp.data.video_text import (
     RANDAUG_OPS,
     ClipRandAugment,
@@ -29,7 +31,9 @@ from vlp.data.video_text import (
 )
 from vlp.models import directory
 from vlp.steps.common import (
+    ModelInput,
     StepResult,
+    check_inputs,
     device,
     family_of,
     run_step,
@@ -74,9 +78,11 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
     return dataclasses.replace(section, max_steps=max(1, math.ceil(section.epochs * updates_per_epoch)))
 
 
-def task_data(cls: type, section: FinetuneConfig, dataset: str, frames: str, model_cfg: Any, split: str) -> Any:
-    """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames, sampler and augmentation,
-    at the model's frame size and pixel normalisation."""
+def task_data(
+    cls: type, section: FinetuneConfig, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str
+) -> Any:
+    """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames (an extract-frames output, or
+    its open store), sampler and augmentation, at the model's frame size and pixel normalisation."""
     return cls(
         frames,
         dataset,
@@ -102,7 +108,7 @@ def _paragraphs(data: VideoTextDataset) -> None:
     data.pairs = [(video_id, " ".join(parts)) for video_id, parts in texts.items()]
 
 
-def retrieval_data(cfg: Config, dataset: str, frames: str, model_cfg: Any, split: str) -> VideoTextDataset:
+def retrieval_data(cfg: Config, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str) -> VideoTextDataset:
     """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
     data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split)
     if cfg.retrieval.paragraph:
@@ -124,7 +130,7 @@ def _epoch_shape(batches: Any) -> tuple[int, int]:
     return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
 
 
-def _checked_data(cfg: Config, dataset: str, frames: str, fam: Any) -> VideoTextDataset:
+def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> VideoTextDataset:
     """The retrieval training pairs of a model started from the ``model`` section, read before the step writes its
     tokenizer, with the model and ``retrieval`` sections and the batch shape checked by the family (its config
     built once with the configured vocabulary size), so that a setting that cannot work fails before anything is
@@ -149,14 +155,16 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         from vlp.train import distributed
 
         distributed.init_from_env()
-        data = None
+        models = [ModelInput("--pretrained", pretrained, starts)] if pretrained else []
+        inputs = check_inputs(dataset, frames, models=models)
+        store, data = inputs.store, None
         if pretrained:
-            start = directory.describe(pretrained, starts())
+            start = inputs.models[0]
             fam, base, tok, checkpoint = start.family, start.config, start.tokenizer(), start.checkpoint
             lineage = {"pretrained": pretrained}
         else:
             fam = family_of(cfg.model)
-            data = _checked_data(cfg, dataset, frames, fam)
+            data = _checked_data(cfg, dataset, store, fam)
             tok = step_tokenizer(cfg, dataset, out)
             base, checkpoint = fam.config(cfg.model, len(tok)), ""
             video_init, text_init = fam.weights(cfg.model)
@@ -164,7 +172,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
         length = text_length(cfg.retrieval, model_cfg)
         if data is None:
-            data = retrieval_data(cfg, dataset, frames, model_cfg, "train")
+            data = retrieval_data(cfg, dataset, store, model_cfg, "train")
         section = with_max_steps(cfg.retrieval, len(data))
 
         def fetch(indices: list[int]) -> PretrainBatch:
@@ -225,10 +233,13 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         from vlp.train import distributed
 
         distributed.init_from_env()
-        start = directory.describe(pretrained, starts())
+        inputs = check_inputs(
+            dataset, frames, table=manifest.QA, models=[ModelInput("--pretrained", pretrained, starts)]
+        )
+        start = inputs.models[0]
         fam = start.family
         model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
-        data = task_data(VideoQADataset, cfg.qa, dataset, frames, model_cfg, "train")
+        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train")
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
         total = len(data.qa)

@@ -16,10 +16,13 @@ import torch.nn.functional as F
 
 from vlp import storage
 from vlp.config import Config
+from vlp.data.frames import FrameStore
 from vlp.data.video_text import RANDAUG_OPS, ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
 from vlp.steps.common import (
+    ModelInput,
     StepResult,
+    check_inputs,
     device,
     family_of,
     run_step,
@@ -41,7 +44,7 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
     return family_of(model).config(replace(model, losses=list(losses)), vocab_size, num_entities)
 
 
-def _dataset(cfg: Config, dataset: str, frames: str, pixels: Any) -> VideoTextDataset:
+def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -> VideoTextDataset:
     """The training pairs, normalised with ``pixels``' (a model config's) ``pixel_mean`` / ``pixel_std``."""
     p = cfg.pretrain
     return VideoTextDataset(
@@ -70,7 +73,7 @@ def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
     return batch, items // batch  # VideoTextDataset refuses a split without pairs: items >= 1
 
 
-def _checked_data(cfg: Config, dataset: str, frames: str, terms: list[str]) -> VideoTextDataset:
+def _checked_data(cfg: Config, dataset: str, frames: str | FrameStore, terms: list[str]) -> VideoTextDataset:
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
     checked by the family (its config built once with the configured vocabulary size) and ``pretrain.group_by``
     against the pairs, so that a setting that cannot work fails before anything is written."""
@@ -134,7 +137,8 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         fam = family_of(cfg.model)
         if not fam.kinds.prompter:
             raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
-        data = _checked_data(cfg, dataset, frames, ["vtc"])
+        store = check_inputs(dataset, frames).store
+        data = _checked_data(cfg, dataset, store, ["vtc"])
         tok = step_tokenizer(cfg, dataset, out)
         model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
         seed_model_init(cfg.pretrain.seed)
@@ -155,11 +159,14 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
     def work() -> StepResult:
         from vlp.models.prompts import build_prompt_bank as build
 
-        prompter, tok, _ = load_prompter(prompter_dir)
-        table = storage.read_parquet(storage.join(entities_dir, "entities.parquet"))
+        entities_uri = storage.join(entities_dir, "entities.parquet")
+        remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
+        check_inputs(models=[ModelInput("--prompter", prompter_dir, ("prompter",))], files=[(entities_uri, remedy)])
+        table = storage.read_parquet(entities_uri)  # a few hundred rows: read before the prompter is loaded
         entities = table.sort_by("rank")["entity"].to_pylist()[: cfg.model.num_entities]
         if not entities:
-            raise ValueError(f"{entities_dir}/entities.parquet lists no entities: run `vlp mine-entities` first")
+            raise ValueError(f"{entities_uri} lists no entities: run `vlp mine-entities` first")
+        prompter, tok, _ = load_prompter(prompter_dir)
 
         def encode(prompts: list[str]) -> torch.Tensor:
             enc = tok(prompts, padding=True, truncation=True, max_length=cfg.model.max_len, return_tensors="pt")
@@ -190,10 +197,14 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
                 "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
             )
         terms = list(cfg.model.losses or fam.default_losses)
+        if fam.kinds.prompter and not prompter_dir:
+            raise ValueError(f"{fam.name} pre-training needs a prompter (--prompter) and its prompt bank")
+        if fam.kinds.prompter and "pem" in terms and not bank_dir:
+            raise ValueError(f"{fam.name} pre-training with PEM needs the prompter's prompt bank (--prompt-bank): run "
+                             "`vlp build-prompt-bank` first")  # fmt: skip
+        store = check_inputs(dataset, frames, **_prompter_inputs(fam, prompter_dir, bank_dir, terms)).store
         prompter = bank = data = None
         if fam.kinds.prompter:
-            if not prompter_dir:
-                raise ValueError(f"{fam.name} pre-training needs a prompter (--prompter) and its prompt bank")
             prompter, tok, _ = load_prompter(prompter_dir)
             if "pem" in terms:
                 from vlp.models.prompts import PromptBank
@@ -203,11 +214,11 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
             if prompter_dir or bank_dir:
                 log.warning("pretrain: model family %s uses no prompter or prompt bank; ignoring %r and %r",
                             fam.name, prompter_dir, bank_dir)  # fmt: skip
-            data = _checked_data(cfg, dataset, frames, terms)
+            data = _checked_data(cfg, dataset, store, terms)
             tok = step_tokenizer(cfg, dataset, out)
         num_entities = len(bank.entities) if bank is not None else 0
         model_cfg = model_config(cfg.model, len(tok), num_entities, terms)
-        data = data if data is not None else _dataset(cfg, dataset, frames, model_cfg)
+        data = data if data is not None else _dataset(cfg, dataset, store, model_cfg)
         batches = _batches(cfg, dataset, data, tok)
         world = distributed.world_size()
         model_cfg = fam.prepare(model_cfg, len(batches.sampler) // batches.batch_size, batches.batch_size * world)
@@ -244,10 +255,21 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         )
         figures = []
         if bank is not None and distributed.rank() == 0:
-            figures = pem_examples(dataset, frames, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg, model_cfg)
+            figures = pem_examples(dataset, store, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg, model_cfg)
         return train_summary(result) | {"pem_examples": figures}
 
     return run_step("pretrain", out, cfg, "pretrain", work)
+
+
+def _prompter_inputs(fam: Any, prompter_dir: str, bank_dir: str, terms: list[str]) -> dict[str, Any]:
+    """The prompter and prompt bank :func:`check_inputs` checks for ``pretrain`` (none for a family without)."""
+    if not fam.kinds.prompter:
+        return {}
+    from vlp.models.prompts import BANK_FILE, ENTITIES_FILE
+
+    remedy = f"run `vlp build-prompt-bank --out {bank_dir}` first (--prompt-bank is its output)"
+    bank = [(storage.join(bank_dir, name), remedy) for name in (BANK_FILE, ENTITIES_FILE)] if "pem" in terms else []
+    return {"models": [ModelInput("--prompter", prompter_dir, (fam.kinds.prompter,))], "files": bank}
 
 
 PEM_EXAMPLES = "pem_examples"
@@ -255,7 +277,15 @@ PEM_EXAMPLES = "pem_examples"
 
 @torch.no_grad()
 def pem_examples(
-    dataset: str, frames: str, prompter: Any, bank: Any, out: str, cfg: Config, pixels: Any, n: int = 4, seed: int = 0
+    dataset: str,
+    frames: str | FrameStore,
+    prompter: Any,
+    bank: Any,
+    out: str,
+    cfg: Config,
+    pixels: Any,
+    n: int = 4,
+    seed: int = 0,
 ) -> list[str]:
     """ALPRO Fig. 3 for ``n`` clips: a random PEM box on the frames and the frozen prompter's top-5 entities.
 
