@@ -5,15 +5,23 @@ and trailing ``section.key=value`` overrides, prints a JSON summary on stdout an
 success, 2 on bad usage or bad input, 1 on an unexpected failure. ``vlp tracking sync OUT`` (not a
 step) sends a training output's MLflow run what it lacks of ``OUT/metrics.jsonl`` and ends the run;
 it exits 1 when the tracking server cannot take it.
+
+Ctrl-C (SIGINT) or SIGTERM stops a command without a traceback: one line on stderr says where it stopped and
+that the same command goes on (a training step: from its newest checkpoint), a training step's MLflow run ends
+KILLED, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
+import os
+import signal
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from vlp import __version__
@@ -268,6 +276,64 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     raise AssertionError(f"unhandled command {args.command}")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so a step stops as it does on Ctrl-C."""
+
+    signum = int(signal.SIGTERM)
+
+
+_received: list[int] = []  # the signals :func:`interrupt_on_signals` saw, in case a C extension swallowed the raise
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[list[int]]:
+    """While inside, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, SIGINT a
+    ``KeyboardInterrupt`` as usual, and the signals seen are in the yielded list (a raise inside a C callback, e.g.
+    during video encoding, can be lost: the list still says the command was stopped). The previous handlers are
+    put back on the way out. A SIGINT that was ignored (``SIG_IGN``, e.g. a background job) stays ignored.
+    Elsewhere than in the main thread (where Python cannot install signal handlers) it does nothing. Under
+    torchrun every worker is its own process and main thread: a SIGTERM the launcher sends to stop the workers
+    ends each of them like this."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, _on_signal)
+    if previous[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_signal)
+    start = len(_received)
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        seen += _received[start:]
+        del _received[start:]
+
+
+def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
+    """Say on stderr where ``command`` stopped and how to go on (rank 0 alone under torchrun); the exit code of the
+    signal (128 + its number)."""
+    loop = sys.modules.get("vlp.train.loop")  # not imported: nothing trained (and torch stays unimported)
+    training, seen = None, exc  # a second Ctrl-C while the first was handled hides the training's in __context__
+    while loop is not None and seen is not None and training is None:
+        training = seen if isinstance(seen, loop.TrainingInterrupted) else None
+        seen = seen.__context__ if isinstance(seen.__context__, KeyboardInterrupt) else None
+    if training is not None:
+        said = f"interrupted at step {training.step}; rerun the same command to resume from step {training.resume_step}"
+    else:
+        said = "interrupted; rerun the same command to run it again"
+    if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 says it for every rank
+        print(f"vlp {command}: {said}", file=sys.stderr)
+    return 128 + int(getattr(exc, "signum", signal.SIGINT))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -275,27 +341,46 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    seen: list[int] = []
+    try:
+        with interrupt_on_signals() as seen:
+            summary = run(args)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM: not a failure, and no traceback
+        return _interrupted(args.command, exc)
+    except Exception as exc:
+        if seen:  # an error the signal caused (e.g. in a worker process it stopped): an interruption all the same
+            return _interrupted(args.command, _signal_exception(seen[0]))
+        return _failed(args, exc)
+    if seen:  # stopped, though the raise was lost on the way (the step may have finished: a rerun says so)
+        return _interrupted(args.command, _signal_exception(seen[0]))
+    summary.pop("config", None)
+    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
+    return 0
+
+
+def _signal_exception(signum: int) -> KeyboardInterrupt:
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def _failed(args: argparse.Namespace, exc: Exception) -> int:
+    """The one line and exit code of an expected failure; anything else is re-raised (a traceback: a bug)."""
     from vlp.config import ConfigError
     from vlp.data.manifest import ManifestError
     from vlp.storage import StorageError
     from vlp.tracking import TrackingError
 
-    try:
-        summary = run(args)
-    except (ConfigError, ManifestError, FileNotFoundError, ValueError) as exc:
+    if isinstance(exc, (ConfigError, ManifestError, FileNotFoundError, ValueError)):
         print(f"vlp {args.command}: error: {exc}", file=sys.stderr)
         return 2
-    except TrackingError as exc:  # the MLflow server is down or refused: nothing is lost, run it again later
+    if isinstance(exc, TrackingError):  # the MLflow server is down or refused: nothing is lost, run it again later
         print(f"vlp {args.command}: tracking error: {exc}", file=sys.stderr)
         return 1
-    except StorageError as exc:  # e.g. a missing bucket, bad credentials, an unreachable endpoint
+    if isinstance(exc, StorageError):  # e.g. a missing bucket, bad credentials, an unreachable endpoint
         if args.verbose:
-            logging.exception("storage error")
+            logging.error("storage error", exc_info=exc)
         print(f"vlp {args.command}: storage error: {exc}", file=sys.stderr)
         return 1
-    summary.pop("config", None)
-    print(json.dumps(summary, indent=2, sort_keys=True, default=str))
-    return 0
+    raise exc
 
 
 if __name__ == "__main__":

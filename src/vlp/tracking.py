@@ -153,6 +153,47 @@ def end_run(cfg: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
         client(cfg).set_terminated(run_id, status=status)
 
 
+def failure_status(exc: BaseException | None) -> str:
+    """The status a run ends with when its work raised ``exc``: ``KILLED`` for an interruption (Ctrl-C, or a
+    SIGTERM the CLI turns into a ``KeyboardInterrupt``), else ``FAILED``."""
+    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
+
+
+def end_open_runs(cfg: TrackingConfig, parent_run_id: str, status: str = "KILLED") -> list[str]:
+    """End every RUNNING run nested under ``parent_run_id`` (at any depth), then the parent itself if it is still
+    RUNNING, with ``status``; runs already ended keep their status. For a pipeline run that was stopped: its open
+    step runs and its parent run end KILLED rather than staying RUNNING.
+
+    Returns:
+        The ids of the runs it ended, children first, the parent last.
+
+    Raises:
+        ValueError: ``status`` is not FINISHED, FAILED or KILLED, or tracking is off.
+    """
+    if status not in TERMINAL:
+        raise ValueError(f"status {status!r}: expected one of {', '.join(TERMINAL)}")
+    mlflow_client = client(cfg)
+    experiment = mlflow_client.get_run(parent_run_id).info.experiment_id
+    ended: list[str] = []
+    parents, seen = [parent_run_id], {parent_run_id}
+    while parents:
+        children = mlflow_client.search_runs(
+            [experiment], filter_string=f"tags.`{PARENT_RUN_TAG}` = '{parents.pop()}'", max_results=10000
+        )
+        for child in children:
+            if child.info.run_id in seen:
+                continue
+            seen.add(child.info.run_id)
+            parents.append(child.info.run_id)
+            if child.info.status == "RUNNING":
+                end_run(cfg, child.info.run_id, status)
+                ended.append(child.info.run_id)
+    if mlflow_client.get_run(parent_run_id).info.status == "RUNNING":
+        end_run(cfg, parent_run_id, status)
+        ended.append(parent_run_id)
+    return ended
+
+
 def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
     """Log a dict of numbers to ``run_id`` in one batch."""
     _log_rows(cfg, run_id, [(metrics, step)])
@@ -211,7 +252,8 @@ def track_step(
     With tracking off this is just ``work()``. Otherwise a run named ``step`` is opened under the pipeline's
     parent run (``kfp_run_id``) or ``cfg.parent_run_id``; while ``work`` runs, ``cfg.run_id`` names it, so
     a training step that builds an :class:`MlflowLogger` from the same ``cfg`` logs into it. The summary's
-    numbers become metrics and its ``config`` params; the run ends FINISHED, or FAILED if ``work`` raises.
+    numbers become metrics and its ``config`` params; the run ends FINISHED, or if ``work`` raises
+    :func:`failure_status`'s status (KILLED for an interruption, else FAILED).
 
     Tracking never decides the step's fate: when the server cannot be reached the step runs untracked (with
     a warning; ``summary.json`` and ``metrics.jsonl`` hold everything), a failure to log the summary or end
@@ -234,8 +276,9 @@ def track_step(
     previous, cfg.run_id = cfg.run_id, run_id
     try:
         summary = work()
-    except BaseException:
-        _quietly(cfg, f"marking run {run_id} FAILED", lambda: end_run(cfg, run_id, "FAILED"))  # the error wins
+    except BaseException as exc:
+        status = failure_status(exc)
+        _quietly(cfg, f"marking run {run_id} {status}", lambda: end_run(cfg, run_id, status))  # the error wins
         raise
     finally:
         cfg.run_id = previous
@@ -460,8 +503,14 @@ class MlflowLogger:
         self._pending.append(("summary", dict(summary)))
 
     def close(self, status: str = "FINISHED") -> dict[str, Any]:
-        """End an owned run (or mark an attached one ``FAILED``) after sending what is left; ``"RUNNING"`` sends
-        what is left and ends nothing. Returns ``{"run_id", "complete", "unsent", "outages"}``."""
+        """End an owned run (or mark an attached one ``FAILED`` / ``KILLED``) after sending what is left;
+        ``"RUNNING"`` sends what is left and ends nothing. Returns ``{"run_id", "complete", "unsent", "outages"}``.
+
+        ``"FAILED"`` while an interruption is being handled (a ``KeyboardInterrupt``, e.g. Ctrl-C or the CLI's
+        SIGTERM) becomes ``"KILLED"``: a step stopped by its user did not fail.
+        """
+        if status == "FAILED":
+            status = failure_status(sys.exc_info()[1])
         if status != "RUNNING" and (self._owned or status != "FINISHED"):
             self._pending.append(("end", status))
         self._flush(force=True)

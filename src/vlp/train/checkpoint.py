@@ -82,6 +82,18 @@ def checkpoint_dir(root: str, step: int) -> str:
     return storage.join(root, f"step-{step:06d}")
 
 
+def checkpoint_step(uri: str) -> int:
+    """The step of checkpoint directory ``uri`` (``.../step-000123`` -> 123).
+
+    Raises:
+        CheckpointError: ``uri`` is not named like a checkpoint directory.
+    """
+    match = _STEP_DIR.match(str(uri).rstrip("/").rsplit("/", 1)[-1])
+    if match is None:
+        raise CheckpointError(f"{uri} is not a checkpoint directory (expected a name like step-000123)")
+    return int(match.group(1))
+
+
 def rng_file(rank: int) -> str:
     """File name of rank ``rank``'s generator states inside a checkpoint directory."""
     return f"rng-rank{rank:05d}.safetensors"

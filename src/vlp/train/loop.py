@@ -24,6 +24,14 @@ Contract for ``data``
     (:class:`SamplerBatches` over a :class:`ResumableSampler` does this). A prefetching loader must
     report the consumer's position, not its workers'.
 
+Talking while it trains (rank 0, on stderr): a resume says ``resuming from step M (<checkpoint>)`` before the
+first update; with ``cfg.progress`` a terminal gets a tqdm bar and anything else (a log file, a pipeline's
+subprocess, CI) one plain line per logged interval (:func:`progress_line`); printing draws no random numbers, so
+it never changes a run. An interruption (Ctrl-C, or a SIGTERM the CLI turns into one) during the updates is
+re-raised as :class:`TrainingInterrupted`, which says the step reached and the newest checkpoint a rerun resumes
+from; checkpoint files are written atomically with ``state.json`` last, so an interrupted save leaves no
+checkpoint that counts.
+
 Distributed: under ``torchrun`` (after :func:`vlp.train.distributed.init_from_env`) the model is wrapped
 in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over ranks and only rank 0
 logs, shows progress and writes model/optimiser (every rank writes its own RNG file). bf16 autocast
@@ -38,6 +46,8 @@ import json
 import math
 import random
 import resource
+import signal
+import sys
 import time
 import warnings
 import zlib
@@ -56,6 +66,7 @@ from vlp.train.checkpoint import (
     STATE_FILE,
     CheckpointError,
     DamagedCheckpointError,
+    checkpoint_step,
     list_checkpoints,
     load_checkpoint,
     read_state,
@@ -327,7 +338,8 @@ class TrainConfig:
     seed: int = 0  # global RNGs are seeded with seed + rank at start
     bf16: bool = True  # bf16 autocast; CUDA only, ignored on CPU
     grad_checkpointing: bool = False  # asks the model (timm set_grad_checkpointing / HF gradient_checkpointing_enable)
-    progress: bool = True  # tqdm bar on rank 0
+    progress: bool = True  # rank 0: a tqdm bar on a terminal, else one plain line per logged interval; False: neither
+    name: str = "train"  # what the progress display calls the run (e.g. the step: "pretrain")
 
     def __post_init__(self) -> None:
         if not self.out_dir:
@@ -337,6 +349,19 @@ class TrainConfig:
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.ckpt_every < 0:
             raise ValueError(f"TrainConfig.ckpt_every must be >= 0 (0 = only at the end), got {self.ckpt_every}")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """:func:`train` was interrupted (Ctrl-C, or a signal turned into a ``KeyboardInterrupt``) during its updates.
+
+    ``step`` is the optimiser updates done when it stopped; ``resume_step`` the step of the newest complete
+    checkpoint under ``<out_dir>/checkpoints`` (0 when there is none), where a rerun resumes; ``signum`` the
+    signal's number (the interrupting exception's ``signum`` attribute, else ``SIGINT``'s).
+    """
+
+    def __init__(self, step: int, resume_step: int, checkpoint: str | None, signum: int) -> None:
+        super().__init__(f"interrupted at step {step}; a rerun resumes from step {resume_step}")
+        self.step, self.resume_step, self.checkpoint, self.signum = step, resume_step, checkpoint, signum
 
 
 @dataclass
@@ -614,23 +639,98 @@ def train(
     ddp_model = distributed.wrap_ddp(model, broadcast_buffers=False)
     model.train()
     result = TrainResult(start, start, resumed_from, resumed_from, dict(run.last_metrics))
-    bar = _progress(cfg, start, run.rank)
-    while run.step < cfg.max_steps:
-        grad_norm = run.update(ddp_model)
-        if run.step % cfg.log_every == 0 or run.step == cfg.max_steps:
-            result.last_metrics = run.last_metrics = run.metrics(grad_norm)
-            if logger is not None and run.rank == 0:
-                logger.log_metrics(result.last_metrics, run.step)
-            bar.set_postfix(loss=f"{result.last_metrics['train/loss']:.4f}", refresh=False)
-        if (cfg.ckpt_every and run.step % cfg.ckpt_every == 0) or run.step == cfg.max_steps:
-            result.checkpoint = run.checkpoint() or result.checkpoint
-        bar.update(1)
-    bar.close()
+    if resumed_from is not None and run.rank == 0:
+        said = "nothing left to train" if start >= cfg.max_steps else f"training to step {cfg.max_steps}"
+        print(f"{cfg.name}: resuming from step {start} ({resumed_from}); {said}", file=sys.stderr, flush=True)
+    progress = _Progress(cfg, start, run.rank)
+    try:
+        while run.step < cfg.max_steps:
+            grad_norm = run.update(ddp_model)
+            if run.step % cfg.log_every == 0 or run.step == cfg.max_steps:
+                result.last_metrics = run.last_metrics = run.metrics(grad_norm)
+                if logger is not None and run.rank == 0:
+                    logger.log_metrics(result.last_metrics, run.step)
+                progress.logged(run.step, result.last_metrics)
+            if (cfg.ckpt_every and run.step % cfg.ckpt_every == 0) or run.step == cfg.max_steps:
+                result.checkpoint = run.checkpoint() or result.checkpoint
+            progress.update()
+    except KeyboardInterrupt as exc:
+        progress.close()
+        resume_step, newest = _newest_checkpoint(run.ckpt_root, result.checkpoint)
+        signum = int(getattr(exc, "signum", signal.SIGINT))
+        raise TrainingInterrupted(run.step, resume_step, newest, signum) from exc
+    progress.close()
     result.step = run.step
     return result
 
 
-def _progress(cfg: TrainConfig, start: int, rank: int) -> Any:
-    from tqdm.auto import tqdm
+def _newest_checkpoint(root: str, known: str | None) -> tuple[int, str | None]:
+    """``(step, uri)`` of the newest complete checkpoint under ``root`` (``(0, None)``: none); when it cannot be
+    listed, ``known`` (the one this run wrote or resumed from last)."""
+    try:
+        found = list_checkpoints(root)
+    except Exception:  # e.g. an unreachable bucket: say what this run knows
+        return (checkpoint_step(known), known) if known else (0, None)
+    return found[-1] if found else (0, None)
 
-    return tqdm(total=cfg.max_steps, initial=start, disable=not cfg.progress or rank != 0, desc="train", unit="step")
+
+def format_duration(seconds: float) -> str:
+    """``512`` -> ``"8m32s"``, ``7384`` -> ``"2h03m"``, ``9.4`` -> ``"9s"``."""
+    total = max(0, round(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def progress_line(name: str, step: int, max_steps: int, metrics: Mapping[str, float], sec_per_step: float) -> str:
+    """One log-friendly progress line, e.g. ``pretrain step 40/200 (20%) loss 2.3100 lr 1.0e-04 3.2 s/it eta
+    8m32s`` (the loss and lr are the logged window's, s/it the mean wall time per update since the last line)."""
+    parts = [f"{name} step {step}/{max_steps} ({100 * step // max_steps}%)"]
+    if "train/loss" in metrics:
+        parts.append(f"loss {metrics['train/loss']:.4f}")
+    if "train/lr" in metrics:
+        parts.append(f"lr {metrics['train/lr']:.1e}")
+    parts.append(f"{sec_per_step:.3g} s/it eta {format_duration(sec_per_step * (max_steps - step))}")
+    return " ".join(parts)
+
+
+class _Progress:
+    """Rank 0's progress display: a tqdm bar when stderr is a terminal, else :func:`progress_line` at every logged
+    step; nothing with ``cfg.progress`` false or on other ranks."""
+
+    def __init__(self, cfg: TrainConfig, start: int, rank: int) -> None:
+        self.name, self.max_steps = cfg.name, cfg.max_steps
+        show = cfg.progress and rank == 0
+        self.lines = show and not _stderr_is_tty()
+        self.bar = None
+        if show and not self.lines:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=cfg.max_steps, initial=start, desc=cfg.name, unit="step")
+        self.since_step, self.since = start, time.perf_counter()
+
+    def logged(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{metrics['train/loss']:.4f}", refresh=False)
+        if self.lines:
+            now = time.perf_counter()
+            per_step = (now - self.since) / max(step - self.since_step, 1)
+            self.since_step, self.since = step, now
+            print(progress_line(self.name, step, self.max_steps, metrics, per_step), file=sys.stderr, flush=True)
+
+    def update(self) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced or closed stderr
+        return False
