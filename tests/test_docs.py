@@ -1,0 +1,251 @@
+"""The README and docs/*.md say what the repo has and does.
+
+Checked here: the README stays a five-minute read (under 8,000 bytes); every repo path, ``make`` target and
+relative link they name exists; every ``vlp`` and ``python -m pipelines.local_run`` command line in their fenced
+blocks parses; every ``make pipeline-run PARAMS="..."`` parameter is one the compiled pipeline takes; and every
+annotation example ingests, with the real ``vlp ingest`` on real mp4 clips, to the rows and splits it claims.
+
+Annotation examples (docs/own-videos.md, README.md) follow one convention:
+
+- ``<!-- example: file=PATH [clips=A,B,...] [format=F] -->`` on the line before a fenced block marks that block as
+  the content of ``PATH`` (relative to the folder the commands run from). A ``python`` block is run there
+  instead (it writes ``PATH`` itself). Each clip in ``clips`` (same folder) is a real 2 s h264 mp4.
+- After it, before the next marker, the first fenced line ``vlp ingest --source PATH ...`` (any prefix such as
+  ``.venv/bin/``) is run through ``vlp.cli.main`` from that folder; its summary must name format ``F``.
+- The first line after the marker that starts with ``Ingested:`` lists what the output holds, per table and split:
+  ``Ingested: videos train 2 / test 1; captions train 3 / test 1; QA none.`` (a ``(N rejected)`` after a table
+  counts its rejects; a table not named has no rows).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import shlex
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from conftest import put
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+DOCS = sorted((ROOT / "docs").glob("*.md"))
+PAGES = [README, *DOCS]
+TOP_DIRS = ("docs", "src", "configs", "pipelines", "benchmarks", "tests", "scripts", "helm", "docker",
+            "components", "requirements", "mk")  # fmt: skip
+# Paths the docs name on purpose although the repo has no such file: a copy the reader makes.
+HYPOTHETICAL = {"pipelines/config/mine.yaml"}
+
+
+FENCE = re.compile(r"^```(?P<lang>\w*)\n(?P<body>.*?)^```", re.M | re.S)
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of every fenced block."""
+    return [(m["lang"], m["body"]) for m in FENCE.finditer(text)]
+
+
+def command_lines(text: str) -> list[str]:
+    """The lines of every ```bash / ```sh block, continuation lines joined, comments cut."""
+    lines = []
+    for lang, body in fenced_blocks(text):
+        if lang not in ("bash", "sh"):
+            continue
+        for line in body.replace("\\\n", " ").splitlines():
+            line = re.split(r"\s+#\s", line, maxsplit=1)[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
+
+
+def code_text(text: str) -> str:
+    """Everything in inline code spans and fenced blocks."""
+    spans = re.findall(r"`([^`\n]+)`", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S))
+    return "\n".join(spans + [body for _, body in fenced_blocks(text)])
+
+
+def make_targets() -> set[str]:
+    targets: set[str] = set()
+    for mk in [ROOT / "Makefile", *sorted((ROOT / "mk").glob("*.mk"))]:
+        for line in mk.read_text(encoding="utf-8").splitlines():
+            m = re.match(r"^([A-Za-z0-9_.-]+(?:\s+[A-Za-z0-9_.-]+)*)\s*:(?![=])", line)
+            if m and not line.startswith((".PHONY", "\t")):
+                targets.update(m[1].split())
+    return targets
+
+
+def test_readme_is_a_five_minute_read():
+    size = len(README.read_bytes())
+    assert size < 8000, f"README.md is {size} bytes; move detail into docs/ (limit 8,000)"
+
+
+def test_the_readme_names_every_docs_page():
+    named = set(re.findall(r"docs/[\w.-]+\.md", README.read_text(encoding="utf-8")))
+    assert named == {f"docs/{p.name}" for p in DOCS}, "README's map of docs/ must list every page, and only those"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_repo_path_named_exists(page: Path):
+    missing = []
+    pattern = rf"(?<![\w./$<-])((?:{'|'.join(TOP_DIRS)})/[\w./*-]*)"
+    for path in re.findall(pattern, code_text(page.read_text(encoding="utf-8"))):
+        path = path.rstrip(".,:")
+        if path in HYPOTHETICAL:
+            continue
+        if not (list(ROOT.glob(path)) if "*" in path else (ROOT / path).exists()):
+            missing.append(path)
+    assert not missing, f"{page.name} names paths the repo lacks: {sorted(set(missing))}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_make_target_named_exists(page: Path):
+    named = set(re.findall(r"(?<![\w-])make ([a-z][\w-]*)(?![\w=])", code_text(page.read_text(encoding="utf-8"))))
+    if page == README:
+        assert {"pipeline-run", "test"} <= named, "the README's two commands are missing (or the pattern broke)"
+    assert not named - make_targets(), f"{page.name} names make targets that do not exist: {named - make_targets()}"
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_relative_link_resolves(page: Path):
+    text = page.read_text(encoding="utf-8")
+    broken = []
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (page.parent / path).resolve() if path else page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md":
+            headings = re.findall(r"^#+ (.+)$", file.read_text(encoding="utf-8"), re.M)
+            if anchor not in {slug(h) for h in headings}:
+                broken.append(target)
+    assert not broken, f"{page.name} has links that resolve to nothing: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_every_command_line_parses(page: Path):
+    from pipelines import local_run
+    from pipelines.submit import parse_params
+    from vlp.cli import build_parser
+
+    for line in command_lines(page.read_text(encoding="utf-8")):
+        words = shlex.split(line)
+        if words[0].endswith("vlp") and words[0] in ("vlp", ".venv/bin/vlp"):
+            try:
+                build_parser().parse_args(words[1:])
+            except SystemExit:
+                pytest.fail(f"{page.name}: `{line}` is not a valid vlp command line")
+        if words[:3] in (["python", "-m", "pipelines.local_run"], [".venv/bin/python", "-m", "pipelines.local_run"]):
+            try:
+                local_run.parse_args(words[3:])
+            except SystemExit:
+                pytest.fail(f"{page.name}: `{line}` is not a valid pipelines.local_run command line")
+        if words[:2] == ["make", "pipeline-run"]:
+            settings = dict(w.split("=", 1) for w in words[2:] if "=" in w)
+            family = settings.get("FAMILY", "ts2net" if settings.get("PIPELINE") == "retrieval" else "alpro")
+            name = "retrieval" if settings.get("PIPELINE") == "retrieval" else "pretrain"
+            name = name if name == "retrieval" or family == "alpro" else f"pretrain-{family}"
+            params = parse_params(settings.get("PARAMS", "").split(), ROOT / "pipelines" / "compiled" / f"{name}.yaml")
+            assert all(isinstance(v, (str, int, list)) for v in params.values()), line
+
+
+# --------------------------------------------------------------------------- annotation examples
+
+
+@dataclass
+class Example:
+    page: str
+    file: str
+    clips: list[str]
+    fmt: str
+    lang: str
+    body: str
+    command: list[str]
+    expected: dict[str, tuple[Counter[str], int]]  # table -> (rows per split, rejected)
+
+
+def parse_expected(line: str) -> dict[str, tuple[Counter[str], int]]:
+    """``Ingested: videos train 2 / test 1; captions train 3 (1 rejected); QA none.`` as a dict."""
+    expected = {}
+    for part in line.removeprefix("Ingested:").strip().rstrip(".").split(";"):
+        words = part.replace("(", " ").replace(")", " ").replace("/", " ").split()
+        table = {"videos": "videos", "captions": "captions", "qa": "qa"}[words[0].lower()]
+        rejected = 0
+        if "rejected" in words:
+            rejected = int(words[words.index("rejected") - 1])
+            words = words[: words.index("rejected") - 1]
+        counts = Counter({words[i]: int(words[i + 1]) for i in range(1, len(words) - 1, 2)})
+        expected[table] = (counts, rejected)
+    for table in ("videos", "captions", "qa"):
+        expected.setdefault(table, (Counter(), 0))
+    return expected
+
+
+def examples() -> list[Example]:
+    found = []
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        markers = list(re.finditer(r"^<!-- example: (.*?) -->\n", text, re.M))
+        for i, marker in enumerate(markers):
+            keys = dict(kv.split("=", 1) for kv in marker[1].split())
+            rest = text[marker.end() : markers[i + 1].start() if i + 1 < len(markers) else len(text)]
+            block = re.match(r"```(\w*)\n(.*?)^```", rest, re.M | re.S)
+            assert block, f"{page.name}: the example marker `{marker[0].strip()}` is not right before a fenced block"
+            ingest = [ln for ln in command_lines(rest[block.end() :]) if re.search(r"\bvlp ingest --source ", ln)]
+            outcome = re.search(r"^Ingested: .*$", rest, re.M)
+            assert ingest and outcome, f"{page.name}: example {keys['file']} lacks its vlp ingest line or Ingested:"
+            words = shlex.split(ingest[0])
+            assert words[words.index("--source") + 1] == keys["file"], f"{page.name}: {ingest[0]} is not {keys['file']}"
+            found.append(
+                Example(page.name, keys["file"], [c for c in keys.get("clips", "").split(",") if c],
+                        keys.get("format", ""), block[1], block[2], words[1:], parse_expected(outcome[0]))
+            )  # fmt: skip
+    return found
+
+
+EXAMPLES = examples()
+
+
+def test_the_examples_cover_every_ingest_format():
+    from vlp.data.ingest import FORMATS
+
+    assert {e.fmt for e in EXAMPLES} == set(FORMATS), "docs/own-videos.md needs one worked example per format"
+    assert any(e.page == "README.md" for e in EXAMPLES), "the README keeps one short, tested example"
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda e: f"{e.page}:{e.file}")
+def test_annotation_example_ingests_as_documented(example: Example, clip_bytes, tmp_path, monkeypatch):
+    from vlp import cli
+    from vlp.data import manifest
+
+    monkeypatch.chdir(tmp_path)
+    for clip in example.clips:
+        put(tmp_path / clip, clip_bytes)
+    if example.lang == "python":
+        exec(compile(example.body, f"{example.page}:{example.file}", "exec"), {})  # the doc's own script
+    else:
+        put(tmp_path / example.file, example.body)
+    stdout = io.StringIO()
+    with contextlib.redirect_stdout(stdout):
+        code = cli.main([*example.command, "ingest.workers=1", "ingest.progress=false"])
+    assert code == 0, f"vlp {' '.join(example.command)} exited {code}"
+    summary = json.loads(stdout.getvalue())
+    assert summary["format"] == example.fmt
+    out = example.command[example.command.index("--out") + 1]
+    schemas = {"videos": manifest.VIDEO_SCHEMA, "captions": manifest.CAPTION_SCHEMA, "qa": manifest.QA_SCHEMA}
+    for table, (splits, rejected) in example.expected.items():
+        rows = manifest.read(out, f"{table}.parquet", schemas[table]).to_pylist()
+        assert Counter(r["split"] for r in rows) == splits, f"{table}: {Counter(r['split'] for r in rows)}"
+        assert summary[table]["rejected"] == rejected, f"{table}: {summary[table]}"
