@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef ablation-ts2net bench clean
+.PHONY: help install browser test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef ablation-ts2net bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
@@ -33,7 +33,15 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 install: $(STAMP) ## Create .venv and install vlp + dev tools from the pinned constraints (idempotent)
 
-test: $(STAMP) chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test
+browser: ## Debian's chromium for the browser test (apt; root or sudo)
+	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null; then sudo=sudo; else \
+	  echo "make browser: /usr/bin/chromium is missing and this is neither root nor has sudo;" \
+	       "as root run: apt-get install -y --no-install-recommends chromium" >&2; exit 1; fi; \
+	echo "make browser: installing Debian's chromium (tests/test_mlflow_ui.py drives it)"; \
+	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+
+test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test
 	$(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py
 
 test-fast: $(STAMP) ## Run the tests not marked slow
