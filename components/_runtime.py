@@ -204,7 +204,10 @@ class Step:
             evaluation = read_json(out, "metrics.json") if out else None
             return {**summary, "eval": evaluation} if evaluation else summary
 
-        return track_step(self.cfg.tracking, self.name, work, kfp_run_id=self.kfp_run_id)
+        from vlp.cli import interrupt_on_signals
+
+        with interrupt_on_signals():  # SIGTERM (a pod deleted or preempted) ends the step run KILLED, not RUNNING
+            return track_step(self.cfg.tracking, self.name, work, kfp_run_id=self.kfp_run_id)
 
     def _trainjob(self, cli: Sequence[str], out: str) -> dict[str, Any]:
         """``vlp <cli>`` on every node of a TrainJob; its inputs and ``out`` must be in object storage."""

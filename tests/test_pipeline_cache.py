@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -106,23 +107,30 @@ def test_an_interrupted_run_says_one_line_and_leaves_no_mlflow_run_running(tmp_p
 
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "pipelines.local_run", "--out", str(out), "--step-config", TINY]
+    cmd += ["pretrain.max_steps=100000"]  # the prompter trains until it is stopped
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)  # fmt: skip
-    seen = []
-    assert proc.stdout is not None
-    for line in proc.stdout:  # wait, with no fixed sleep, until the first training step is under way
-        seen.append(line)
-        if "pretrain-prompter started" in line:
+    printed: list[str] = []
+    reader = threading.Thread(target=lambda: printed.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:  # until the prompter has logged two training steps: it is mid-training
+        logged = list(out.glob("kfp/*/pretrain-prompter/prompter/metrics.jsonl"))
+        if logged and len(logged[0].read_text(encoding="utf-8").splitlines()) >= 2:
             break
+        assert proc.poll() is None, "".join(printed) + proc.stderr.read()
+        time.sleep(0.2)
     else:
-        pytest.fail("the run ended before pretrain-prompter started:\n" + "".join(seen) + proc.stderr.read())
-    time.sleep(2)  # into the step's work, past its imports
+        pytest.fail("the prompter logged no training step in 10 minutes:\n" + "".join(printed))
     if sig == signal.SIGINT:
         os.killpg(proc.pid, sig)  # a terminal sends Ctrl-C to the whole foreground process group
     else:
         proc.send_signal(sig)
-    rest, err = proc.communicate(timeout=120)
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    reader.join(timeout=10)
+    rest = "".join(printed)
     assert proc.returncode == code, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert "Traceback" not in err, err

@@ -232,6 +232,17 @@ def test_a_model_directory_without_its_weights_fails_before_anything_loads(input
     )
 
 
+def test_damaged_weights_in_a_model_directory_are_one_line_naming_the_file(inputs, tmp_path, capsys):
+    """The weights file exists (the check passes) but holds no safetensors: the load refuses it, and the CLI says so
+    in one line with exit 2, not a traceback."""
+    step = next(s for s in STEPS if s[0] == "evaluate-retrieval")
+    argv = _argv(step, inputs, tmp_path)  # inputs["alpro"]'s weights are a stub: b"stub: never read"
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("vlp evaluate-retrieval: error: "), lines
+    assert "model.safetensors" in lines[0] and "Traceback" not in lines[0]
+
+
 def test_build_prompt_bank_checks_its_entities_before_it_loads_the_prompter(inputs, tmp_path, capsys, no_model_load):
     out = tmp_path / "out"
     argv = ["build-prompt-bank", "--prompter", inputs["prompter"], "--out", str(out), "--config", str(TINY)]

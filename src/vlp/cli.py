@@ -369,8 +369,10 @@ def _failed(args: argparse.Namespace, exc: Exception) -> int:
     from vlp.storage import StorageError
     from vlp.tracking import TrackingError
 
-    if isinstance(exc, (ConfigError, ManifestError, FileNotFoundError, ValueError)):
-        print(f"vlp {args.command}: error: {exc}", file=sys.stderr)
+    checkpoint = sys.modules.get("vlp.train.checkpoint")  # not imported: no checkpoint was read (torch stays out)
+    damaged = checkpoint is not None and isinstance(exc, checkpoint.DamagedCheckpointError)
+    if damaged or isinstance(exc, (ConfigError, ManifestError, FileNotFoundError, ValueError)):
+        print(f"vlp {args.command}: error: {exc}", file=sys.stderr)  # a damaged file's error names the file
         return 2
     if isinstance(exc, TrackingError):  # the MLflow server is down or refused: nothing is lost, run it again later
         print(f"vlp {args.command}: tracking error: {exc}", file=sys.stderr)

@@ -345,6 +345,7 @@ def train_model(
         seed=cfg.seed,
         bf16=cfg.bf16,
         progress=cfg.progress,
+        name=name,  # what the progress, interruption and resume lines call this step
     )
     optim = OptimConfig(
         lr=cfg.lr,

@@ -46,7 +46,10 @@ def qa_kinds() -> tuple[str, ...]:
 
 
 def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
-    if not show:
+    """A tqdm bar over the batches on a terminal; nothing in a log, where a bar is only noise."""
+    import sys
+
+    if not show or not sys.stderr.isatty():
         return iterable
     from tqdm import tqdm
 

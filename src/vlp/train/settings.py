@@ -124,7 +124,7 @@ class PretrainConfig:
     ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
     seed: int = 0
     bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
-    progress: bool = True  # tqdm bar
+    progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
     backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
@@ -166,7 +166,7 @@ class FinetuneConfig:
     ckpt_every: int = 500  # updates between checkpoints (0 = at the end only)
     seed: int = 42  # app. A.2
     bf16: bool = True
-    progress: bool = True
+    progress: bool = True  # as in pretrain; evaluation shows a bar on a terminal only
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads
     backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
