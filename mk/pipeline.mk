@@ -1,5 +1,5 @@
 # Pipeline targets: compile the KFP pipelines, run the DAG locally or on a cluster, schedule re-evaluation.
-# Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, tiny config, CPU);
+# Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, configs/pipeline-local.yaml, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
 # PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG;
 # PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there). A rerun into the same

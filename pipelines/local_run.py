@@ -98,7 +98,8 @@ def run(
     config = step_config or cfg.step_config
     if "\n" not in config and not Path(config).is_absolute():
         config = str((REPO_ROOT / config).resolve())
-    cfg = dataclasses.replace(cfg, cache_key=code_digest(config))
+    source = str((params or {}).get("source_uri") or source_uri)
+    cfg = dataclasses.replace(cfg, cache_key=code_digest(config) + source_digest(source))
     tracking = [f"tracking.tracking_uri={sqlite_uri(run_dir)}", f"tracking.experiment={EXPERIMENT}"]
     kfp_root = run_dir / "kfp"
     local.init(
@@ -151,6 +152,23 @@ def code_digest(step_config: str) -> str:
     config = Path(step_config) if "\n" not in step_config else None
     h.update(config.read_bytes() if config is not None and config.is_file() else step_config.encode())
     return h.hexdigest()[:16]
+
+
+def source_digest(source_uri: str) -> str:
+    """A digest of the files behind a local ``source_uri`` (every file's path, size and mtime), "" for none or for
+    an s3:// one. The ingest step's cache key holds ``source_uri`` as a string: without this, an annotation file or
+    a clip edited in place would be ingested from KFP's cache as it was before."""
+    from vlp import storage
+
+    if not source_uri or storage.is_s3(source_uri) or not Path(source_uri).exists():
+        return ""
+    root = Path(source_uri)
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+    h = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        h.update(f"{path}\0{stat.st_size}\0{stat.st_mtime_ns}\0".encode())
+    return "-" + h.hexdigest()[:16]
 
 
 def where(artifact: Any) -> str:

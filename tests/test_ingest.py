@@ -349,6 +349,8 @@ def test_msrvtt_list_and_official_json(tmp_path, clip_bytes):
     ann2 = put(tmp_path / "videodatainfo.json", json.dumps(official))
     summary = ingest(str(ann2), str(tmp_path / "out2"), CFG)
     assert [(v["video_id"], v["split"]) for v in read(tmp_path / "out2", manifest.VIDEOS)] == [("video0", "val")]
+    # A sentence takes its video's split (it has none of its own): a validate clip's captions never train.
+    assert [(c["video_id"], c["split"]) for c in read(tmp_path / "out2", manifest.CAPTIONS)] == [("video0", "val")]
     assert rejects_by_id(tmp_path / "out2", "video")["video5"].startswith("missing file:")
     assert rejects_by_id(tmp_path / "out2", "caption")["sentences[2]"].startswith("unknown video_id: 'video6'")
     assert_invariant(summary)

@@ -145,3 +145,22 @@ def test_an_interrupted_run_says_one_line_and_leaves_no_mlflow_run_running(tmp_p
     parent = [r for r in runs if r.data.tags.get("vlp.kind") == "pipeline"]
     assert [r.info.status for r in parent] == ["KILLED"], status
     assert "RUNNING" not in status.values(), status
+
+
+def test_the_local_cache_key_follows_the_data_behind_source_uri(tmp_path: Path) -> None:
+    """ingest's cache key holds source_uri as a string; the local run adds a digest of the files behind it, so an
+    annotation file or a clip edited in place is ingested again."""
+    (tmp_path / "data" / "clips").mkdir(parents=True)
+    annotations = tmp_path / "data" / "train.json"
+    annotations.write_text('[{"video": "clips/a.mp4", "caption": "a dog"}]', encoding="utf-8")
+    (tmp_path / "data" / "clips" / "a.mp4").write_bytes(b"x" * 10)
+    folder, file = local_run.source_digest(str(tmp_path / "data")), local_run.source_digest(str(annotations))
+    assert folder and file and folder != file
+    assert local_run.source_digest(str(tmp_path / "data")) == folder  # nothing changed: the same key
+    annotations.write_text('[{"video": "clips/a.mp4", "caption": "a cat and a dog"}]', encoding="utf-8")
+    assert local_run.source_digest(str(annotations)) != file
+    assert local_run.source_digest(str(tmp_path / "data")) != folder
+    before = local_run.source_digest(str(tmp_path / "data"))
+    (tmp_path / "data" / "clips" / "b.mp4").write_bytes(b"y")  # a new clip in the folder
+    assert local_run.source_digest(str(tmp_path / "data")) != before
+    assert local_run.source_digest("") == local_run.source_digest("s3://bucket/data") == ""

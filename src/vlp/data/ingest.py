@@ -10,7 +10,8 @@ Sources (``IngestConfig.format``; ``auto`` picks one from the source URI):
   ``{"caption", "clip_name"}`` or QA ``{"question", "answer", "video_id", "answer_type"}``.
   Videos are ``<video_root>/<id><video_ext>``.
 - ``lavis`` (``*.json``): a list of ``{"video": "<file>", "caption": str | [str, ...]}`` (retrieval)
-  or ``{"video", "question", "answer"}`` (QA). The video id is the file name without its extension.
+  or ``{"video", "question", "answer"}`` (QA). The video id is the path without its extension (``clips/a`` for
+  ``clips/a.mp4``).
 - ``msrvtt`` (``*.json`` whose first record has ``video_id``): a list of ``{"video_id", "video",
   "caption"}`` (``video`` optional, ``caption`` a string or a list), or the official
   ``{"videos": [...], "sentences": [...]}`` file.
@@ -436,15 +437,18 @@ def _read_json(source: str, cfg: IngestConfig, fmt: str, data: Any = None) -> _R
     _json_flavour(data, source)  # raises on a shape that is neither lavis nor msrvtt
     b = _Annotations(fmt, source, cfg)
     if isinstance(data, dict):  # official MSRVTT: {"videos": [...], "sentences": [...]}
+        video_split: dict[str, Any] = {}  # a sentence has no split of its own: it takes its video's
         for i, rec in enumerate(data["videos"]):
             vid = _clean(rec.get("video_id")) if isinstance(rec, dict) else None
             if vid and not _bad_utf8(vid):
                 b.video(vid, _clean(rec.get("video")), rec.get("split"))
+                video_split.setdefault(vid, rec.get("split"))
             else:
                 b.reject("video", f"videos[{i}]", "malformed record: no valid 'video_id'")
         for i, rec in enumerate(data["sentences"]):
             if isinstance(rec, dict) and _clean(rec.get("video_id")):
-                b.caption(_clean(rec["video_id"]), rec.get("caption"), None, f"sentences[{i}]")
+                vid = _clean(rec["video_id"])
+                b.caption(vid, rec.get("caption"), video_split.get(vid), f"sentences[{i}]")
             else:
                 b.reject("caption", f"sentences[{i}]", "malformed record: no 'video_id'")
         return b.raw
