@@ -159,9 +159,10 @@ class PipelineConfig:
     run_as: RunAs = field(default_factory=RunAs)  # runAsUser/runAsGroup (and runAsNonRoot) of every step
     fanout: FanOut = field(default_factory=FanOut)
     steps: dict[str, StepSettings] = field(default_factory=dict)  # every name of STEPS, filled from defaults
-    # Added to the cache key of every cached step ("" = none). pipelines.local_run sets a digest of the code and
-    # the step config: locally every step runs this checkout, so the image name says nothing of what changed.
-    cache_key: str = ""
+    # Set by pipelines.local_run, never by a config file: a digest of the code, the step config and local source
+    # data, given to every step as $VLP_CODE_DIGEST. kfp.local's cache key holds a task's inputs, image, command and
+    # environment; locally every step runs this checkout under one image name, so the digest is what changes.
+    code_digest: str = ""
 
     def step(self, name: str) -> StepSettings:
         """Settings of step ``name``."""
@@ -218,6 +219,8 @@ SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a ke
 
 def _check(cfg: PipelineConfig, path: Path) -> None:
     _check_env(cfg, path)
+    if cfg.code_digest:
+        raise ConfigError(f"{path}: code_digest is set by pipelines.local_run, not by a pipeline config")
     if cfg.run_as.user < 1 or cfg.run_as.group < 1:
         raise ConfigError(f"{path}: run_as.user and run_as.group must be > 0 (steps run as non-root), got {cfg.run_as}")
     if not 1 <= cfg.fanout.parts <= 1024 or cfg.fanout.parallelism < 0:
@@ -272,6 +275,12 @@ def as_dict(cfg: PipelineConfig) -> dict[str, Any]:
 SHM_VOLUME = "dshm"
 
 
+# Tasks that exist for their MLflow side effects (a parent run per run, registration, re-evaluation): never cached,
+# whatever a pipeline config says, or a rerun would have no parent run and register nothing.
+RUN_LEVEL_STEPS = ("start_run", "finish_run", "report", "fetch_model", "compare_scores")
+CODE_DIGEST_ENV = "VLP_CODE_DIGEST"
+
+
 def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
     """Apply step ``name``'s settings (image, resources, accelerator, scheduling, /dev/shm, retries, caching), the
     environment of every step and its security context."""
@@ -301,7 +310,9 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
         task.set_retry(
             s.retries, backoff_duration=s.retry_backoff or None, backoff_factor=2.0 if s.retry_backoff else None
         )
-    task.set_caching_options(enable_caching=s.caching, cache_key=cfg.cache_key or None)
+    task.set_caching_options(enable_caching=s.caching and name not in RUN_LEVEL_STEPS)
+    if cfg.code_digest:
+        task.set_env_variable(CODE_DIGEST_ENV, cfg.code_digest)
     return secure(set_environment(task, cfg), cfg)
 
 

@@ -79,9 +79,10 @@ def run(
     and the local artifacts keep ``LOCATION`` pointers; storage settings come from the ``AWS_*`` environment,
     which the step subprocesses inherit.
 
-    With ``cache`` (the default) a task whose inputs, component code and :func:`code_digest` match a finished task
-    of an earlier run in the same ``out`` is not run again: kfp.local's cache (``<out>/kfp-cache``) gives its
-    outputs, as KFP's does on a cluster. The tasks that exist for their MLflow side effects (start_run, report,
+    With ``cache`` (the default) a task whose inputs, component code and environment (which holds
+    :func:`code_digest` and :func:`source_digest` as ``$VLP_CODE_DIGEST``) match a finished task of an earlier run
+    in the same ``out`` is not run again: kfp.local's cache (``<out>/kfp-cache``) gives its outputs, as KFP's does
+    on a cluster. The tasks that exist for their MLflow side effects (start_run, report,
     finish_run) are never cached, so every run has its own MLflow parent run. Each run gets a fresh
     ``$KFP_RUN_ID`` (``local-<time>-<hex>``) that its steps read to nest their MLflow runs; it is not a task
     input, so it does not break the cache.
@@ -99,7 +100,7 @@ def run(
     if "\n" not in config and not Path(config).is_absolute():
         config = str((REPO_ROOT / config).resolve())
     source = str((params or {}).get("source_uri") or source_uri)
-    cfg = dataclasses.replace(cfg, cache_key=code_digest(config) + source_digest(source))
+    cfg = dataclasses.replace(cfg, code_digest=code_digest(config) + source_digest(source))
     tracking = [f"tracking.tracking_uri={sqlite_uri(run_dir)}", f"tracking.experiment={EXPERIMENT}"]
     kfp_root = run_dir / "kfp"
     local.init(
@@ -141,8 +142,9 @@ def code_digest(step_config: str) -> str:
 
     Locally every task runs the same "image" (this checkout), and a config path names a file whose text can
     change, so kfp.local's cache key (inputs, the component's own code, its image name) would reuse a step after
-    ``src/vlp`` or the config changed. This digest is each task's custom cache key: any such change misses.
-    On a cluster the image digest and a config path inside that image do the same.
+    ``src/vlp`` or the config changed. Every task gets this digest as ``$VLP_CODE_DIGEST``, which kfp.local's key
+    holds beside the task's inputs: any such change misses. On a cluster the image reference stands for the code:
+    see docs/pipelines.md (pin images by digest).
     """
     h = hashlib.sha256()
     files = sorted([*REPO_ROOT.glob("src/vlp/**/*.py"), *REPO_ROOT.glob("components/*.py"),
@@ -187,6 +189,8 @@ def copy_reports(outputs: dict[str, dict[str, str]], dest: Path) -> dict[str, st
     from vlp import storage
 
     copied = {}
+    for stale in dest.glob("*.html"):  # an earlier run's (e.g. evaluate-qa.html before a retrieval-only run)
+        stale.unlink()
     for task, items in outputs.items():
         source = items.get("report_html")
         if not source or not storage.exists(source):
@@ -233,8 +237,8 @@ def mlflow_summary(tracking_uri: str) -> dict[str, Any]:
 
 
 class Interrupted(BaseException):
-    """SIGTERM (or SIGINT) reached the local run; ``code`` is the exit status (143 / 130). A BaseException, as
-    KeyboardInterrupt is, so that no ``except Exception`` in kfp.local turns it into a failed task."""
+    """SIGTERM reached the local run; ``code`` is the exit status (143). A BaseException, as KeyboardInterrupt (a
+    Ctrl-C, exit 130) is, so that no ``except Exception`` in kfp.local turns it into a failed task."""
 
     def __init__(self, sig: int):
         super().__init__(signal.Signals(sig).name)
@@ -261,7 +265,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(sig: int, _frame: Any) -> None:
         raise Interrupted(sig)
 
-    saved = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # SIGTERM becomes Interrupted; SIGINT stays a KeyboardInterrupt, which tells Talk that the terminal's Ctrl-C has
+    # reached the step process already (it is not sent a second one while it winds down).
+    saved = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_signal)}
     try:
         result = run(
             args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,

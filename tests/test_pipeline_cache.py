@@ -52,12 +52,49 @@ def test_a_rerun_reuses_every_cached_step_and_still_logs_its_parent_run(tmp_path
         html = tmp_path / "run" / "reports" / f"{task}.html"
         assert html.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
 
+    # Another DAG into the same folder: the data steps have the same inputs and are reused; ALBEF's pre-training has
+    # another family input and must run (the cache key holds every input, beside the code digest).
+    albef = kinds(local_run.run(tmp_path / "run", step_config=TINY, family="albef"))
+    assert {t for t, k in albef.items() if k == "cached"} == {"synth", "ingest", "extract-frames"}
+    assert albef["pretrain"] == albef["finetune-retrieval"] == albef["evaluate-retrieval"] == "done"
+
     # The cache keys on the step config's text and the code, not on a path: an edited config misses.
     shutil.copy(TINY, tmp_path / "edited.yaml")
     before = local_run.code_digest(str(tmp_path / "edited.yaml"))
     with open(tmp_path / "edited.yaml", "a", encoding="utf-8") as fh:
         fh.write("\n# edited\n")
     assert local_run.code_digest(str(tmp_path / "edited.yaml")) != before
+
+
+def test_every_task_gets_the_code_digest_and_run_level_tasks_are_never_cached(tmp_path: Path) -> None:
+    """The digest reaches kfp.local's key as an env var of every task (a custom cache key would replace the key,
+    dropping the task's inputs); start_run, finish_run and report stay uncached whatever a config says."""
+    import dataclasses
+
+    import yaml
+    from kfp import compiler
+
+    from pipelines import config as pipeline_config
+    from pipelines import pretrain
+
+    cfg = pipeline_config.load(pipeline_config.CONFIG_DIR / "local.yaml")
+    for name in pipeline_config.RUN_LEVEL_STEPS:
+        cfg.steps[name].caching = True  # a careless pipeline config
+    cfg = dataclasses.replace(cfg, code_digest="abc123")
+    compiler.Compiler().compile(pretrain.build(cfg), str(tmp_path / "p.yaml"))
+    spec = next(yaml.safe_load_all((tmp_path / "p.yaml").read_text(encoding="utf-8")))  # then the platform spec
+    for name, executor in spec["deploymentSpec"]["executors"].items():
+        env = {e["name"]: e["value"] for e in executor["container"].get("env", [])}
+        assert env.get(pipeline_config.CODE_DIGEST_ENV) == "abc123", name
+        assert "cacheKey" not in yaml.safe_dump(spec["root"])
+    dag = spec["root"]["dag"]["tasks"]
+    inner = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    caching = {n: t.get("cachingOptions", {}).get("enableCache", False) for n, t in {**dag, **inner}.items()}
+    assert not caching["start-run"] and not caching["report"] and not caching["finish-run"]
+    assert caching["pretrain"] and caching["synth"]
+    (tmp_path / "bad.yaml").write_text("code_digest: x\n", encoding="utf-8")
+    with pytest.raises(Exception, match=r"code_digest is set by pipelines\.local_run"):
+        pipeline_config.load(tmp_path / "bad.yaml")
 
 
 def test_executor_filter_drops_kfp_bookkeeping_and_keeps_the_steps_output() -> None:

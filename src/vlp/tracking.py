@@ -154,8 +154,10 @@ def end_run(cfg: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
 
 
 def failure_status(exc: BaseException | None) -> str:
-    """The status a run ends with when its work raised ``exc``: ``KILLED`` for an interruption (Ctrl-C, or a
-    SIGTERM the CLI turns into a ``KeyboardInterrupt``), else ``FAILED``."""
+    """The status a run ends with when its work raised ``exc``: ``KILLED`` for an interruption (Ctrl-C, a SIGTERM
+    the CLI turns into a ``KeyboardInterrupt``, or an exit with status 130 / 143), else ``FAILED``."""
+    if isinstance(exc, SystemExit) and exc.code in (130, 143):  # e.g. a TrainJob launcher stopped by SIGTERM
+        return "KILLED"
     return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
 
 
