@@ -265,8 +265,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     def on_signal(sig: int, _frame: Any) -> None:
         raise Interrupted(sig)
 
-    # SIGTERM becomes Interrupted; SIGINT stays a KeyboardInterrupt, which tells Talk that the terminal's Ctrl-C has
-    # reached the step process already (it is not sent a second one while it winds down).
+    # SIGTERM becomes Interrupted; SIGINT stays a KeyboardInterrupt. Either way Talk stops the step's process group
+    # (its own: a terminal's Ctrl-C reaches only this process).
     saved = {signal.SIGTERM: signal.signal(signal.SIGTERM, on_signal)}
     try:
         result = run(

@@ -12,7 +12,7 @@ moves them):
   recorded in :attr:`Talk.outputs` (the cached ones included: their files live in the run that made them);
 - ``task_dispatcher.run_single_task_implementation``: tells a run task from a cache hit;
 - ``subprocess_task_handler.run_local_subprocess``: the step's output, less the ``[KFP Executor ...]`` lines and
-  the executor input's JSON; on an interruption it stops the step process and waits for it;
+  the executor input's JSON; each step runs in a process group of its own, which an interruption stops;
 - ``logging_utils.local_logger_context`` and ``print_horizontal_line``: kfp's own INFO lines and rules off
   (warnings and errors stay).
 """
@@ -111,14 +111,21 @@ class Talk:
         return wrapper
 
     def _run_local_subprocess(self, full_command: list[str], env_vars: dict[str, str] | None = None) -> int:
-        """kfp's ``run_local_subprocess``, less the executor's bookkeeping lines; an interruption (Ctrl-C, or the
-        SIGTERM that ``pipelines.local_run`` turns into an exception) stops the step process before it goes on."""
+        """kfp's ``run_local_subprocess``, less the executor's bookkeeping lines, in a process group of its own; an
+        interruption (Ctrl-C, or the SIGTERM that ``pipelines.local_run`` turns into an exception) stops that group
+        before it goes on."""
         import os
 
         env = {**os.environ, **env_vars} if env_vars else None
         keep = (lambda line: True) if self.verbose else ExecutorFilter().keep
         with subprocess.Popen(
-            full_command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1, env=env
+            full_command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            env=env,
+            start_new_session=True,  # kfp runs `sh -ec ... python -m kfp.dsl.executor_main`: stop both, not sh alone
         ) as process:
             try:
                 assert process.stdout is not None
@@ -126,25 +133,31 @@ class Talk:
                     if keep(line):
                         print(line, end="", flush=True)  # kfp indents it under the task (indented_print)
                 return process.wait()
-            except BaseException as exc:
-                self.stop(process, signal.SIGINT if isinstance(exc, KeyboardInterrupt) else signal.SIGTERM)
+            except BaseException:
+                self.stop(process)
                 raise
 
     @staticmethod
-    def stop(process: subprocess.Popen[str], sig: int, grace_s: float = 30.0) -> None:
-        """End a step process after the run got ``sig``: a terminal's Ctrl-C (SIGINT) has reached the step too; a
-        SIGTERM to this process alone is passed on as SIGINT, which the step handles as an interruption (its MLflow
-        run ends KILLED). ``grace_s`` to exit, then SIGKILL. Its last output is not shown: the run prints one line."""
-        if process.poll() is not None:
-            return
-        if sig != signal.SIGINT:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    def stop(process: subprocess.Popen[str], grace_s: float = 30.0) -> None:
+        """End a step's process group: SIGTERM, which the step handles as an interruption (``vlp.cli``'s
+        ``interrupt_on_signals`` in ``components._runtime.Step.run``: its MLflow run ends KILLED), ``grace_s`` to
+        exit, then SIGKILL to whatever is left of the group. Its last output is not shown: the run says one line."""
+        import os
+
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)  # sh: it ends at once, the step under it may take a moment
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(process.pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.1)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
 
     # ------------------------------------------------------------------ context
 

@@ -34,6 +34,12 @@ LINE = re.compile(
 )
 
 
+def ctrl_c_on() -> None:
+    """In the child before exec: SIGINT back to its default, so Python installs its Ctrl-C handler even when this
+    test runs where SIGINT is ignored (a job started in the background of a non-interactive shell)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _wait_for(path: Path, proc: subprocess.Popen, timeout_s: float = 120.0) -> None:
     """Poll until ``path`` exists (a checkpoint's ``state.json`` is its last file) while ``proc`` runs."""
     deadline = time.monotonic() + timeout_s
@@ -52,7 +58,8 @@ def test_a_signalled_training_step_says_where_it_stopped_ends_its_run_killed_and
     cmd = [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", tiny_world["dataset"],
            "--frames", tiny_world["frames"], "--out", str(out), "--config", str(TINY), "pretrain.max_steps=60",
            "pretrain.ckpt_every=2", "pretrain.log_every=2", f"tracking.tracking_uri=sqlite:///{db}"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(cmd, **pipes, text=True, env=ENV, preexec_fn=ctrl_c_on)
     _wait_for(out / "checkpoints" / "step-000002" / "state.json", proc)
     proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=120)
@@ -83,7 +90,8 @@ def test_a_signalled_training_step_says_where_it_stopped_ends_its_run_killed_and
 def test_a_signalled_step_that_does_not_train_says_so_in_one_line(tmp_path, sig, code):
     cmd = [sys.executable, "-m", "vlp.cli", "data", "synth", "--out", str(tmp_path / "raw"), "--config", str(TINY),
            "--num-videos", "800"]  # fmt: skip
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE}
+    proc = subprocess.Popen(cmd, **pipes, text=True, env=ENV, preexec_fn=ctrl_c_on)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
     reader.start()

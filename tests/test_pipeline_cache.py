@@ -3,6 +3,7 @@ computes something and still opens, fills and closes its own MLflow parent run; 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -18,6 +19,14 @@ from pipelines import local_run, local_talk
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = str(REPO / "configs" / "tiny.yaml")
+
+
+def ctrl_c_on() -> None:
+    """In the child before exec: SIGINT back to its default, so Python installs its Ctrl-C handler even when this
+    test runs where SIGINT is ignored (a job started in the background of a non-interactive shell)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 SIDE_EFFECT_TASKS = {"start-run", "report", "finish-run"}  # MLflow tasks: caching off (pipelines/config/local.yaml)
 
 
@@ -147,7 +156,7 @@ def test_an_interrupted_run_says_one_line_and_leaves_no_mlflow_run_running(tmp_p
     cmd += ["pretrain.max_steps=100000"]  # the prompter trains until it is stopped
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True, preexec_fn=ctrl_c_on)  # fmt: skip
     printed: list[str] = []
     reader = threading.Thread(target=lambda: printed.extend(iter(proc.stdout.readline, "")), daemon=True)
     reader.start()
@@ -174,6 +183,20 @@ def test_an_interrupted_run_says_one_line_and_leaves_no_mlflow_run_running(tmp_p
     assert lines[-1].startswith("interrupted during pretrain-prompter; "), err
     assert "come from KFP's cache" in lines[-1] and "pretrain-prompter runs again" in lines[-1]
     assert "pretrain-prompter done" not in rest
+
+    # No step process outlives the run (kfp runs `sh -ec ... python -m kfp.dsl.executor_main`: both must go).
+    def left() -> list[str]:
+        found = []
+        for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+            with contextlib.suppress(OSError):
+                if str(out).encode() in cmdline.read_bytes():
+                    found.append(cmdline.parent.name)
+        return found
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not left(), f"step processes left running: {left()}"
 
     cfg = TrackingConfig(tracking_uri=sqlite_uri(out), experiment=local_run.EXPERIMENT)
     runs = client(cfg).search_runs([experiment_id(cfg)])
