@@ -89,7 +89,6 @@ def run(
     """
     from kfp import local
 
-    from components._runtime import RUN_ID_ENV
     from vlp.tracking import sqlite_uri
 
     cfg = pipeline_config.load(pipeline_config_path)
@@ -110,7 +109,7 @@ def run(
         cache_root=str(run_dir / "kfp-cache"),
     )
     before = set(kfp_root.glob("*"))
-    os.environ[RUN_ID_ENV] = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    new_run_id()
     talk = talk or local_talk.Talk(verbose=verbose)
     with warnings.catch_warnings(), talk:
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
@@ -134,6 +133,15 @@ def run(
         "reports": copy_reports(outputs, run_dir / "reports"),
         "mlflow": mlflow_summary(sqlite_uri(run_dir)),
     }
+
+
+def new_run_id() -> str:
+    """A fresh ``$KFP_RUN_ID`` (``local-<time>-<hex>``) for the next kfp.local run, which its step subprocesses
+    inherit: what a cluster's pods read from their run-id label. Returns it."""
+    from components._runtime import RUN_ID_ENV
+
+    os.environ[RUN_ID_ENV] = f"local-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    return os.environ[RUN_ID_ENV]
 
 
 def code_digest(step_config: str) -> str:

@@ -14,9 +14,10 @@ from kfp import local
 from kfp.dsl import Dataset, Model
 
 from components import training
+from components._runtime import RUN_ID_ENV
 from pipelines import reevaluate
 from pipelines.config import CONFIG_DIR, load
-from pipelines.local_run import list_outputs
+from pipelines.local_run import list_outputs, new_run_id
 from vlp import tracking
 
 REPO = CONFIG_DIR.parents[1]
@@ -26,6 +27,7 @@ TINY = str(REPO / "configs" / "tiny.yaml")
 @pytest.fixture(autouse=True)
 def repo_on_path(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")])))
+    monkeypatch.setenv(RUN_ID_ENV, "")  # restored after the test; run_dag sets a fresh one per run
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +52,7 @@ def registry(tiny_world: dict[str, str], tmp_path_factory: pytest.TempPathFactor
 def run_dag(registry: dict[str, Any], **arguments: Any) -> dict[str, dict[str, str]]:
     root = registry["root"] / "kfp"
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
+    new_run_id()  # as pipelines.local_run does: the steps nest their MLflow runs under this run's parent
     before = set(root.glob("*")) if root.exists() else set()
     reevaluate.build(load(CONFIG_DIR / "local.yaml"))(
         test_dataset=registry["dataset"], test_frames=registry["frames"], config=TINY,

@@ -343,7 +343,7 @@ def test_a_step_with_launch_settings_runs_as_a_trainjob(
     state["script"] = [RUNNING, RUNNING]
     threading.Timer(0.5, lambda: state["script"].append(nodes_finish({"conditions": [condition("Complete")]}))).start()
     launch = {"num_nodes": 2, "image": "img", "poll_s": 0.05}
-    step = Step("pretrain", str(TINY), ["pretrain.max_steps=2"], "run-1", nproc=1, launch=launch)
+    step = Step("pretrain", str(TINY), ["pretrain.max_steps=2"], nproc=1, launch=launch)
     cli = ["pretrain", "--model", "alpro", "--dataset", f"{s3_bucket}/ds", "--frames", f"{s3_bucket}/fr", "--out", out]
     summary = step.run(lambda cfg: pytest.fail("the launching pod must not train"), cli, out)
     assert summary == {"step": "pretrain", "steps": 2}
@@ -353,7 +353,7 @@ def test_a_step_with_launch_settings_runs_as_a_trainjob(
     assert trainer["env"][0]["value"] == TINY.read_text(encoding="utf-8")
     assert created["metadata"]["name"] == trainjob.job_name("pretrain", "run-pod-7")
     assert created["metadata"]["ownerReferences"][0]["uid"] == "uid-7"
-    local = Step("pretrain", str(TINY), [], "run-1", launch=launch)
+    local = Step("pretrain", str(TINY), [], launch=launch)
     with pytest.raises(ValueError, match="data_root run parameter"):
         local.run(lambda cfg: {}, ["pretrain", "--dataset", "/tmp/ds", "--out", out], out)
     assert len([r for r in state["requests"] if r[0] == "POST"]) == 1
@@ -371,7 +371,7 @@ def test_a_config_carrying_a_secret_never_reaches_a_trainjob(
     monkeypatch.setenv("KFP_POD_NAME", "run-pod-8")
     config = TINY.read_text(encoding="utf-8") + "storage:\n  secret_access_key: SENTINEL-s3cr3t\n"
     with pytest.raises(ValueError, match="credentials in the step config") as refused:
-        Step("pretrain", config, [], "run-1", launch={"num_nodes": 2, "image": "img", "poll_s": 0.05})
+        Step("pretrain", config, [], launch={"num_nodes": 2, "image": "img", "poll_s": 0.05})
     assert "SENTINEL" not in str(refused.value)
     assert not state["requests"]
 
