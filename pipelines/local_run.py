@@ -352,8 +352,9 @@ def print_result(result: dict[str, Any], seconds: float) -> None:
         print(json.dumps(tracked, indent=2, sort_keys=True))
     cached = [task for task, kind, _ in result["tasks"] if kind == "cached"]
     ran = [task for task, kind, _ in result["tasks"] if kind == "done"]
-    print(f"\nlocal pipeline run finished in {seconds:.0f} s: {len(ran)} task(s) ran, {len(cached)} reused from "
-          "KFP's cache" + (f" ({', '.join(cached)})" if cached else "") + " (CACHE=0 / --no-cache runs them all)")  # fmt: skip
+    reused = f"{len(cached)} reused from KFP's cache" + (f" ({', '.join(cached)})" if cached else "")
+    print(f"\nlocal pipeline run finished in {seconds:.0f} s: {len(ran)} task(s) ran, {reused} "
+          "(CACHE=0 / --no-cache runs them all)")  # fmt: skip
 
 
 if __name__ == "__main__":
