@@ -37,9 +37,9 @@ browser: ## Debian's chromium for the browser test (apt; root or sudo)
 	@if [ -x /usr/bin/chromium ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ]; then sudo=; elif command -v sudo >/dev/null; then sudo=sudo; else \
 	  echo "make browser: /usr/bin/chromium is missing and this is neither root nor has sudo;" \
-	       "as root run: apt-get install -y --no-install-recommends chromium" >&2; exit 1; fi; \
+	       "as root run: apt-get install -y chromium" >&2; exit 1; fi; \
 	echo "make browser: installing Debian's chromium (tests/test_mlflow_ui.py drives it)"; \
-	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium
+	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
 test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test
 	$(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py
