@@ -234,7 +234,7 @@ def pipeline_run(
 ) -> str:
     """The parent run of KFP run ``kfp_run_id``: found by its tag, or created (tagged with ``tags``)."""
     if not kfp_run_id:
-        raise ValueError("kfp_run_id is empty: pass the pipeline job id (dsl.PIPELINE_JOB_ID_PLACEHOLDER)")
+        raise ValueError("kfp_run_id is empty: pass the KFP run id (a step reads it from $KFP_RUN_ID)")
     found = find_pipeline_run(cfg, kfp_run_id)
     if found:
         return found
