@@ -24,7 +24,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
 
-# faults(method, path) -> None (forward), "503" (answer 503 SlowDown) or "reset" (drop the connection)
+# faults(method, path) -> None (forward), "503" (answer 503 SlowDown), "reset" (drop the connection) or "truncate"
+# (forward, then send the headers and only half the body before closing: a transfer cut off mid-way)
 Fault = Callable[[str, str], str | None]
 
 
@@ -75,6 +76,12 @@ class FaultyProxy:
                         self.send_header(key, value)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
+                if fault == "truncate":
+                    self.wfile.write(data[: len(data) // 2])
+                    self.wfile.flush()
+                    self.connection.close()
+                    self.close_connection = True
+                    return
                 if self.command != "HEAD":
                     self.wfile.write(data)
 

@@ -169,3 +169,101 @@ def test_a_missing_bucket_is_a_storage_error_not_a_botocore_traceback(s3_config)
     for call in (storage.exists, storage.list_files, storage.delete):
         with pytest.raises(storage.StorageError, match="no-such-bucket-vlp"):
             call("s3://no-such-bucket-vlp/some/prefix")
+
+
+# --------------------------------------------------------------------------- ranged reads
+
+
+def _row_group_file(uri: str, groups: int = 8, rows: int = 4, payload: int = 5000) -> list[bytes]:
+    """A Parquet file with one row group per ``rows`` rows of ``payload``-byte random blobs; returns the blobs."""
+    import pyarrow.parquet as pq
+
+    blobs = [os.urandom(payload) for _ in range(groups * rows)]
+    table = pa.table({"n": list(range(len(blobs))), "blob": pa.array(blobs, pa.binary())})
+    table = table.replace_schema_metadata({b"vlp": b'{"k": 1}'})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=rows, compression="none")
+    storage.write_bytes(uri, sink.getvalue().to_pybytes())
+    return blobs
+
+
+def test_read_range_and_tail(root):
+    uri = storage.join(root, "r.bin")
+    data = bytes(range(256)) * 40
+    storage.write_bytes(uri, data)
+    storage.reset_read_stats()
+    assert storage.read_range(uri, 100, 50) == data[100:150]
+    assert storage.read_range(uri, len(data) - 5, 50) == data[-5:]  # short at the end of the file
+    assert storage.read_range(uri, 7, 0) == b""
+    assert storage.read_tail(uri, 10) == (data[-10:], len(data))
+    assert storage.read_tail(uri, 10**6) == (data, len(data))
+    stats = storage.read_stats()
+    assert (stats.requests, stats.bytes) == (4, 50 + 5 + 10 + len(data))
+    with pytest.raises(FileNotFoundError):
+        storage.read_range(storage.join(root, "missing.bin"), 0, 1)
+    with pytest.raises(ValueError):
+        storage.read_range(uri, -1, 1)
+
+
+def test_parquet_footer_and_row_groups_read_only_what_they_need(root):
+    uri = storage.join(root, "t.parquet")
+    blobs = _row_group_file(uri)
+    total = storage.size(uri)
+    storage.reset_read_stats()
+    assert storage.read_parquet_metadata(uri) == {b"vlp": b'{"k": 1}'}
+    footer = storage.parquet_footer(uri)
+    meta_cost = storage.read_stats()
+    assert footer.size == total and footer.metadata.num_row_groups == 8
+    assert meta_cost.requests == 2 and meta_cost.bytes == 2 * 64 * 1024  # the last 64 KiB, twice
+    storage.reset_read_stats()
+    exact = storage.parquet_footer(uri, tail=footer.metadata.serialized_size + 8)  # the size an index records
+    assert storage.read_stats() == storage.ReadStats(bytes=footer.metadata.serialized_size + 8, requests=1)
+    assert exact.metadata.num_row_groups == 8 and exact.size == total
+    storage.reset_read_stats()
+    got = storage.read_row_groups(uri, [5], ["blob"], footer=footer)
+    assert got["blob"].to_pylist() == blobs[20:24]
+    cost = storage.read_stats()
+    assert cost.requests == 1  # the row group's column chunk in one ranged read
+    assert 4 * 5000 <= cost.bytes <= 4 * 5000 * 1.05  # about the rows' own bytes
+    assert storage.read_row_groups(uri, [0, 7])["n"].to_pylist() == [0, 1, 2, 3, 28, 29, 30, 31]
+
+
+def test_parquet_footer_larger_than_the_first_read(root):
+    """A footer over 64 KiB (many row groups) takes a second ranged read, and parses."""
+    import pyarrow.parquet as pq
+
+    uri = storage.join(root, "many.parquet")
+    table = pa.table({f"c{i}": list(range(3000)) for i in range(4)})
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, row_group_size=10)
+    storage.write_bytes(uri, sink.getvalue().to_pybytes())
+    footer = storage.parquet_footer(uri)
+    assert footer.metadata.num_row_groups == 300 and footer.metadata.serialized_size > 64 * 1024
+    assert storage.read_row_groups(uri, [299], footer=footer)["c3"].to_pylist() == list(range(2990, 3000))
+
+
+def test_parquet_footer_of_what_is_not_parquet(root):
+    uri = storage.join(root, "not.parquet")
+    storage.write_bytes(uri, b"just some bytes, no footer here")
+    with pytest.raises(storage.StorageError, match="not a Parquet file"):
+        storage.parquet_footer(uri)
+
+
+def test_ranged_read_cut_off_mid_transfer_is_fetched_again(s3_bucket, s3_config):
+    """A body cut off after its headers (the connection closed half-way) is fetched again; when it keeps being
+    cut off the error names the object and the range."""
+    from faulty_servers import FaultyProxy, fail_first
+
+    uri = s3_bucket + "/cut.bin"
+    data = os.urandom(200_000)
+    storage.write_bytes(uri, data)
+    try:
+        with FaultyProxy(s3_config.endpoint_url, fail_first(2, "truncate", "cut.bin")) as url:
+            storage.configure(storage.StorageConfig(**{**s3_config.__dict__, "endpoint_url": url}))
+            assert storage.read_range(uri, 1000, 150_000) == data[1000:151_000]
+        with FaultyProxy(s3_config.endpoint_url, fail_first(10**6, "truncate", "cut.bin")) as url:
+            storage.configure(storage.StorageConfig(**{**s3_config.__dict__, "endpoint_url": url}))
+            with pytest.raises(storage.StorageError, match=r"cut\.bin \(bytes=1000-150999\)"):
+                storage.read_range(uri, 1000, 150_000)
+    finally:
+        storage.configure(s3_config)

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -228,6 +228,140 @@ def read_text(uri: str | os.PathLike[str], encoding: str = "utf-8") -> str:
     return read_bytes(uri).decode(encoding)
 
 
+@dataclass
+class ReadStats:
+    """Bytes and requests this process has read through :func:`read_bytes`, :func:`read_range`,
+    :func:`read_tail` and :class:`RangedFile` (local files and objects alike): what a benchmark divides by."""
+
+    bytes: int = 0
+    requests: int = 0
+
+
+_read_stats = ReadStats()
+
+
+def read_stats() -> ReadStats:
+    """A copy of this process's read counters."""
+    return ReadStats(_read_stats.bytes, _read_stats.requests)
+
+
+def reset_read_stats() -> None:
+    _read_stats.bytes = _read_stats.requests = 0
+
+
+def _counted(data: bytes) -> bytes:
+    _read_stats.bytes += len(data)
+    _read_stats.requests += 1
+    return data
+
+
+def read_range(uri: str | os.PathLike[str], start: int, length: int) -> bytes:
+    """``length`` bytes of ``uri`` from byte ``start`` (fewer at the end of the file): one ranged GET on S3.
+
+    A body cut off mid-transfer is fetched again (up to ``max_attempts`` tries, as the requests themselves are);
+    then :class:`StorageError` names the object and the range.
+    """
+    uri = str(uri)
+    if start < 0 or length < 0:
+        raise ValueError(f"read_range({uri!r}, {start}, {length}): start and length must be >= 0")
+    if length == 0:
+        return b""
+    if not is_s3(uri):
+        try:
+            with open(uri, "rb") as fh:
+                fh.seek(start)
+                return _counted(fh.read(length))
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"no such file: {uri}") from exc
+    return _counted(_get_range(uri, f"bytes={start}-{start + length - 1}")[0])
+
+
+def read_tail(uri: str | os.PathLike[str], length: int) -> tuple[bytes, int]:
+    """``(the last length bytes of uri (all of it when shorter), its size)``: one suffix-ranged GET on S3."""
+    uri = str(uri)
+    if length < 1:
+        raise ValueError(f"read_tail({uri!r}, {length}): length must be >= 1")
+    if not is_s3(uri):
+        try:
+            with open(uri, "rb") as fh:
+                total = fh.seek(0, os.SEEK_END)
+                fh.seek(max(0, total - length))
+                return _counted(fh.read()), total
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"no such file: {uri}") from exc
+    data, total = _get_range(uri, f"bytes=-{length}")
+    return _counted(data), total
+
+
+def _get_range(uri: str, byte_range: str) -> tuple[bytes, int]:
+    """``(body, object size)`` of one ranged GET, retried when the body is cut off mid-transfer."""
+    bucket, key = split_s3(uri)
+    attempts = max(1, _config.max_attempts)
+    for attempt in range(1, attempts + 1):
+        try:
+            resp = client().get_object(Bucket=bucket, Key=key, Range=byte_range)
+            body = resp["Body"].read()
+        except Exception as exc:
+            if _is_missing(exc):
+                raise FileNotFoundError(f"no such object: {uri}") from exc
+            if attempt < attempts and _is_cut_off(exc):
+                continue
+            raise StorageError(f"cannot read {uri} ({byte_range}): {exc}") from exc
+        expected = int(resp.get("ContentLength", len(body)))
+        if len(body) != expected:  # a short body without an error: count it as cut off
+            if attempt < attempts:
+                continue
+            raise StorageError(f"cannot read {uri} ({byte_range}): got {len(body)} of {expected} bytes")
+        content_range = str(resp.get("ContentRange", ""))  # "bytes 0-9/1234"; absent when the range covers all
+        total = int(content_range.rpartition("/")[2]) if "/" in content_range else len(body)
+        return body, total
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _is_cut_off(exc: Exception) -> bool:
+    """A transfer that broke after the response started (botocore retries only errors before it)."""
+    names = {type(e).__name__ for e in (exc, exc.__cause__, exc.__context__) if e is not None}
+    return bool(names & {"IncompleteReadError", "ReadTimeoutError", "ResponseStreamingError", "ProtocolError",
+                         "ConnectionClosedError", "IncompleteRead", "ConnectionResetError"})  # fmt: skip
+
+
+class RangedFile(io.RawIOBase):
+    """A read-only, seekable file over ``uri`` whose reads are ranged reads (:func:`read_range`), for readers
+    that seek (pyarrow's Parquet reader): only the bytes asked for are fetched. ``size`` saves a HEAD request."""
+
+    def __init__(self, uri: str | os.PathLike[str], size: int | None = None) -> None:
+        super().__init__()
+        self.uri = str(uri)
+        self._size = globals()["size"](self.uri) if size is None else int(size)
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        if base + offset < 0:
+            raise ValueError(f"negative seek position in {self.uri}")
+        self._pos = base + offset
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        view = memoryview(buffer).cast("B")
+        n = max(0, min(len(view), self._size - self._pos))
+        if n:
+            data = read_range(self.uri, self._pos, n)
+            view[: len(data)] = data
+            n = len(data)
+            self._pos += n
+        return n
+
+
 def write_bytes(uri: str | os.PathLike[str], data: bytes) -> None:
     """Write ``data`` to ``uri`` atomically (parent directories are created)."""
     uri = str(uri)
@@ -376,10 +510,64 @@ def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) 
 
 
 def read_parquet_metadata(uri: str | os.PathLike[str]) -> dict[bytes, bytes]:
-    """The key-value metadata of a Parquet file's schema."""
+    """The key-value metadata of a Parquet file's schema, read from its footer alone (:func:`parquet_footer`)."""
+    return dict(parquet_footer(uri).metadata.schema.to_arrow_schema().metadata or {})
+
+
+class ParquetFooter(NamedTuple):
+    """A Parquet file's parsed footer and the file's size (what :func:`read_row_groups` needs to seek in it)."""
+
+    metadata: pq.FileMetaData
+    size: int
+
+
+_FOOTER_GUESS = 64 * 1024  # bytes read from the end at first: most footers fit, so one request does
+
+
+def parquet_footer(uri: str | os.PathLike[str], tail: int = _FOOTER_GUESS) -> ParquetFooter:
+    """A Parquet file's footer (schema, row groups, key-value metadata) without reading its data: one read of the
+    file's last ``tail`` bytes (64 KiB), and a second only when the footer is larger. A caller that knows the
+    footer's size (``metadata.serialized_size + 8``, e.g. from an index) passes it as ``tail`` and reads exactly it.
+
+    Raises:
+        StorageError: ``uri`` is not a Parquet file (no ``PAR1`` at its end, or a footer that does not parse).
+    """
     uri = str(uri)
-    source: Any = uri if not is_s3(uri) else io.BytesIO(read_bytes(uri))
-    return dict(pq.read_schema(source).metadata or {})
+    data, total = read_tail(uri, max(12, tail))
+    if total < 12 or data[-4:] != b"PAR1":
+        raise StorageError(f"{uri} is not a Parquet file (it does not end with PAR1)")
+    footer_len = int.from_bytes(data[-8:-4], "little")
+    if footer_len + 8 > total - 4:
+        raise StorageError(f"{uri}: its footer claims {footer_len} bytes of a {total}-byte file")
+    if footer_len + 8 > len(data):
+        data = read_range(uri, total - footer_len - 8, footer_len + 8)
+    footer = data[len(data) - footer_len - 8 :]
+    try:  # pyarrow parses a footer from any buffer that starts and ends like a Parquet file
+        return ParquetFooter(pq.read_metadata(io.BytesIO(b"PAR1" + footer)), total)
+    except (pa.ArrowException, OSError) as exc:
+        raise StorageError(f"{uri}: cannot parse its Parquet footer: {exc}") from exc
+
+
+def read_row_groups(
+    uri: str | os.PathLike[str],
+    row_groups: list[int],
+    columns: list[str] | None = None,
+    footer: ParquetFooter | None = None,
+) -> pa.Table:
+    """Rows of ``row_groups`` of Parquet file ``uri``. With its ``footer`` given (:func:`parquet_footer`), only the
+    column chunks asked for are read - one ranged read per run of adjacent chunks - and nothing else."""
+    uri = str(uri)
+    footer = footer if footer is not None else parquet_footer(uri)
+    try:
+        with (
+            RangedFile(uri, size=footer.size) as raw,
+            pq.ParquetFile(raw, metadata=footer.metadata, pre_buffer=True) as pf,
+        ):
+            return pf.read_row_groups(row_groups, columns=columns)
+    except (FileNotFoundError, StorageError):
+        raise
+    except (pa.ArrowException, OSError, IndexError) as exc:
+        raise StorageError(f"cannot read row groups {row_groups[:5]} of {uri}: {exc}") from exc
 
 
 def write_parquet(uri: str | os.PathLike[str], table: pa.Table, **kwargs: Any) -> None:
