@@ -22,6 +22,7 @@ from vlp.data import manifest, video
 from vlp.data.frames import (
     FRAME_SCHEMA,
     INDEX_SCHEMA,
+    CorruptClipError,
     FramesConfig,
     FrameStore,
     encode_frame,
@@ -247,6 +248,116 @@ def test_s3_in_and_out_with_rerun_byte_identical(s3_bucket, tmp_path):
     assert manifest.read(out, manifest.REJECTS, manifest.REJECT_SCHEMA).column("record_id").to_pylist() == [
         "s3_missing"
     ]
+
+
+def _clip_bytes(shard: str, group: int) -> int:
+    """Bytes of one row group's column chunks in a shard: what reading that clip alone must cost."""
+    meta = storage.parquet_footer(shard).metadata.row_group(group)
+    return sum(meta.column(i).total_compressed_size for i in range(meta.num_columns))
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_clip_read_costs_its_own_bytes(dataset, tmp_path, where, request):
+    """One row group per clip: a clip is one ranged read of about its own bytes, after its shard's footer, which
+    is read once (its exact size comes from the index) and then cached for the shard's other clips."""
+    out = str(tmp_path / "frames") if where == "local" else request.getfixturevalue("s3_bucket") + "/frames"
+    extract(dataset, out, FramesConfig(num_frames=4, videos_per_shard=4, **TINY))
+    (shard,) = storage.list_files(storage.join(out, "shards"))
+    footer = storage.parquet_footer(shard)
+    assert footer.metadata.num_row_groups == 4  # a, b, c, d_img
+    index = storage.read_parquet(storage.join(out, "index.parquet"))
+    assert index["row_group"].to_pylist() == [0, 1, 2, 3]
+    assert set(index["footer_bytes"].to_pylist()) == {footer.metadata.serialized_size + 8}
+    store = FrameStore(out)
+    storage.reset_read_stats()
+    frames = store.load("c")
+    first = storage.read_stats()
+    assert frames.shape == (4, 32, 32, 3)
+    row_group = footer.metadata.row_group(2)
+    jpegs = row_group.column(FRAME_SCHEMA.get_field_index("jpeg")).total_compressed_size
+    clip = first.bytes - (footer.metadata.serialized_size + 8)
+    assert first.requests == 2  # the footer, then the clip
+    assert jpegs <= clip <= _clip_bytes(shard, 2) <= 1.2 * jpegs
+    storage.reset_read_stats()
+    store.load("a")
+    second = storage.read_stats()
+    assert second.requests == 1 and second.bytes <= _clip_bytes(shard, 0)  # the footer is cached
+
+
+def test_an_output_written_before_row_groups_per_clip_is_still_read(dataset, tmp_path):
+    """FORMAT_VERSION 1 (one row group for a whole shard, an index without row_group): read a shard at a time."""
+    import pyarrow.parquet as pq
+
+    out = str(tmp_path / "frames")
+    extract(dataset, out, FramesConfig(num_frames=4, **TINY))
+    expected = {v: FrameStore(out).load(v) for v in ("a", "b", "c", "d_img")}
+    (shard,) = storage.list_files(os.path.join(out, "shards"))
+    pq.write_table(storage.read_parquet(shard), shard)  # one row group, as vlp wrote before
+    index = storage.read_parquet(os.path.join(out, "index.parquet"))
+    pq.write_table(index.drop_columns(["row_group", "footer_bytes"]), os.path.join(out, "index.parquet"))
+    old = FrameStore(out)
+    assert old.info("b")["row_group"] == -1
+    for video_id, frames in expected.items():
+        assert np.array_equal(old.load(video_id), frames)
+
+
+def test_a_damaged_jpeg_names_the_clip_shard_and_slot(dataset, tmp_path):
+    out = str(tmp_path / "frames")
+    extract(dataset, out, FramesConfig(num_frames=4, **TINY))
+    store = FrameStore(out)
+    (shard,) = storage.list_files(os.path.join(out, "shards"))
+    victim = store.rows("a", ["jpeg"]).column("jpeg")[2].as_py()
+    data = Path(shard).read_bytes()
+    assert data.count(victim) == 1
+    Path(shard).write_bytes(data.replace(victim, b"\x00" * len(victim)))  # same size: the footer still holds
+    fresh = FrameStore(out)
+    assert fresh.load("a", [0, 1]).shape == (2, 32, 32, 3)  # the other frames still decode
+    with pytest.raises(CorruptClipError, match=r"video 'a' \(shards/shard-00000-\w+\.parquet, slot 2\)"):
+        fresh.load("a")
+
+
+def test_an_index_that_disagrees_with_its_shard_is_refused(dataset, tmp_path):
+    import pyarrow.parquet as pq
+
+    out = str(tmp_path / "frames")
+    extract(dataset, out, FramesConfig(num_frames=4, **TINY))
+    index = storage.read_parquet(os.path.join(out, "index.parquet"))
+    groups = index["row_group"].to_pylist()
+    swapped = index.set_column(index.schema.get_field_index("row_group"), "row_group",
+                               pa.array([groups[1], groups[0], *groups[2:]], pa.int32()))  # fmt: skip
+    pq.write_table(swapped, os.path.join(out, "index.parquet"))
+    with pytest.raises(CorruptClipError, match="the index and the shard disagree"):
+        FrameStore(out).load("a")
+
+
+def test_the_index_of_two_and_a_half_million_clips_is_a_few_arrays(tmp_path):
+    """WebVid-2.5M's index: no Python object per clip; memory per clip stated by bytes_per_clip and bounded."""
+    import pyarrow.parquet as pq
+
+    n = 2_500_000
+    ids = pa.array(np.char.add("webvid_", np.arange(n).astype("U8")).tolist())
+    shards = pa.array([f"shards/shard-{i:05d}-0123abcd.parquet" for i in range(n // 64 + 1)])
+    index = pa.table(
+        {
+            "video_id": ids,
+            "shard": pa.DictionaryArray.from_arrays(pa.array(np.arange(n) // 64, pa.int32()), shards),
+            "num_stored": pa.array(np.full(n, 16), pa.int64()),
+            "num_frames": pa.array(np.full(n, 300), pa.int64()),
+            "fps": pa.array(np.full(n, 30.0)),
+            "row_group": pa.array(np.arange(n) % 64, pa.int32()),
+            "footer_bytes": pa.array(np.full(n, 30_000), pa.int32()),
+        }
+    )
+    os.makedirs(tmp_path / "frames")
+    pq.write_table(index.cast(INDEX_SCHEMA), tmp_path / "frames/index.parquet")
+    store = FrameStore(str(tmp_path / "frames"))
+    assert len(store) == n
+    assert store.bytes_per_clip <= 48  # 15-byte ids + 32 bytes of counts and codes + the shard names
+    info = store.info("webvid_1234567")
+    assert info["shard"] == "shards/shard-19290-0123abcd.parquet" and info["row_group"] == 7
+    found = store.positions(["webvid_0", "nope", "webvid_2499999"])
+    assert found[1] == -1 and min(found[0], found[2]) >= 0 and "webvid_2499999" in store and "webvid_x" not in store
+    assert store.shard_of(["webvid_63", "webvid_64"]).tolist() == [0, 1]
 
 
 def test_step_writes_a_summary(dataset, tmp_path):

@@ -267,3 +267,18 @@ def test_ranged_read_cut_off_mid_transfer_is_fetched_again(s3_bucket, s3_config)
                 storage.read_range(uri, 1000, 150_000)
     finally:
         storage.configure(s3_config)
+
+
+def test_read_parquet_columns_on_s3_fetches_only_those_columns(s3_bucket):
+    """check_inputs reads the ids and splits of a captions table: on S3 the text column is never fetched."""
+    uri = s3_bucket + "/captions.parquet"
+    texts = [os.urandom(2000).hex() for _ in range(1000)]
+    table = pa.table({"video_id": [f"v{i}" for i in range(1000)], "split": ["train"] * 1000, "caption": texts})
+    storage.write_parquet(uri, table.replace_schema_metadata({b"k": b"v"}))
+    storage.reset_read_stats()
+    got = storage.read_parquet(uri, columns=["video_id", "split"])
+    assert got.column_names == ["video_id", "split"] and got["video_id"].to_pylist() == table["video_id"].to_pylist()
+    assert got.schema.metadata == {b"k": b"v"}
+    assert storage.read_stats().bytes < storage.size(uri) / 20  # the footer's 64 KiB and two small columns
+    with pytest.raises(pa.ArrowInvalid, match="no column"):
+        storage.read_parquet(uri, columns=["video_id", "nope"])

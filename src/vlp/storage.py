@@ -501,12 +501,22 @@ def local_copy(uri: str | os.PathLike[str], suffix: str = "") -> Iterator[str]:
 
 
 def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) -> pa.Table:
+    """A Parquet file as a table (its ``columns`` only: on S3 just their column chunks are fetched, after the
+    footer, so the other columns' bytes are never read). A missing column raises ``pyarrow.ArrowInvalid``."""
     uri = str(uri)
     if not is_s3(uri):
         if not os.path.exists(uri):
             raise FileNotFoundError(f"no such file: {uri}")
         return pq.read_table(uri, columns=columns)
-    return pq.read_table(io.BytesIO(read_bytes(uri)), columns=columns)
+    if columns is None:
+        return pq.read_table(io.BytesIO(read_bytes(uri)))
+    footer = parquet_footer(uri)
+    names = footer.metadata.schema.to_arrow_schema().names
+    missing = [c for c in columns if c not in names]
+    if missing:
+        raise pa.ArrowInvalid(f"{uri}: no column(s) {missing}; it has {names}")
+    table = read_row_groups(uri, list(range(footer.metadata.num_row_groups)), columns, footer)
+    return table.replace_schema_metadata(footer.metadata.schema.to_arrow_schema().metadata)
 
 
 def read_parquet_metadata(uri: str | os.PathLike[str]) -> dict[bytes, bytes]:
@@ -521,10 +531,10 @@ class ParquetFooter(NamedTuple):
     size: int
 
 
-_FOOTER_GUESS = 64 * 1024  # bytes read from the end at first: most footers fit, so one request does
+FOOTER_GUESS = 64 * 1024  # bytes read from the end at first: most footers fit, so one request does
 
 
-def parquet_footer(uri: str | os.PathLike[str], tail: int = _FOOTER_GUESS) -> ParquetFooter:
+def parquet_footer(uri: str | os.PathLike[str], tail: int = FOOTER_GUESS) -> ParquetFooter:
     """A Parquet file's footer (schema, row groups, key-value metadata) without reading its data: one read of the
     file's last ``tail`` bytes (64 KiB), and a second only when the footer is larger. A caller that knows the
     footer's size (``metadata.serialized_size + 8``, e.g. from an index) passes it as ``tail`` and reads exactly it.

@@ -85,7 +85,7 @@ log = logging.getLogger(__name__)
 SHARDS_DIR = "shards"
 INDEX = "index.parquet"
 PART = "part.json"  # what one fan-out part wrote (extract_part), read by merge_parts
-FORMAT_VERSION = 1  # bump when the bytes written for the same inputs and settings change
+FORMAT_VERSION = 2  # bump when the bytes written for the same inputs and settings change (2: a row group per clip)
 _META_KEY = b"vlp.frames"
 _KEEP_PACKETS_BYTES = 256 * 1024 * 1024  # read_sparse holds the packets of files up to this size in memory
 _SHARD_RE = re.compile(r"^shard-\d{5,}-[0-9a-f]{8}\.parquet$")
@@ -109,8 +109,14 @@ INDEX_SCHEMA = pa.schema(
         pa.field("num_stored", pa.int64(), nullable=False),  # frames stored for the video
         pa.field("num_frames", pa.int64(), nullable=False),  # frames in the source clip (1 for stills)
         pa.field("fps", pa.float64(), nullable=False),  # source frame rate (0.0 for stills)
+        pa.field("row_group", pa.int32(), nullable=False),  # the video's row group in its shard
+        pa.field("footer_bytes", pa.int32(), nullable=False),  # the shard's footer + 8: what reading it costs
     ]
 )
+# An index written before row groups per clip (FORMAT_VERSION 1) lacks the last two columns; FrameStore reads its
+# shards whole instead. Re-running extract-frames on such an output rewrites it in the current format.
+_INDEX_V1_COLUMNS = ("video_id", "shard", "num_stored", "num_frames", "fps")
+_V1_SCHEMA = pa.schema([INDEX_SCHEMA.field(name) for name in _INDEX_V1_COLUMNS])
 
 
 @dataclass
@@ -402,30 +408,32 @@ def _write_in_order(
 
 
 def _write_shard(out: str, plan: _ShardPlan, results: list[_VideoResult], cfg: FramesConfig) -> dict[str, Any]:
-    """Write one shard (frames + metadata) atomically; return its metadata."""
-    columns: dict[str, list[Any]] = {name: [] for name in FRAME_SCHEMA.names}
-    videos, rejects = [], []
+    """Write one shard atomically, one row group per video (a reader fetches a clip's bytes alone, see
+    :class:`FrameStore`), with the metadata in its footer; return the metadata and ``footer_bytes``."""
+    import pyarrow.parquet as pq
+
+    videos, rejects, tables = [], [], []
     for task, res in zip(plan.tasks, results, strict=True):
         if res.reject:
             rejects.append({"video_id": task.video_id, "path": task.uri, "reason": res.reject})
             continue
         counts = {"video_id": task.video_id, "num_stored": len(res.rows), "num_frames": task.num_frames}
-        videos.append({**counts, "fps": task.fps})
-        for row in res.rows:
-            for name, value in zip(FRAME_SCHEMA.names, (task.video_id, *row), strict=True):
-                columns[name].append(value)
+        videos.append({**counts, "fps": task.fps, "row_group": len(tables)})
+        columns = [[task.video_id] * len(res.rows), *zip(*res.rows, strict=True)]
+        tables.append(pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, FRAME_SCHEMA, strict=True)],
+                                           schema=FRAME_SCHEMA))  # fmt: skip
     meta = {"settings": _settings(cfg), "videos": videos, "rejects": rejects}
-    table = pa.Table.from_pydict(columns, schema=FRAME_SCHEMA)
-    table = table.replace_schema_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    schema = FRAME_SCHEMA.with_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
+    sink = pa.BufferOutputStream()
     compression = {name: "zstd" for name in FRAME_SCHEMA.names} | {"jpeg": "none"}  # JPEG does not compress
-    storage.write_parquet(
-        storage.join(out, plan.name),
-        table,
-        compression=compression,
-        use_dictionary=["video_id"],
-        write_statistics=["video_id", "slot", "frame_index"],
-    )
-    return meta
+    with pq.ParquetWriter(
+        sink, schema, compression=compression, use_dictionary=["video_id"], write_statistics=["video_id"]
+    ) as writer:
+        for table in tables:
+            writer.write_table(table.replace_schema_metadata(schema.metadata), row_group_size=table.num_rows)
+    data = sink.getvalue().to_pybytes()
+    storage.write_bytes(storage.join(out, plan.name), data)
+    return {**meta, "footer_bytes": int.from_bytes(data[-8:-4], "little") + 8}
 
 
 # --------------------------------------------------------------------------- index
@@ -436,7 +444,7 @@ def _collect(plans: list[_ShardPlan], out: str, written: dict[str, dict[str, Any
     index_rows, reject_rows = [], []
     for plan in plans:
         meta = written.get(plan.name) or _read_shard_meta(storage.join(out, plan.name))
-        index_rows += [{**v, "shard": plan.name} for v in meta["videos"]]
+        index_rows += [{**v, "shard": plan.name, "footer_bytes": meta["footer_bytes"]} for v in meta["videos"]]
         reject_rows += [
             {"stage": "extract_frames", "kind": "video", "record_id": r["video_id"], "path": r["path"],
              "reason": r["reason"]}
@@ -446,10 +454,12 @@ def _collect(plans: list[_ShardPlan], out: str, written: dict[str, dict[str, Any
 
 
 def _read_shard_meta(uri: str) -> dict[str, Any]:
-    raw = storage.read_parquet_metadata(uri).get(_META_KEY)
+    """A shard's ``vlp.frames`` metadata (from its footer alone) and ``footer_bytes``, what reading that costs."""
+    footer = storage.parquet_footer(uri)
+    raw = (footer.metadata.schema.to_arrow_schema().metadata or {}).get(_META_KEY)
     if raw is None:
         raise manifest.ManifestError(f"{uri} has no {_META_KEY.decode()} metadata: not written by extract-frames?")
-    return json.loads(raw)
+    return {**json.loads(raw), "footer_bytes": footer.metadata.serialized_size + 8}
 
 
 def _is_shard_name(name: str) -> bool:
@@ -645,72 +655,193 @@ def _decode_planned(
 # --------------------------------------------------------------------------- reading the frames back
 
 
+class CorruptClipError(ValueError):
+    """A stored clip that cannot be decoded (a damaged JPEG, or a row group that is not the clip's)."""
+
+
 class FrameStore:
     """Read access to an extract-frames output for training code.
 
     ``FrameStore(out).load(video_id)`` -> ``(k, H, W, 3)`` uint8 RGB, frames in temporal order.
-    Shard tables are cached (the ``cache_shards`` most recently used), so reading the videos of a
-    shard one after another downloads the shard once.
+
+    What a clip costs: shards hold one row group per clip (``FORMAT_VERSION`` 2), so a clip is one ranged read of
+    its row group's column chunks (the frames' JPEG bytes plus about a hundred bytes), after the shard's footer
+    (about 430 bytes per clip of the shard; its exact size is in the index, so it too is one read). Footers are
+    cached (the ``cache_footers`` most recently used shards): reading the clips of a shard one after another reads
+    its footer once. An output written before row groups per clip (its index lacks ``row_group``) is read a whole
+    shard at a time into a cache of ``cache_shards`` shards, as vlp did then; re-running ``extract-frames`` on it
+    rewrites it in the current format.
+
+    The index is held as NumPy arrays (no Python object per clip): the sorted ids as fixed-width bytes, the shard
+    as a code into the list of shard names, and the counts; ``bytes_per_clip`` says what that costs. Forked
+    loader workers share those pages instead of copying them.
     """
 
-    def __init__(self, out: str, cache_shards: int = 2) -> None:
+    def __init__(self, out: str, cache_shards: int = 2, cache_footers: int = 256) -> None:
         self.out = out
         uri = storage.join(out, INDEX)
         if not storage.exists(uri):
             raise FileNotFoundError(f"{uri} does not exist: run `vlp extract-frames --out {out}` first")
-        index = manifest.check_schema(storage.read_parquet(uri), INDEX_SCHEMA, uri)
-        self._index = {row["video_id"]: row for row in index.to_pylist()}
-        bad = next((r["shard"] for r in self._index.values() if not _is_shard_name(r["shard"])), None)
+        table = storage.read_parquet(uri)
+        missing = [c for c in _INDEX_V1_COLUMNS if c not in table.column_names]
+        if missing:
+            raise manifest.ManifestError(f"{uri}: missing column(s) {missing}; has {table.column_names}")
+        self._load_index(uri, table)
+        self._footers: collections.OrderedDict[str, storage.ParquetFooter] = collections.OrderedDict()
+        self._cache: collections.OrderedDict[str, tuple[pa.Table, dict[str, tuple[int, int]]]] = (
+            collections.OrderedDict()
+        )
+        self._cache_shards, self._cache_footers = max(1, cache_shards), max(1, cache_footers)
+
+    def _load_index(self, uri: str, table: pa.Table) -> None:
+        has_groups = "row_group" in table.column_names and "footer_bytes" in table.column_names
+        table = manifest.check_schema(table, INDEX_SCHEMA if has_groups else _V1_SCHEMA, uri)
+        ids = np.array([v.encode() for v in table.column("video_id").to_pylist()], dtype=bytes)
+        if len(ids) == 0:
+            ids = np.zeros(0, dtype="S1")
+        order = np.argsort(ids, kind="stable")
+        ids = ids[order]
+        if len(ids) > 1 and (ids[1:] == ids[:-1]).any():
+            dupe = ids[1:][ids[1:] == ids[:-1]][0].decode()
+            raise manifest.ManifestError(f"{uri}: video {dupe!r} is listed twice")
+        codes = table.column("shard").dictionary_encode().combine_chunks()
+        self._shard_names: list[str] = codes.dictionary.to_pylist()
+        bad = next((name for name in self._shard_names if not _is_shard_name(name)), None)
         if bad is not None:  # the index names files relative to `out`: only names extract-frames writes
             raise manifest.ManifestError(
                 f"{uri}: {bad!r} is not a shard name ({SHARDS_DIR}/shard-NNNNN-<hash>.parquet)"
             )
-        self._cache: collections.OrderedDict[str, tuple[pa.Table, dict[str, tuple[int, int]]]] = (
-            collections.OrderedDict()
-        )
-        self._cache_shards = max(1, cache_shards)
+
+        def column(name: str, dtype: Any) -> np.ndarray:
+            return table.column(name).to_numpy().astype(dtype, copy=False)[order]
+
+        self._ids = ids
+        self._shard = codes.indices.to_numpy().astype(np.int32)[order]
+        self._num_stored = column("num_stored", np.int32)
+        self._num_frames = column("num_frames", np.int64)
+        self._fps = column("fps", np.float64)
+        n = len(ids)
+        self._row_group = column("row_group", np.int32) if has_groups else np.full(n, -1, np.int32)
+        self._footer_bytes = column("footer_bytes", np.int32) if has_groups else np.zeros(n, np.int32)
+
+    @property
+    def bytes_per_clip(self) -> float:
+        """Memory the index takes per stored clip, in bytes (its arrays; the shard names are counted too)."""
+        arrays = (self._ids, self._shard, self._num_stored, self._num_frames, self._fps, self._row_group,
+                  self._footer_bytes)  # fmt: skip
+        names = sum(len(name) + 56 for name in self._shard_names)  # a Python str's header is about 56 bytes
+        return (sum(a.nbytes for a in arrays) + names) / max(1, len(self))
 
     def __len__(self) -> int:
-        return len(self._index)
+        return len(self._ids)
 
     def __contains__(self, video_id: object) -> bool:
-        return video_id in self._index
+        return isinstance(video_id, str) and self._find(video_id) >= 0
 
     @property
     def video_ids(self) -> list[str]:
-        """Ids of the stored videos, sorted."""
-        return sorted(self._index)
+        """Ids of the stored videos, sorted (by their UTF-8 bytes)."""
+        return [v.decode() for v in self._ids]
+
+    def positions(self, video_ids: Sequence[str]) -> np.ndarray:
+        """Each id's row in the store's sorted index (-1 where it has no frames): int64, one lookup for all."""
+        keys = np.array([v.encode() for v in video_ids], dtype=bytes) if len(video_ids) else np.zeros(0, "S1")
+        if len(self._ids) == 0:
+            return np.full(len(keys), -1, np.int64)
+        at = np.searchsorted(self._ids, keys).clip(0, len(self._ids) - 1)
+        return np.where(self._ids[at] == keys, at, -1).astype(np.int64)
+
+    def _find(self, video_id: str) -> int:
+        key = video_id.encode()
+        at = int(np.searchsorted(self._ids, key))
+        return at if at < len(self._ids) and self._ids[at] == key else -1
+
+    def _row(self, video_id: str) -> int:
+        row = self._find(video_id)
+        if row < 0:
+            raise KeyError(f"video {video_id!r} is not in {self.out}/{INDEX} (rejected, or not in the dataset)")
+        return row
 
     def info(self, video_id: str) -> dict[str, Any]:
-        """The index row of ``video_id``: shard, num_stored, num_frames, fps."""
-        try:
-            return dict(self._index[video_id])
-        except KeyError:
-            raise KeyError(
-                f"video {video_id!r} is not in {self.out}/{INDEX} (rejected, or not in the dataset)"
-            ) from None
+        """The index row of ``video_id``: shard, num_stored, num_frames, fps, row_group (-1: read the shard whole)."""
+        row = self._row(video_id)
+        return {
+            "video_id": video_id,
+            "shard": self._shard_names[self._shard[row]],
+            "num_stored": int(self._num_stored[row]),
+            "num_frames": int(self._num_frames[row]),
+            "fps": float(self._fps[row]),
+            "row_group": int(self._row_group[row]),
+        }
 
-    def rows(self, video_id: str) -> pa.Table:
-        """The :data:`FRAME_SCHEMA` rows of ``video_id``, ordered by slot."""
-        shard = self.info(video_id)["shard"]
-        table, spans = self._shard(shard)
-        start, length = spans[video_id]
-        return table.slice(start, length)
+    def num_stored(self, video_id: str) -> int:
+        """Frames stored for ``video_id``."""
+        return int(self._num_stored[self._row(video_id)])
+
+    def shard_of(self, video_ids: Sequence[str]) -> np.ndarray:
+        """The shard number (a code, equal for clips of one shard) of each of ``video_ids``: int64."""
+        rows = self.positions(video_ids)
+        if (rows < 0).any():
+            raise KeyError(f"video {video_ids[int(np.argmax(rows < 0))]!r} is not in {self.out}/{INDEX}")
+        return self._shard[rows].astype(np.int64)
+
+    def rows(self, video_id: str, columns: Sequence[str] | None = None) -> pa.Table:
+        """The :data:`FRAME_SCHEMA` rows of ``video_id`` (``columns`` of them), ordered by slot."""
+        row = self._row(video_id)
+        shard = self._shard_names[self._shard[row]]
+        group = int(self._row_group[row])
+        if group < 0:  # an output written before row groups per clip
+            table, spans = self._shard_table(shard)
+            start, length = spans[video_id]
+            rows = table.slice(start, length)
+            return rows if columns is None else rows.select(list(columns))
+        wanted = None if columns is None else list(dict.fromkeys(["video_id", *columns]))
+        uri = storage.join(self.out, shard)
+        rows = storage.read_row_groups(uri, [group], wanted, footer=self._footer(uri, int(self._footer_bytes[row])))
+        if rows.num_rows != self._num_stored[row] or set(rows.column("video_id").unique().to_pylist()) != {video_id}:
+            raise CorruptClipError(
+                f"{uri}: row group {group} does not hold the {self._num_stored[row]} frames of video {video_id!r} "
+                f"the index says it does (the index and the shard disagree: re-run extract-frames)"
+            )
+        return rows if columns is None else rows.select(list(columns))
 
     def load(self, video_id: str, slots: Sequence[int] | None = None) -> np.ndarray:
-        """Decoded frames of ``video_id`` (all stored, or ``slots`` in that order) -> ``(k, H, W, 3)`` uint8."""
+        """Decoded frames of ``video_id`` (all stored, or ``slots`` in that order) -> ``(k, H, W, 3)`` uint8.
+
+        Raises:
+            CorruptClipError: a chosen frame's JPEG does not decode; the message names the clip, shard and slot.
+        """
         from PIL import Image
 
-        jpegs = self.rows(video_id).column("jpeg").to_pylist()
+        jpegs = self.rows(video_id, ["jpeg"]).column("jpeg").to_pylist()
         chosen = range(len(jpegs)) if slots is None else slots
-        return np.stack([np.asarray(Image.open(io.BytesIO(jpegs[s])).convert("RGB")) for s in chosen])
+        frames = []
+        for slot in chosen:
+            try:
+                frames.append(np.asarray(Image.open(io.BytesIO(jpegs[slot])).convert("RGB")))
+            except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError ... for damaged data
+                shard = self._shard_names[self._shard[self._row(video_id)]]
+                why = video.short_reason(exc, 120)
+                raise CorruptClipError(
+                    f"video {video_id!r} ({shard}, slot {slot}): its JPEG does not decode: {why}"
+                ) from exc
+        return np.stack(frames)
 
     def sample(self, video_id: str, num_frames: int, mode: str = "uniform", rng: Any = None) -> np.ndarray:
         """``num_frames`` stored frames chosen by sampler ``mode`` (see :mod:`vlp.data.sampling`)."""
-        slots = sample_indices(self.info(video_id)["num_stored"], num_frames, mode, rng)
-        return self.load(video_id, slots)
+        return self.load(video_id, sample_indices(self.num_stored(video_id), num_frames, mode, rng))
 
-    def _shard(self, shard: str) -> tuple[pa.Table, dict[str, tuple[int, int]]]:
+    def _footer(self, uri: str, footer_bytes: int) -> storage.ParquetFooter:
+        if uri in self._footers:
+            self._footers.move_to_end(uri)
+            return self._footers[uri]
+        footer = storage.parquet_footer(uri, tail=footer_bytes or storage.FOOTER_GUESS)
+        self._footers[uri] = footer
+        while len(self._footers) > self._cache_footers:
+            self._footers.popitem(last=False)
+        return footer
+
+    def _shard_table(self, shard: str) -> tuple[pa.Table, dict[str, tuple[int, int]]]:
         if shard in self._cache:
             self._cache.move_to_end(shard)
             return self._cache[shard]
@@ -738,6 +869,7 @@ __all__ = [
     "FRAME_SCHEMA",
     "INDEX",
     "INDEX_SCHEMA",
+    "CorruptClipError",
     "FrameStore",
     "FramesConfig",
     "decode_frames",

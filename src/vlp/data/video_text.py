@@ -137,8 +137,10 @@ class VideoTextDataset(torch.utils.data.Dataset):
     def _read_pairs(self, dataset: str, split: str) -> list[tuple[str, str]]:
         """(video_id, caption) of ``split`` for the clips that have frames (extract-frames may reject some)."""
         captions = manifest.read(dataset, manifest.CAPTIONS, manifest.CAPTION_SCHEMA)
-        rows = captions.filter(pc.equal(captions["split"], split)).to_pylist()
-        pairs = [(row["video_id"], row["caption"]) for row in rows if row["video_id"] in self.store]
+        rows = captions.filter(pc.equal(captions["split"], split))
+        ids, texts = rows["video_id"].to_pylist(), rows["caption"].to_pylist()
+        stored = self.store.positions(ids) >= 0  # one vectorised lookup, not one per caption
+        pairs = [(v, c) for v, c, ok in zip(ids, texts, stored.tolist(), strict=True) if ok]
         if not pairs:
             raise ValueError(
                 f"no (clip, caption) pairs for split {split!r} in {dataset} with frames in {self.store.out}"
@@ -168,7 +170,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if self.media.get(video_id) == "image":
             slots = [0] * self.num_frames  # a still repeated into a static clip
         else:
-            slots = sample_indices(self.store.info(video_id)["num_stored"], self.num_frames, self.mode, rng)
+            slots = sample_indices(self.store.num_stored(video_id), self.num_frames, self.mode, rng)
         frames = self.store.load(video_id, slots)  # (T, H, W, 3) uint8
         if self.crop_scale:
             top, left, h, w = random_resized_box(frames.shape[1], frames.shape[2], self.crop_scale, rng)

@@ -201,7 +201,7 @@ def _usable_pairs(dataset: str, store: Any, table: str, split: str, setting: str
         )
         raise StepInputError(f"the {split} split of {dataset} has no {texts} (its {texts} by split: {found}); {fix}")
     videos = pc.unique(ids).to_pylist()
-    covered = [v for v in videos if v in store]
+    covered = [v for v, row in zip(videos, store.positions(videos).tolist(), strict=True) if row >= 0]
     extract = f"re-run `vlp extract-frames --dataset {dataset} --out {store.out}`"
     if not covered:
         check = f"check {setting} or " if setting else "are --frames from this dataset? "

@@ -319,7 +319,7 @@ def pem_examples(
     gen, lines, written = torch.Generator().manual_seed(seed), ["# PEM examples (ALPRO Fig. 3)", ""], []
     with tempfile.TemporaryDirectory(prefix="vlp-pem-") as tmp:
         for video_id in clips:
-            n_stored = data.store.info(video_id)["num_stored"]
+            n_stored = data.store.num_stored(video_id)
             slots = [round(i * (n_stored - 1) / max(1, cfg.model.num_frames - 1)) for i in range(cfg.model.num_frames)]
             raw = data.store.load(video_id, slots)  # (T, H, W, 3) uint8 at the stored size
             clip = torch.from_numpy(raw).permute(0, 3, 1, 2).float().div(255)
