@@ -212,12 +212,12 @@ def read_bytes(uri: str | os.PathLike[str]) -> bytes:
     uri = str(uri)
     if not is_s3(uri):
         try:
-            return Path(uri).read_bytes()
+            return _counted(Path(uri).read_bytes())
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"no such file: {uri}") from exc
     bucket, key = split_s3(uri)
     try:
-        return client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        return _counted(client().get_object(Bucket=bucket, Key=key)["Body"].read())
     except Exception as exc:
         if _is_missing(exc):
             raise FileNotFoundError(f"no such object: {uri}") from exc
@@ -507,6 +507,8 @@ def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) 
     if not is_s3(uri):
         if not os.path.exists(uri):
             raise FileNotFoundError(f"no such file: {uri}")
+        if columns is None:  # read through read_bytes: counted in read_stats(), as on S3
+            return pq.read_table(pa.BufferReader(read_bytes(uri)))
         return pq.read_table(uri, columns=columns)
     if columns is None:
         return pq.read_table(io.BytesIO(read_bytes(uri)))
