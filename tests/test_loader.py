@@ -404,14 +404,15 @@ def training_data(num_workers: int) -> SamplerBatches:
     return SamplerBatches(sampler, lambda idx: {"x": x[idx], "y": y[idx]}, 3, num_workers=num_workers)
 
 
-def interrupting(at_call: int) -> Any:
-    """``ce_step`` that sends a real SIGINT to this process and its children (the loader's workers), as Ctrl-C in a
-    terminal does to the foreground process group, at micro-step ``at_call``."""
+def interrupting(at_call: int, spare: set[int]) -> Any:
+    """``ce_step`` that sends a real SIGINT to this process and the loader's workers (its children but ``spare``, the
+    ones it had before: servers other tests share), as Ctrl-C in a terminal does to the foreground process group, at
+    micro-step ``at_call``."""
     calls = {"n": 0}
 
     def step(model: nn.Module, batch: Any) -> Any:
         if calls["n"] == at_call:
-            for pid in children():
+            for pid in children() - spare:
                 os.kill(pid, signal.SIGINT)
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(5)  # Python's handler raises KeyboardInterrupt here long before
@@ -437,7 +438,7 @@ def test_training_with_workers_is_bit_identical_to_without_and_resumes_exactly(t
     handler = signal.signal(signal.SIGINT, signal.default_int_handler)  # even where SIGINT is ignored (background)
     try:
         with pytest.raises(TrainingInterrupted) as stopped:  # checkpoints at 3 and 6, Ctrl-C during update 8
-            train(TinyMLP(), interrupting(14), training_data(2), cfg_for(out), OPT)
+            train(TinyMLP(), interrupting(14, before), training_data(2), cfg_for(out), OPT)
     finally:
         signal.signal(signal.SIGINT, handler)
     assert stopped.value.step == 7 and stopped.value.resume_step == 6 and stopped.value.signum == signal.SIGINT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import re
 from pathlib import Path
 
@@ -298,18 +299,27 @@ def test_group_by_rejects_what_it_cannot_group_by(tiny_world, group_by, message)
 
 
 @pytest.mark.slow
-def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp_path):
-    """SIGKILL a training process after its second checkpoint; the rerun's weights, optimiser and metrics match."""
+@pytest.mark.parametrize("order", ["global", "shards"])
+def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp_path, order):
+    """SIGKILL a training process (two loader workers building batches ahead) after its second checkpoint; the
+    rerun's weights, optimiser and metrics match the uninterrupted run's, and so do those of a run that builds
+    its batches on the training thread (no workers): the batches do not depend on the workers."""
+    import subprocess
     import sys
 
     from resume_check import kill_then_rerun
 
-    def cmd(out: Path) -> list[str]:
+    def cmd(out: Path, workers: int = 2) -> list[str]:
         return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", tiny_world["dataset"],
                 "--frames", tiny_world["frames"], "--out", str(out), "--config", str(TINY),
-                "pretrain.max_steps=10", "pretrain.ckpt_every=1"]  # fmt: skip
+                "pretrain.max_steps=10", "pretrain.ckpt_every=1", f"pretrain.num_workers={workers}",
+                f"pretrain.order={order}", "pretrain.shuffle_buffer=8"]  # fmt: skip
 
     kill_then_rerun(cmd, tmp_path, kill_after=2, last=10)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    subprocess.run(cmd(tmp_path / "serial", workers=0), check=True, capture_output=True, timeout=300, env=env)
+    final = Path("checkpoints") / "step-000010" / "model.safetensors"
+    assert (tmp_path / "serial" / final).read_bytes() == (tmp_path / "straight" / final).read_bytes()
 
 
 def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():

@@ -250,7 +250,8 @@ _TRAINING: dict[str, Range] = {
     "batch_size": _COUNT, "grad_accum": _COUNT, "lr": _RATE, "weight_decay": _SIZE, "warmup_ratio": _SHARE,
     "warmup_steps": _at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": _SHARE, "warmup_start_ratio": _SHARE,
     "crop_scale": _CROP, "log_every": _COUNT, "ckpt_every": _at_least(0, " (0 = at the end only)"),
-    "fusion_lr_mult": _RATE, "backbone_lr_mult": _RATE, "betas": _BETAS, "eps": _RATE,
+    "fusion_lr_mult": _RATE, "backbone_lr_mult": _RATE, "betas": _BETAS, "eps": _RATE, "shuffle_buffer": _COUNT,
+    "num_workers": _at_least(0, " (0 = on the training thread)"), "prefetch": _COUNT,
 }  # fmt: skip
 _FINETUNE: dict[str, Range] = {
     **_TRAINING, "epochs": _RATE, "max_steps": _at_least(0, " (0 = epochs x updates per epoch)"),
@@ -298,5 +299,8 @@ def validate(cfg: Config) -> None:
         cfg.synth.validate()
     except ValueError as exc:
         problems.append(str(exc).removeprefix("invalid synth config: "))
+    if cfg.pretrain.group_by and cfg.pretrain.order != "global":
+        problems.append(f"pretrain.group_by={cfg.pretrain.group_by!r} needs pretrain.order=global (grouped batches "
+                        "are cut from the global permutation)")  # fmt: skip
     if problems:
         raise ConfigError(f"invalid config: {'; '.join(problems)}")

@@ -677,7 +677,7 @@ class FrameStore:
     loader workers share those pages instead of copying them.
     """
 
-    def __init__(self, out: str, cache_shards: int = 2, cache_footers: int = 256) -> None:
+    def __init__(self, out: str, cache_shards: int = 2, cache_footers: int = 1024) -> None:
         self.out = out
         uri = storage.join(out, INDEX)
         if not storage.exists(uri):

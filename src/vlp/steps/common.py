@@ -406,3 +406,61 @@ def device() -> Any:
     from vlp.train import distributed
 
     return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+# --------------------------------------------------------------------------- loaders
+
+
+def training_batches(
+    section: Any,
+    data: Any,
+    fetch: Callable[[Any], Any],
+    batch_size: int,
+    *,
+    groups: Any = None,
+    group_fraction: float = 1.0,
+    group_epochs: int = 0,
+) -> Any:
+    """Resumable training batches of ``fetch(indices)`` over ``data``'s pairs, with the loader settings of a
+    training ``section`` (``pretrain``, ``retrieval``, ``qa``): the epoch order (``order``, ``shuffle_buffer``;
+    ``groups`` for grouped batches, global order only), ``num_workers`` loader processes with ``prefetch``
+    batches each, and pinned memory on CUDA. ``fetch`` receives :class:`vlp.train.loop.BatchIndices` (with the
+    epoch) and must build every item from its index and the epoch alone, so that the batches are the same with
+    any number of workers."""
+    from vlp.train.loop import ResumableSampler, ShardOrderSampler
+
+    if section.order == "shards":
+        if groups is not None:
+            raise ValueError("grouped batches (pretrain.group_by) need pretrain.order=global")
+        shards = data.store.shard_of([video_id for video_id, _ in data.pairs])
+        sampler: Any = ShardOrderSampler(shards, seed=section.seed, shuffle_buffer=section.shuffle_buffer)
+    else:
+        sampler = ResumableSampler(
+            len(data), seed=section.seed, groups=groups, group_batch=batch_size if groups is not None else 0,
+            group_fraction=group_fraction, group_epochs=group_epochs,
+        )  # fmt: skip
+    return _loader(sampler, fetch, batch_size, section, drop_last=True)
+
+
+def ordered_batches(count: int, build: Callable[[Any], Any], batch_size: int, section: Any) -> Any:
+    """``build(indices)`` for consecutive chunks of ``range(count)``, in order (the last one short), built by the
+    ``section``'s loader workers ahead of the caller: the evaluation loops. Iterate it once."""
+    from vlp.train.loop import ResumableSampler
+
+    sampler = ResumableSampler(count, shuffle=False, rank=0, world_size=1)
+    batches = _loader(sampler, build, batch_size, section, drop_last=False)
+    try:
+        yield from batches
+    finally:
+        batches.close()
+
+
+def _loader(sampler: Any, fetch: Callable[[Any], Any], batch_size: int, section: Any, *, drop_last: bool) -> Any:
+    from vlp.train.loop import SamplerBatches
+
+    if section.num_workers > 0:  # the tokenizers' thread pool does not survive a fork: keep it single-threaded
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return SamplerBatches(
+        sampler, fetch, batch_size, drop_last=drop_last, num_workers=section.num_workers, prefetch=section.prefetch,
+        pin_memory=device().type == "cuda",
+    )  # fmt: skip

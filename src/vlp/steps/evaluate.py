@@ -26,7 +26,7 @@ from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.video_text import VideoQADataset
-from vlp.steps.common import ModelInput, StepResult, check_inputs, device, run_step
+from vlp.steps.common import ModelInput, StepResult, check_inputs, device, ordered_batches, run_step
 from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
 log = logging.getLogger("vlp")
@@ -63,11 +63,13 @@ def _encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: 
 
     from vlp.models.family import Encoded
 
+    def build(indices: Any) -> torch.Tensor:  # in a loader worker: each clip from its id and the seed alone
+        return torch.stack([data.clip(video_ids[i], np.random.default_rng([data.seed, 0])) for i in indices])
+
     feats, tokens, where = [], [], device()
-    chunks = [video_ids[i : i + batch] for i in range(0, len(video_ids), batch)]
-    for chunk in _progress(cfg.retrieval.progress, chunks, "clips", len(chunks)):
-        clips = torch.stack([data.clip(v, np.random.default_rng([data.seed, 0])) for v in chunk]).to(where)
-        enc = fam.encode_video(model, clips)
+    batches = ordered_batches(len(video_ids), build, batch, cfg.retrieval)
+    for clips in _progress(cfg.retrieval.progress, batches, "clips", -(-len(video_ids) // batch)):
+        enc = fam.encode_video(model, clips.to(where))
         feats.append(enc.feat.float().cpu())
         tokens.append(enc.tokens.float().cpu())
     return Encoded(torch.cat(feats), torch.cat(tokens))
@@ -295,14 +297,17 @@ def _norm(answer: str) -> str:
 def _predict_qa(
     fam: Any, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
 ) -> tuple[list[int], list[float]]:
-    where, preds, conf = device(), [], []
-    chunks = [list(range(i, min(i + batch, len(data)))) for i in range(0, len(data), batch)]
-    for chunk in _progress(cfg.qa.progress, chunks, "questions", len(chunks)):
-        items = [data[i] for i in chunk]
+    def build(indices: Any) -> dict[str, torch.Tensor]:  # in a loader worker
+        items = [data[i] for i in indices]
         enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
                   return_tensors="pt")  # fmt: skip
-        video = torch.stack([it["video"] for it in items]).to(where)
-        logits = fam.qa_logits(net, video, enc["input_ids"].to(where), enc["attention_mask"].to(where))
+        return {"video": torch.stack([it["video"] for it in items]), **enc}
+
+    where, preds, conf = device(), [], []
+    batches = ordered_batches(len(data), build, batch, cfg.qa)
+    for got in _progress(cfg.qa.progress, batches, "questions", -(-len(data) // batch)):
+        video, ids, mask = got["video"].to(where), got["input_ids"].to(where), got["attention_mask"].to(where)
+        logits = fam.qa_logits(net, video, ids, mask)
         probs = logits.float().softmax(-1)
         best = probs.max(-1)
         preds += best.indices.tolist()

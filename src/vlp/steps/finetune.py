@@ -41,6 +41,7 @@ from vlp.steps.common import (
     step_tokenizer,
     train_model,
     train_summary,
+    training_batches,
 )
 from vlp.train.settings import FinetuneConfig
 
@@ -117,10 +118,19 @@ def retrieval_data(cfg: Config, dataset: str, frames: str | FrameStore, model_cf
 
 
 def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
-    from vlp.train.loop import ResumableSampler, SamplerBatches
+    """Resumable training batches of ``fetch`` over ``data`` (the batch cut to the pairs a rank has); ``fetch``
+    sets the dataset's epoch before it builds items, so each epoch draws new frames and augmentations."""
+    from vlp.train import distributed
 
-    sampler = ResumableSampler(len(data), seed=section.seed)
-    return SamplerBatches(sampler, fetch, min(section.batch_size, len(sampler)), drop_last=True)
+    per_rank = -(-len(data) // distributed.world_size())
+    if fetch is not None:
+        inner = fetch
+
+        def fetch(indices: Any) -> Any:
+            data.set_epoch(indices.epoch)
+            return inner(indices)
+
+    return training_batches(section, data, fetch, min(section.batch_size, per_rank))
 
 
 def _epoch_shape(batches: Any) -> tuple[int, int]:

@@ -30,6 +30,7 @@ from vlp.steps.common import (
     step_tokenizer,
     train_model,
     train_summary,
+    training_batches,
 )
 from vlp.train.settings import ModelConfig
 
@@ -92,9 +93,9 @@ def _checked_data(cfg: Config, dataset: str, frames: str | FrameStore, terms: li
 def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) -> Any:
     """Resumable batches of :class:`PretrainBatch` over ``data``, the training pairs of ``dataset``."""
     from vlp.models.family import PretrainBatch
-    from vlp.train.loop import ResumableSampler, SamplerBatches
 
-    def fetch(indices: list[int]) -> PretrainBatch:
+    def fetch(indices: Any) -> PretrainBatch:
+        data.set_epoch(indices.epoch)  # each epoch draws new frames and augmentations, in whichever process
         items = collate_video_text([data[i] for i in indices])
         enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
         is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
@@ -106,15 +107,8 @@ def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) 
     p = cfg.pretrain
     batch, _ = _batch_shape(cfg, data)
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
-    sampler = ResumableSampler(
-        len(data),
-        seed=p.seed,
-        groups=groups,
-        group_batch=batch if p.group_by else 0,
-        group_fraction=p.group_fraction,
-        group_epochs=p.group_epochs,
-    )
-    return SamplerBatches(sampler, fetch, batch, drop_last=True)
+    return training_batches(p, data, fetch, batch, groups=groups, group_fraction=p.group_fraction,
+                            group_epochs=p.group_epochs)  # fmt: skip
 
 
 def load_prompter(prompter_dir: str) -> tuple[Any, Any, Any]:

@@ -117,6 +117,12 @@ class PretrainConfig:
     crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
+    # The epoch order: "global" = a seeded permutation of all pairs (the paper's; a clip is a random read);
+    # "shards" = shards in a seeded order, pairs mixed in a buffer of shuffle_buffer (docs/input.md)
+    order: Literal["global", "shards"] = "global"
+    shuffle_buffer: int = 4096  # order=shards: pairs mixed at a time (>= the pairs of a rank: a full permutation)
+    num_workers: int = 2  # loader processes building batches ahead of the training (0 = on the training thread)
+    prefetch: int = 2  # batches each loader worker builds ahead
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
@@ -161,6 +167,10 @@ class FinetuneConfig:
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
+    order: Literal["global", "shards"] = "global"  # as pretrain.order
+    shuffle_buffer: int = 4096  # as pretrain.shuffle_buffer
+    num_workers: int = 2  # loader processes, in training and in the evaluation's clip encoding (0 = none)
+    prefetch: int = 2  # batches each loader worker builds ahead
     split: str = "test"  # the split the evaluate step scores
     log_every: int = 10
     ckpt_every: int = 500  # updates between checkpoints (0 = at the end only)
