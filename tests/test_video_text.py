@@ -146,3 +146,66 @@ def test_albefs_caption_cleaning(tiny_world):
     assert clean_caption("A man's dog, running -- on the beach/sand!  ") == "a mans dog running on the beach sand"
     assert clean_caption(" ".join(f"w{i}" for i in range(40))) == " ".join(f"w{i}" for i in range(30))
     assert clean_caption("one two three", max_words=2) == "one two"
+
+
+# --------------------------------------------------------------------------- damaged clips
+
+
+def damaged_copy(tiny_world: dict, tmp_path, victims: int) -> tuple[str, list[str]]:
+    """A copy of the tiny world's frames whose first ``victims`` train clips have every JPEG zeroed in place (the
+    same size: the shard's footer still holds); returns the copy and the damaged clip ids."""
+    import shutil
+
+    from vlp.data.frames import FrameStore
+
+    frames = str(tmp_path / "frames")
+    shutil.copytree(tiny_world["frames"], frames)
+    store = FrameStore(frames)
+    pairs = VideoTextDataset(frames, tiny_world["dataset"], split="train", num_frames=2).pairs
+    chosen = list(dict.fromkeys(v for v, _ in pairs))[:victims]
+    for video_id in chosen:
+        path = tmp_path / "frames" / store.info(video_id)["shard"]
+        data = path.read_bytes()
+        for jpeg in store.rows(video_id, ["jpeg"]).column("jpeg").to_pylist():
+            data = data.replace(jpeg, b"\0" * len(jpeg))
+        path.write_bytes(data)
+    return frames, chosen
+
+
+def test_a_damaged_clip_is_skipped_counted_and_replaced_by_the_next_pair(tiny_world, tmp_path, caplog):
+    from vlp.train.loop import BatchIndices, ResumableSampler, SamplerBatches
+
+    frames, (bad,) = damaged_copy(tiny_world, tmp_path, 1)
+    data = VideoTextDataset(frames, tiny_world["dataset"], num_frames=2, mode="uniform", max_bad_share=0.5)
+    first = next(i for i, (v, _) in enumerate(data.pairs) if v == bad)
+    following = next(i for i in range(first + 1, len(data.pairs)) if data.pairs[i][0] != bad)
+    with caplog.at_level("WARNING"):
+        item = data[first]
+    assert item["video_id"] == data.pairs[following][0] and item["index"] == following
+    assert data.skipped == 1 and "damaged clip" in caplog.text and bad in caplog.text
+
+    def fetch(indices: BatchIndices) -> list[str]:
+        return [data[i]["video_id"] for i in indices]
+
+    for workers in (0, 2):  # the count is shared with forked loader workers
+        data = VideoTextDataset(frames, tiny_world["dataset"], num_frames=2, mode="uniform", max_bad_share=0.5)
+        batches = SamplerBatches(ResumableSampler(len(data), seed=0, rank=0, world_size=1), fetch, 4,
+                                 num_workers=workers)  # fmt: skip
+        seen = [v for batch in batches for v in batch]
+        batches.close()
+        assert bad not in seen and data.skipped == sum(v == bad for v, _ in data.pairs[: len(seen)])
+
+
+def test_more_damaged_clips_than_allowed_fail_naming_the_shards(tiny_world, tmp_path):
+    from vlp.data.frames import CorruptClipError
+
+    frames, bad = damaged_copy(tiny_world, tmp_path, 2)
+    data = VideoTextDataset(frames, tiny_world["dataset"], num_frames=2, mode="uniform", max_bad_share=0.01)
+    with pytest.raises(CorruptClipError, match=r"of \d+ clips drawn were damaged.*shards/shard-\d+-\w+\.parquet"):
+        for i in range(len(data)):  # six of the epoch's draws are skipped: the epoch's last draw fails
+            data[i]
+    assert data.skipped == sum(v in bad for v, _ in data.pairs)
+    strict = VideoTextDataset(frames, tiny_world["dataset"], num_frames=2, mode="uniform")  # evaluation: 0
+    index = next(i for i, (v, _) in enumerate(strict.pairs) if v == bad[0])
+    with pytest.raises(CorruptClipError, match=f"video '{bad[0]}'"):
+        strict[index]

@@ -251,7 +251,7 @@ _TRAINING: dict[str, Range] = {
     "warmup_steps": _at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": _SHARE, "warmup_start_ratio": _SHARE,
     "crop_scale": _CROP, "log_every": _COUNT, "ckpt_every": _at_least(0, " (0 = at the end only)"),
     "fusion_lr_mult": _RATE, "backbone_lr_mult": _RATE, "betas": _BETAS, "eps": _RATE, "shuffle_buffer": _COUNT,
-    "num_workers": _at_least(0, " (0 = on the training thread)"), "prefetch": _COUNT,
+    "num_workers": _at_least(0, " (0 = on the training thread)"), "prefetch": _COUNT, "max_bad_share": _SHARE,
 }  # fmt: skip
 _FINETUNE: dict[str, Range] = {
     **_TRAINING, "epochs": _RATE, "max_steps": _at_least(0, " (0 = epochs x updates per epoch)"),

@@ -13,10 +13,18 @@ default leaves it out, like every colour-changing op: captions of the synthetic 
 data) say "to the left" and "red", which a flip or a hue shift would make false.
 
 Still images (``media == "image"``) are repeated into static clips, as ALPRO does with CC3M.
+
+A damaged clip in training (a JPEG that does not decode, :class:`vlp.data.frames.CorruptClipError`) is skipped:
+the item is replaced by the next pair whose clip reads (the same one in whichever process builds it), the skip is
+logged with its reason and counted (:attr:`VideoTextDataset.skipped`, shared by forked loader workers), and once an
+epoch's worth of draws has been made, more than ``max_bad_share`` of them skipped fails the step, naming the shards.
+Evaluation (``max_bad_share=0``) never substitutes: a damaged test clip fails the step, naming it.
 """
 
 from __future__ import annotations
 
+import logging
+import multiprocessing
 import random
 import re
 from collections.abc import Sequence
@@ -29,7 +37,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from vlp.data import manifest
-from vlp.data.frames import FrameStore
+from vlp.data.frames import CorruptClipError, FrameStore
 from vlp.data.sampling import MODES, sample_indices
 
 # ALPRO's op list without HorizontalFlip/Identity (timm has no Identity op; p=0.5 per op already
@@ -45,6 +53,8 @@ RANDAUG_OPS = {
                    "TranslateYRel", "Rotate"),
     "albef_paper": ("ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate"),
 }  # fmt: skip
+log = logging.getLogger(__name__)
+SUBSTITUTES = 8  # pairs tried after a damaged one before the item fails
 IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's ImageNet-21k ViT-B/16 (the paper's visual init)
 IMAGENET_INCEPTION_STD = (0.5, 0.5, 0.5)
 
@@ -99,6 +109,8 @@ class VideoTextDataset(torch.utils.data.Dataset):
             ``RandomResizedCrop``; ALBEF's code: 0.2-1.0 pre-training, 0.5-1.0 fine-tuning); ``()`` = none.
         hflip: flip each clip left-right with probability 0.5 (ALBEF's code; it makes "moves left" captions false).
         caption_clean: pass every caption through :func:`clean_caption` (ALBEF's code).
+        max_bad_share: the share of clips drawn that may be damaged and skipped (see the module docstring);
+            0 = none: a damaged clip raises :class:`vlp.data.frames.CorruptClipError`.
     """
 
     def __init__(
@@ -117,6 +129,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
         crop_scale: Sequence[float] = (),
         hflip: bool = False,
         caption_clean: bool = False,
+        max_bad_share: float = 0.0,
     ) -> None:
         if mode not in MODES:
             raise ValueError(f"unknown sampling mode {mode!r}; use one of {list(MODES)}")
@@ -133,6 +146,16 @@ class VideoTextDataset(torch.utils.data.Dataset):
         self.mean = torch.tensor(mean, dtype=torch.float32).view(1, 3, 1, 1)
         self.std = torch.tensor(std, dtype=torch.float32).view(1, 3, 1, 1)
         self.epoch = 0
+        if not 0.0 <= max_bad_share <= 1.0:
+            raise ValueError(f"max_bad_share must be in [0, 1], got {max_bad_share}")
+        self.max_bad_share = max_bad_share
+        self._counts = multiprocessing.Array("q", 2)  # [skipped, drawn]: shared with forked loader workers
+        self._bad_shards: dict[str, int] = {}  # this process's skips by shard, for the error message
+
+    @property
+    def skipped(self) -> int:
+        """Damaged clips skipped so far, by this process and its forked loader workers."""
+        return int(self._counts[0])
 
     def _read_pairs(self, dataset: str, split: str) -> list[tuple[str, str]]:
         """(video_id, caption) of ``split`` for the clips that have frames (extract-frames may reject some)."""
@@ -160,10 +183,46 @@ class VideoTextDataset(torch.utils.data.Dataset):
         return len(self.pairs)
 
     def __getitem__(self, index: int) -> dict[str, Any]:
+        if self.max_bad_share <= 0:
+            return self._item(index)
+        failure: CorruptClipError | None = None
+        for k in range(SUBSTITUTES + 1):
+            j = (index + k) % len(self.pairs)
+            try:
+                item = self._item(j)
+            except CorruptClipError as exc:
+                shard = self.store.info(self.pairs[j][0])["shard"]
+                self._bad_shards[shard] = self._bad_shards.get(shard, 0) + 1
+                failure = failure or exc
+                continue
+            self._count(failure)
+            return item
+        shards = ", ".join(sorted(self._bad_shards))
+        raise CorruptClipError(f"pair {index} and the {SUBSTITUTES} after it have damaged clips ({shards}): {failure}")
+
+    def _item(self, index: int) -> dict[str, Any]:
         video_id, caption = self.pairs[index]
         rng = np.random.default_rng([self.seed, self.epoch, index])
         text = clean_caption(caption) if self.caption_clean else caption
         return {"video": self.clip(video_id, rng), "text": text, "video_id": video_id, "index": index}
+
+    def _count(self, failure: CorruptClipError | None) -> None:
+        """Count one draw (skipped when ``failure``); once a whole epoch's worth of draws has been counted, fail when
+        more than ``max_bad_share`` of them were skipped."""
+        with self._counts.get_lock():
+            self._counts[0] += failure is not None
+            self._counts[1] += 1
+            skipped, drawn = int(self._counts[0]), int(self._counts[1])
+        if failure is not None:
+            log.warning(
+                "skipped a damaged clip (%d of %d draws so far), took the next pair: %s", skipped, drawn, failure
+            )
+        if skipped and drawn >= len(self.pairs) and skipped > self.max_bad_share * drawn:
+            shards = ", ".join(f"{name} ({n})" for name, n in sorted(self._bad_shards.items())) or "in other workers"
+            raise CorruptClipError(
+                f"{skipped} of {drawn} clips drawn were damaged, more than max_bad_share={self.max_bad_share:g} "
+                f"allows; re-run extract-frames for the shards they came from: {shards}"
+            )
 
     def clip(self, video_id: str, rng: np.random.Generator) -> torch.Tensor:
         """``video_id``'s sampled, augmented, resized, normalised ``(T, 3, H, W)`` clip, drawn from ``rng``."""
@@ -240,7 +299,7 @@ class VideoQADataset(VideoTextDataset):
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         item = super().__getitem__(index)
-        row = self.qa[index]
+        row = self.qa[item["index"]]  # a damaged clip's substitute brings its own question
         item.update(answer=normalize_answer(row["answer"]), answer_type=row["answer_type"], qa_id=row["qa_id"])
         return item
 

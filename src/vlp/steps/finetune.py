@@ -95,6 +95,7 @@ def task_data(
         hflip=section.hflip and split == "train",
         caption_clean=section.caption_clean,
         seed=section.seed,
+        max_bad_share=section.max_bad_share if split == "train" else 0.0,
         size=model_cfg.video.img_size,
         mean=model_cfg.pixel_mean,
         std=model_cfg.pixel_std,
@@ -228,7 +229,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
             max_len=length,
             task="retrieval",
         )
-        return train_summary(result)
+        return train_summary(result) | {"clips_skipped": data.skipped}
 
     return run_step("finetune_retrieval", out, cfg, "retrieval", work)
 
@@ -299,6 +300,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
             task="qa",
         )
         return train_summary(result) | {
+            "clips_skipped": data.skipped,
             "answers": len(answers),
             "train_answer_coverage": round(len(keep) / total, 4),
         }

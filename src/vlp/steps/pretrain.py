@@ -59,6 +59,7 @@ def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -
         hflip=p.hflip,
         caption_clean=p.caption_clean,
         seed=p.seed,
+        max_bad_share=p.max_bad_share,
         size=cfg.model.img_size,
         mean=pixels.pixel_mean,
         std=pixels.pixel_std,
@@ -142,7 +143,7 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
         result = train_model(model, step_fn, batches, cfg, out, "pretrain_prompter", tokenizer=tok)
         directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
-        return train_summary(result)
+        return train_summary(result) | {"clips_skipped": data.skipped}
 
     return run_step("pretrain_prompter", out, cfg, "pretrain", work)
 
@@ -250,7 +251,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         figures = []
         if bank is not None and distributed.rank() == 0:
             figures = pem_examples(dataset, store, prompter, bank, storage.join(out, PEM_EXAMPLES), cfg, model_cfg)
-        return train_summary(result) | {"pem_examples": figures}
+        return train_summary(result) | {"pem_examples": figures, "clips_skipped": data.skipped}
 
     return run_step("pretrain", out, cfg, "pretrain", work)
 

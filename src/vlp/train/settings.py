@@ -123,6 +123,7 @@ class PretrainConfig:
     shuffle_buffer: int = 4096  # order=shards: pairs mixed at a time (>= the pairs of a rank: a full permutation)
     num_workers: int = 2  # loader processes building batches ahead of the training (0 = on the training thread)
     prefetch: int = 2  # batches each loader worker builds ahead
+    max_bad_share: float = 0.01  # damaged clips skipped (and counted) before the step fails (0 = fail at the first)
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
@@ -171,6 +172,7 @@ class FinetuneConfig:
     shuffle_buffer: int = 4096  # as pretrain.shuffle_buffer
     num_workers: int = 2  # loader processes, in training and in the evaluation's clip encoding (0 = none)
     prefetch: int = 2  # batches each loader worker builds ahead
+    max_bad_share: float = 0.01  # as pretrain.max_bad_share; evaluation never skips: a damaged test clip fails
     split: str = "test"  # the split the evaluate step scores
     log_every: int = 10
     ckpt_every: int = 500  # updates between checkpoints (0 = at the end only)
