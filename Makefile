@@ -96,12 +96,13 @@ ABLATION_TS2NET_ARGS ?= --seeds 0 1 2 --notes docs/ablation-ts2net-reading.md
 ablation-ts2net: $(STAMP) ## TS2-Net Tables 1-3 in miniature on the main job's world (3 seeds, ~40 min on 2 cores) -> docs/ablation-ts2net.md
 	$(PY) benchmarks/ablation_ts2net.py --out $(ABLATION_TS2NET_OUT) $(ABLATION_TS2NET_ARGS)
 
-bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction (one pod and fanned out), entity mining, ALPRO/ALBEF steps, ALPRO/ALBEF/TS2-Net parity
+bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction (one pod and fanned out), entity mining, ALPRO/ALBEF steps, the loader, ALPRO/ALBEF/TS2-Net parity
 	$(PY) benchmarks/bench_extract.py
 	$(PY) benchmarks/bench_fanout.py
 	$(PY) benchmarks/bench_entities.py
 	$(PY) benchmarks/bench_alpro_step.py --preset tiny
 	$(PY) benchmarks/bench_albef_step.py --preset tiny --queue 64
+	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_input.py rate --workers 0 1 2
 	$(PY) benchmarks/alpro_parity.py
 	$(PY) benchmarks/albef_parity.py
 	$(PY) benchmarks/ts2net_parity.py

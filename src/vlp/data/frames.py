@@ -423,14 +423,17 @@ def _write_shard(out: str, plan: _ShardPlan, results: list[_VideoResult], cfg: F
         tables.append(pa.Table.from_arrays([pa.array(c, f.type) for c, f in zip(columns, FRAME_SCHEMA, strict=True)],
                                            schema=FRAME_SCHEMA))  # fmt: skip
     meta = {"settings": _settings(cfg), "videos": videos, "rejects": rejects}
-    schema = FRAME_SCHEMA.with_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     sink = pa.BufferOutputStream()
     compression = {name: "zstd" for name in FRAME_SCHEMA.names} | {"jpeg": "none"}  # JPEG does not compress
+    # A small footer, read once per shard and reader: no statistics (the index says where a clip is) and no copy of
+    # the Arrow schema (the Parquet types map back to FRAME_SCHEMA), which would hold the metadata a second time.
     with pq.ParquetWriter(
-        sink, schema, compression=compression, use_dictionary=["video_id"], write_statistics=["video_id"]
-    ) as writer:
+        sink, FRAME_SCHEMA, compression=compression, use_dictionary=["video_id"], write_statistics=False,
+        store_schema=False,
+    ) as writer:  # fmt: skip
         for table in tables:
-            writer.write_table(table.replace_schema_metadata(schema.metadata), row_group_size=table.num_rows)
+            writer.write_table(table, row_group_size=table.num_rows)
+        writer.add_key_value_metadata({_META_KEY: json.dumps(meta, sort_keys=True).encode()})
     data = sink.getvalue().to_pybytes()
     storage.write_bytes(storage.join(out, plan.name), data)
     return {**meta, "footer_bytes": int.from_bytes(data[-8:-4], "little") + 8}
@@ -666,7 +669,7 @@ class FrameStore:
 
     What a clip costs: shards hold one row group per clip (``FORMAT_VERSION`` 2), so a clip is one ranged read of
     its row group's column chunks (the frames' JPEG bytes plus about a hundred bytes), after the shard's footer
-    (about 430 bytes per clip of the shard; its exact size is in the index, so it too is one read). Footers are
+    (about 460 bytes per clip of the shard; its exact size is in the index, so it too is one read). Footers are
     cached (the ``cache_footers`` most recently used shards): reading the clips of a shard one after another reads
     its footer once. An output written before row groups per clip (its index lacks ``row_group``) is read a whole
     shard at a time into a cache of ``cache_shards`` shards, as vlp did then; re-running ``extract-frames`` on it
@@ -687,7 +690,9 @@ class FrameStore:
         if missing:
             raise manifest.ManifestError(f"{uri}: missing column(s) {missing}; has {table.column_names}")
         self._load_index(uri, table)
-        self._footers: collections.OrderedDict[str, storage.ParquetFooter] = collections.OrderedDict()
+        self._footers: collections.OrderedDict[str, tuple[storage.ParquetFooter, dict[int, str]]] = (
+            collections.OrderedDict()
+        )
         self._cache: collections.OrderedDict[str, tuple[pa.Table, dict[str, tuple[int, int]]]] = (
             collections.OrderedDict()
         )
@@ -795,15 +800,15 @@ class FrameStore:
             start, length = spans[video_id]
             rows = table.slice(start, length)
             return rows if columns is None else rows.select(list(columns))
-        wanted = None if columns is None else list(dict.fromkeys(["video_id", *columns]))
         uri = storage.join(self.out, shard)
-        rows = storage.read_row_groups(uri, [group], wanted, footer=self._footer(uri, int(self._footer_bytes[row])))
-        if rows.num_rows != self._num_stored[row] or set(rows.column("video_id").unique().to_pylist()) != {video_id}:
+        footer, owners = self._footer(uri, int(self._footer_bytes[row]))
+        rows = storage.read_row_groups(uri, [group], None if columns is None else list(columns), footer=footer)
+        if rows.num_rows != self._num_stored[row] or owners.get(group) != video_id:  # the shard's own record
             raise CorruptClipError(
                 f"{uri}: row group {group} does not hold the {self._num_stored[row]} frames of video {video_id!r} "
                 f"the index says it does (the index and the shard disagree: re-run extract-frames)"
             )
-        return rows if columns is None else rows.select(list(columns))
+        return rows
 
     def load(self, video_id: str, slots: Sequence[int] | None = None) -> np.ndarray:
         """Decoded frames of ``video_id`` (all stored, or ``slots`` in that order) -> ``(k, H, W, 3)`` uint8.
@@ -831,15 +836,19 @@ class FrameStore:
         """``num_frames`` stored frames chosen by sampler ``mode`` (see :mod:`vlp.data.sampling`)."""
         return self.load(video_id, sample_indices(self.num_stored(video_id), num_frames, mode, rng))
 
-    def _footer(self, uri: str, footer_bytes: int) -> storage.ParquetFooter:
+    def _footer(self, uri: str, footer_bytes: int) -> tuple[storage.ParquetFooter, dict[int, str]]:
+        """A shard's footer and the video of each row group (from its ``vlp.frames`` metadata), cached."""
         if uri in self._footers:
             self._footers.move_to_end(uri)
             return self._footers[uri]
         footer = storage.parquet_footer(uri, tail=footer_bytes or storage.FOOTER_GUESS)
-        self._footers[uri] = footer
+        raw = (footer.metadata.metadata or {}).get(_META_KEY)
+        videos = json.loads(raw)["videos"] if raw else []
+        owners = {int(v["row_group"]): v["video_id"] for v in videos if "row_group" in v}
+        self._footers[uri] = (footer, owners)
         while len(self._footers) > self._cache_footers:
             self._footers.popitem(last=False)
-        return footer
+        return footer, owners
 
     def _shard_table(self, shard: str) -> tuple[pa.Table, dict[str, tuple[int, int]]]:
         if shard in self._cache:
