@@ -288,6 +288,25 @@ def test_iterating_with_workers_draws_nothing_from_the_global_rngs() -> None:
     assert before[2] == after[2]
 
 
+def test_workers_leave_interruptions_to_the_trainer() -> None:
+    """Ctrl-C and SIGTERM reach the whole process group: the workers ignore them (the trainer interrupts, then
+    shuts them down), so a signal never shows up as a dead worker instead of the interruption."""
+    before = children()
+    batches = loader(2)
+    got = iter(batches)
+    first = [next(got)]
+    workers = children() - before
+    for pid in workers:
+        os.kill(pid, signal.SIGTERM)
+        os.kill(pid, signal.SIGINT)
+    time.sleep(0.5)
+    assert children() - before == workers, "the workers are still alive"
+    rest = first + list(got)
+    assert [b["x"].tolist() for b in rest] == [b["x"].tolist() for b in loader(0)]
+    batches.close()
+    assert not children() - before
+
+
 def test_workers_live_across_epochs_and_close_ends_them() -> None:
     before = children()
     batches = loader(2)

@@ -534,6 +534,7 @@ class SamplerBatches:
             persistent_workers=True,
             prefetch_factor=self.prefetch,
             generator=torch.Generator().manual_seed(self.sampler.seed),  # never the global RNG: runs stay exact
+            worker_init_fn=_ignore_interruptions,
             **extra,
         )
 
@@ -589,6 +590,16 @@ class _FetchDataset(Dataset):
     def __getitem__(self, key: tuple[BatchIndices, dict[str, Any]]) -> _Fetched:
         indices, state = key
         return _Fetched(self.fetch(indices), state)
+
+
+def _ignore_interruptions(worker_id: int) -> None:
+    """In a loader worker: ignore SIGINT and SIGTERM. Ctrl-C and a pod's SIGTERM reach the whole process group; the
+    trainer alone decides what an interruption means (its checkpoint, its message, its exit code) and shuts the
+    workers down itself. Were the workers to die of the signal first, torch's SIGCHLD handler would report a
+    worker failure instead of the interruption. A worker whose trainer is gone exits on its own (torch's
+    watchdog notices the parent's death)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _as_is(fetched: Any) -> Any:
