@@ -432,6 +432,8 @@ class SamplerBatches:
       handler notices first, from wherever the main thread is; with ``timeout_s > 0`` a batch that takes
       longer than that raises ``RuntimeError`` too; after any of these the workers are shut down and the next
       iteration starts new ones after the last batch handed out;
+    * the workers ignore SIGINT and SIGTERM (a Ctrl-C or a pod's SIGTERM reaches the whole process group): the
+      trainer handles the interruption and shuts them down;
     * ``pin_memory`` (CUDA only; ignored without CUDA) pins every tensor of a batch, whatever holds it (dicts,
       lists, tuples, dataclasses; see :func:`pin`), in the loader's pinning thread.
     """
