@@ -619,27 +619,13 @@ def _coalesce(spans: list[tuple[int, int]], gap: int = 4096) -> list[tuple[int, 
     return [(a, b) for a, b in merged]
 
 
-class _Segments(io.RawIOBase):
-    """A read-only file of ``size`` bytes of which only ``segments`` (``(offset, bytes)``) were fetched: reads
-    inside a segment come from memory; anything else is a ranged read (pyarrow should need none)."""
+class _Segments(RangedFile):
+    """A :class:`RangedFile` of which ``segments`` (``(offset, bytes)``) were fetched already: reads inside a segment
+    come from memory; anything else is a ranged read (pyarrow should need none)."""
 
     def __init__(self, uri: str, size: int, segments: list[tuple[int, bytes]]) -> None:
-        super().__init__()
-        self.uri, self._size, self._segments, self._pos = uri, size, segments, 0
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def tell(self) -> int:
-        return self._pos
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        self._pos = max(0, base + offset)
-        return self._pos
+        super().__init__(uri, size=size)
+        self._segments = segments
 
     def readinto(self, buffer: Any) -> int:
         view = memoryview(buffer).cast("B")
@@ -647,13 +633,9 @@ class _Segments(io.RawIOBase):
         for start, data in self._segments:
             if start <= self._pos and self._pos + n <= start + len(data):
                 view[:n] = data[self._pos - start : self._pos - start + n]
-                break
-        else:
-            data = read_range(self.uri, self._pos, n)
-            n = len(data)
-            view[:n] = data
-        self._pos += n
-        return n
+                self._pos += n
+                return n
+        return super().readinto(buffer)
 
 
 def write_parquet(uri: str | os.PathLike[str], table: pa.Table, **kwargs: Any) -> None:
