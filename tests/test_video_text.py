@@ -209,3 +209,29 @@ def test_more_damaged_clips_than_allowed_fail_naming_the_shards(tiny_world, tmp_
     index = next(i for i, (v, _) in enumerate(strict.pairs) if v == bad[0])
     with pytest.raises(CorruptClipError, match=f"video '{bad[0]}'"):
         strict[index]
+
+
+def test_training_batches_draw_new_frames_each_epoch_with_and_without_workers(tiny_world):
+    """The steps' batches set the dataset's epoch, in whichever process builds them: an item's frames and
+    augmentation change from one epoch to the next, and are the same with loader workers as without."""
+    from vlp.data.video_text import collate_video_text
+    from vlp.steps.common import training_batches
+    from vlp.train.settings import PretrainConfig
+
+    def epochs(workers: int) -> list[dict[int, torch.Tensor]]:
+        data = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=2, mode="rand",
+                                augment=ClipRandAugment())  # fmt: skip
+
+        def fetch(indices):
+            return collate_video_text([data[i] for i in indices])
+
+        batches = training_batches(PretrainConfig(num_workers=workers, seed=3), data, fetch, 4)
+        seen = [{int(i): v for b in batches for i, v in zip(b["index"], b["video"], strict=True)} for _ in range(2)]
+        batches.close()
+        return seen
+
+    serial, parallel = epochs(0), epochs(2)
+    assert all(torch.equal(serial[e][i], parallel[e][i]) for e in (0, 1) for i in serial[e])
+    common = set(serial[0]) & set(serial[1])
+    changed = sum(not torch.equal(serial[0][i], serial[1][i]) for i in common)  # without the epoch: none
+    assert changed > len(common) / 2, (changed, len(common))  # stills and untouched draws may repeat

@@ -325,6 +325,9 @@ def _is_cut_off(exc: Exception) -> bool:
                          "ConnectionClosedError", "IncompleteRead", "ConnectionResetError"})  # fmt: skip
 
 
+_object_size = size  # RangedFile's `size` argument shadows the function
+
+
 class RangedFile(io.RawIOBase):
     """A read-only, seekable file over ``uri`` whose reads are ranged reads (:func:`read_range`), for readers
     that seek (pyarrow's Parquet reader): only the bytes asked for are fetched. ``size`` saves a HEAD request."""
@@ -332,7 +335,7 @@ class RangedFile(io.RawIOBase):
     def __init__(self, uri: str | os.PathLike[str], size: int | None = None) -> None:
         super().__init__()
         self.uri = str(uri)
-        self._size = globals()["size"](self.uri) if size is None else int(size)
+        self._size = _object_size(self.uri) if size is None else int(size)
         self._pos = 0
 
     def readable(self) -> bool:

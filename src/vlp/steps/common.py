@@ -424,10 +424,14 @@ def training_batches(
     """Resumable training batches of ``fetch(indices)`` over ``data``'s pairs, with the loader settings of a
     training ``section`` (``pretrain``, ``retrieval``, ``qa``): the epoch order (``order``, ``shuffle_buffer``;
     ``groups`` for grouped batches, global order only), ``num_workers`` loader processes with ``prefetch``
-    batches each, and pinned memory on CUDA. ``fetch`` receives :class:`vlp.train.loop.BatchIndices` (with the
-    epoch) and must build every item from its index and the epoch alone, so that the batches are the same with
-    any number of workers."""
+    batches each, and pinned memory on CUDA. ``data``'s epoch is set to the batch's before ``fetch`` runs (in
+    whichever process runs it), and ``fetch`` must build every item from its index and that epoch alone, so that
+    the batches are the same with any number of workers."""
     from vlp.train.loop import ResumableSampler, ShardOrderSampler
+
+    def fetch_epoch(indices: Any) -> Any:  # each epoch draws new frames and augmentations, in whichever process
+        data.set_epoch(indices.epoch)
+        return fetch(indices)
 
     if section.order == "shards":
         if groups is not None:
@@ -439,7 +443,7 @@ def training_batches(
             len(data), seed=section.seed, groups=groups, group_batch=batch_size if groups is not None else 0,
             group_fraction=group_fraction, group_epochs=group_epochs,
         )  # fmt: skip
-    return _loader(sampler, fetch, batch_size, section, drop_last=True)
+    return _loader(sampler, fetch_epoch, batch_size, section, drop_last=True)
 
 
 def ordered_batches(count: int, build: Callable[[Any], Any], batch_size: int, section: Any) -> Any:

@@ -119,18 +119,10 @@ def retrieval_data(cfg: Config, dataset: str, frames: str | FrameStore, model_cf
 
 
 def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
-    """Resumable training batches of ``fetch`` over ``data`` (the batch cut to the pairs a rank has); ``fetch``
-    sets the dataset's epoch before it builds items, so each epoch draws new frames and augmentations."""
+    """Resumable training batches of ``fetch`` over ``data`` (the batch cut to the pairs a rank has)."""
     from vlp.train import distributed
 
     per_rank = -(-len(data) // distributed.world_size())
-    if fetch is not None:
-        inner = fetch
-
-        def fetch(indices: Any) -> Any:
-            data.set_epoch(indices.epoch)
-            return inner(indices)
-
     return training_batches(section, data, fetch, min(section.batch_size, per_rank))
 
 

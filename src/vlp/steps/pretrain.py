@@ -96,7 +96,6 @@ def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) 
     from vlp.models.family import PretrainBatch
 
     def fetch(indices: Any) -> PretrainBatch:
-        data.set_epoch(indices.epoch)  # each epoch draws new frames and augmentations, in whichever process
         items = collate_video_text([data[i] for i in indices])
         enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
         is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
