@@ -107,7 +107,9 @@ echo "built $IMAGE in $(( $(date +%s) - start )) s; image size $(( size / 1024 /
 
 # Run commands in the image as uid 10001 with its root filesystem read-only (buildah run cannot): the container's
 # rootfs bind-mounted read-only in a private mount namespace, with /dev, /proc, an output folder at /work and tmpfs
-# at /tmp and the home directory (what a pod's emptyDirs give), the image's environment, chroot.
+# at /tmp and the home directory (what a pod's emptyDirs give), a 64 MiB tmpfs at /dev/shm (what the container
+# runtime gives a pod without an shm_size volume; the host's may not be writable by uid 10001), the image's
+# environment, chroot.
 ctr=$(buildah from "$IMAGE")
 mnt=$(buildah mount "$ctr")
 work=$(mktemp -d)
@@ -119,6 +121,7 @@ read -ra image_env <<< "$(buildah inspect --type image --format '{{range .OCIv1.
 inside() {
   unshare -m bash -c 'set -e; m=$1; w=$2; shift 2
     mount --bind "$m" "$m"; mount --bind /dev "$m/dev"; mount -t proc proc "$m/proc"
+    mount -t tmpfs -o mode=1777,size=64m shm "$m/dev/shm"
     mount --bind "$w" "$m/work"; mount -t tmpfs tmpfs "$m/tmp"; mount -t tmpfs tmpfs "$m/home/vlp"
     mount -o remount,bind,ro "$m"
     exec chroot --userspec=10001:10001 "$m" /usr/bin/env -i "$@"' _ "$mnt" "$work" "${image_env[@]}" "$@"

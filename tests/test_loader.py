@@ -388,6 +388,17 @@ def test_worker_settings_are_checked() -> None:
             SamplerBatches(sampler, epoch_fetch, 2, **kw)
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /dev/shm is where workers share")
+def test_workers_without_writable_shared_memory_fail_saying_what_to_set(monkeypatch, tmp_path) -> None:
+    import vlp.train.loop as loop
+
+    monkeypatch.setattr(loop, "SHARED_MEMORY", str(tmp_path / "absent"))  # what a pod with a read-only /dev has
+    sampler = ResumableSampler(4, rank=0, world_size=1)
+    with pytest.raises(RuntimeError, match=r"num_workers=1: .*absent is not writable.*shm_size.*num_workers: 0"):
+        next(iter(SamplerBatches(sampler, epoch_fetch, 2, num_workers=1)))
+    assert next(iter(SamplerBatches(sampler, epoch_fetch, 2, num_workers=0))) is not None  # no workers: no shm
+
+
 @dataclasses.dataclass
 class Clips:
     video: Tensor

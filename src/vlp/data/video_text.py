@@ -24,7 +24,7 @@ Evaluation (``max_bad_share=0``) never substitutes: a damaged test clip fails th
 from __future__ import annotations
 
 import logging
-import multiprocessing
+import mmap
 import random
 import re
 from collections.abc import Sequence
@@ -90,6 +90,37 @@ class ClipRandAugment:
             np.random.set_state(np_state)
 
 
+class DrawCounts:
+    """(skipped, drawn) counts that a process and its forked loader workers add to and all read.
+
+    One anonymous shared mapping (``mmap(-1, ...)`` is ``MAP_SHARED | MAP_ANONYMOUS``, inherited by ``fork``) with
+    a slot per process: the main process writes slot 0, loader worker ``k`` slot ``k + 1``, and a total is the sum
+    of the slots. No lock and no file: ``multiprocessing.Array`` needs a writable ``/dev/shm`` for its heap and its
+    lock, which a container may not have (a step without loader workers must run there)."""
+
+    SLOTS = 256  # loader workers per process, and then some (4 KiB)
+
+    def __init__(self) -> None:
+        self._map = mmap.mmap(-1, self.SLOTS * 2 * 8)
+        self._slots = np.frombuffer(self._map, dtype=np.int64).reshape(self.SLOTS, 2)
+
+    def add(self, skipped: bool) -> tuple[int, int]:
+        """Count one draw of this process; returns the (skipped, drawn) totals over all processes."""
+        info = torch.utils.data.get_worker_info()
+        k = 0 if info is None else 1 + info.id
+        if k >= self.SLOTS:
+            raise ValueError(f"at most {self.SLOTS - 1} loader workers share a dataset's counts, got worker {k - 1}")
+        self._slots[k] += (int(skipped), 1)
+        return self.totals()
+
+    def totals(self) -> tuple[int, int]:
+        skipped, drawn = self._slots.sum(axis=0).tolist()
+        return int(skipped), int(drawn)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("DrawCounts is shared by fork, not by pickling (a spawned loader worker cannot add to it)")
+
+
 class VideoTextDataset(torch.utils.data.Dataset):
     """(clip, caption) pairs of one split, read from an extract-frames output.
 
@@ -149,13 +180,13 @@ class VideoTextDataset(torch.utils.data.Dataset):
         if not 0.0 <= max_bad_share <= 1.0:
             raise ValueError(f"max_bad_share must be in [0, 1], got {max_bad_share}")
         self.max_bad_share = max_bad_share
-        self._counts = multiprocessing.Array("q", 2)  # [skipped, drawn]: shared with forked loader workers
+        self._counts = DrawCounts()
         self._bad_shards: dict[str, int] = {}  # this process's skips by shard, for the error message
 
     @property
     def skipped(self) -> int:
         """Damaged clips skipped so far, by this process and its forked loader workers."""
-        return int(self._counts[0])
+        return self._counts.totals()[0]
 
     def _read_pairs(self, dataset: str, split: str) -> list[tuple[str, str]]:
         """(video_id, caption) of ``split`` for the clips that have frames (extract-frames may reject some)."""
@@ -209,10 +240,7 @@ class VideoTextDataset(torch.utils.data.Dataset):
     def _count(self, failure: CorruptClipError | None) -> None:
         """Count one draw (skipped when ``failure``); once a whole epoch's worth of draws has been counted, fail when
         more than ``max_bad_share`` of them were skipped."""
-        with self._counts.get_lock():
-            self._counts[0] += failure is not None
-            self._counts[1] += 1
-            skipped, drawn = int(self._counts[0]), int(self._counts[1])
+        skipped, drawn = self._counts.add(failure is not None)
         if failure is not None:
             log.warning(
                 "skipped a damaged clip (%d of %d draws so far), took the next pair: %s", skipped, drawn, failure

@@ -47,6 +47,7 @@ import dataclasses
 import inspect
 import json
 import math
+import os
 import random
 import resource
 import signal
@@ -84,6 +85,8 @@ StepFn = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 
 # --------------------------------------------------------------------------- data position
 
+
+SHARED_MEMORY = "/dev/shm"  # where Linux's multiprocessing locks and torch's shared tensors live
 
 _ORDERS = {
     "global": "a ResumableSampler (one global permutation per epoch)",
@@ -434,6 +437,8 @@ class SamplerBatches:
       iteration starts new ones after the last batch handed out;
     * the workers ignore SIGINT and SIGTERM (a Ctrl-C or a pod's SIGTERM reaches the whole process group): the
       trainer handles the interruption and shuts them down;
+    * workers need a writable ``/dev/shm`` (Linux): without one the first iteration raises ``RuntimeError``
+      saying so, rather than a multiprocessing lock's ``OSError``;
     * ``pin_memory`` (CUDA only; ignored without CUDA) pins every tensor of a batch, whatever holds it (dicts,
       lists, tuples, dataclasses; see :func:`pin`), in the loader's pinning thread.
     """
@@ -524,6 +529,12 @@ class SamplerBatches:
             time.sleep(0.05)
 
     def _make_loader(self) -> DataLoader:
+        if self.num_workers and sys.platform == "linux" and not os.access(SHARED_MEMORY, os.W_OK):
+            raise RuntimeError(
+                f"num_workers={self.num_workers}: loader workers hand batches over in shared memory, and "
+                f"{SHARED_MEMORY} is not writable here; give the pod a memory-backed {SHARED_MEMORY} (shm_size in "
+                "the pipeline config) or set num_workers: 0"
+            )
         extra = {"in_order": True} if "in_order" in inspect.signature(DataLoader).parameters else {}
         return DataLoader(
             _FetchDataset(self.fetch),
