@@ -149,7 +149,7 @@ class PipelineConfig:
     """The whole pipeline config: what to compile into ``pipelines/compiled``."""
 
     step_config: str = "configs/default.yaml"  # default `config` parameter: the vlp step config (path or YAML)
-    downstream: bool | None = None  # fine-tune + evaluate branches; None = only when vlp.steps has them
+    downstream: bool = True  # fine-tune + evaluate branches (false: pre-training and its zero-shot evaluation only)
     register_prefix: str = "vlp"  # fine-tuned models register as <prefix>-retrieval and <prefix>-qa
     data_root: str = ""  # default `data_root` parameter: object-storage prefix for large outputs
     tracking_uri: str = ""  # env MLFLOW_TRACKING_URI of every step ("" = none; the step config may still set one)
@@ -263,11 +263,6 @@ def _check_env(cfg: PipelineConfig, path: Path) -> None:
                 raise ConfigError(f"{path}: tracking_secret.{key} {value!r} is not a Secret key")
         if login.username_key == login.password_key:
             raise ConfigError(f"{path}: tracking_secret.username_key and password_key are the same key")
-
-
-def as_dict(cfg: PipelineConfig) -> dict[str, Any]:
-    """Plain-dict view (for printing)."""
-    return dataclasses.asdict(cfg)
 
 
 # --------------------------------------------------------------------------- applying settings to tasks

@@ -7,7 +7,6 @@ closes it FINISHED or FAILED. Per-step resources, images, caching and retries co
 :class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
 """
 
-import importlib.util
 from typing import Any
 
 from kfp import dsl
@@ -25,19 +24,11 @@ def name_of(family: str) -> str:
     return NAME if family == "alpro" else f"{NAME}-{family}"
 
 
-def downstream_enabled(cfg: PipelineConfig) -> bool:
-    """Whether the fine-tune + evaluate branches are in the DAG (``None`` = when vlp.steps has them)."""
-    if cfg.downstream is not None:
-        return cfg.downstream
-    return all(importlib.util.find_spec(f"vlp.steps.{m}") is not None for m in ("finetune", "evaluate"))
-
-
 def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
     """The pre-training pipeline of ``family`` for ``cfg``: ALPRO's has the prompter, its entities and its prompt
     bank before pre-training; ALBEF's pre-trains straight from the frames."""
     if family not in FAMILIES:
         raise ValueError(f"no pre-training DAG for model family {family!r}; choose one of {FAMILIES}")
-    downstream = downstream_enabled(cfg)
     steps = "prompter -> prompt bank -> " if family == "alpro" else ""
 
     @dsl.pipeline(name=name_of(family), description=f"vlp pre-training ({family}): data -> {steps}pretrain -> eval")
@@ -75,7 +66,7 @@ def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
                 dataset=ds, frames=fr, **inputs, family=family, **stored, **scale(cfg, "pretrain")
             )
             pretrained = configure(model, cfg, "pretrain").outputs["model"]
-            branches = _downstream(cfg, ds, fr, pretrained, stored) if downstream else {}
+            branches = _downstream(cfg, ds, fr, pretrained, stored) if cfg.downstream else {}
             summary = reporting.report(
                 pretrained=pretrained,
                 **common,

@@ -11,7 +11,6 @@ import pytest
 from conftest import clearly_above, majority_share, split_rows
 from pipelines import local_run
 from pipelines.config import CONFIG_DIR, load
-from pipelines.pretrain import downstream_enabled
 from vlp import storage
 from vlp.data import manifest
 from vlp.data.video_text import normalize_answer
@@ -88,7 +87,7 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
     result = local_run.run(tmp_path / "run", params={"register_alias": "local-test"})  # what `make pipeline-run` runs
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
-    if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
+    if load(CONFIG_DIR / "local.yaml").downstream:
         steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
     for task in steps:
         assert task in outputs, f"{task} wrote no output: {sorted(outputs)}"
@@ -129,7 +128,7 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
 
     assert directory.describe(outputs["pretrain"]["model"]).kind == "albef"
     steps = ["synth", "ingest", "extract-frames", "pretrain"]
-    if downstream_enabled(load(CONFIG_DIR / "local.yaml")):
+    if load(CONFIG_DIR / "local.yaml").downstream:
         steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
         assert directory.describe(outputs["finetune-qa"]["model"]).kind == "albef_qa"
     tracked = result["mlflow"]

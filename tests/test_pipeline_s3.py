@@ -14,7 +14,6 @@ import pytest
 from components._runtime import POINTER
 from pipelines import local_run
 from pipelines.config import CONFIG_DIR, load
-from pipelines.pretrain import downstream_enabled
 from vlp import storage
 
 FAST = ["pretrain.max_steps=2"]  # the tiny config with one optimiser step fewer in both pre-training steps
@@ -54,7 +53,7 @@ def test_local_pipeline_puts_its_large_outputs_in_the_bucket(
     data_root = f"{s3_bucket}/vlp-data"
     result = local_run.run(tmp_path / "run", overrides=FAST, data_root=data_root)
     outputs = result["outputs"]
-    downstream = downstream_enabled(load(CONFIG_DIR / "local.yaml"))
+    downstream = load(CONFIG_DIR / "local.yaml").downstream
     expected = {**PRETRAIN_OUTPUTS, **(DOWNSTREAM_OUTPUTS if downstream else {})}
     listing: dict[str, set[str]] = {}
     for (task, name), files in expected.items():

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import multiprocessing
 import os
 import shutil
-import sys
 import tempfile
 import threading
 from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -60,17 +57,6 @@ def configure(cfg: StorageConfig) -> None:
     with _lock:
         _config = cfg
         _clients.clear()
-
-
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    """A pool of ``workers`` processes that use this process's storage settings.
-
-    ``fork`` on Linux: a worker starts in milliseconds, where ``spawn`` re-imports numpy, pyarrow, PyAV
-    and decord (~0.7 s CPU each). Fork before starting threads of your own (boto3 clients are per
-    process, so a worker never reuses the parent's). Elsewhere ``spawn``, with the settings passed on.
-    """
-    ctx = multiprocessing.get_context("fork" if sys.platform == "linux" else "spawn")
-    return ProcessPoolExecutor(workers, mp_context=ctx, initializer=configure, initargs=(_config,))
 
 
 def is_s3(uri: str | os.PathLike[str]) -> bool:

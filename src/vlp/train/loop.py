@@ -743,11 +743,6 @@ class TrainResult:
 # --------------------------------------------------------------------------- helpers
 
 
-def unwrap(model: nn.Module) -> nn.Module:
-    """The module inside a DDP wrapper (or ``model`` itself)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's (CPU and CUDA) global generators."""
     random.seed(seed)
