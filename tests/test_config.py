@@ -252,3 +252,10 @@ def test_every_step_validates_a_config_built_in_code_before_it_writes(tmp_path):
         with pytest.raises(ConfigError, match=r"^invalid config: storage\.max_attempts=0 must be >= 1$"):
             step(str(tmp_path / "missing-source"), str(tmp_path / "out"), cfg)
     assert not (tmp_path / "out").exists()
+
+
+def test_sampling_more_frames_than_extract_frames_stores_fails_naming_both_keys():
+    assert load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=8"]).model.num_frames == 8  # = stored: fine
+    with pytest.raises(ConfigError, match=r"model\.num_frames=9 is more than frames\.num_frames=8.*re-run extract"):
+        load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9"])
+    assert load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9", "frames.num_frames=9"])

@@ -299,6 +299,11 @@ def validate(cfg: Config) -> None:
         cfg.synth.validate()
     except ValueError as exc:
         problems.append(str(exc).removeprefix("invalid synth config: "))
+    sampled, stored = cfg.model.num_frames, cfg.frames.num_frames
+    if sampled > stored:
+        problems.append(f"model.num_frames={sampled} is more than frames.num_frames={stored}, the frames "
+                        "extract-frames stores per clip (the sampler would repeat frames): lower model.num_frames, "
+                        "or raise frames.num_frames and re-run extract-frames")  # fmt: skip
     if cfg.pretrain.group_by and cfg.pretrain.order != "global":
         problems.append(f"pretrain.group_by={cfg.pretrain.group_by!r} needs pretrain.order=global (grouped batches "
                         "are cut from the global permutation)")  # fmt: skip
