@@ -87,7 +87,7 @@ def random_init(uris: dict[str, str], prompter: str, out: str, cfg: Config) -> N
     import torch
 
     from vlp.models import directory
-    from vlp.models.alpro import Alpro
+    from vlp.models.alpro.model import Alpro
     from vlp.steps.pretrain import model_config
     from vlp.train.checkpoint import save_checkpoint
 

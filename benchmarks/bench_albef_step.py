@@ -24,7 +24,7 @@ import time
 import torch
 
 from bench_alpro_step import WORDS
-from vlp.models.albef import Albef, AlbefConfig, albef_step
+from vlp.models.albef.model import Albef, AlbefConfig, albef_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.vit import FrameViTConfig
 from vlp.models.text import TextConfig

@@ -23,7 +23,7 @@ from dataclasses import replace
 import torch
 
 from vlp import losses
-from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step, small_towers
+from vlp.models.alpro.model import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step, small_towers
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.timesformer import TimeSformerConfig
 from vlp.models.text import TextConfig

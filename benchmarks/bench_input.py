@@ -336,7 +336,7 @@ def alpro_flops_per_clip(num_frames: int = 4, batch: int = 2) -> float:
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import bench_alpro_step as bench
-    from vlp.models.alpro import Alpro, DualEncoder, PemContext, alpro_step
+    from vlp.models.alpro.model import Alpro, DualEncoder, PemContext, alpro_step
     from vlp.models.family import PretrainBatch, StepContext, TextVocab
     from vlp.models.tokenizer import train_wordpiece
 

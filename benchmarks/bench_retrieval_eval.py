@@ -289,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     import vlp.eval.report  # import cost stays out of the first timed run
-    import vlp.models.alpro  # noqa: F401
+    import vlp.models.alpro.model  # noqa: F401
 
     img_size = model_img_size(args.model)
     ks = sorted({*(k for k in args.ks if k < args.num_videos), args.num_videos})

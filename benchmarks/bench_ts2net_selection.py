@@ -24,7 +24,7 @@ import torch
 
 
 def build(select: str, frames: int, draws: int) -> torch.nn.Module:
-    from vlp.models.ts2net import ClipTextConfig, ClipVisionConfig, TS2Net, TS2NetConfig
+    from vlp.models.ts2net.model import ClipTextConfig, ClipVisionConfig, TS2Net, TS2NetConfig
 
     cfg = TS2NetConfig(ClipVisionConfig(num_frames=frames), ClipTextConfig(), select=select, select_draws=draws)
     return TS2Net(cfg).train()

@@ -25,8 +25,8 @@ from vlp.data import manifest
 from vlp.data.synth import COLORS, SCENE_PHRASES, SHAPE_SYNONYMS
 from vlp.data.video_text import VideoTextDataset, collate_video_text
 from vlp.models import directory
-from vlp.models.alpro import Alpro, DualEncoder
-from vlp.models.prompts import PromptBank
+from vlp.models.alpro.model import Alpro, DualEncoder
+from vlp.models.alpro.prompts import PromptBank
 
 
 def load_dual(out: str, trained: bool) -> tuple[DualEncoder, int]:

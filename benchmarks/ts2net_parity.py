@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from vlp.models import import_ts2net
-from vlp.models.ts2net import FAMILY, TS2Net
+from vlp.models.ts2net import importer as import_ts2net
+from vlp.models.ts2net.model import FAMILY, TS2Net
 
 FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ts2net_parity"
 

@@ -18,7 +18,7 @@ on a synthetic world built with the project's own steps (synth -> ingest -> extr
      from the trained text tower's layer *i*: a stand-in for ALPRO's BERT-initialised fusion),
      ``towers=train`` (towers trained too, with ``vtc=1`` VTC alongside; default ``towers=frozen``: the
      towers' tokens are computed once, 4 frame draws per training clip);
-   - ``impl=library``: the whole model trained with ``vlp.models.alpro.alpro_step`` exactly as
+   - ``impl=library``: the whole model trained with ``vlp.models.alpro.model.alpro_step`` exactly as
      ``vlp pretrain`` (``terms=vtc+mlm+vtm``) or ``finetune-retrieval`` (``terms=vtc+vtm``) do.
 
    For each run, on the held-out test split (model in eval mode):
@@ -75,7 +75,7 @@ from vlp.data.sampling import sample_indices
 from vlp.data.synth import plan_item
 from vlp.data.video_text import VideoTextDataset
 from vlp.eval import retrieval
-from vlp.models.alpro import Alpro, DualEncoder, alpro_losses, alpro_step, vtm_logits
+from vlp.models.alpro.model import Alpro, DualEncoder, alpro_losses, alpro_step, vtm_logits
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 from vlp.steps.extract_frames import extract_frames

@@ -17,7 +17,7 @@ from vlp import storage
 from vlp.data import manifest
 from vlp.data.video_text import normalize_answer
 from vlp.losses import distill
-from vlp.models.albef import FAMILY, Albef, AlbefConfig, AlbefOutput, albef_losses, albef_step
+from vlp.models.albef.model import FAMILY, Albef, AlbefConfig, AlbefOutput, albef_losses, albef_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.settings import ModelConfig
@@ -454,7 +454,7 @@ def test_answer_losses_by_hand():
 
 
 def test_ranking_keeps_the_first_token_top_k_and_scores_them_as_albef(tok):
-    from vlp.models.albef import AlbefQA
+    from vlp.models.albef.model import AlbefQA
 
     torch.manual_seed(0)
     cfg = AlbefConfig.tiny(vocab_size=len(tok), answer_topk=2, answer_len=4, alpha_ramp_steps=0)
@@ -515,7 +515,7 @@ def test_qa_fine_tuning_and_evaluation_through_the_shared_steps(pretrained, tmp_
 
 
 def test_every_qa_parameter_learns_and_the_teacher_does_not(tok):
-    from vlp.models.albef import AlbefQA, albef_qa_losses
+    from vlp.models.albef.model import AlbefQA, albef_qa_losses
 
     torch.manual_seed(0)
     qa = AlbefQA(AlbefConfig.tiny(vocab_size=len(tok), answer_len=4, alpha_ramp_steps=0), 3)

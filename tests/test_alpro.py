@@ -9,7 +9,7 @@ import torch
 
 from vlp.data import manifest
 from vlp.data.video_text import VideoTextDataset, collate_video_text
-from vlp.models.alpro import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step
+from vlp.models.alpro.model import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 
@@ -175,7 +175,8 @@ def test_same_clip_rules_and_negative_mode_reach_the_losses(tokenizer, batch, mo
 
 
 def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_weights_is_refused():
-    from vlp.models import albef, alpro
+    from vlp.models.albef import model as albef
+    from vlp.models.alpro import model as alpro
     from vlp.train.settings import ModelConfig
 
     section = ModelConfig(preset="paper")  # vit_base_patch16_224.orig_in21k + bert-base-uncased (nothing loaded)

@@ -135,7 +135,7 @@ def test_every_paper_row_layers_over_the_default_config(name):
     row describes builds."""
     cfg = load_config([REPO / "configs" / "default.yaml", REPO / "configs" / name])
     if name.startswith("albef/"):
-        from vlp.models.albef import FAMILY
+        from vlp.models.albef.model import FAMILY
 
         albef = FAMILY.config(dataclasses.replace(cfg.model, family="albef"), 30522)
         if name == "albef/pretrain-4m.yaml":
@@ -150,7 +150,7 @@ def test_every_paper_row_layers_over_the_default_config(name):
             if task == "retrieval":
                 assert tuned.losses == ("itc", "itm") and tuned.same_video == "positive"
     if name.startswith("ts2net/"):
-        from vlp.models.ts2net import FAMILY as TS2NET
+        from vlp.models.ts2net.model import FAMILY as TS2NET
 
         layered = [
             REPO / "configs" / "default.yaml",

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from vlp.models import family
-from vlp.models.alpro import FAMILY, Alpro, AlproConfig, AlproOutput, alpro_losses, alpro_step
+from vlp.models.alpro.model import FAMILY, Alpro, AlproConfig, AlproOutput, alpro_losses, alpro_step
 from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.settings import ModelConfig, RetrievalConfig

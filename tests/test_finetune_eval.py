@@ -158,7 +158,7 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
 
     import vlp.steps.finetune as finetune_module
     from vlp.data.video_text import VideoQADataset
-    from vlp.models.alpro import FAMILY
+    from vlp.models.alpro.model import FAMILY
     from vlp.models.tokenizer import load_tokenizer
     from vlp.steps.evaluate import _predict_qa
     from vlp.steps.finetune import task_data, text_length

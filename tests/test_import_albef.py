@@ -19,9 +19,9 @@ import torch
 from vlp.cli import main
 from vlp.losses import distill
 from vlp.models import directory
-from vlp.models.albef import albef_forward, itm_logits
+from vlp.models.albef.model import albef_forward, itm_logits
+from vlp.models.alpro.importer import CheckpointFormatError, read_checkpoint
 from vlp.models.family import PretrainBatch, StepContext
-from vlp.models.import_alpro import CheckpointFormatError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "albef_parity"
 ATOL = 1e-4

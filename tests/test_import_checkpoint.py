@@ -20,8 +20,8 @@ import torch
 
 from vlp.cli import main
 from vlp.models import directory
-from vlp.models.alpro import vtm_logits
-from vlp.models.import_alpro import CheckpointFormatError, read_checkpoint
+from vlp.models.alpro.importer import CheckpointFormatError, read_checkpoint
+from vlp.models.alpro.model import vtm_logits
 
 FIXTURE = Path(__file__).parent / "fixtures" / "alpro_parity"
 ATOL = 1e-4  # the outputs are O(1)-O(10); a wrong key moves one by >= 4e-3 (README: per-key sensitivity)

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from vlp.config import load_config
-from vlp.models import directory, import_ts2net
-from vlp.models.import_alpro import CheckpointFormatError
-from vlp.models.ts2net import FAMILY, TS2Net
+from vlp.models import directory
+from vlp.models.alpro.importer import CheckpointFormatError
+from vlp.models.ts2net import importer as import_ts2net
+from vlp.models.ts2net.model import FAMILY, TS2Net
 from vlp.steps.import_checkpoint import import_checkpoint
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ts2net_parity"

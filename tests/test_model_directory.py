@@ -12,7 +12,7 @@ import torch
 
 from vlp.data.manifest import PathEscapeError
 from vlp.models import directory
-from vlp.models.alpro import Alpro, AlproConfig, AlproQA, DualEncoder
+from vlp.models.alpro.model import Alpro, AlproConfig, AlproQA, DualEncoder
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.checkpoint import save_model_weights
 

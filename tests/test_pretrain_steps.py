@@ -14,7 +14,7 @@ import torch
 from vlp import storage
 from vlp.cli import main
 from vlp.config import Config, ConfigError, load_config, parse_override
-from vlp.models.prompts import PromptBank
+from vlp.models.alpro.prompts import PromptBank
 from vlp.steps.mine_entities import mine_entities
 from vlp.steps.pretrain import build_prompt_bank, load_prompter, pretrain, pretrain_prompter
 
@@ -200,7 +200,7 @@ def test_cli_runs_the_prompter_on_s3(tiny_world, s3_bucket, s3_env):
 def test_model_json_config_round_trip(preset):
     import dataclasses
 
-    from vlp.models.alpro import AlproConfig
+    from vlp.models.alpro.model import AlproConfig
     from vlp.steps.pretrain import model_config
     from vlp.train.settings import ModelConfig
 
@@ -370,7 +370,7 @@ def test_local_bert_weights_bring_their_own_tokenizer(tiny_world, tmp_path):
     assert tokenizer_digest(load_tokenizer(str(out / "tokenizer"))) == tokenizer_digest(tok)
     doc = json.loads((out / "model.json").read_text())
     assert doc["config"]["text"]["init"] == str(bert_dir) and doc["config"]["text"]["vocab_size"] == len(tok)
-    from vlp.models.alpro import Alpro, AlproConfig, DualEncoder
+    from vlp.models.alpro.model import Alpro, AlproConfig, DualEncoder
 
     model_cfg = AlproConfig.from_dict(doc["config"], keep_init=True)  # the towers as the step built them
     prompter = DualEncoder(model_cfg.video, model_cfg.text, embed_dim=model_cfg.embed_dim, init_temp=0.07)

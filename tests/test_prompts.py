@@ -8,7 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.models.prompts import IMAGE_TEMPLATES, VIDEO_TEMPLATES, PromptBank, build_prompt_bank, build_prompts, ensemble
+from vlp.models.alpro.prompts import (
+    IMAGE_TEMPLATES,
+    VIDEO_TEMPLATES,
+    PromptBank,
+    build_prompt_bank,
+    build_prompts,
+    ensemble,
+)
 
 
 def test_the_twelve_alpro_templates():

@@ -18,7 +18,7 @@ from vlp.losses.frames import frame_contrastive_loss, frame_scores, mean_pool_sc
 from vlp.models.family import PretrainBatch, StepContext
 from vlp.models.layers.shift import shift_positions, token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
-from vlp.models.ts2net import TS2Net, TS2NetConfig
+from vlp.models.ts2net.model import TS2Net, TS2NetConfig
 
 # --------------------------------------------------------------------------- token shift
 
@@ -348,7 +348,7 @@ def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path):
 
 def test_the_msrvtt_config_is_the_papers_and_codes_row():
     from vlp.config import load_config
-    from vlp.models.ts2net import FAMILY
+    from vlp.models.ts2net.model import FAMILY
 
     root = Path(__file__).resolve().parents[1] / "configs"
     cfg = load_config([root / "default.yaml", root / "ts2net" / "msrvtt.yaml"])
@@ -371,7 +371,7 @@ def test_the_msrvtt_config_is_the_papers_and_codes_row():
 
 def test_the_didemo_row_sizes_the_aggregator_for_64_frames():
     from vlp.config import load_config
-    from vlp.models.ts2net import FAMILY
+    from vlp.models.ts2net.model import FAMILY
 
     root = Path(__file__).resolve().parents[1] / "configs"
     files = [root / "default.yaml", root / "ts2net" / "msrvtt.yaml", root / "ts2net" / "didemo.yaml"]
@@ -393,7 +393,7 @@ def test_clip_by_hub_name_loads_the_revision_asked_for_and_records_its_commit(mo
 
     from hub_cache import add_snapshot, commit_sha, offline_hub
     from vlp.models.tokenizer import PretrainedUnavailableError, upstream_of
-    from vlp.models.ts2net import FAMILY
+    from vlp.models.ts2net.model import FAMILY
     from vlp.train.settings import ModelConfig
 
     cache = offline_hub(monkeypatch, tmp_path)

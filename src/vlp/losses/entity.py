@@ -245,7 +245,7 @@ def crop_frames(
             which is what the ALPRO code feeds its prompter (``random_erase`` zeroes the raw pixels).
         size: output ``(H', W')`` for ``"resize"``; defaults to ``(H, W)``.
         fill: ``(C,)`` values outside the box for ``"zero_outside"``; None = 0. The frames are normalised,
-            so the code's black is ``-mean / std`` per channel (:meth:`vlp.models.alpro.AlproConfig.black`).
+            so the code's black is ``-mean / std`` per channel (:meth:`vlp.models.alpro.model.AlproConfig.black`).
 
     Returns:
         ``(B, T, C, H', W')`` frames.

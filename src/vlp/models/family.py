@@ -224,7 +224,9 @@ def generator_on(generator: Any, like: Tensor) -> Any:
 
 def families() -> dict[str, Family]:
     """The plain mapping from a family's name to it (each module imported on first use)."""
-    from vlp.models import albef, alpro, ts2net
+    from vlp.models.albef import model as albef
+    from vlp.models.alpro import model as alpro
+    from vlp.models.ts2net import model as ts2net
 
     mapping: dict[str, Family] = {"alpro": alpro.FAMILY, "albef": albef.FAMILY, "ts2net": ts2net.FAMILY}
     if tuple(mapping) != NAMES:

@@ -3,8 +3,8 @@
 The output is what ``finetune-*`` and ``evaluate-*`` accept (:mod:`vlp.models.directory`): ``model.json``
 (kind, config read from the shapes, lineage: the file and its SHA-256), ``tokenizer/``, ``weights/`` and, for
 QA, ``answers.json``; plus ``import_report.json``, which lists every source key that has no place in the model
-and why. See :mod:`vlp.models.import_alpro`, :mod:`vlp.models.import_albef` and :mod:`vlp.models.import_ts2net` for
-the formats.
+and why. Each family's ``importer`` module (:mod:`vlp.models.alpro.importer`, :mod:`vlp.models.albef.importer`,
+:mod:`vlp.models.ts2net.importer`) describes its formats.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def import_checkpoint(
     opts = _Options(fmt, kind, tokenizer, answers, video_heads, text_heads, fusion_layers, max_len, family, num_frames)
 
     def work() -> StepResult:
-        from vlp.models.import_alpro import read_checkpoint
+        from vlp.models.alpro.importer import read_checkpoint
 
         if family not in ("auto", "alpro", "albef", "ts2net"):
             raise ValueError(f"family must be alpro, albef, ts2net or auto, got {family!r}")
@@ -138,8 +138,9 @@ def _map(source: str, state: dict[str, Any], opts: _Options) -> _Mapped:
     """``state`` mapped by its family's importer; a file whose tensors do not fit is a one-line
     :class:`CheckpointFormatError` that names ``source``.
     """
-    from vlp.models import import_albef, import_ts2net
-    from vlp.models.import_alpro import CheckpointFormatError
+    from vlp.models.albef import importer as import_albef
+    from vlp.models.alpro.importer import CheckpointFormatError
+    from vlp.models.ts2net import importer as import_ts2net
 
     try:
         if opts.family == "ts2net" or (opts.family == "auto" and import_ts2net.is_ts2net(state)):
@@ -161,7 +162,7 @@ def _map(source: str, state: dict[str, Any], opts: _Options) -> _Mapped:
 
 
 def _map_ts2net(state: dict[str, Any], opts: _Options) -> _Mapped:
-    from vlp.models import import_ts2net
+    from vlp.models.ts2net import importer as import_ts2net
 
     if opts.kind not in ("auto", "ts2net_retrieval") or opts.fmt not in ("auto", "ts2net") or opts.answers:
         raise ValueError("a TS2-Net checkpoint is a retrieval model (kind ts2net_retrieval, format ts2net); it "
@@ -171,7 +172,8 @@ def _map_ts2net(state: dict[str, Any], opts: _Options) -> _Mapped:
 
 
 def _map_albef(state: dict[str, Any], opts: _Options) -> _Mapped:
-    from vlp.models import albef, import_albef
+    from vlp.models.albef import importer as import_albef
+    from vlp.models.albef import model as albef
 
     chosen_fmt = import_albef.detect_format(state) if opts.fmt == "auto" else opts.fmt
     chosen_kind = import_albef.detect_kind(state) if opts.kind == "auto" else opts.kind
@@ -199,8 +201,8 @@ def _map_albef(state: dict[str, Any], opts: _Options) -> _Mapped:
 
 
 def _map_alpro(state: dict[str, Any], opts: _Options) -> _Mapped:
-    from vlp.models import alpro
-    from vlp.models import import_alpro as imp
+    from vlp.models.alpro import importer as imp
+    from vlp.models.alpro import model as alpro
 
     chosen_fmt = imp.detect_format(state) if opts.fmt == "auto" else opts.fmt
     chosen_kind = imp.detect_kind(state) if opts.kind == "auto" else opts.kind

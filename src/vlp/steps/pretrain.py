@@ -151,7 +151,7 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
     """Embed 12 video + 12 image templates x the top-M mined entities with the frozen prompter."""
 
     def work() -> StepResult:
-        from vlp.models.prompts import build_prompt_bank as build
+        from vlp.models.alpro.prompts import build_prompt_bank as build
 
         entities_uri = storage.join(entities_dir, "entities.parquet")
         remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
@@ -201,7 +201,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         if fam.kinds.prompter:
             prompter, tok, _ = load_prompter(prompter_dir)
             if "pem" in terms:
-                from vlp.models.prompts import PromptBank
+                from vlp.models.alpro.prompts import PromptBank
 
                 bank = PromptBank.load(bank_dir)
         else:
@@ -221,7 +221,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         model = fam.build(fam.kinds.pretrained, model_cfg).to(where)
         extra = None
         if bank is not None:
-            from vlp.models.alpro import PemContext
+            from vlp.models.alpro.model import PemContext
 
             extra = PemContext(prompter.to(where), bank.video, bank.image)
         ctx = StepContext(
@@ -259,7 +259,7 @@ def _prompter_inputs(fam: Any, prompter_dir: str, bank_dir: str, terms: list[str
     """The prompter and prompt bank :func:`check_inputs` checks for ``pretrain`` (none for a family without)."""
     if not fam.kinds.prompter:
         return {}
-    from vlp.models.prompts import BANK_FILE, ENTITIES_FILE
+    from vlp.models.alpro.prompts import BANK_FILE, ENTITIES_FILE
 
     remedy = f"run `vlp build-prompt-bank --out {bank_dir}` first (--prompt-bank is its output)"
     bank = [(storage.join(bank_dir, name), remedy) for name in (BANK_FILE, ENTITIES_FILE)] if "pem" in terms else []

@@ -1,4 +1,4 @@
-"""Released TS2-Net weights (yuqi657/ts2_net) -> a vlp :class:`vlp.models.ts2net.TS2Net`: every key mapped or
+"""Released TS2-Net weights (yuqi657/ts2_net) -> a vlp :class:`vlp.models.ts2net.model.TS2Net`: every key mapped or
 explained, every shape checked.
 
 The released code saves ``model.state_dict()`` of its ``CLIP4Clip`` class (``modules/modeling.py``; key layout
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.import_alpro import CheckpointFormatError, ImportReport, check_mapping, read_checkpoint
+from vlp.models.alpro.importer import CheckpointFormatError, ImportReport, check_mapping, read_checkpoint
 
 __all__ = ["FORMATS", "KINDS", "infer_config", "is_ts2net", "map_state_dict", "read_checkpoint"]
 
@@ -56,9 +56,9 @@ def _blocks(state: Mapping[str, Tensor], prefix: str) -> list[int]:
 
 
 def infer_config(state: Mapping[str, Tensor], *, num_frames: int = 12, max_len: int = 32) -> Any:
-    """The :class:`~vlp.models.ts2net.TS2NetConfig` a released state dict implies (``num_frames``: clips in
+    """The :class:`~vlp.models.ts2net.model.TS2NetConfig` a released state dict implies (``num_frames``: clips in
     training; ``max_len``: unused by the sizes, the text positions come from the file)."""
-    from vlp.models.ts2net import ClipTextConfig, ClipVisionConfig, TS2NetConfig
+    from vlp.models.ts2net.model import ClipTextConfig, ClipVisionConfig, TS2NetConfig
 
     if not is_ts2net(state):
         raise CheckpointFormatError("not a TS2-Net checkpoint: no clip.visual.conv1.weight / clip.token_embedding")
@@ -185,7 +185,7 @@ def _put(out: dict, report: ImportReport, shapes: list, target: Mapping, name: s
 
 def build(state: Mapping[str, Tensor], *, num_frames: int = 12) -> tuple[Any, dict[str, Tensor], ImportReport]:
     """``(config, weights, report)`` of a released state dict, the weights checked against a built model."""
-    from vlp.models.ts2net import TS2Net
+    from vlp.models.ts2net.model import TS2Net
 
     cfg = infer_config(state, num_frames=num_frames)
     torch.manual_seed(0)

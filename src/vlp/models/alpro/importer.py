@@ -224,7 +224,7 @@ def infer_config(
     fusion_layers: int = 0,
     max_len: int = 40,
 ) -> Any:
-    """The :class:`vlp.models.alpro.AlproConfig` the shapes of ``state`` describe.
+    """The :class:`vlp.models.alpro.model.AlproConfig` the shapes of ``state`` describe.
 
     Args:
         state: the source state dict.
@@ -233,7 +233,7 @@ def infer_config(
         fusion_layers: BERT layers that fuse; 0 = half of them (ALPRO: layers 7-12 of 12).
         max_len: text length for fine-tuning and evaluation (the released configs: 40).
     """
-    from vlp.models.alpro import LOSS_TERMS, AlproConfig
+    from vlp.models.alpro.model import LOSS_TERMS, AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig
 

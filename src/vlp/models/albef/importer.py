@@ -1,4 +1,4 @@
-"""Released ALBEF weights -> a vlp :class:`vlp.models.albef.Albef`: every key mapped or explained, every shape
+"""Released ALBEF weights -> a vlp :class:`vlp.models.albef.model.Albef`: every key mapped or explained, every shape
 checked.
 
 Two formats are read (key layouts written down from the reference code, see
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.import_alpro import (
+from vlp.models.alpro.importer import (
     CLIP_MEAN,
     CLIP_STD,
     CheckpointFormatError,
@@ -128,7 +128,7 @@ def infer_config(
     num_frames: int = 1,
     max_len: int = 30,
 ) -> Any:
-    """The :class:`vlp.models.albef.AlbefConfig` the shapes of ``state`` describe.
+    """The :class:`vlp.models.albef.model.AlbefConfig` the shapes of ``state`` describe.
 
     Args:
         state: the source state dict.
@@ -138,7 +138,7 @@ def infer_config(
         num_frames: frames per clip the time embedding is sized for (it starts at zero: an image is a 1-frame clip).
         max_len: text length for fine-tuning and evaluation (ALBEF: 30).
     """
-    from vlp.models.albef import AlbefConfig
+    from vlp.models.albef.model import AlbefConfig
     from vlp.models.layers.vit import FrameViTConfig
     from vlp.models.text import TextConfig
 
@@ -255,7 +255,7 @@ def _filled(name: str, fmt: str) -> str | None:
 def map_state_dict(
     state: Mapping[str, Tensor], target: Mapping[str, Tensor], kind: str, fmt: str, text_layers: int
 ) -> tuple[dict[str, Tensor], ImportReport]:
-    """Source tensors renamed to ``target``'s keys (an :class:`~vlp.models.albef.Albef`'s ``state_dict()``).
+    """Source tensors renamed to ``target``'s keys (an :class:`~vlp.models.albef.model.Albef`'s ``state_dict()``).
 
     Every source key is mapped, a checked tied copy (the MLM decoders) or listed in the report's ``unmapped``
     with its reason; every target key is filled with the right shape. Target keys the file lacks are allowed
