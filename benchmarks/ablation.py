@@ -156,7 +156,7 @@ def prompter_and_banks(args: argparse.Namespace, uris: dict[str, str], seed: int
         pretrain_prompter(uris["dataset"], uris["frames"], f"{base}/prompter", cfg)
     for name, ensemble in (("bank", True), ("bank_single", False)):
         if not done(f"{base}/{name}"):
-            one = settings(args, seed, [f"model.prompt_ensemble={str(ensemble).lower()}"])
+            one = settings(args, seed, [f"model.alpro.prompt_ensemble={str(ensemble).lower()}"])
             build_prompt_bank(f"{base}/prompter", uris["entities"], f"{base}/{name}", one)
 
 
@@ -295,7 +295,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         f"{c.model.img_size} px ({100 * c.synth.test_fraction:.0f}% test: {results[0]['num_videos']:.0f} clips, "
         f"{results[0]['num_texts']:.0f} captions), {c.model.preset} ALPRO preset, {c.model.num_frames} frames, batch "
         f"{c.pretrain.batch_size}. Prompter and pre-training {c.pretrain.max_steps} steps each at lr {c.pretrain.lr} "
-        f"(VTM negatives: {c.model.vtm_negatives}); fine-tuning {c.retrieval.max_steps} (retrieval, lr "
+        f"(VTM negatives: {c.model.own().vtm_negatives}); fine-tuning {c.retrieval.max_steps} (retrieval, lr "
         f"{c.retrieval.lr}, VTM negatives {c.retrieval.vtm_negatives}, same-clip pairs {c.retrieval.same_video_vtm}) "
         f"/ {c.qa.max_steps} (QA, lr {c.qa.lr}) steps; retrieval scores the VTC top-{c.retrieval.k} by "
         f"`{c.retrieval.score_rule}`. Seeds {seeds}. Mean ± sample std over seeds. Chance: R@1 "

@@ -60,8 +60,8 @@ def settings(args: argparse.Namespace, seed: int, row: str = "itc+mlm+itm_hard+m
     Fine-tuning is the main job's in every row (ITC + ITM, mixed ITM negatives), with or without MoD as the row."""
     losses, negatives, distill = ROWS[row]
     o = ["synth.num_images=0", "ingest.progress=false", "frames.progress=false", "pretrain.progress=false"]
-    o += ["model.family=albef", f"model.losses={json.dumps(losses)}", f"model.vtm_negatives={negatives}"]
-    o.append(f"model.distill={str(distill).lower()}")
+    o += ["model.family=albef", f"model.losses={json.dumps(losses)}", f"model.albef.vtm_negatives={negatives}"]
+    o.append(f"model.albef.distill={str(distill).lower()}")
     if args.clips:
         o.append(f"synth.num_videos={args.clips}")
     if args.pretrain_steps:
@@ -173,8 +173,9 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         f"Setting: the main job's (`configs/pipeline-local.yaml`) with `model.family=albef`: synthetic world, "
         f"{c.synth.num_videos} clips at {c.model.img_size} px ({100 * c.synth.test_fraction:.0f}% test: "
         f"{first['num_videos']:.0f} clips, {first['num_texts']:.0f} captions), {c.model.preset} preset, "
-        f"{c.model.num_frames} frames, batch {c.pretrain.batch_size}, momentum {c.model.momentum}, queue "
-        f"{c.model.queue_size}, alpha {c.model.alpha} ramped over the first epoch. Pre-training {c.pretrain.max_steps} "
+        f"{c.model.num_frames} frames, batch {c.pretrain.batch_size}, momentum {c.model.own().momentum}, queue "
+        f"{c.model.own().queue_size}, alpha {c.model.own().alpha} ramped over the first epoch. Pre-training "
+        f"{c.pretrain.max_steps} "
         f"steps at lr {c.pretrain.lr}; fine-tuning {c.retrieval.max_steps} (retrieval, lr {c.retrieval.lr}, ITC + "
         f"ITM) / {c.qa.max_steps} (QA, lr {c.qa.lr}, answer decoder) steps; retrieval re-ranks the ITC top-"
         f"{c.retrieval.k} by `{c.retrieval.score_rule}`. Seeds {seeds}. Mean ± sample std over seeds. Chance: R@1 "

@@ -47,20 +47,26 @@ from ablation import (
 from vlp import storage
 from vlp.config import Config, load_config
 
-FULL = ["model.shift_mode=code", "model.shift_last=1", "model.select=code", "model.select_k=3",
-        "model.aggregator_layers=2", "model.frame_pool=weighted", "model.frame_lambda=4.0"]  # fmt: skip
+FULL = ["model.ts2net.shift_mode=code", "model.ts2net.shift_last=1", "model.ts2net.select=code",
+        "model.ts2net.select_k=3", "model.ts2net.aggregator_layers=2", "model.ts2net.frame_pool=weighted",
+        "model.ts2net.frame_lambda=4.0"]  # fmt: skip
 ROWS: dict[str, list[str]] = {  # row -> overrides on top of FULL
-    "clip-meanP": ["model.shift_mode=none", "model.select=none", "model.aggregator_layers=0", "model.frame_pool=mean"],
+    "clip-meanP": [
+        "model.ts2net.shift_mode=none",
+        "model.ts2net.select=none",
+        "model.ts2net.aggregator_layers=0",
+        "model.ts2net.frame_pool=mean",
+    ],
     "ts2net": [],
-    "no shift": ["model.shift_mode=none"],
-    "channel shift": ["model.shift_mode=channel"],
-    "paper shift": ["model.shift_mode=paper", "model.shift_ratio=0.25"],
-    "no selection": ["model.select=none"],
-    "K=1": ["model.select_k=1"],
-    "K=4": ["model.select_k=4"],
-    "lambda=1": ["model.frame_lambda=1.0"],
-    "mean frames": ["model.frame_pool=mean"],
-    "no aggregator": ["model.aggregator_layers=0"],
+    "no shift": ["model.ts2net.shift_mode=none"],
+    "channel shift": ["model.ts2net.shift_mode=channel"],
+    "paper shift": ["model.ts2net.shift_mode=paper", "model.ts2net.shift_ratio=0.25"],
+    "no selection": ["model.ts2net.select=none"],
+    "K=1": ["model.ts2net.select_k=1"],
+    "K=4": ["model.ts2net.select_k=4"],
+    "lambda=1": ["model.ts2net.frame_lambda=1.0"],
+    "mean frames": ["model.ts2net.frame_pool=mean"],
+    "no aggregator": ["model.ts2net.aggregator_layers=0"],
 }
 ROOT = Path(__file__).resolve().parents[1]
 BASE = ROOT / "configs" / "pipeline-local.yaml"

@@ -253,12 +253,12 @@ def read_json(base: str, name: str) -> dict[str, Any] | None:
 
 def pretrain_fn(family: str) -> Callable[..., dict[str, Any]]:
     """The pre-training step function for a model ``family`` (``model.family`` picks the model inside it)."""
-    from vlp.models.family import NAMES, get
+    from vlp.models.family import names, spec
     from vlp.steps import pretrain
 
-    if family not in NAMES:
-        raise ValueError(f"model family {family!r} is not available; choose one of {sorted(NAMES)}")
-    if not get(family).pretrains:
+    if family not in names():
+        raise ValueError(f"model family {family!r} is not available; choose one of {sorted(names())}")
+    if not spec(family).pretrains:
         raise ValueError(f"model family {family!r} is not pre-trained: it fine-tunes from its named weights "
                          "(the vlp-retrieval DAG)")  # fmt: skip
     return pretrain.pretrain

@@ -17,12 +17,16 @@ from pipelines import config as pipeline_config
 from pipelines import pretrain, reevaluate, retrieval
 
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
-BUILDERS: dict[str, Callable[[pipeline_config.PipelineConfig], Any]] = {
-    "pretrain": pretrain.build,
-    "pretrain-albef": functools.partial(pretrain.build, family="albef"),
-    "reevaluate": reevaluate.build,
-    "retrieval": retrieval.build,
-}
+
+
+def builders() -> dict[str, Callable[[pipeline_config.PipelineConfig], Any]]:
+    """Every compiled pipeline by file name: a pre-training DAG per family that pre-trains (``pretrain`` is the
+    default family's, ``pretrain-<family>`` another's), re-evaluation and retrieval."""
+    found: dict[str, Callable[[pipeline_config.PipelineConfig], Any]] = {
+        pretrain.name_of(family).removeprefix("vlp-"): functools.partial(pretrain.build, family=family)
+        for family in pretrain.families()
+    }
+    return found | {"reevaluate": reevaluate.build, "retrieval": retrieval.build}
 
 
 def compile_all(
@@ -33,7 +37,7 @@ def compile_all(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name, build in BUILDERS.items():
+    for name, build in builders().items():
         path = out_dir / f"{name}.yaml"
         compiler.Compiler().compile(build(cfg), str(path))
         paths.append(path)

@@ -31,6 +31,7 @@ from typing import Any
 
 from pipelines import config as pipeline_config
 from pipelines import local_talk, pretrain, retrieval
+from vlp.train.settings import DEFAULT_FAMILY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "vlp-local"
@@ -44,8 +45,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--source-uri", default="", help="raw dataset to ingest instead of a fresh synthetic world")
     parser.add_argument("--pipeline", default="pretrain", choices=["pretrain", "retrieval"],
                         help="the pre-training DAG of --family, or vlp-retrieval (from weights)")  # fmt: skip
-    parser.add_argument("--family", default=None, help="model family (pretrain: alpro / albef, default alpro; "
-                        "retrieval: any, default ts2net)")  # fmt: skip
+    parser.add_argument("--family", default=None, help="model family (pretrain: one that pre-trains, default "
+                        f"{DEFAULT_FAMILY}; retrieval: any, default {retrieval.default_family()})")  # fmt: skip
     parser.add_argument(
         "--data-root", default=None, help="s3:// prefix for large outputs (default: the pipeline config's data_root)"
     )
@@ -258,12 +259,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     start = time.perf_counter()
     from pipelines.submit import SubmitError, parse_params
 
-    family = args.family or ("ts2net" if args.pipeline == "retrieval" else "alpro")
+    family = args.family or (retrieval.default_family() if args.pipeline == "retrieval" else DEFAULT_FAMILY)
     try:
-        if args.pipeline == "pretrain" and family not in pretrain.FAMILIES:
-            raise SubmitError(f"no pre-training DAG for {family!r}: choose {pretrain.FAMILIES} or --pipeline retrieval")
-        name = "pretrain" if family == "alpro" else f"pretrain-{family}"
-        name = "retrieval" if args.pipeline == "retrieval" else name
+        if args.pipeline == "pretrain" and family not in pretrain.families():
+            raise SubmitError(f"no pre-training DAG for {family!r}: choose {sorted(pretrain.families())} or "
+                              "--pipeline retrieval")  # fmt: skip
+        name = "retrieval" if args.pipeline == "retrieval" else pretrain.name_of(family).removeprefix("vlp-")
         params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / f"{name}.yaml")
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)

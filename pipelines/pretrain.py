@@ -1,10 +1,11 @@
-"""The pre-training DAGs (``vlp-pretrain`` for ALPRO, ``vlp-pretrain-albef`` for ALBEF).
+"""The pre-training DAGs: one per registered model family that pre-trains (``vlp-pretrain`` for the default
+family, ALPRO; ``vlp-pretrain-<family>`` for the others, e.g. ``vlp-pretrain-albef``).
 
-synth (or an existing raw dataset) -> ingest -> extract_frames, [ALPRO: mine_entities -> pretrain_prompter ->
-build_prompt_bank] -> pretrain (the DAG's model family) -> finetune_retrieval -> evaluate_retrieval and
-finetune_qa -> evaluate_qa in parallel -> report. An MLflow parent run opens first and an exit handler
-closes it FINISHED or FAILED. Per-step resources, images, caching and retries come from a
-:class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
+synth (or an existing raw dataset) -> ingest -> extract_frames, [when the family's ``pretrain_inputs`` ask for
+them: mine_entities -> pretrain_prompter -> build_prompt_bank] -> pretrain (the DAG's model family) ->
+finetune_retrieval -> evaluate_retrieval and finetune_qa -> evaluate_qa in parallel -> report. An MLflow parent
+run opens first and an exit handler closes it FINISHED or FAILED. Per-step resources, images, caching and retries
+come from a :class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
 """
 
 from typing import Any
@@ -14,22 +15,30 @@ from kfp import dsl
 from components import data, evaluation, reporting, training
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
+from vlp.models.family import FamilySpec, specs
+from vlp.train.settings import DEFAULT_FAMILY
 
 NAME = "vlp-pretrain"
-FAMILIES = ("alpro", "albef")  # one compiled pre-training DAG each: pretrain.yaml, pretrain-albef.yaml
+
+
+def families() -> dict[str, FamilySpec]:
+    """The registered families that pre-train: one compiled DAG each."""
+    return {name: spec for name, spec in specs().items() if spec.pretrains}
 
 
 def name_of(family: str) -> str:
-    """The pipeline's name for a model family (``vlp-pretrain`` is ALPRO's)."""
-    return NAME if family == "alpro" else f"{NAME}-{family}"
+    """The pipeline's name for a model family (``vlp-pretrain`` is the default family's)."""
+    return NAME if family == DEFAULT_FAMILY else f"{NAME}-{family}"
 
 
-def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
-    """The pre-training pipeline of ``family`` for ``cfg``: ALPRO's has the prompter, its entities and its prompt
-    bank before pre-training; ALBEF's pre-trains straight from the frames."""
-    if family not in FAMILIES:
-        raise ValueError(f"no pre-training DAG for model family {family!r}; choose one of {FAMILIES}")
-    steps = "prompter -> prompt bank -> " if family == "alpro" else ""
+def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
+    """The pre-training pipeline of ``family`` for ``cfg``: the steps that make the family's ``pretrain_inputs``
+    (ALPRO: its entities, prompter and prompt bank), then pre-training (ALBEF: straight from the frames)."""
+    known = families()
+    if family not in known:
+        raise ValueError(f"no pre-training DAG for model family {family!r}; choose one of {sorted(known)}")
+    needs = known[family].pretrain_inputs
+    steps = "prompter -> prompt bank -> " if needs else ""
 
     @dsl.pipeline(name=name_of(family), description=f"vlp pre-training ({family}): data -> {steps}pretrain -> eval")
     @fanout.parameters(cfg)
@@ -54,7 +63,7 @@ def build(cfg: PipelineConfig, family: str = "alpro") -> Any:
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
             ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             inputs: dict[str, Any] = {}
-            if family == "alpro":
+            if needs:  # the prompter and its prompt bank
                 ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
                 prompter = training.pretrain_prompter(
                     dataset=ds, frames=fr, **stored, **scale(cfg, "pretrain_prompter")

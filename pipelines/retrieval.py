@@ -13,8 +13,15 @@ from kfp import dsl
 from components import data, evaluation, reporting, training
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
+from vlp.models.family import specs
+from vlp.train.settings import DEFAULT_FAMILY
 
 NAME = "vlp-retrieval"
+
+
+def default_family() -> str:
+    """The ``family`` parameter's default: the first registered family that does not pre-train (TS2-Net)."""
+    return next((name for name, spec in specs().items() if not spec.pretrains), DEFAULT_FAMILY)
 
 
 def build(cfg: PipelineConfig) -> Any:
@@ -25,7 +32,7 @@ def build(cfg: PipelineConfig) -> Any:
     def vlp_retrieval(
         config: str = cfg.step_config,
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
-        family: str = "ts2net",
+        family: str = default_family(),
         source_uri: str = "",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",

@@ -218,9 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--package", default="", help="compiled pipeline YAML (default: pipelines/compiled/<pipeline>)")
         if name != "reevaluate":
             default = "reevaluate" if name == "schedule" else "pretrain"
-            from pipelines.compile import BUILDERS
+            from pipelines.compile import builders
 
-            choices = list(BUILDERS)
+            choices = list(builders())
             p.add_argument("--pipeline", default=default, choices=choices, help="which pipeline")
         if name == "schedule":
             p.add_argument("--name", required=True, help="recurring run name (an existing one is replaced)")

@@ -18,6 +18,7 @@ from vlp.data import manifest
 from vlp.data.video_text import normalize_answer
 from vlp.losses import distill
 from vlp.models.albef.model import FAMILY, Albef, AlbefConfig, AlbefOutput, albef_losses, albef_step
+from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.settings import ModelConfig
@@ -215,7 +216,9 @@ def test_config_errors_are_clear(tok):
         AlbefConfig.tiny(vocab_size=10, losses=("itc", "pem"))
     with pytest.raises(ValueError, match="PEM is ALPRO's"):
         FAMILY.config(ModelConfig(family="albef"), 100, num_entities=5)
-    cfg = FAMILY.config(ModelConfig(family="albef", queue_size=16, embed_dim=32), len(tok))
+    section = ModelConfig(family="albef", embed_dim=32, families={"albef": AlbefSettings(queue_size=16)})
+    cfg = FAMILY.config(section, len(tok))
+    assert cfg.queue_size == 16
     assert cfg.losses == ("itc", "mlm", "itm") and cfg.pixel_mean == pytest.approx((0.48145466, 0.4578275, 0.40821073))
     assert FAMILY.config_from_dict(json.loads(json.dumps(__import__("dataclasses").asdict(cfg)))) == cfg
     with pytest.raises(ValueError, match="at least one answer"):
@@ -241,7 +244,7 @@ def test_the_losses_are_a_function_of_the_outputs(tok):
 # --------------------------------------------------------------------------- through the steps
 
 
-ALBEF = ["model.family=albef", "model.queue_size=8", "model.momentum=0.9"]
+ALBEF = ["model.family=albef", "model.albef.queue_size=8", "model.albef.momentum=0.9"]
 
 
 @pytest.fixture(scope="module")

@@ -239,7 +239,7 @@ def test_another_family_is_registered_and_re_evaluated_like_alpro(tiny_world, tm
     the components: fine-tune, register, fetch, re-evaluate."""
     ds, fr = _art(Dataset, Path(tiny_world["dataset"])), _art(Dataset, Path(tiny_world["frames"]))
     monkeypatch.setenv(_runtime.RUN_ID_ENV, f"k-{family}")  # as the pod's run-id label / local_run set it
-    common = {"config": TINY, "overrides": [*store, "model.queue_size=8"]}
+    common = {"config": TINY, "overrides": [*store, "model.albef.queue_size=8"]}
     reporting.start_run.python_func(**common, pipeline=f"vlp-{family}", image="i")
     model, tuned = _art(Model, tmp_path / "model"), _art(Model, tmp_path / "tuned")
     if family == "albef":

@@ -207,14 +207,15 @@ def test_every_value_out_of_range_is_named_in_one_line_and_edges_that_mean_somet
     for fragment in ("pretrain.batch_size=0 must be", "qa.max_steps=-1 must be", "frames.jpeg_quality=96 must be"):
         assert fragment in message
     edges = ["retrieval.max_steps=0", "pretrain.ckpt_every=0", "frames.workers=0", "entities.n_process=-1",
-             "model.alpha_ramp_steps=-1", "model.queue_size=0", "tracking.retries=0"]  # fmt: skip
+             "model.albef.alpha_ramp_steps=-1", "model.albef.queue_size=0", "tracking.retries=0"]  # fmt: skip
     cfg = load_config(None, edges)
-    assert (cfg.retrieval.max_steps, cfg.entities.n_process, cfg.model.alpha_ramp_steps) == (0, -1, -1)
+    albef = cfg.model.families["albef"]
+    assert (cfg.retrieval.max_steps, cfg.entities.n_process, albef.alpha_ramp_steps, albef.queue_size) == (0, -1, -1, 0)
 
 
 NOT_RANGED = {  # numbers that may take any value, or that their own module checks
     "pretrain.seed", "retrieval.seed", "qa.seed", "pretrain.grad_clip", "retrieval.grad_clip", "qa.grad_clip",
-    "model.frame_lambda",
+    "model.ts2net.frame_lambda",
 }  # fmt: skip
 SELF_CHECKED = {"synth", "ingest"}  # SynthConfig.validate (called by validate), vlp.data.ingest at its step's start
 
@@ -223,18 +224,18 @@ def test_every_count_size_and_rate_of_every_section_has_a_range():
     from vlp.config import RANGES
 
     unranged = []
-    for section in dataclasses.fields(Config):
-        if section.name in SELF_CHECKED:
-            continue
-        hints = typing.get_type_hints(type(getattr(Config(), section.name)))
-        for f in dataclasses.fields(getattr(Config(), section.name)):
+    sections = {s.name: getattr(Config(), s.name) for s in dataclasses.fields(Config) if s.name not in SELF_CHECKED}
+    sections |= {f"model.{name}": own for name, own in Config().model.families.items()}  # each family's section
+    for name, section in sections.items():
+        hints = typing.get_type_hints(type(section))
+        ranges = {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}
+        for f in dataclasses.fields(section):
             numeric = hints[f.name] in (int, float) or typing.get_args(hints[f.name]) == (float,)
-            key = f"{section.name}.{f.name}"
-            if numeric and f.name not in RANGES.get(section.name, {}) and key not in NOT_RANGED:
+            key = f"{name}.{f.name}"
+            if numeric and f.name not in ranges and key not in NOT_RANGED:
                 unranged.append(key)
-    assert not unranged, f"add a range to vlp.config.RANGES (or to NOT_RANGED here) for {unranged}"
-    for section, ranges in RANGES.items():  # every range names a real key, and the defaults are in range
-        assert set(ranges) <= {f.name for f in dataclasses.fields(getattr(Config(), section))}, section
+        assert set(ranges) <= {f.name for f in dataclasses.fields(section)}, name  # every range names a real key
+    assert not unranged, f"add a range to vlp.config.RANGES, a family's RANGES (or NOT_RANGED here) for {unranged}"
     from vlp.config import validate
 
     validate(Config())

@@ -33,9 +33,9 @@ def _batch(tok) -> PretrainBatch:
 
 def test_the_mapping_names_every_family_and_each_meets_the_interface():
     known = family.families()
-    assert tuple(known) == family.NAMES == ("alpro", "albef", "ts2net")
+    assert tuple(known) == family.names() == ("albef", "alpro", "ts2net")  # every package with a spec module
     for name, fam in known.items():
-        assert isinstance(fam, family.Family) and fam.name == name
+        assert isinstance(fam, family.Family) and fam.name == name == family.spec(name).name
         assert isinstance(fam.kinds, Kinds) and len(set(fam.kinds.all())) == len(fam.kinds.all())
         assert family.get(name) is fam and all(family.of_kind(k) is fam for k in fam.kinds.all())
     with pytest.raises(ValueError, match=r"unknown model family 'clip4clip'; choose one of \['albef', 'alpro', 'ts2"):
@@ -65,7 +65,7 @@ def signature_problems(fam: object) -> list[str]:
     return problems
 
 
-@pytest.mark.parametrize("name", family.NAMES)
+@pytest.mark.parametrize("name", family.names())
 def test_every_hook_of_every_family_has_the_protocols_signature(name):
     assert {"train_step", "qa_step", "similarity", "pair_logits", "config", "build"} <= set(HOOKS)
     assert signature_problems(family.get(name)) == []
@@ -73,7 +73,7 @@ def test_every_hook_of_every_family_has_the_protocols_signature(name):
 
 def test_a_family_with_the_right_names_but_wrong_signatures_is_caught():
     class Swapped(type(family.get("alpro"))):  # every name present, two hooks and one attribute wrong
-        pretrains = "yes"
+        default_losses = "vtc"
 
         def train_step(self, model, ctx, batch):  # batch and ctx swapped
             return {}
@@ -84,7 +84,7 @@ def test_a_family_with_the_right_names_but_wrong_signatures_is_caught():
     wrong = Swapped()
     assert isinstance(wrong, family.Family)  # what the runtime check alone accepts
     problems = signature_problems(wrong)
-    assert [p.split(":")[0].split("(")[0] for p in problems] == ["pretrains", "config", "train_step"], problems
+    assert [p.split(":")[0].split("(")[0] for p in problems] == ["default_losses", "config", "train_step"], problems
 
 
 def test_forward_takes_no_tokenizer_and_returns_typed_outputs_the_losses_read(tok):
@@ -159,19 +159,33 @@ def test_fine_tuning_and_evaluation_steps_hold_no_family_code():
             if isinstance(node, ast.ImportFrom):
                 modules.add(node.module or "")
                 modules.update(f"{node.module}.{a.name}" for a in node.names)
-        family_modules = {m for m in modules if m.startswith("vlp.models.") and m.split(".")[2] in family.NAMES}
+        family_modules = {m for m in modules if m.startswith("vlp.models.") and m.split(".")[2] in family.names()}
         assert not family_modules, f"{name} imports {sorted(family_modules)}: go through vlp.models.family"
 
 
-def test_a_key_of_another_family_is_named_as_ignored(caplog):
-    from vlp.steps.common import family_of
-    from vlp.train.settings import FAMILY_KEYS, ignored_model_keys
+def test_each_family_reads_its_own_section_and_a_flat_key_still_loads_with_a_warning(caplog):
+    from vlp.config import ConfigError, load_config, to_dict
+    from vlp.models.albef.spec import AlbefSettings
+    from vlp.models.alpro.spec import AlproSettings
+    from vlp.models.ts2net.spec import TS2NetSettings
 
-    assert all(hasattr(ModelConfig(), k) for keys in FAMILY_KEYS.values() for k in keys)
-    assert ignored_model_keys(ModelConfig(family="albef", num_entities=5, momentum=0.9)) == ["num_entities"]
-    alpro = ModelConfig(family="alpro", momentum=0.9, shift_mode="paper")
-    assert ignored_model_keys(alpro) == ["momentum", "shift_mode"]
-    assert ignored_model_keys(ModelConfig(family="ts2net")) == []
-    with caplog.at_level("WARNING", logger="vlp"):
-        family_of(ModelConfig(family="ts2net", queue_size=8))
-    assert "model.family=ts2net ignores model.queue_size" in caplog.text
+    cfg = load_config(None, ["model.albef.queue_size=8", "model.alpro.num_entities=5"])
+    assert {n: type(s) for n, s in cfg.model.families.items()} == {
+        "albef": AlbefSettings, "alpro": AlproSettings, "ts2net": TS2NetSettings,
+    }  # fmt: skip
+    assert cfg.model.own() is cfg.model.families["alpro"] and cfg.model.own().num_entities == 5
+    assert cfg.model.families["albef"].queue_size == 8  # loaded and range-checked, read only when family=albef
+    assert to_dict(cfg)["model"]["alpro"]["num_entities"] == 5 and "albef" not in to_dict(cfg)["model"]
+    with caplog.at_level("WARNING", logger="vlp"):  # the layout before family sections
+        old = load_config(None, ["model.family=albef", "model.queue_size=8", "model.vtm_negatives=mixed"])
+    assert old.model.own().queue_size == 8 and old.model.families["alpro"].vtm_negatives == "mixed"
+    assert "model.queue_size is now model.albef.queue_size" in caplog.text
+    assert "model.vtm_negatives is now model.albef.vtm_negatives and model.alpro.vtm_negatives" in caplog.text
+    with pytest.raises(ConfigError, match=r"unknown config key 'model.alpro.queue_size'"):
+        load_config(None, ["model.alpro.queue_size=8"])  # ALBEF's key under ALPRO's section
+    with pytest.raises(ConfigError, match=r"model.queue_size=8 and model.albef.queue_size=16 disagree"):
+        load_config(None, ["model.queue_size=8", "model.albef.queue_size=16"])
+    with pytest.raises(ConfigError, match=r"model.family='clip4clip' is not a registered family; choose one of"):
+        load_config(None, ["model.family=clip4clip"])
+    with pytest.raises(ConfigError, match=r"model.albef.momentum=2.0 must be in \[0, 1\]"):
+        load_config(None, ["model.albef.momentum=2.0"])

@@ -134,7 +134,7 @@ def _run_as(executor: dict[str, Any]) -> dict[str, Any]:
     return {k: int(v) if k in ("runAsUser", "runAsGroup") else v for k, v in context.items()}
 
 
-@pytest.mark.parametrize("name", sorted(compile_mod.BUILDERS))
+@pytest.mark.parametrize("name", sorted(compile_mod.builders()))
 def test_every_step_runs_as_the_images_non_root_user(compiled: Path, name: str) -> None:
     """Every step pod (they decode untrusted media) runs as the image's uid/gid, never root, and carries the label
     that the chart's step egress NetworkPolicy selects."""

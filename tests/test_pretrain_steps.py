@@ -165,7 +165,7 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(step, overri
         ("pretrain-prompter", "--frames=nowhere", "nowhere/index.parquet does not exist"),
         ("pretrain-prompter", "pretrain.group_by=qa:nosuchtype", "no clip of these pairs has a question of type"),
         ("pretrain --model albef", "model.losses=[vtc]", "losses must be a non-empty subset of ('itc', 'mlm', 'itm')"),
-        ("pretrain --model albef", "model.queue_size=6", "queue_size 6 must be a multiple of the global batch 4"),
+        ("pretrain --model albef", "model.albef.queue_size=6", "queue_size 6 must be a multiple of the global batch 4"),
     ],
 )
 def test_a_setting_that_cannot_work_fails_before_the_tokenizer_is_written(

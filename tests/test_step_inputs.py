@@ -52,7 +52,7 @@ def _model_dir(out: Path, kind: str, **extra) -> str:
     cfg = load_config(TINY)
     fam = family.of_kind(kind)
     losses = ["vtc"] if kind == fam.kinds.prompter else list(fam.default_losses)
-    config = model_config(cfg.model, cfg.model.vocab_size, cfg.model.num_entities, losses)
+    config = model_config(cfg.model, cfg.model.vocab_size, cfg.model.families["alpro"].num_entities, losses)
     ckpt = out / "checkpoints" / "step-000001"
     ckpt.mkdir(parents=True)
     (ckpt / "model.safetensors").write_bytes(b"stub: never read")

@@ -25,7 +25,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from vlp import __version__
-from vlp.models.family import NAMES as FAMILY_NAMES
+from vlp.models import family as families
 
 EPILOG = (
     "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
@@ -104,10 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     _common(p)
 
-    p = sub.add_parser(
-        "pretrain", help="pre-train ALPRO (VTC + PEM + MLM + VTM) or ALBEF (ITC + MLM + ITM, distilled)", epilog=EPILOG
-    )
-    p.add_argument("--model", dest="family", choices=FAMILY_NAMES, help="model family (default: model.family)")
+    pretraining = [name for name, spec in families.specs().items() if spec.pretrains]
+    titles = " or ".join(families.spec(name).title for name in pretraining)
+    p = sub.add_parser("pretrain", help=f"pre-train {titles} (model.family)", epilog=EPILOG)
+    p.add_argument("--model", dest="family", choices=pretraining, help="model family (default: model.family)")
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
     p.add_argument("--prompter", default="", help="pretrain-prompter output (ALPRO; ALBEF uses none)")
@@ -128,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--source", required=True, help="checkpoint file (.pt/.pth/.bin/.safetensors), local or s3://")
     p.add_argument("--out", required=True, help="output model directory or s3:// prefix")
-    p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", "alpro", "albef", "ts2net"],
+    p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", *families.names()],
                    help="which model the file holds (default: from the keys)")  # fmt: skip
     p.add_argument("--format", dest="ckpt_format", default="auto",
                    choices=["auto", "alpro", "albef", "lavis", "ts2net"],
@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "finetune-retrieval":
             p.add_argument("--pretrained", default="", help="`vlp pretrain` output to start from (default: none: "
                            "the `model` section's weights, e.g. TS2-Net's CLIP, or random init)")  # fmt: skip
-            p.add_argument("--model", dest="family", choices=FAMILY_NAMES,
+            p.add_argument("--model", dest="family", choices=families.names(),
                            help="without --pretrained: the model family (default: model.family)")  # fmt: skip
         elif source == "pretrained":
             p.add_argument("--pretrained", required=True, help="`vlp pretrain` output to start from")

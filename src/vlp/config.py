@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
@@ -28,6 +28,7 @@ from vlp.data.entities import EntitiesConfig
 from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
+from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
 from vlp.storage import StorageConfig
 from vlp.tracking import TrackingConfig
 from vlp.train.settings import ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
@@ -148,6 +149,9 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") ->
         data = {}
     if not isinstance(data, Mapping):
         raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
+    load = getattr(cls, "__config_load__", None)
+    if load is not None:  # a section that loads parts of itself (ModelConfig: its family sections)
+        data = load(data, prefix or "config")
     hints = get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     unknown = sorted(set(data) - names)
@@ -159,8 +163,22 @@ def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") ->
 
 
 def to_dict(obj: Any) -> dict[str, Any]:
-    """Plain-dict view of a config dataclass (for logging and saving next to outputs)."""
-    return dataclasses.asdict(obj)
+    """Plain-dict view of a config dataclass (for logging and saving next to outputs), laid out as a config file:
+    ``from_dict(type(obj), to_dict(obj))`` rebuilds everything a step reads (the ``model`` section keeps the
+    section of its own family only, :meth:`vlp.train.settings.ModelConfig.__config_dump__`)."""
+    data = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    dump = getattr(obj, "__config_dump__", None)
+    return dump(data) if dump is not None else data
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return to_dict(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _join(prefix: str, name: str) -> str:
@@ -223,63 +241,43 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
 
 # --------------------------------------------------------------------------- value ranges
 
-Range = tuple[Callable[[Any], bool], str]  # (is the value fine, what it must be)
-
-
-def _at_least(low: float, note: str = "") -> Range:
-    return (lambda v: v >= low), f">= {low}{note}"
-
-
-def _above(low: float, note: str = "") -> Range:
-    return (lambda v: v > low), f"> {low}{note}"
-
-
-def _within(low: float, high: float) -> Range:
-    return (lambda v: low <= v <= high), f"in [{low}, {high}]"
-
-
-_COUNT, _SIZE, _RATE, _SHARE = _at_least(1), _at_least(0), _above(0), _within(0, 1)
 _BETAS = (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values in [0, 1)"
 _CROP = (lambda v: not v or (len(v) == 2 and 0 < v[0] <= v[1] <= 1)), "[] or [lo, hi] with 0 < lo <= hi <= 1"
 _PIXELS = (lambda v: len(v) in (0, 3)), "[] (the family's) or 3 values, one per channel"
 _STD = (lambda v: len(v) in (0, 3) and all(x > 0 for x in v)), "[] (the family's) or 3 values > 0"
-_TEXT = _at_least(3, " ([CLS], a token and [SEP])")
+_TEXT = at_least(3, " ([CLS], a token and [SEP])")
 _OFF = " (0 = off)"
 # What the training sections share (pretrain, retrieval, qa): the optimiser, the schedule, logging, checkpoints
 _TRAINING: dict[str, Range] = {
-    "batch_size": _COUNT, "grad_accum": _COUNT, "lr": _RATE, "weight_decay": _SIZE, "warmup_ratio": _SHARE,
-    "warmup_steps": _at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": _SHARE, "warmup_start_ratio": _SHARE,
-    "crop_scale": _CROP, "log_every": _COUNT, "ckpt_every": _at_least(0, " (0 = at the end only)"),
-    "fusion_lr_mult": _RATE, "backbone_lr_mult": _RATE, "betas": _BETAS, "eps": _RATE, "shuffle_buffer": _COUNT,
-    "num_workers": _at_least(0, " (0 = on the training thread)"), "prefetch": _COUNT, "max_bad_share": _SHARE,
+    "batch_size": COUNT, "grad_accum": COUNT, "lr": RATE, "weight_decay": SIZE, "warmup_ratio": SHARE,
+    "warmup_steps": at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": SHARE, "warmup_start_ratio": SHARE,
+    "crop_scale": _CROP, "log_every": COUNT, "ckpt_every": at_least(0, " (0 = at the end only)"),
+    "fusion_lr_mult": RATE, "backbone_lr_mult": RATE, "betas": _BETAS, "eps": RATE, "shuffle_buffer": COUNT,
+    "num_workers": at_least(0, " (0 = on the training thread)"), "prefetch": COUNT, "max_bad_share": SHARE,
 }  # fmt: skip
 _FINETUNE: dict[str, Range] = {
-    **_TRAINING, "epochs": _RATE, "max_steps": _at_least(0, " (0 = epochs x updates per epoch)"),
-    "num_frames": _COUNT, "max_len": _TEXT, "eval_batch_size": _COUNT,
+    **_TRAINING, "epochs": RATE, "max_steps": at_least(0, " (0 = epochs x updates per epoch)"),
+    "num_frames": COUNT, "max_len": _TEXT, "eval_batch_size": COUNT,
 }  # fmt: skip
 # The range of every count, size and rate, by section. synth checks its own (SynthConfig.validate, called here);
 # ingest's are checked by vlp.data.ingest when its step starts (its limits change with its rejects). A number
-# that is not here may take any value (a seed, grad_clip: <= 0 = no clipping, model.frame_lambda).
+# that is not here may take any value (a seed, grad_clip: <= 0 = no clipping, model.ts2net.frame_lambda).
 RANGES: dict[str, dict[str, Range]] = {
-    "storage": {"multipart_threshold_mb": _COUNT, "multipart_chunk_mb": _COUNT, "max_concurrency": _COUNT,
-                "max_attempts": _COUNT},
-    "frames": {"num_frames": _COUNT, "size": _at_least(8), "jpeg_quality": _within(1, 95), "videos_per_shard": _COUNT,
-               "workers": _at_least(0, " (0 = one per CPU core)"), "max_pixels": _at_least(0, _OFF),
-               "max_bytes": _at_least(0, _OFF), "timeout_s": _at_least(0, _OFF)},
-    "entities": {"top_m": _COUNT, "min_count": _COUNT, "min_len": _COUNT, "batch_size": _COUNT,
+    "storage": {"multipart_threshold_mb": COUNT, "multipart_chunk_mb": COUNT, "max_concurrency": COUNT,
+                "max_attempts": COUNT},
+    "frames": {"num_frames": COUNT, "size": at_least(8), "jpeg_quality": within(1, 95), "videos_per_shard": COUNT,
+               "workers": at_least(0, " (0 = one per CPU core)"), "max_pixels": at_least(0, _OFF),
+               "max_bytes": at_least(0, _OFF), "timeout_s": at_least(0, _OFF)},
+    "entities": {"top_m": COUNT, "min_count": COUNT, "min_len": COUNT, "batch_size": COUNT,
                  "n_process": ((lambda v: v >= 1 or v == -1), ">= 1, or -1 for one per CPU")},
-    "model": {"img_size": _COUNT, "num_frames": _COUNT, "max_len": _TEXT, "vocab_size": _COUNT, "embed_dim": _COUNT,
-              "pixel_mean": _PIXELS, "pixel_std": _STD, "vtm_hard_fraction": _SHARE, "num_entities": _COUNT,
-              "momentum": _SHARE, "queue_size": _at_least(0, " (0 = in-batch ITC only)"), "alpha": _SHARE,
-              "alpha_ramp_steps": _at_least(-1, " (-1 = one epoch, 0 = none)"), "shift_last": _SIZE,
-              "shift_ratio": _SHARE, "select_k": _at_least(0, " (0 = the rule's)"),
-              "aggregator_layers": _at_least(0, " (0 = none)"), "aggregator_positions": _COUNT},
-    "pretrain": {**_TRAINING, "max_steps": _COUNT, "group_fraction": _SHARE,
-                 "group_epochs": _at_least(0, " (0 = every epoch)")},
-    "retrieval": {**_FINETUNE, "k": _COUNT, "vtm_hard_fraction": _SHARE, "report_examples": _SIZE,
-                  "rescore_scale": _RATE},
-    "qa": {**_FINETUNE, "answer_vocab": _COUNT, "answer_len": _TEXT, "answer_topk": _COUNT},
-    "tracking": {"timeout_s": _RATE, "retries": _SIZE, "retry_every_s": _SIZE},
+    "model": {"img_size": COUNT, "num_frames": COUNT, "max_len": _TEXT, "vocab_size": COUNT, "embed_dim": COUNT,
+              "pixel_mean": _PIXELS, "pixel_std": _STD},  # model.<family>: its settings class's RANGES
+    "pretrain": {**_TRAINING, "max_steps": COUNT, "group_fraction": SHARE,
+                 "group_epochs": at_least(0, " (0 = every epoch)")},
+    "retrieval": {**_FINETUNE, "k": COUNT, "vtm_hard_fraction": SHARE, "report_examples": SIZE,
+                  "rescore_scale": RATE},
+    "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
+    "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},
 }  # fmt: skip
 
 
@@ -289,12 +287,18 @@ def validate(cfg: Config) -> None:
     Raises:
         ConfigError: one line naming every key out of range, e.g. ``pretrain.batch_size=0 must be >= 1``.
     """
+    sections = {name: getattr(cfg, name) for name in RANGES}
+    sections |= {f"model.{name}": own for name, own in cfg.model.families.items()}
     problems = [
-        f"{section}.{key}={value!r} must be {what}"
-        for section, ranges in RANGES.items()
-        for key, (ok, what) in ranges.items()
-        if not ok(value := getattr(getattr(cfg, section), key))
+        f"{name}.{key}={value!r} must be {what}"
+        for name, section in sections.items()
+        for key, (ok, what) in {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}.items()
+        if not ok(value := getattr(section, key))
     ]
+    if cfg.model.family not in cfg.model.families:
+        from vlp.models.family import names
+
+        problems.append(f"model.family={cfg.model.family!r} is not a registered family; choose one of {list(names())}")
     try:
         cfg.synth.validate()
     except ValueError as exc:

@@ -1,15 +1,16 @@
-"""What a model family gives the steps, and the plain mapping from a family's name to it.
+"""What a model family gives the steps, and the registry that maps a family's name to it.
 
-A family (ALPRO, ALBEF; TS2-Net next) is one object with the attributes and methods of
-:class:`Family`. Fine-tuning and evaluation hold no family code: they take the family from the model directory
-and call these methods. Pre-training takes it from ``model.family``; it also knows ALPRO's prompter and prompt
-bank (PEM's inputs), which no other family uses. A new family is a new module, its name in :data:`NAMES` and
-its entry in :func:`families`, and, when it pre-trains, a compiled DAG in ``pipelines/pretrain.py``.
+A family (ALPRO, ALBEF, TS2-Net) is a package ``vlp.models.<name>`` whose ``spec`` module (no torch import) holds
+its :class:`FamilySpec`: the name, its own config section (``model.<name>``, a dataclass), where its
+:class:`Family` object lives, and whether ``vlp pretrain`` trains it. The registry finds every such package; the
+CLI's choices, the compiled pre-training DAGs, ``import-checkpoint --family auto`` and the docs table all read it.
+A family defined elsewhere (a test, a user's package) joins with :func:`register`. Shared code takes the family
+from the registry and calls the methods below; it names no family.
 
 The contract, in the order a model's life uses it:
 
-- ``pretrains``: whether ``vlp pretrain`` trains it (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval``
-  without ``--pretrained`` starts any family from the ``model`` section's weights).
+- ``name``, ``kinds`` (its ``model.json`` kinds), ``default_losses``; whether it pre-trains is its spec's
+  (``finetune-retrieval`` without ``--pretrained`` starts any family from the ``model`` section's weights).
 - ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its preset's
   unless set; ``""`` = random init).
 - ``config(model, vocab_size, num_entities)`` -> the family's model config from the step config's ``model``
@@ -37,16 +38,18 @@ Modules never see a tokenizer: what MLM needs from it travels as a :class:`TextV
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
+import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
-if TYPE_CHECKING:  # the CLI reads NAMES without importing torch
+if TYPE_CHECKING:  # the CLI and the config loader read the registry without importing torch
     from torch import Tensor, nn
 
 Task = Literal["retrieval", "qa"]
-# the families :func:`families` maps, by name (the CLI's choices, without importing them)
-NAMES = ("alpro", "albef", "ts2net")
 
 
 class Kinds(NamedTuple):
@@ -136,7 +139,6 @@ class Family(Protocol):
     name: str
     kinds: Kinds
     default_losses: tuple[str, ...]  # the objectives ``model.losses = []`` stands for
-    pretrains: bool  # False: ``vlp pretrain`` refuses it; fine-tuning starts from named weights (TS2-Net: CLIP)
 
     def weights(self, model: Any) -> tuple[str, str]: ...
 
@@ -222,24 +224,114 @@ def generator_on(generator: Any, like: Tensor) -> Any:
     return generator if generator is None or generator.device == like.device else None
 
 
-def families() -> dict[str, Family]:
-    """The plain mapping from a family's name to it (each module imported on first use)."""
-    from vlp.models.albef import model as albef
-    from vlp.models.alpro import model as alpro
-    from vlp.models.ts2net import model as ts2net
+# --------------------------------------------------------------------------- the registry
 
-    mapping: dict[str, Family] = {"alpro": alpro.FAMILY, "albef": albef.FAMILY, "ts2net": ts2net.FAMILY}
-    if tuple(mapping) != NAMES:
-        raise RuntimeError(f"family.NAMES {NAMES} must list the families {tuple(mapping)}")
-    return mapping
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the registry knows of a family without importing it (no torch).
+
+    Attributes:
+        name: ``model.family``'s value and the name of its config section, ``model.<name>``.
+        title: how the docs and the CLI's help write it.
+        paper: where it was published (the docs table).
+        settings: the dataclass of its ``model.<name>`` section (every key with a default; an optional class
+            attribute ``RANGES`` maps keys to :mod:`vlp.ranges` ranges that :func:`vlp.config.validate` checks).
+        load: ``"module:attribute"`` of its :class:`Family` object (imported on first use), or a function
+            returning it.
+        pretrains: whether ``vlp pretrain`` trains it, and so whether it has a compiled pre-training DAG
+            (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval`` starts it from named weights).
+        pretrain_inputs: what ``vlp pretrain`` reads besides the dataset and the frames, which its DAG makes
+            first: ``("prompter", "bank")`` = a frozen prompter and its prompt bank of mined entities (ALPRO's PEM).
+    """
+
+    name: str
+    title: str
+    paper: str
+    settings: type
+    load: str | Callable[[], Family]
+    pretrains: bool
+    pretrain_inputs: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
+            raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
+        if self.pretrain_inputs and not self.pretrains:
+            raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+
+    def family(self) -> Family:
+        if callable(self.load):
+            return self.load()
+        module, _, attribute = self.load.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+PRETRAIN_INPUTS = ("prompter", "bank")  # what a pre-training DAG can make before `vlp pretrain`
+_registered: dict[str, FamilySpec] = {}
+_found = False
+
+
+def _find() -> None:
+    """Register every package under ``vlp.models`` that has a ``spec`` module (once)."""
+    global _found
+    if _found:
+        return
+    import vlp.models
+
+    for info in sorted(pkgutil.iter_modules(vlp.models.__path__), key=lambda m: m.name):
+        if info.ispkg and (Path(info.module_finder.path) / info.name / "spec.py").is_file():  # type: ignore[union-attr]
+            spec = importlib.import_module(f"vlp.models.{info.name}.spec").SPEC
+            _registered.setdefault(spec.name, spec)
+    _found = True
+
+
+def register(spec: FamilySpec) -> FamilySpec:
+    """Add a family to the registry (a package outside ``vlp.models``, a test); a taken name is an error."""
+    _find()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", spec.name):
+        raise ValueError(f"a family name is lower case letters, digits and _, got {spec.name!r}")
+    from vlp.train.settings import ModelConfig
+
+    if spec.name in {f.name for f in fields(ModelConfig)}:
+        raise ValueError(f"a family cannot be called {spec.name!r}: model.{spec.name} is a shared key")
+    if spec.name in _registered and _registered[spec.name] is not spec:
+        raise ValueError(f"a model family named {spec.name!r} is already registered")
+    _registered[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a family :func:`register` added (tests clean up with it)."""
+    _registered.pop(name, None)
+
+
+def specs() -> dict[str, FamilySpec]:
+    """Every registered family's spec, by name (the built-in ones in name order, then registered ones)."""
+    _find()
+    return dict(_registered)
+
+
+def names() -> tuple[str, ...]:
+    """The registered families' names (the CLI's choices)."""
+    return tuple(specs())
+
+
+def spec(name: str) -> FamilySpec:
+    """The spec of the family called ``name``; an unknown name is an error that lists the known ones."""
+    known = specs()
+    if name not in known:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(known)}")
+    return known[name]
+
+
+def families() -> dict[str, Family]:
+    """Every registered family, by name (each imported on first use)."""
+    return {name: one.family() for name, one in specs().items()}
 
 
 def get(name: str) -> Family:
     """The family called ``name``; an unknown name is an error that lists the known ones."""
-    known = families()
-    if name not in known:
-        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(known)}")
-    return known[name]
+    return spec(name).family()
 
 
 def of_kind(kind: str) -> Family:

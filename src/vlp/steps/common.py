@@ -4,7 +4,6 @@ loggers, the summary of a training run."""
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import os
@@ -223,19 +222,8 @@ def _usable_pairs(dataset: str, store: Any, table: str, split: str, setting: str
 def family_of(model: Any) -> Any:
     """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
     from vlp.models import family
-    from vlp.train.settings import ignored_model_keys
 
-    fam = family.get(model.family)
-    _warn_ignored(model.family, tuple(ignored_model_keys(model)))
-    return fam
-
-
-@functools.cache
-def _warn_ignored(family: str, ignored: tuple[str, ...]) -> None:
-    """Once per process and key set (a step resolves its family several times)."""
-    if ignored:
-        keys = ", ".join(f"model.{k}" for k in ignored)
-        log.warning("model.family=%s ignores %s (other families' keys)", family, keys)
+    return family.get(model.family)
 
 
 def resolved_inits(model: Any) -> tuple[str, str]:

@@ -153,11 +153,15 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
     def work() -> StepResult:
         from vlp.models.alpro.prompts import build_prompt_bank as build
 
+        fam = family_of(cfg.model)
+        if not fam.kinds.prompter:
+            raise ValueError(f"model family {fam.name!r} has no prompt bank (only ALPRO's PEM uses one)")
+        own = cfg.model.own()
         entities_uri = storage.join(entities_dir, "entities.parquet")
         remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
         check_inputs(models=[ModelInput("--prompter", prompter_dir, ("prompter",))], files=[(entities_uri, remedy)])
         table = storage.read_parquet(entities_uri)  # a few hundred rows: read before the prompter is loaded
-        entities = table.sort_by("rank")["entity"].to_pylist()[: cfg.model.num_entities]
+        entities = table.sort_by("rank")["entity"].to_pylist()[: own.num_entities]
         if not entities:
             raise ValueError(f"{entities_uri} lists no entities: run `vlp mine-entities` first")
         prompter, tok, _ = load_prompter(prompter_dir)
@@ -166,9 +170,7 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
             enc = tok(prompts, padding=True, truncation=True, max_length=cfg.model.max_len, return_tensors="pt")
             return prompter.encode_text(enc["input_ids"], enc["attention_mask"])[0]
 
-        bank = build(
-            encode, entities, renormalize=cfg.model.bank_renormalize, ensemble_templates=cfg.model.prompt_ensemble
-        )
+        bank = build(encode, entities, renormalize=own.bank_renormalize, ensemble_templates=own.prompt_ensemble)
         bank.save(out)
         return {"entities": len(entities), "renormalize": bank.renormalize, "dim": int(bank.video.shape[1])}
 
@@ -180,12 +182,12 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
     a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
 
     def work() -> StepResult:
-        from vlp.models.family import StepContext, TextVocab
+        from vlp.models.family import StepContext, TextVocab, spec
         from vlp.train import distributed
 
         distributed.init_from_env()
         fam = family_of(cfg.model)
-        if not fam.pretrains:
+        if not spec(fam.name).pretrains:
             raise ValueError(
                 f"{fam.name} is not pre-trained: it fine-tunes from its named weights (model.preset / video_init); "
                 "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
@@ -321,7 +323,7 @@ def pem_examples(
             clip = ((clip - data.mean) / data.std)[None].to(next(prompter.parameters()).device)  # (1, T, 3, S, S)
             boxes = losses.sample_pem_boxes(1, size // patch, size // patch, patch_size=patch, generator=gen)
             black = -(data.mean / data.std).flatten()  # a black pixel in the clip's normalisation
-            crop = losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.pem_crop, fill=black)
+            crop = losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.own().pem_crop, fill=black)
             feat, _ = prompter.encode_video(crop)
             probs = losses.pseudo_labels(feat, bank.video.to(feat), prompter.temperature())[0]
             top = probs.topk(min(5, len(bank.entities)))

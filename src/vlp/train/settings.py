@@ -6,18 +6,45 @@ importing torch for the data steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, Literal
+
+from vlp.ranges import SHARE, Range
+
+log = logging.getLogger("vlp")
+DEFAULT_FAMILY = "alpro"  # model.family when a config does not say (its pre-training DAG is vlp-pretrain)
+
+
+@dataclass
+class VTMSettings:
+    """Video-text matching's negatives and what another caption of the same clip is: the keys of the families
+    with a VTM / ITM head (their ``model.<family>`` sections extend this)."""
+
+    # hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction)
+    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
+    vtm_hard_fraction: float = 0.5
+    same_video_vtc: Literal["negative", "positive"] = "negative"  # another caption of the clip in VTC / ITC
+
+    RANGES: ClassVar[dict[str, Range]] = {"vtm_hard_fraction": SHARE}
 
 
 @dataclass
 class ModelConfig:
-    """Which model to build, and from what (the family's presets; most keys are ALPRO's, see each family)."""
+    """Which model to build, and from what: the keys every family reads, and each family's own section.
 
-    family: str = "alpro"  # vlp.models.family: alpro, albef or ts2net
+    ``model.<family>`` (``model.alpro``, ``model.albef``, ``model.ts2net``, ...) holds the keys one family reads
+    (its ``spec`` module's settings dataclass); :meth:`own` is the section of ``family``. Every registered
+    family's section is loaded and range-checked, so one step config serves several families (the compiled
+    pre-training DAGs of ALPRO and ALBEF share one). A family key written flat, ``model.num_entities`` (the layout
+    before family sections), still loads into each section that has it, with a warning naming the new key.
+    """
+
+    family: str = DEFAULT_FAMILY  # a registered family (vlp.models.family.names()): alpro, albef, ts2net
     preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
-    num_frames: int = 4  # frames per clip (ALPRO pre-training: 4)
+    num_frames: int = 4  # frames per clip (ALPRO pre-training: 4); at most frames.num_frames
     max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
     vocab_size: int = 1000  # WordPiece size when the tokenizer is trained from the captions
     # "" = the text weights' own tokenizer when text weights are loaded (bert-base-uncased's for the paper
@@ -37,62 +64,70 @@ class ModelConfig:
     embed_dim: int = 256  # VTC projection size
     # [] = the family's objectives (ALPRO: vtc, pem, mlm, vtm, eq. 6; ALBEF: itc, mlm, itm, eq. 5)
     losses: list[str] = field(default_factory=list)
-    pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
-    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
     # Pixel normalisation, stored with the model. [] = the family's: ALPRO 0.5/0.5, which suits the paper's timm
     # in21k ViT init (the released ALPRO configs and checkpoints use CLIP's; imported checkpoints set those);
     # ALBEF CLIP's, as its released code
     pixel_mean: list[float] = field(default_factory=list)
     pixel_std: list[float] = field(default_factory=list)
-    # VTM negatives: hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction); and what
-    # another caption of the same clip is: a VTC negative / drawable VTM negative (ALPRO) or not (ALBEF)
-    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
-    vtm_hard_fraction: float = 0.5
-    same_video_vtc: Literal["negative", "positive"] = "negative"
-    same_video_vtm: Literal["draw", "exclude"] = "draw"
-    bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
-    prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
-    num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
-    # ALBEF (vlp.models.albef): momentum model, queues, distillation, where ITM's negatives come from, frames
-    momentum: float = 0.995
-    queue_size: int = 65536  # a multiple of the global batch
-    distill: bool = True  # momentum distillation (MoD)
-    alpha: float = 0.4
-    alpha_ramp_steps: int = -1  # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
-    itm_negatives_from: Literal["global", "local"] = "global"  # paper: the batch; released code: the local batch
-    temporal: Literal["concat", "mean"] = "concat"  # frame tokens the fusion sees: all frames', or their mean
-    # TS2-Net (vlp.models.ts2net): CLIP's patch (paper preset: ViT-B/32 or /16), token shift, token selection,
-    # frame aggregation and the frame score; defaults are the released code's where it differs from the paper
-    clip_patch: Literal[32, 16] = 32
-    shift_mode: Literal["code", "paper", "channel", "none"] = "code"  # token positions by stride / by ratio
-    shift_last: int = 2  # shift in the last N vision blocks (paper: blocks 11-12)
-    shift_ratio: float = 0.25  # shift_mode=paper: share of patch tokens moved
-    select: Literal["code", "paper", "none"] = "code"  # code: [CLS] + top-3 patches, tanh; paper: top-4, softmax
-    select_k: int = 0  # 0 = the rule's
-    select_eval: Literal["hard", "noise"] = "hard"  # inference: hard top-k, or the 500 noisy draws (code)
-    select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
-    aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
-    aggregator_positions: int = 77  # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
-    frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
-    frame_lambda: float = 4.0
-    frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
+    # every registered family's own section, by name (model.<name> in a config file); defaults where not given
+    families: dict[str, Any] = field(default_factory=lambda: family_sections({}))
+
+    def __post_init__(self) -> None:
+        self.families = family_sections(self.families)
+
+    def own(self) -> Any:
+        """The section of :attr:`family` (its ``spec``'s settings dataclass)."""
+        if self.family not in self.families:
+            from vlp.models.family import spec
+
+            spec(self.family)  # an unknown family: the error lists the known ones
+        return self.families[self.family]
+
+    @classmethod
+    def __config_load__(cls, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """``data`` (a ``model`` mapping) with each ``model.<family>`` mapping loaded into ``families``, and flat
+        family keys (the old layout) moved into every family section that has them, with a warning."""
+        from vlp.config import ConfigError, from_dict
+        from vlp.models.family import specs
+
+        known = specs()
+        if "families" in data:
+            raise ConfigError(f"{prefix}.families is not a key: a family's keys go under {prefix}.<family>, e.g. "
+                              f"{prefix}.{next(iter(known))}")  # fmt: skip
+        shared = {f.name for f in fields(cls) if f.name != "families"}
+        sections = {name: dict(data[name]) if isinstance(data.get(name), Mapping) else data.get(name)
+                    for name in known if name in data}  # fmt: skip
+        rest = {key: value for key, value in data.items() if key not in sections}
+        for key in [k for k in rest if k not in shared]:
+            owners = [name for name, one in known.items() if key in {f.name for f in fields(one.settings)}]
+            if not owners:
+                valid = sorted(shared) + [f"{name} (a section)" for name in known]
+                raise ConfigError(f"unknown config key '{prefix}.{key}' in section {prefix!r}; valid keys: {valid}")
+            value = rest.pop(key)
+            for name in owners:
+                section = sections.setdefault(name, {})
+                if isinstance(section, dict) and key in section and section[key] != value:
+                    raise ConfigError(f"{prefix}.{key}={value!r} and {prefix}.{name}.{key}={section[key]!r} disagree: "
+                                      f"keep {prefix}.{name}.{key}")  # fmt: skip
+                if isinstance(section, dict):
+                    section.setdefault(key, value)
+            new = " and ".join(f"{prefix}.{name}.{key}" for name in owners)
+            log.warning("config key %s.%s is now %s: move it there (the old layout still loads)", prefix, key, new)
+        loaded = {name: from_dict(known[name].settings, section, f"{prefix}.{name}") for name, section in
+                  sections.items()}  # fmt: skip
+        return {**rest, "families": loaded}
+
+    def __config_dump__(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The mapping a config file would hold: the shared keys and ``family``'s own section as ``<family>``."""
+        sections = data.pop("families")
+        return {**data, self.family: sections.get(self.family, {})}
 
 
-# The ``model`` keys only one family reads (the rest are shared or ALPRO's and ALBEF's both)
-FAMILY_KEYS: dict[str, tuple[str, ...]] = {
-    "alpro": ("pem_rule", "pem_crop", "bank_renormalize", "prompt_ensemble", "num_entities", "same_video_vtm"),
-    "albef": ("momentum", "queue_size", "distill", "alpha", "alpha_ramp_steps", "itm_negatives_from", "temporal"),
-    "ts2net": ("clip_patch", "shift_mode", "shift_last", "shift_ratio", "select", "select_k", "select_eval",
-               "select_backward", "aggregator_layers", "aggregator_positions", "frame_pool", "frame_lambda",
-               "frame_norm"),
-}  # fmt: skip
+def family_sections(given: Mapping[str, Any]) -> dict[str, Any]:
+    """``given`` sections completed with the defaults of every registered family that it lacks."""
+    from vlp.models.family import specs
 
-
-def ignored_model_keys(model: ModelConfig) -> list[str]:
-    """The ``model`` keys set away from their defaults that belong to another family than ``model.family``."""
-    default = ModelConfig()
-    return [key for family, keys in FAMILY_KEYS.items() if family != model.family for key in keys
-            if getattr(model, key) != getattr(default, key)]  # fmt: skip
+    return {name: given[name] if name in given else one.settings() for name, one in specs().items()} | dict(given)
 
 
 @dataclass

@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.losses import distill
+from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import (
     Kinds,
     PretrainBatch,
@@ -121,7 +122,7 @@ class AlbefConfig:
         if self.queue_size and (global_batch < 1 or self.queue_size % global_batch):
             raise ValueError(
                 f"ALBEF's queue_size {self.queue_size} must be a multiple of the global batch {global_batch} "
-                "(batch_size x processes): change model.queue_size or the batch size"
+                "(batch_size x processes): change model.albef.queue_size or the batch size"
             )
 
     @classmethod
@@ -538,7 +539,6 @@ class AlbefFamily(TwoTowerMethods):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"
-    pretrains = True
     kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
     default_losses = LOSS_TERMS
 
@@ -549,11 +549,12 @@ class AlbefFamily(TwoTowerMethods):
         """The ALBEF config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
+        own: AlbefSettings = model.families[self.name]
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         video_rev, text_rev = init_revisions(model)
         frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
         frames["init_revision"] = video_rev
-        frames["temporal"] = model.temporal
+        frames["temporal"] = own.temporal
         if model.preset == "tiny":
             video, text = FrameViTConfig.tiny(**frames), TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len)
         elif model.preset == "small":
@@ -567,15 +568,15 @@ class AlbefFamily(TwoTowerMethods):
             replace(text, init=text_init, init_revision=text_rev),
             embed_dim=model.embed_dim,
             losses=tuple(model.losses or LOSS_TERMS),
-            momentum=model.momentum,
-            queue_size=model.queue_size,
-            distill=model.distill,
-            alpha=model.alpha,
-            alpha_ramp_steps=model.alpha_ramp_steps,
-            itm_negatives=model.vtm_negatives,
-            itm_hard_fraction=model.vtm_hard_fraction,
-            itm_negatives_from=model.itm_negatives_from,
-            same_video=model.same_video_vtc,
+            momentum=own.momentum,
+            queue_size=own.queue_size,
+            distill=own.distill,
+            alpha=own.alpha,
+            alpha_ramp_steps=own.alpha_ramp_steps,
+            itm_negatives=own.vtm_negatives,
+            itm_hard_fraction=own.vtm_hard_fraction,
+            itm_negatives_from=own.itm_negatives_from,
+            same_video=own.same_video_vtc,
             pixel_mean=tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
             pixel_std=tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
         )

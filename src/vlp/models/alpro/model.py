@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
+from vlp.models.alpro.spec import AlproSettings
 from vlp.models.family import (
     Kinds,
     PretrainBatch,
@@ -446,7 +447,6 @@ class AlproFamily(TwoTowerMethods):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
-    pretrains = True
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
     default_losses = LOSS_TERMS
 
@@ -455,7 +455,9 @@ class AlproFamily(TwoTowerMethods):
         return preset_weights(model, PRESET_WEIGHTS)
 
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlproConfig:
-        """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
+        """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`; ALPRO's own
+        keys from ``model.alpro``, :class:`vlp.models.alpro.spec.AlproSettings`)."""
+        own: AlproSettings = model.families[self.name]
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         video_rev, text_rev = init_revisions(model)
         if model.preset == "tiny":
@@ -473,14 +475,14 @@ class AlproFamily(TwoTowerMethods):
             embed_dim=model.embed_dim,
             num_entities=num_entities,
             losses=tuple(model.losses or LOSS_TERMS),
-            pem_rule=model.pem_rule,
-            pem_crop=model.pem_crop,
+            pem_rule=own.pem_rule,
+            pem_crop=own.pem_crop,
             pixel_mean=tuple(model.pixel_mean or AlproConfig.pixel_mean),
             pixel_std=tuple(model.pixel_std or AlproConfig.pixel_std),
-            vtm_negatives=model.vtm_negatives,
-            vtm_hard_fraction=model.vtm_hard_fraction,
-            same_video_vtc=model.same_video_vtc,
-            same_video_vtm=model.same_video_vtm,
+            vtm_negatives=own.vtm_negatives,
+            vtm_hard_fraction=own.vtm_hard_fraction,
+            same_video_vtc=own.same_video_vtc,
+            same_video_vtm=own.same_video_vtm,
         )
 
     def config_from_dict(self, data: dict[str, Any]) -> AlproConfig:

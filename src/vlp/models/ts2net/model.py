@@ -2,7 +2,7 @@
 
 - Towers: transformers' CLIP (``CLIPModel``): the vision tower encodes every frame, the text tower's output at
   the query's last token ([EOS]) is the query. Weights by hub name (``openai/clip-vit-base-patch32``, ViT-B/16
-  with ``model.clip_patch=16``) or a local path; random only as an explicit choice (tiny configs in tests).
+  with ``model.ts2net.clip_patch=16``) or a local path; random only as an explicit choice (tiny configs in tests).
 - **Token shift** (:mod:`vlp.models.layers.shift`) in the last ``shift_last`` vision blocks (the paper: 2, blocks
   11-12): a forward pre-hook shifts the attention input; the block's residual carries the unshifted tokens (so
   the state dict keeps CLIP's key names).
@@ -41,6 +41,7 @@ from vlp.losses import frames as frame_losses
 from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, init_revisions, preset_weights
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
+from vlp.models.ts2net.spec import TS2NetSettings
 
 log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -249,7 +250,7 @@ class FrameAggregator(nn.Module):
         if tokens.shape[1] > self.positions.num_embeddings:
             raise ValueError(
                 f"{tokens.shape[1]} selected tokens per clip exceed the aggregator's {self.positions.num_embeddings} "
-                "positions: raise model.aggregator_positions (or use fewer frames / picks)"
+                "positions: raise model.ts2net.aggregator_positions (or use fewer frames / picks)"
             )
         x = tokens + self.positions.weight[: tokens.shape[1]]
         for layer in self.layers:
@@ -396,36 +397,37 @@ class TS2NetFamily:
     # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
     kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
     default_losses = ("itc",)
-    pretrains = False  # fine-tuning starts from CLIP weights (finetune-retrieval without --pretrained)
 
     def weights(self, model: Any) -> tuple[str, str]:
-        presets = PRESET_WEIGHTS | {"paper": (HUB[model.clip_patch], HUB[model.clip_patch])}
+        patch = model.families[self.name].clip_patch
+        presets = PRESET_WEIGHTS | {"paper": (HUB[patch], HUB[patch])}
         return preset_weights(model, presets)
 
     def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> TS2NetConfig:
         """The TS2-Net config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("TS2-Net has no prompt-entity head (PEM is ALPRO's)")
+        own: TS2NetSettings = model.families[self.name]
         video_init, text_init = self.weights(model)
         video_rev, text_rev = init_revisions(model)
         rules = {
-            "shift_mode": model.shift_mode,
-            "shift_last": model.shift_last,
-            "shift_ratio": model.shift_ratio,
-            "select": model.select,
-            "select_k": model.select_k,
-            "select_eval": model.select_eval,
-            "select_backward": model.select_backward,
-            "aggregator_layers": model.aggregator_layers,
-            "aggregator_positions": model.aggregator_positions,
-            "frame_pool": model.frame_pool,
-            "frame_lambda": model.frame_lambda,
-            "frame_norm": model.frame_norm,
+            "shift_mode": own.shift_mode,
+            "shift_last": own.shift_last,
+            "shift_ratio": own.shift_ratio,
+            "select": own.select,
+            "select_k": own.select_k,
+            "select_eval": own.select_eval,
+            "select_backward": own.select_backward,
+            "aggregator_layers": own.aggregator_layers,
+            "aggregator_positions": own.aggregator_positions,
+            "frame_pool": own.frame_pool,
+            "frame_lambda": own.frame_lambda,
+            "frame_norm": own.frame_norm,
             "pixel_mean": tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
             "pixel_std": tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
         }
         if model.preset == "paper":
-            video = ClipVisionConfig(patch_size=model.clip_patch, num_frames=model.num_frames, init=video_init,
+            video = ClipVisionConfig(patch_size=own.clip_patch, num_frames=model.num_frames, init=video_init,
                                      init_revision=video_rev)  # fmt: skip
             text = ClipTextConfig(vocab_size=vocab_size, init=text_init, init_revision=text_rev)
             return TS2NetConfig(video, text, embed_dim=512, **rules)

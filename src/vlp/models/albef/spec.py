@@ -1,0 +1,39 @@
+"""ALBEF's entry in the family registry and its own ``model.albef`` config section (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from vlp.models.family import FamilySpec
+from vlp.ranges import SHARE, Range, at_least
+from vlp.train.settings import VTMSettings
+
+
+@dataclass
+class AlbefSettings(VTMSettings):
+    """``model.albef``: the momentum model, its queues and distillation, where ITM's negatives come from, and how
+    a clip's frames reach the fusion encoder (ALBEF is an image model: vlp feeds it frames)."""
+
+    momentum: float = 0.995
+    queue_size: int = 65536  # a multiple of the global batch
+    distill: bool = True  # momentum distillation (MoD)
+    alpha: float = 0.4
+    alpha_ramp_steps: int = -1  # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
+    itm_negatives_from: Literal["global", "local"] = "global"  # paper: the batch; released code: the local batch
+    temporal: Literal["concat", "mean"] = "concat"  # frame tokens the fusion sees: all frames', or their mean
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        **VTMSettings.RANGES, "momentum": SHARE, "queue_size": at_least(0, " (0 = in-batch ITC only)"),
+        "alpha": SHARE, "alpha_ramp_steps": at_least(-1, " (-1 = one epoch, 0 = none)"),
+    }  # fmt: skip
+
+
+SPEC = FamilySpec(
+    name="albef",
+    title="ALBEF",
+    paper="arXiv 2107.07651",
+    settings=AlbefSettings,
+    load="vlp.models.albef.model:FAMILY",
+    pretrains=True,
+)

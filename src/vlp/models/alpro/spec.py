@@ -1,0 +1,35 @@
+"""ALPRO's entry in the family registry and its own ``model.alpro`` config section (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from vlp.models.family import FamilySpec
+from vlp.ranges import Range, at_least
+from vlp.train.settings import VTMSettings
+
+
+@dataclass
+class AlproSettings(VTMSettings):
+    """``model.alpro``: PEM (its pseudo-labels, the prompter's input, the prompt bank) and VTM's rules."""
+
+    pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
+    pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
+    same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
+    bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
+    prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
+    num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
+
+    RANGES: ClassVar[dict[str, Range]] = {**VTMSettings.RANGES, "num_entities": at_least(1)}
+
+
+SPEC = FamilySpec(
+    name="alpro",
+    title="ALPRO",
+    paper="arXiv 2112.09583",
+    settings=AlproSettings,
+    load="vlp.models.alpro.model:FAMILY",
+    pretrains=True,
+    pretrain_inputs=("prompter", "bank"),
+)

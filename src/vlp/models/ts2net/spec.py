@@ -1,0 +1,44 @@
+"""TS2-Net's entry in the family registry and its own ``model.ts2net`` config section (no torch import)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from vlp.models.family import FamilySpec
+from vlp.ranges import SHARE, Range, at_least
+
+
+@dataclass
+class TS2NetSettings:
+    """``model.ts2net``: CLIP's patch (paper preset: ViT-B/32 or /16), token shift, token selection, frame
+    aggregation and the frame score; defaults are the released code's where it differs from the paper."""
+
+    clip_patch: Literal[32, 16] = 32
+    shift_mode: Literal["code", "paper", "channel", "none"] = "code"  # token positions by stride / by ratio
+    shift_last: int = 2  # shift in the last N vision blocks (paper: blocks 11-12)
+    shift_ratio: float = 0.25  # shift_mode=paper: share of patch tokens moved
+    select: Literal["code", "paper", "none"] = "code"  # code: [CLS] + top-3 patches, tanh; paper: top-4, softmax
+    select_k: int = 0  # 0 = the rule's
+    select_eval: Literal["hard", "noise"] = "hard"  # inference: hard top-k, or the 500 noisy draws (code)
+    select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
+    aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
+    aggregator_positions: int = 77  # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
+    frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
+    frame_lambda: float = 4.0
+    frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
+
+    RANGES: ClassVar[dict[str, Range]] = {
+        "shift_last": at_least(0), "shift_ratio": SHARE, "select_k": at_least(0, " (0 = the rule's)"),
+        "aggregator_layers": at_least(0, " (0 = none)"), "aggregator_positions": at_least(1),
+    }  # fmt: skip
+
+
+SPEC = FamilySpec(
+    name="ts2net",
+    title="TS2-Net",
+    paper="arXiv 2207.07852",
+    settings=TS2NetSettings,
+    load="vlp.models.ts2net.model:FAMILY",
+    pretrains=False,
+)
