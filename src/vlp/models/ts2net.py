@@ -19,7 +19,9 @@
   slot-0 token. ``aggregator_layers=0`` skips it.
 - **Score** (:mod:`vlp.losses.frames`): per-frame cosine with the query weighted by ``softmax(lambda * s)``
   (lambda 4; ``frame_norm="l2"`` divides ``s`` by its norm over frames first, as the code), or the mean-pooled
-  cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale.
+  cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale:
+  the module's ``forward`` returns a :class:`TS2NetOutput`, and the family's ``train_step`` scores it with
+  :func:`vlp.losses.frames.ts2net_losses`.
 
 A clip always has ``T`` frames here (the frame sampler repeats frames of short clips), so no frame mask is needed.
 Parameters under ``clip.`` are CLIP's; the selector, the aggregator and its position embedding are new modules
@@ -268,6 +270,25 @@ def replace_hf(config: Any, **values: Any) -> Any:
     return out
 
 
+@dataclass
+class TS2NetOutput:
+    """What one TS2-Net training forward produces for :func:`vlp.losses.frames.ts2net_losses`.
+
+    Attributes:
+        text: ``(B, D)`` unit-norm queries (the projected [EOS] states).
+        frames: ``(B, T, D)`` unit-norm frame features (after selection and aggregation).
+        logit_scale: CLIP's trainable log inverse temperature (0-d); the logits are ``exp(logit_scale) * score``.
+        frame_pool, frame_lambda, frame_norm: the score rule (:class:`TS2NetConfig`'s).
+    """
+
+    text: Tensor
+    frames: Tensor
+    logit_scale: Tensor
+    frame_pool: Literal["weighted", "mean"] = "weighted"
+    frame_lambda: float = 4.0
+    frame_norm: Literal["l2", "none"] = "l2"
+
+
 class TS2Net(nn.Module):
     """CLIP with token shift, token selection and frame aggregation (module docstring)."""
 
@@ -347,13 +368,13 @@ class TS2Net(nn.Module):
             return frame_losses.mean_pool_scores(text, frames)
         return frame_losses.frame_scores(text, frames, cfg.frame_lambda, cfg.frame_norm == "l2", chunk=chunk)
 
-    def forward(self, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
+    def forward(self, batch: PretrainBatch, ctx: StepContext) -> TS2NetOutput:
+        """The features the loss scores (:func:`vlp.losses.frames.ts2net_losses`); ``ctx.generator`` draws the
+        selection's noise (None = the global generator)."""
+        cfg = self.cfg
         frames = self.encode_video(batch.video, ctx.generator if ctx is not None else None)
         text, _ = self.encode_text(batch.input_ids, batch.attention_mask)
-        ctx = ctx or StepContext()
-        loss = frame_losses.frame_contrastive_loss(text, frames, self.clip.logit_scale, self.score,
-                                                   gather=ctx.gather, rank=ctx.rank)  # fmt: skip
-        return {"loss": loss, "loss_itc": loss.detach(), "logit_scale": self.clip.logit_scale.detach().exp()}
+        return TS2NetOutput(text, frames, self.clip.logit_scale, cfg.frame_pool, cfg.frame_lambda, cfg.frame_norm)
 
 
 _CLIP_REMEDY = ("Set model.video_init / text_init to a local directory/file or s3:// URI holding model.safetensors, "
@@ -463,8 +484,10 @@ class TS2NetFamily:
         return load_pretrained_weights(checkpoint, model)
 
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
-        out = model(batch, ctx)
-        return {"loss": out["loss"], "loss_itc": out["loss_itc"], "logit_scale": out["logit_scale"]}
+        """The module's forward (``model`` may be DDP-wrapped), then :func:`vlp.losses.frames.ts2net_losses` on its
+        :class:`TS2NetOutput` over ``ctx``'s gathered batch."""
+        ctx = ctx or StepContext()
+        return frame_losses.ts2net_losses(model(batch, ctx), gather=ctx.gather, rank=ctx.rank)
 
     def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
         raise ValueError("TS2-Net has no QA head")
