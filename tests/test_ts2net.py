@@ -1,5 +1,5 @@
 """TS2-Net: token shift, perturbed top-k, token selection, frame scores, the model's outputs and losses, its
-gradients and DDP loss."""
+gradients, the aggregator's LayerNorm eps and DDP loss."""
 
 from __future__ import annotations
 
@@ -226,6 +226,38 @@ def test_forward_returns_named_outputs_and_the_loss_is_a_function_of_them(pool):
     assert {k: float(v.detach()) for k, v in step.items()} == {k: float(v.detach()) for k, v in losses.items()}
     other = TS2NetOutput(out.text, out.frames, out.logit_scale, "weighted" if pool == "mean" else "mean")
     assert float(ts2net_losses(other)["loss"].detach()) != float(losses["loss"].detach())  # the output's rule counts
+
+
+def test_the_aggregators_layernorm_eps_is_a_config_value_and_an_old_model_json_keeps_clips():
+    from dataclasses import asdict
+
+    from vlp.config import ConfigError, load_config
+    from vlp.train.settings import ModelConfig
+
+    def eps(model: TS2Net) -> set[float]:
+        return {m.eps for m in model.aggregator.modules() if isinstance(m, torch.nn.LayerNorm)}
+
+    torch.manual_seed(0)
+    code = TS2Net(TS2NetConfig.tiny(vocab_size=100))
+    assert code.cfg.aggregator_ln_eps == 1e-12 and eps(code) == {1e-12}  # the released code's cross blocks
+    text_eps = {m.eps for m in code.clip.text_model.modules() if isinstance(m, torch.nn.LayerNorm)}
+    assert text_eps == {1e-5}  # CLIP's own towers keep CLIP's
+    clip = TS2Net(TS2NetConfig.tiny(vocab_size=100, aggregator_ln_eps=1e-5))
+    assert eps(clip) == {1e-5}
+    clip.load_state_dict(code.state_dict())  # the eps is no weight: the same keys and shapes
+    video = _batch().video
+    with torch.no_grad():
+        assert not torch.equal(code.eval().encode_video(video), clip.eval().encode_video(video))
+    assert FAMILY.config(ModelConfig(family="ts2net"), vocab_size=100).aggregator_ln_eps == 1e-12
+    assert FAMILY.config(ModelConfig(family="ts2net", aggregator_ln_eps=1e-5), vocab_size=100).aggregator_ln_eps == 1e-5
+    saved = asdict(code.cfg)
+    assert FAMILY.config_from_dict(saved) == code.cfg  # a model.json written now keeps 1e-12
+    del saved["aggregator_ln_eps"]  # a model.json written before the key existed: trained with CLIP's 1e-5
+    assert FAMILY.config_from_dict(saved).aggregator_ln_eps == 1e-5
+    with pytest.raises(ValueError, match="aggregator_ln_eps must be > 0"):
+        TS2NetConfig.tiny(vocab_size=10, aggregator_ln_eps=0.0)
+    with pytest.raises(ConfigError, match=r"model.aggregator_ln_eps=-1.0 must be > 0"):
+        load_config(None, ["model.aggregator_ln_eps=-1"])
 
 
 def test_shift_hooks_act_on_the_last_blocks_only_and_only_across_frames():

@@ -16,7 +16,8 @@
 - **Frame aggregation** (the code's ``seqTransf``): the selected tokens of all frames plus a learned position
   embedding through ``aggregator_layers`` CLIP blocks (no causal mask), initialised from the first text blocks
   and the text position embedding when the widths match (as the code), plus a residual; each frame is then its
-  slot-0 token. ``aggregator_layers=0`` skips it.
+  slot-0 token. ``aggregator_layers=0`` skips it. Its LayerNorms use ``aggregator_ln_eps`` (the code's 1e-12;
+  transformers' ``CLIPEncoderLayer`` would bring CLIP's 1e-5, which a ``model.json`` without the key keeps).
 - **Score** (:mod:`vlp.losses.frames`): per-frame cosine with the query weighted by ``softmax(lambda * s)``
   (lambda 4; ``frame_norm="l2"`` divides ``s`` by its norm over frames first, as the code), or the mean-pooled
   cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale:
@@ -48,6 +49,9 @@ log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
+# The aggregator's LayerNorm eps of a model.json written before ``aggregator_ln_eps`` existed: such a model was
+# trained and evaluated with transformers' CLIPEncoderLayer default, CLIP's 1e-5
+LEGACY_AGGREGATOR_LN_EPS = 1e-5
 
 
 def _check_revision(tower: str, init: str, revision: str) -> None:
@@ -116,6 +120,9 @@ class TS2NetConfig:
     select_backward: Literal["full", "code"] = "full"  # vlp.models.layers.topk: the Jacobian or the code's diagonal
     aggregator_layers: int = 4  # 0 = none (CLIP4Clip's meanP)
     aggregator_positions: int = 77  # position embeddings of the aggregator (code: CLIP's 77 text positions)
+    # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks, modules/until_module.py's LayerNorm);
+    # transformers' CLIPEncoderLayer has CLIP's 1e-5 (what a model.json without this key was trained with)
+    aggregator_ln_eps: float = 1e-12
     frame_pool: Literal["weighted", "mean"] = "weighted"
     frame_lambda: float = 4.0
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
@@ -139,6 +146,8 @@ class TS2NetConfig:
         if self.aggregator_layers < 0 or self.select_eval not in ("hard", "noise"):
             raise ValueError(f"need aggregator_layers >= 0 and select_eval hard / noise, got "
                              f"{self.aggregator_layers} / {self.select_eval!r}")  # fmt: skip
+        if not self.aggregator_ln_eps > 0:
+            raise ValueError(f"aggregator_ln_eps must be > 0, got {self.aggregator_ln_eps}")
 
     @property
     def picks(self) -> int:
@@ -167,12 +176,14 @@ class TS2NetConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> TS2NetConfig:
         """The config ``asdict`` gave; the towers' ``init`` (and revision) is cleared unless ``keep_init`` (weights
-        come from the checkpoint)."""
+        come from the checkpoint). A config saved before ``aggregator_ln_eps`` existed has the eps its model was
+        trained with, CLIP's 1e-5 (:data:`LEGACY_AGGREGATOR_LN_EPS`), not today's default."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
         fields = dict(data) | {
             "video": ClipVisionConfig(**(data["video"] | cleared)),
             "text": ClipTextConfig(**(data["text"] | cleared)),
         }
+        fields.setdefault("aggregator_ln_eps", LEGACY_AGGREGATOR_LN_EPS)
         fields |= {key: tuple(data[key]) for key in ("pixel_mean", "pixel_std") if key in data}
         return cls(**fields)
 
@@ -228,7 +239,8 @@ class FrameAggregator(nn.Module):
         super().__init__()
         from transformers.models.clip.modeling_clip import CLIPEncoderLayer
 
-        layer_cfg = replace_hf(hf_config.text_config, hidden_size=cfg.embed_dim, intermediate_size=4 * cfg.embed_dim)
+        layer_cfg = replace_hf(hf_config.text_config, hidden_size=cfg.embed_dim, intermediate_size=4 * cfg.embed_dim,
+                               layer_norm_eps=cfg.aggregator_ln_eps)  # fmt: skip
         self.positions = nn.Embedding(cfg.aggregator_positions, cfg.embed_dim)
         nn.init.normal_(self.positions.weight, std=0.01)
         self.layers = nn.ModuleList(CLIPEncoderLayer(layer_cfg) for _ in range(cfg.aggregator_layers))
@@ -439,6 +451,7 @@ class TS2NetFamily:
             "select_backward": model.select_backward,
             "aggregator_layers": model.aggregator_layers,
             "aggregator_positions": model.aggregator_positions,
+            "aggregator_ln_eps": model.aggregator_ln_eps,
             "frame_pool": model.frame_pool,
             "frame_lambda": model.frame_lambda,
             "frame_norm": model.frame_norm,

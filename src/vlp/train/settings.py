@@ -73,6 +73,9 @@ class ModelConfig:
     select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
     aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
     aggregator_positions: int = 77  # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
+    # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks take modules/until_module.py's
+    # LayerNorm); transformers' CLIPEncoderLayer has CLIP's 1e-5 (a model.json without the key loads with 1e-5)
+    aggregator_ln_eps: float = 1e-12
     frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
     frame_lambda: float = 4.0
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
@@ -83,8 +86,8 @@ FAMILY_KEYS: dict[str, tuple[str, ...]] = {
     "alpro": ("pem_rule", "pem_crop", "bank_renormalize", "prompt_ensemble", "num_entities", "same_video_vtm"),
     "albef": ("momentum", "queue_size", "distill", "alpha", "alpha_ramp_steps", "itm_negatives_from", "temporal"),
     "ts2net": ("clip_patch", "shift_mode", "shift_last", "shift_ratio", "select", "select_k", "select_eval",
-               "select_backward", "aggregator_layers", "aggregator_positions", "frame_pool", "frame_lambda",
-               "frame_norm"),
+               "select_backward", "aggregator_layers", "aggregator_positions", "aggregator_ln_eps", "frame_pool",
+               "frame_lambda", "frame_norm"),
 }  # fmt: skip
 
 
