@@ -1,4 +1,5 @@
-"""TS2-Net: token shift, perturbed top-k, token selection, frame scores, the model's gradients and DDP loss."""
+"""TS2-Net: token shift, perturbed top-k, token selection, frame scores, the model's outputs and losses, its
+gradients, the aggregator's LayerNorm eps and DDP loss."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from vlp.losses.frames import frame_contrastive_loss, frame_scores, mean_pool_scores
+from vlp.losses.frames import frame_contrastive_loss, frame_scores, mean_pool_scores, ts2net_losses
 from vlp.models.family import PretrainBatch, StepContext
 from vlp.models.layers.shift import shift_positions, token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
-from vlp.models.ts2net.model import TS2Net, TS2NetConfig
+from vlp.models.ts2net.model import FAMILY, TS2Net, TS2NetConfig, TS2NetOutput
 
 # --------------------------------------------------------------------------- token shift
 
@@ -197,11 +198,67 @@ def _batch(seed: int = 0, b: int = 3, frames: int = 4) -> PretrainBatch:
 def test_every_parameter_gets_a_gradient(select):
     torch.manual_seed(0)
     model = TS2Net(TS2NetConfig.tiny(vocab_size=100, select=select)).train()
-    out = model(_batch(), StepContext(generator=torch.Generator().manual_seed(0)))
+    out = FAMILY.train_step(model, _batch(), StepContext(generator=torch.Generator().manual_seed(0)))
     out["loss"].backward()
     missing = [n for n, p in model.named_parameters() if p.requires_grad and (p.grad is None or not p.grad.any())]
     assert not missing, missing
     assert math.isfinite(out["loss"].item())
+
+
+@pytest.mark.parametrize("pool", ["weighted", "mean"])
+def test_forward_returns_named_outputs_and_the_loss_is_a_function_of_them(pool):
+    torch.manual_seed(0)
+    model = TS2Net(TS2NetConfig.tiny(vocab_size=100, frame_pool=pool, frame_lambda=3.0)).train()
+    batch = _batch()
+    out = model(batch, StepContext(generator=torch.Generator().manual_seed(0)))
+    assert isinstance(out, TS2NetOutput) and out.text.shape == (3, 64) and out.frames.shape == (3, 4, 64)
+    assert out.logit_scale is model.clip.logit_scale  # the trainable parameter: the loss's gradient reaches it
+    assert (out.frame_pool, out.frame_lambda, out.frame_norm) == (pool, 3.0, "l2")
+    losses = ts2net_losses(out)
+    # the symmetric InfoNCE over the model's own score (what forward computed before it returned named outputs)
+    want = frame_contrastive_loss(out.text, out.frames, model.clip.logit_scale, model.score)
+    assert set(losses) == {"loss", "loss_itc", "logit_scale"}
+    torch.testing.assert_close(losses["loss"], want, atol=0, rtol=0)
+    assert losses["loss"].requires_grad and not losses["loss_itc"].requires_grad
+    assert float(losses["logit_scale"]) == pytest.approx(1 / 0.07)
+    # the step the loop calls: the same numbers on the same draws
+    step = FAMILY.train_step(model, batch, StepContext(generator=torch.Generator().manual_seed(0)))
+    assert {k: float(v.detach()) for k, v in step.items()} == {k: float(v.detach()) for k, v in losses.items()}
+    other = TS2NetOutput(out.text, out.frames, out.logit_scale, "weighted" if pool == "mean" else "mean")
+    assert float(ts2net_losses(other)["loss"].detach()) != float(losses["loss"].detach())  # the output's rule counts
+
+
+def test_the_aggregators_layernorm_eps_is_a_config_value_and_an_old_model_json_keeps_clips():
+    from dataclasses import asdict
+
+    from vlp.config import ConfigError, load_config
+    from vlp.train.settings import ModelConfig
+
+    def eps(model: TS2Net) -> set[float]:
+        return {m.eps for m in model.aggregator.modules() if isinstance(m, torch.nn.LayerNorm)}
+
+    torch.manual_seed(0)
+    code = TS2Net(TS2NetConfig.tiny(vocab_size=100))
+    assert code.cfg.aggregator_ln_eps == 1e-12 and eps(code) == {1e-12}  # the released code's cross blocks
+    text_eps = {m.eps for m in code.clip.text_model.modules() if isinstance(m, torch.nn.LayerNorm)}
+    assert text_eps == {1e-5}  # CLIP's own towers keep CLIP's
+    clip = TS2Net(TS2NetConfig.tiny(vocab_size=100, aggregator_ln_eps=1e-5))
+    assert eps(clip) == {1e-5}
+    clip.load_state_dict(code.state_dict())  # the eps is no weight: the same keys and shapes
+    video = _batch().video
+    with torch.no_grad():
+        assert not torch.equal(code.eval().encode_video(video), clip.eval().encode_video(video))
+    assert FAMILY.config(ModelConfig(family="ts2net"), vocab_size=100).aggregator_ln_eps == 1e-12
+    section = load_config(None, ["model.family=ts2net", "model.ts2net.aggregator_ln_eps=1.0e-5"]).model
+    assert FAMILY.config(section, vocab_size=100).aggregator_ln_eps == 1e-5
+    saved = asdict(code.cfg)
+    assert FAMILY.config_from_dict(saved) == code.cfg  # a model.json written now keeps 1e-12
+    del saved["aggregator_ln_eps"]  # a model.json written before the key existed: trained with CLIP's 1e-5
+    assert FAMILY.config_from_dict(saved).aggregator_ln_eps == 1e-5
+    with pytest.raises(ValueError, match="aggregator_ln_eps must be > 0"):
+        TS2NetConfig.tiny(vocab_size=10, aggregator_ln_eps=0.0)
+    with pytest.raises(ConfigError, match=r"model.ts2net.aggregator_ln_eps=-1.0 must be > 0"):
+        load_config(None, ["model.ts2net.aggregator_ln_eps=-1"])
 
 
 def test_shift_hooks_act_on_the_last_blocks_only_and_only_across_frames():
@@ -275,7 +332,7 @@ def _worker(rank: int, port: int, out_dir: str) -> None:
     mine = slice(2 * rank, 2 * rank + 2)
     batch = PretrainBatch(full.video[mine], full.input_ids[mine], full.attention_mask[mine])
     ctx = StepContext(gather=distributed.all_gather_with_grad, rank=rank, world=WORLD)
-    loss = model(batch, ctx)["loss"]
+    loss = FAMILY.train_step(model, batch, ctx)["loss"]
     loss.backward()
     grads = {f"g.{n}": p.grad for n, p in model.module.named_parameters()}
     save_file({"loss": loss.detach(), "mean": distributed.all_reduce_mean(loss)} | grads,
@@ -289,7 +346,7 @@ def test_two_process_loss_and_gradients_equal_one_process_on_the_gathered_batch(
     ranks = [load_file(str(tmp_path / f"rank{r}.safetensors")) for r in range(WORLD)]
     torch.manual_seed(0)
     model = TS2Net(_cfg()).train()
-    loss = model(_batch(b=4), StepContext())["loss"]
+    loss = FAMILY.train_step(model, _batch(b=4), StepContext())["loss"]
     loss.backward()
     for out in ranks:
         torch.testing.assert_close(out["mean"], loss.detach())

@@ -9,12 +9,14 @@
   (eq. 6-8). As :func:`vlp.losses.contrastive.vtc_loss`, each rank scores its local texts against the gathered
   clips and its local clips against the gathered texts and returns the mean over its local rows, so the mean over
   ranks is the one-process loss on the gathered batch.
+- :func:`ts2net_losses`: TS2-Net's training losses, a function of its named outputs
+  (:class:`vlp.models.ts2net.TS2NetOutput`): :func:`frame_contrastive_loss` under the output's score rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +24,10 @@ from torch import Tensor
 
 from vlp.losses.contrastive import identity
 
-__all__ = ["frame_contrastive_loss", "frame_scores", "mean_pool_scores", "score_fn"]
+if TYPE_CHECKING:
+    from vlp.models.ts2net import TS2NetOutput
+
+__all__ = ["frame_contrastive_loss", "frame_scores", "mean_pool_scores", "score_fn", "ts2net_losses"]
 
 FramePool = Literal["weighted", "mean"]
 
@@ -88,3 +93,18 @@ def frame_contrastive_loss(
     t2v = scale * score(text, all_frames)  # (B, W*B): local texts vs every clip
     v2t = scale * score(all_text, frames).t()  # (B, W*B): local clips vs every text
     return (F.cross_entropy(t2v, targets) + F.cross_entropy(v2t, targets)) / 2
+
+
+def ts2net_losses(
+    out: TS2NetOutput, *, gather: Callable[[Tensor], Tensor] = identity, rank: int = 0
+) -> dict[str, Tensor]:
+    """TS2-Net's training losses from one forward's outputs: the symmetric InfoNCE of :func:`frame_contrastive_loss`
+    over the score rule the outputs name (:func:`score_fn`); ``gather`` and ``rank`` as there.
+
+    Returns:
+        ``{"loss", "loss_itc", "logit_scale"}``: the loss, its detached copy (TS2-Net's only term) and the detached
+        inverse temperature ``exp(logit_scale)``.
+    """
+    score = score_fn(out.frame_pool, out.frame_lambda, out.frame_norm == "l2")
+    loss = frame_contrastive_loss(out.text, out.frames, out.logit_scale, score, gather=gather, rank=rank)
+    return {"loss": loss, "loss_itc": loss.detach(), "logit_scale": out.logit_scale.detach().exp()}

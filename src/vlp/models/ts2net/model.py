@@ -16,10 +16,13 @@
 - **Frame aggregation** (the code's ``seqTransf``): the selected tokens of all frames plus a learned position
   embedding through ``aggregator_layers`` CLIP blocks (no causal mask), initialised from the first text blocks
   and the text position embedding when the widths match (as the code), plus a residual; each frame is then its
-  slot-0 token. ``aggregator_layers=0`` skips it.
+  slot-0 token. ``aggregator_layers=0`` skips it. Its LayerNorms use ``aggregator_ln_eps`` (the code's 1e-12;
+  transformers' ``CLIPEncoderLayer`` would bring CLIP's 1e-5, which a ``model.json`` without the key keeps).
 - **Score** (:mod:`vlp.losses.frames`): per-frame cosine with the query weighted by ``softmax(lambda * s)``
   (lambda 4; ``frame_norm="l2"`` divides ``s`` by its norm over frames first, as the code), or the mean-pooled
-  cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale.
+  cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale:
+  the module's ``forward`` returns a :class:`TS2NetOutput`, and the family's ``train_step`` scores it with
+  :func:`vlp.losses.frames.ts2net_losses`.
 
 A clip always has ``T`` frames here (the frame sampler repeats frames of short clips), so no frame mask is needed.
 Parameters under ``clip.`` are CLIP's; the selector, the aggregator and its position embedding are new modules
@@ -47,6 +50,9 @@ log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
+# The aggregator's LayerNorm eps of a model.json written before ``aggregator_ln_eps`` existed: such a model was
+# trained and evaluated with transformers' CLIPEncoderLayer default, CLIP's 1e-5
+LEGACY_AGGREGATOR_LN_EPS = 1e-5
 
 
 def _check_revision(tower: str, init: str, revision: str) -> None:
@@ -115,6 +121,9 @@ class TS2NetConfig:
     select_backward: Literal["full", "code"] = "full"  # vlp.models.layers.topk: the Jacobian or the code's diagonal
     aggregator_layers: int = 4  # 0 = none (CLIP4Clip's meanP)
     aggregator_positions: int = 77  # position embeddings of the aggregator (code: CLIP's 77 text positions)
+    # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks, modules/until_module.py's LayerNorm);
+    # transformers' CLIPEncoderLayer has CLIP's 1e-5 (what a model.json without this key was trained with)
+    aggregator_ln_eps: float = 1e-12
     frame_pool: Literal["weighted", "mean"] = "weighted"
     frame_lambda: float = 4.0
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
@@ -138,6 +147,8 @@ class TS2NetConfig:
         if self.aggregator_layers < 0 or self.select_eval not in ("hard", "noise"):
             raise ValueError(f"need aggregator_layers >= 0 and select_eval hard / noise, got "
                              f"{self.aggregator_layers} / {self.select_eval!r}")  # fmt: skip
+        if not self.aggregator_ln_eps > 0:
+            raise ValueError(f"aggregator_ln_eps must be > 0, got {self.aggregator_ln_eps}")
 
     @property
     def picks(self) -> int:
@@ -166,12 +177,14 @@ class TS2NetConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], *, keep_init: bool = False) -> TS2NetConfig:
         """The config ``asdict`` gave; the towers' ``init`` (and revision) is cleared unless ``keep_init`` (weights
-        come from the checkpoint)."""
+        come from the checkpoint). A config saved before ``aggregator_ln_eps`` existed has the eps its model was
+        trained with, CLIP's 1e-5 (:data:`LEGACY_AGGREGATOR_LN_EPS`), not today's default."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
         fields = dict(data) | {
             "video": ClipVisionConfig(**(data["video"] | cleared)),
             "text": ClipTextConfig(**(data["text"] | cleared)),
         }
+        fields.setdefault("aggregator_ln_eps", LEGACY_AGGREGATOR_LN_EPS)
         fields |= {key: tuple(data[key]) for key in ("pixel_mean", "pixel_std") if key in data}
         return cls(**fields)
 
@@ -227,7 +240,8 @@ class FrameAggregator(nn.Module):
         super().__init__()
         from transformers.models.clip.modeling_clip import CLIPEncoderLayer
 
-        layer_cfg = replace_hf(hf_config.text_config, hidden_size=cfg.embed_dim, intermediate_size=4 * cfg.embed_dim)
+        layer_cfg = replace_hf(hf_config.text_config, hidden_size=cfg.embed_dim, intermediate_size=4 * cfg.embed_dim,
+                               layer_norm_eps=cfg.aggregator_ln_eps)  # fmt: skip
         self.positions = nn.Embedding(cfg.aggregator_positions, cfg.embed_dim)
         nn.init.normal_(self.positions.weight, std=0.01)
         self.layers = nn.ModuleList(CLIPEncoderLayer(layer_cfg) for _ in range(cfg.aggregator_layers))
@@ -267,6 +281,25 @@ def replace_hf(config: Any, **values: Any) -> Any:
     for key, value in values.items():
         setattr(out, key, value)
     return out
+
+
+@dataclass
+class TS2NetOutput:
+    """What one TS2-Net training forward produces for :func:`vlp.losses.frames.ts2net_losses`.
+
+    Attributes:
+        text: ``(B, D)`` unit-norm queries (the projected [EOS] states).
+        frames: ``(B, T, D)`` unit-norm frame features (after selection and aggregation).
+        logit_scale: CLIP's trainable log inverse temperature (0-d); the logits are ``exp(logit_scale) * score``.
+        frame_pool, frame_lambda, frame_norm: the score rule (:class:`TS2NetConfig`'s).
+    """
+
+    text: Tensor
+    frames: Tensor
+    logit_scale: Tensor
+    frame_pool: Literal["weighted", "mean"] = "weighted"
+    frame_lambda: float = 4.0
+    frame_norm: Literal["l2", "none"] = "l2"
 
 
 class TS2Net(nn.Module):
@@ -348,13 +381,13 @@ class TS2Net(nn.Module):
             return frame_losses.mean_pool_scores(text, frames)
         return frame_losses.frame_scores(text, frames, cfg.frame_lambda, cfg.frame_norm == "l2", chunk=chunk)
 
-    def forward(self, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
+    def forward(self, batch: PretrainBatch, ctx: StepContext) -> TS2NetOutput:
+        """The features the loss scores (:func:`vlp.losses.frames.ts2net_losses`); ``ctx.generator`` draws the
+        selection's noise (None = the global generator)."""
+        cfg = self.cfg
         frames = self.encode_video(batch.video, ctx.generator if ctx is not None else None)
         text, _ = self.encode_text(batch.input_ids, batch.attention_mask)
-        ctx = ctx or StepContext()
-        loss = frame_losses.frame_contrastive_loss(text, frames, self.clip.logit_scale, self.score,
-                                                   gather=ctx.gather, rank=ctx.rank)  # fmt: skip
-        return {"loss": loss, "loss_itc": loss.detach(), "logit_scale": self.clip.logit_scale.detach().exp()}
+        return TS2NetOutput(text, frames, self.clip.logit_scale, cfg.frame_pool, cfg.frame_lambda, cfg.frame_norm)
 
 
 _CLIP_REMEDY = ("Set model.video_init / text_init to a local directory/file or s3:// URI holding model.safetensors, "
@@ -420,6 +453,7 @@ class TS2NetFamily:
             "select_backward": own.select_backward,
             "aggregator_layers": own.aggregator_layers,
             "aggregator_positions": own.aggregator_positions,
+            "aggregator_ln_eps": own.aggregator_ln_eps,
             "frame_pool": own.frame_pool,
             "frame_lambda": own.frame_lambda,
             "frame_norm": own.frame_norm,
@@ -465,8 +499,10 @@ class TS2NetFamily:
         return load_pretrained_weights(checkpoint, model)
 
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]:
-        out = model(batch, ctx)
-        return {"loss": out["loss"], "loss_itc": out["loss_itc"], "logit_scale": out["logit_scale"]}
+        """The module's forward (``model`` may be DDP-wrapped), then :func:`vlp.losses.frames.ts2net_losses` on its
+        :class:`TS2NetOutput` over ``ctx``'s gathered batch."""
+        ctx = ctx or StepContext()
+        return frame_losses.ts2net_losses(model(batch, ctx), gather=ctx.gather, rank=ctx.rank)
 
     def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
         raise ValueError("TS2-Net has no QA head")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.models.family import FamilySpec
-from vlp.ranges import SHARE, Range, at_least
+from vlp.ranges import SHARE, Range, above, at_least
 
 
 @dataclass
@@ -24,6 +24,9 @@ class TS2NetSettings:
     select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
     aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
     aggregator_positions: int = 77  # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
+    # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks take modules/until_module.py's
+    # LayerNorm); transformers' CLIPEncoderLayer has CLIP's 1e-5 (a model.json without the key loads with 1e-5)
+    aggregator_ln_eps: float = 1e-12
     frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
     frame_lambda: float = 4.0
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
@@ -31,6 +34,7 @@ class TS2NetSettings:
     RANGES: ClassVar[dict[str, Range]] = {
         "shift_last": at_least(0), "shift_ratio": SHARE, "select_k": at_least(0, " (0 = the rule's)"),
         "aggregator_layers": at_least(0, " (0 = none)"), "aggregator_positions": at_least(1),
+        "aggregator_ln_eps": above(0),
     }  # fmt: skip
 
 
