@@ -260,3 +260,33 @@ def test_sampling_more_frames_than_extract_frames_stores_fails_naming_both_keys(
     with pytest.raises(ConfigError, match=r"model\.num_frames=9 is more than frames\.num_frames=8.*re-run extract"):
         load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9"])
     assert load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9", "frames.num_frames=9"])
+
+
+def test_the_training_schedule_is_declared_once_and_reaches_the_loop_as_is(caplog):
+    from vlp.train.loop import TrainConfig
+    from vlp.train.optim import OptimConfig
+    from vlp.train.settings import LoopSettings, OptimSettings, TrainingSchedule
+
+    overrides = ["retrieval.keep_last=5", "retrieval.grad_checkpointing=true", "retrieval.max_steps=7"]
+    overrides.append("qa.betas=[0.8, 0.9]")
+    cfg = load_config(None, overrides)
+    for section in (cfg.pretrain, cfg.retrieval, cfg.qa):
+        assert isinstance(section, TrainingSchedule)
+    loop, optim = TrainConfig.of(cfg.retrieval, "/tmp/x", "finetune_retrieval"), OptimConfig.of(cfg.qa)
+    assert (loop.keep_last, loop.grad_checkpointing, loop.name, loop.out_dir) == (
+        5,
+        True,
+        "finetune_retrieval",
+        "/tmp/x",
+    )
+    assert all(getattr(loop, f.name) == getattr(cfg.retrieval, f.name) for f in dataclasses.fields(LoopSettings))
+    assert all(getattr(optim, f.name) == getattr(cfg.qa, f.name) for f in dataclasses.fields(OptimSettings))
+    assert optim.betas == [0.8, 0.9] and (cfg.pretrain.lr, cfg.retrieval.lr, cfg.qa.lr) == (1e-4, 2.5e-5, 5e-5)
+    with pytest.raises(ConfigError, match=r"retrieval.keep_last=0 must be >= 1"):
+        load_config(None, ["retrieval.keep_last=0"])
+    with caplog.at_level("WARNING", logger="vlp"):  # the key before weight_decay: 0 meant the same
+        old = load_config(None, ["pretrain.alpro_code_weight_decay=true", "qa.alpro_code_weight_decay=false"])
+    assert (old.pretrain.weight_decay, old.qa.weight_decay) == (0.0, 1e-3)
+    assert "pretrain.alpro_code_weight_decay is gone: pretrain.weight_decay: 0" in caplog.text
+    with pytest.raises(ConfigError, match=r"alpro_code_weight_decay=true \(no weight decay\) and pretrain.weight_deca"):
+        load_config(None, ["pretrain.alpro_code_weight_decay=true", "pretrain.weight_decay=0.01"])

@@ -212,9 +212,9 @@ def test_weight_decay_applied_only_to_decay_params() -> None:
         torch.testing.assert_close(p.detach(), before[name] * factor, rtol=0, atol=1e-7, msg=name)
 
 
-def test_alpro_code_flag_drops_weight_decay_everywhere() -> None:
+def test_zero_weight_decay_is_one_group_without_decay_as_the_released_alpro_code() -> None:
     model = ZooModel()
-    cfg = OptimConfig(lr=0.1, weight_decay=0.5, alpro_code_weight_decay=True)
+    cfg = OptimConfig(lr=0.1, weight_decay=0.0)  # the released ALPRO code: no decay, one group
     opt = build_optimizer(model, cfg)
     assert len(opt.param_groups) == 1 and opt.param_groups[0]["weight_decay"] == 0.0
     assert opt.param_groups[0]["betas"] == (0.9, 0.98)

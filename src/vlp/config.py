@@ -251,7 +251,7 @@ _OFF = " (0 = off)"
 _TRAINING: dict[str, Range] = {
     "batch_size": COUNT, "grad_accum": COUNT, "lr": RATE, "weight_decay": SIZE, "warmup_ratio": SHARE,
     "warmup_steps": at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": SHARE, "warmup_start_ratio": SHARE,
-    "crop_scale": _CROP, "log_every": COUNT, "ckpt_every": at_least(0, " (0 = at the end only)"),
+    "crop_scale": _CROP, "log_every": COUNT, "ckpt_every": at_least(0, " (0 = at the end only)"), "keep_last": COUNT,
     "fusion_lr_mult": RATE, "backbone_lr_mult": RATE, "betas": _BETAS, "eps": RATE, "shuffle_buffer": COUNT,
     "num_workers": at_least(0, " (0 = on the training thread)"), "prefetch": COUNT, "max_bad_share": SHARE,
 }  # fmt: skip

@@ -324,32 +324,8 @@ def train_model(
     from vlp.train.optim import OptimConfig
 
     cfg = config.pretrain if section is None else section
-    train_cfg = TrainConfig(
-        out_dir=out,
-        max_steps=cfg.max_steps,
-        grad_accum=cfg.grad_accum,
-        log_every=cfg.log_every,
-        ckpt_every=cfg.ckpt_every,
-        seed=cfg.seed,
-        bf16=cfg.bf16,
-        progress=cfg.progress,
-        name=name,  # what the progress, interruption and resume lines call this step
-    )
-    optim = OptimConfig(
-        lr=cfg.lr,
-        weight_decay=cfg.weight_decay,
-        warmup_ratio=cfg.warmup_ratio,
-        warmup_steps=cfg.warmup_steps or None,
-        schedule=cfg.schedule,
-        min_lr_ratio=cfg.min_lr_ratio,
-        warmup_start_ratio=cfg.warmup_start_ratio,
-        grad_clip=cfg.grad_clip,
-        alpro_code_weight_decay=cfg.alpro_code_weight_decay,
-        fusion_lr_mult=cfg.fusion_lr_mult,
-        backbone_lr_mult=cfg.backbone_lr_mult,
-        betas=tuple(cfg.betas),
-        eps=cfg.eps,
-    )
+    train_cfg = TrainConfig.of(cfg, out, name)  # name: what the progress, interruption and resume lines call it
+    optim = OptimConfig.of(cfg)
     logger, mlflow_run = None, None
     if distributed.rank() == 0:
         loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]

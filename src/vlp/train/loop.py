@@ -79,6 +79,7 @@ from vlp.train.checkpoint import (
     save_rank_rng,
 )
 from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+from vlp.train.settings import LoopSettings
 
 StepFn = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 
@@ -690,20 +691,20 @@ class JsonlMetricsLogger:
 
 
 @dataclass
-class TrainConfig:
-    """How long to train, how often to log and checkpoint, and where to write."""
+class TrainConfig(LoopSettings):
+    """How long to train, how often to log and checkpoint (:class:`vlp.train.settings.LoopSettings`, a config
+    section's part), where to write and what the run is called."""
 
     out_dir: str = ""  # local path or s3:// URI; checkpoints go to <out_dir>/checkpoints
     max_steps: int = 1000  # optimiser updates of the whole run (the LR schedule spans them)
-    grad_accum: int = 1  # micro-batches per update
-    log_every: int = 10  # updates between metric logs (the last update is always logged)
     ckpt_every: int = 0  # updates between checkpoints; 0: only at the end
-    keep_last: int = 2  # complete checkpoints kept
-    seed: int = 0  # global RNGs are seeded with seed + rank at start
-    bf16: bool = True  # bf16 autocast; CUDA only, ignored on CPU
-    grad_checkpointing: bool = False  # asks the model (timm set_grad_checkpointing / HF gradient_checkpointing_enable)
-    progress: bool = True  # rank 0: a tqdm bar on a terminal, else one plain line per logged interval; False: neither
     name: str = "train"  # what the progress display calls the run (e.g. the step: "pretrain")
+
+    @classmethod
+    def of(cls, section: LoopSettings, out_dir: str, name: str = "train") -> TrainConfig:
+        """The loop settings of a config section (any :class:`LoopSettings`, e.g. ``cfg.pretrain``) as they are."""
+        return cls(**{f.name: getattr(section, f.name) for f in dataclasses.fields(LoopSettings)}, out_dir=out_dir,
+                   name=name)  # fmt: skip
 
     def __post_init__(self) -> None:
         if not self.out_dir:

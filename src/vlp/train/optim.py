@@ -8,8 +8,8 @@ The ALPRO paper trains with AdamW and weight decay 0.001 (§3.4), and the releas
 ``AdamW(model.parameters(), lr=opts.learning_rate, betas=opts.betas)`` without a
 ``weight_decay`` argument, and its AdamW (``src/optimization/adamw.py``, the Hugging Face copy
 inherited from ClipBERT) defaults to ``weight_decay=0.0``. So every parameter, in one group, is
-trained with *no* weight decay. ``OptimConfig.alpro_code_weight_decay=True`` reproduces that;
-the default (``False``) applies the configured decay, as the paper says.
+trained with *no* weight decay. ``weight_decay: 0`` reproduces that (one group, as the code builds);
+the default applies the configured decay, as the paper says.
 
 Which parameters are decayed (default mode)
 --------------------------------------------
@@ -48,12 +48,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, fields
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
+
+from vlp.train.settings import OptimSettings
 
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LayerNorm,
@@ -66,31 +68,25 @@ _NORM_TYPES: tuple[type[nn.Module], ...] = (
 
 
 @dataclass
-class OptimConfig:
-    """AdamW, schedule and clipping settings (defaults: the ALPRO pre-training config)."""
+class OptimConfig(OptimSettings):
+    """The optimiser settings of a config section (:class:`vlp.train.settings.OptimSettings`: AdamW, the schedule,
+    clipping; defaults: the ALPRO pre-training config) and the parts that are not config values: which update
+    index the schedule reads, and which parameters the no-decay and lr-factor groups take."""
 
-    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up
-    weight_decay: float = 1e-3  # paper §3.4; applied unless alpro_code_weight_decay
-    betas: tuple[float, float] = (0.9, 0.98)  # ALPRO config_release (not stated in the paper)
-    eps: float = 1e-8  # torch default; the ALPRO code's AdamW defaults to 1e-6
-    warmup_ratio: float = 0.05  # ALPRO pre-training 0.05, fine-tuning 0.1; ignored when warmup_steps is set
-    warmup_steps: int | None = None  # absolute warm-up length; overrides warmup_ratio
     schedule_index: Literal["one_based", "zero_based"] = "one_based"  # see module docstring
-    # after warm-up: "linear" to lr * min_lr_ratio (ALPRO, min 0) or "cosine" (ALBEF: 1e-4 -> 1e-5, min 0.1)
-    schedule: Literal["linear", "cosine"] = "linear"
-    min_lr_ratio: float = 0.0
-    warmup_start_ratio: float = 0.0  # the warm-up starts at lr * this (ALBEF's code: 1e-5 / 1e-4 = 0.1)
-    grad_clip: float | None = 20.0  # max global L2 norm (ALPRO grad_norm 20); None or <= 0: no clipping
     no_decay_keywords: tuple[str, ...] = ("pos_embed", "time_embed", "cls_token")
-    alpro_code_weight_decay: bool = False  # True: one group, weight decay 0 (the released code)
     # lr factor of the parameters under fusion_prefixes: the multimodal encoder and the heads, which start from
     # random weights when the towers do not (vtm_probe: at 1e-4 a random fusion stays at VTM's label prior)
-    fusion_lr_mult: float = 1.0
     fusion_prefixes: tuple[str, ...] = ("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier.")
     # lr factor of the parameters under backbone_prefixes: a pre-trained backbone tuned gently beside new modules
     # (TS2-Net's code: CLIP at 1e-4 x 1e-3 = 1e-7, the token selector and frame aggregator at 1e-4)
-    backbone_lr_mult: float = 1.0
     backbone_prefixes: tuple[str, ...] = ("clip.",)
+
+    @classmethod
+    def of(cls, section: OptimSettings, **internals: Any) -> OptimConfig:
+        """The optimiser settings of a config section (any :class:`OptimSettings`, e.g. ``cfg.pretrain``) as
+        they are, plus ``internals`` (the fields that are not config values)."""
+        return cls(**{f.name: getattr(section, f.name) for f in fields(OptimSettings)}, **internals)
 
     def __post_init__(self) -> None:
         if self.lr < 0:
@@ -104,8 +100,8 @@ class OptimConfig:
             raise ValueError(f"OptimConfig.betas must be two values in [0, 1), got {self.betas}")
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"OptimConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
-        if self.warmup_steps is not None and self.warmup_steps < 0:
-            raise ValueError(f"OptimConfig.warmup_steps must be >= 0 or None, got {self.warmup_steps}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"OptimConfig.warmup_steps must be >= 0 (0 = warmup_ratio), got {self.warmup_steps}")
         if self.schedule not in ("linear", "cosine") or not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"OptimConfig.schedule must be 'linear' or 'cosine' and min_lr_ratio in [0, 1], got "
                              f"{self.schedule!r} / {self.min_lr_ratio}")  # fmt: skip
@@ -155,16 +151,16 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
         cfg: Optimiser settings.
 
     Returns:
-        ``torch.optim.AdamW`` with two groups (decay, no decay), or one group with weight decay 0
-        when ``cfg.alpro_code_weight_decay``; with ``fusion_lr_mult != 1`` each is split again, the parameters
-        under ``fusion_prefixes`` getting ``lr * fusion_lr_mult``, and likewise with ``backbone_lr_mult != 1`` for
-        ``backbone_prefixes``. Empty groups are omitted.
+        ``torch.optim.AdamW`` with two groups (decay, no decay), or one group when ``cfg.weight_decay`` is 0;
+        with ``fusion_lr_mult != 1`` each is split again, the parameters under ``fusion_prefixes`` getting
+        ``lr * fusion_lr_mult``, and likewise with ``backbone_lr_mult != 1`` for ``backbone_prefixes``. Empty
+        groups are omitted.
 
     Raises:
         ValueError: if the model has no trainable parameter.
     """
     params = dict(model.named_parameters())
-    if cfg.alpro_code_weight_decay:
+    if cfg.weight_decay == 0:  # nothing to exempt from decay: one group (what the released ALPRO code builds)
         groups = [{"params": [p for p in params.values() if p.requires_grad], "weight_decay": 0.0}]
     else:
         decay, no_decay = split_decay_params(model, cfg.no_decay_keywords)
@@ -189,8 +185,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
 
 
 def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
-    """Warm-up length in optimiser steps: ``cfg.warmup_steps`` or ``int(cfg.warmup_ratio * total_steps)``."""
-    return cfg.warmup_steps if cfg.warmup_steps is not None else int(cfg.warmup_ratio * total_steps)
+    """Warm-up length in optimiser steps: ``cfg.warmup_steps``, or when 0, ``int(cfg.warmup_ratio * total_steps)``."""
+    return cfg.warmup_steps if cfg.warmup_steps else int(cfg.warmup_ratio * total_steps)
 
 
 def linear_warmup_decay(

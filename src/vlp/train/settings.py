@@ -131,27 +131,45 @@ def family_sections(given: Mapping[str, Any]) -> dict[str, Any]:
 
 
 @dataclass
-class PretrainConfig:
-    """Optimisation and data settings of ``pretrain-prompter`` and ``pretrain``."""
+class OptimSettings:
+    """AdamW, its learning-rate schedule and gradient clipping (:class:`vlp.train.optim.OptimConfig` adds what is
+    not a config value); the defaults are ALPRO pre-training's."""
 
-    max_steps: int = 100  # optimiser updates
-    batch_size: int = 8  # clips per micro-batch per process (paper: 256 global)
-    grad_accum: int = 1  # micro-batches per update
-    lr: float = 1e-4  # peak learning rate (paper: 1e-4)
-    weight_decay: float = 1e-3  # AdamW weight decay (paper: 1e-3; the released code applies none)
-    alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
+    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up (paper: 1e-4)
+    weight_decay: float = 1e-3  # AdamW, matrices only (paper: 1e-3); 0 = one group without decay (ALPRO's code)
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
+    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
     warmup_ratio: float = 0.05  # share of updates spent warming up linearly
     warmup_steps: int = 0  # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
     schedule: Literal["linear", "cosine"] = "linear"  # after warm-up (ALPRO: linear to 0; ALBEF: cosine)
     min_lr_ratio: float = 0.0  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
     warmup_start_ratio: float = 0.0  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
-    grad_clip: float = 20.0  # max global gradient norm
-    sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler (code: headtail)
-    randaug: bool = True  # temporally consistent RandAugment(2, 5)
-    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
-    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
-    hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
-    caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
+    grad_clip: float = 20.0  # max global gradient norm (<= 0: no clipping)
+    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
+    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+
+
+@dataclass
+class LoopSettings:
+    """How long :func:`vlp.train.loop.train` runs, how it logs and checkpoints (:class:`vlp.train.loop.TrainConfig`
+    adds where it writes and what it is called)."""
+
+    max_steps: int = 100  # optimiser updates (the schedule spans them)
+    grad_accum: int = 1  # micro-batches per update
+    log_every: int = 10  # updates between metric logs (the last update is always logged)
+    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
+    keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
+    seed: int = 0  # global RNGs are seeded with seed + rank at start
+    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
+    progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
+
+
+@dataclass
+class LoaderSettings:
+    """How training batches are read (docs/input.md)."""
+
+    batch_size: int = 8  # clips per micro-batch per process
     # The epoch order: "global" = a seeded permutation of all pairs (the paper's; a clip is a random read);
     # "shards" = shards in a seeded order, pairs mixed in a buffer of shuffle_buffer (docs/input.md)
     order: Literal["global", "shards"] = "global"
@@ -159,65 +177,71 @@ class PretrainConfig:
     num_workers: int = 2  # loader processes building batches ahead of the training (0 = on the training thread)
     prefetch: int = 2  # batches each loader worker builds ahead
     max_bad_share: float = 0.01  # damaged clips skipped (and counted) before the step fails (0 = fail at the first)
-    group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
-    group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
-    group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
-    log_every: int = 10  # updates between metric logs
-    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
-    seed: int = 0
-    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
-    progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
-    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
-    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
-    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
 
 
 @dataclass
-class FinetuneConfig:
-    """What retrieval and QA fine-tuning share (field names match :class:`PretrainConfig` where they overlap).
+class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
+    """The training schedule, declared once: what pre-training, retrieval and QA fine-tuning share (each section
+    extends it and sets its own defaults). The steps hand it to the loop as is
+    (:meth:`vlp.train.loop.TrainConfig.of`, :meth:`vlp.train.optim.OptimConfig.of` take their parts)."""
+
+    sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler of a training clip
+    randaug: bool = True  # temporally consistent RandAugment(2, 5)
+    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
+    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
+    hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
+    caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
+
+    @classmethod
+    def __config_load__(cls, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """``data`` with the keys that were renamed or folded into others mapped to their new form, each with a
+        warning: ``alpro_code_weight_decay: true`` is ``weight_decay: 0``."""
+        data = dict(data)
+        if "alpro_code_weight_decay" in data:
+            from vlp.config import ConfigError
+
+            old = data.pop("alpro_code_weight_decay")
+            if old is True:
+                if data.get("weight_decay", 0) not in (0, 0.0):
+                    decay = data["weight_decay"]
+                    raise ConfigError(f"{prefix}.alpro_code_weight_decay=true (no weight decay) and {prefix}."
+                                      f"weight_decay={decay} disagree: keep {prefix}.weight_decay")  # fmt: skip
+                data["weight_decay"] = 0.0
+            elif old is not False:
+                raise ConfigError(f"{prefix}.alpro_code_weight_decay: expected true/false, got {old!r}")
+            log.warning("config key %s.alpro_code_weight_decay is gone: %s", prefix,
+                        f"{prefix}.weight_decay: 0 is the released ALPRO code's one group without decay" if old
+                        else "false was the default; remove it")  # fmt: skip
+        return data
+
+
+@dataclass
+class PretrainConfig(TrainingSchedule):
+    """``pretrain-prompter`` and ``pretrain``: the schedule (defaults: ALPRO pre-training) and batch grouping."""
+
+    group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
+    group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
+    group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
+
+
+@dataclass
+class FinetuneConfig(TrainingSchedule):
+    """What retrieval and QA fine-tuning share: the schedule, and the clips and texts of fine-tuning and evaluation.
 
     Defaults are the paper's MSRVTT-retrieval row of ALPRO Table 9; ``configs/finetune/*.yaml`` hold the rows.
     """
 
     epochs: float = 5.0  # passes over the training pairs (paper: 5 / 10 / 10 / 15)
     max_steps: int = 0  # optimiser updates; 0 = epochs x updates per epoch
-    batch_size: int = 8  # per process per micro-batch (paper: 64 / 96 global)
-    grad_accum: int = 1  # paper: 1 for retrieval, 2 for QA
     lr: float = 2.5e-5  # paper: 2.5e-5 MSRVTT, 4e-5 DiDeMo, 5e-5 QA
-    weight_decay: float = 1e-3
-    alpro_code_weight_decay: bool = False  # reproduce the released code: no weight decay at all
     warmup_ratio: float = 0.1
-    warmup_steps: int = 0  # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
-    schedule: Literal["linear", "cosine"] = "linear"  # after warm-up (ALPRO: linear to 0; ALBEF: cosine)
-    min_lr_ratio: float = 0.0  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
-    warmup_start_ratio: float = 0.0  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
-    grad_clip: float = 20.0  # config_release didemo_ret / msvd_qa (msrvtt_ret / msrvtt_qa: 5.0, configs/finetune)
     num_frames: int = 8  # paper: 8 for retrieval, 16 for QA
     max_len: int = 40  # text tokens (paper: 40; DiDeMo paragraphs 50)
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
     eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
-    randaug: bool = True  # temporally consistent RandAugment(2, 5)
-    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
-    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
-    hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
-    caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
-    order: Literal["global", "shards"] = "global"  # as pretrain.order
-    shuffle_buffer: int = 4096  # as pretrain.shuffle_buffer
-    num_workers: int = 2  # loader processes, in training and in the evaluation's clip encoding (0 = none)
-    prefetch: int = 2  # batches each loader worker builds ahead
-    max_bad_share: float = 0.01  # as pretrain.max_bad_share; evaluation never skips: a damaged test clip fails
     split: str = "test"  # the split the evaluate step scores
-    log_every: int = 10
-    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only)
     seed: int = 42  # app. A.2
-    bf16: bool = True
-    progress: bool = True  # as in pretrain; evaluation shows a bar on a terminal only
-    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads
-    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
-    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
 
 
 @dataclass
