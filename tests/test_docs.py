@@ -249,3 +249,22 @@ def test_annotation_example_ingests_as_documented(example: Example, clip_bytes, 
         rows = manifest.read(out, f"{table}.parquet", schemas[table]).to_pylist()
         assert Counter(r["split"] for r in rows) == splits, f"{table}: {Counter(r['split'] for r in rows)}"
         assert summary[table]["rejected"] == rejected, f"{table}: {summary[table]}"
+
+
+def test_the_families_table_lists_every_registered_family_as_its_spec_says():
+    """docs/families.md's table has one row per registered family, with its paper, whether vlp pre-trains it, its
+    pipeline and its package, as the registry has them (a family added to the registry and not to the table fails
+    here, and so does a row the registry no longer backs)."""
+    from pipelines import pretrain, retrieval
+    from vlp.models import family
+
+    lines = (ROOT / "docs" / "families.md").read_text().splitlines()
+    rows = [line for line in lines if re.match(r"\| \w.*\(`\w+`", line)]
+    by_name = {re.search(r"\(`(\w+)`", row).group(1): [c.strip() for c in row.strip("|").split("|")] for row in rows}
+    assert sorted(by_name) == sorted(family.names())
+    for name, (title, paper, pretrained, pipeline, module) in by_name.items():
+        spec = family.spec(name)
+        assert title.startswith(spec.title) and spec.paper in paper and module == f"`vlp.models.{name}`", name
+        assert pretrained.startswith("yes" if spec.pretrains else "no"), name
+        dag = pretrain.name_of(name) if spec.pretrains else retrieval.NAME
+        assert pipeline.startswith(f"`{dag}`"), (name, pipeline)

@@ -228,7 +228,10 @@ class PretrainConfig(TrainingSchedule):
 class FinetuneConfig(TrainingSchedule):
     """What retrieval and QA fine-tuning share: the schedule, and the clips and texts of fine-tuning and evaluation.
 
-    Defaults are the paper's MSRVTT-retrieval row of ALPRO Table 9; ``configs/finetune/*.yaml`` hold the rows.
+    Defaults are the paper's MSRVTT-retrieval row of ALPRO Table 9; ``configs/finetune/*.yaml`` hold the rows
+    (``grad_clip``: 20 as config_release's didemo_ret / msvd_qa, 5 in msrvtt_ret / msrvtt_qa). ``num_workers``
+    loads the evaluation's clips too; ``max_bad_share`` is training's only: evaluation never skips a damaged test
+    clip, it fails.
     """
 
     epochs: float = 5.0  # passes over the training pairs (paper: 5 / 10 / 10 / 15)
