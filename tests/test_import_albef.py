@@ -20,8 +20,8 @@ from vlp.cli import main
 from vlp.losses import distill
 from vlp.models import directory
 from vlp.models.albef.model import albef_forward, itm_logits
-from vlp.models.alpro.importer import CheckpointFormatError, read_checkpoint
 from vlp.models.family import PretrainBatch, StepContext
+from vlp.models.importing import CheckpointFormatError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "albef_parity"
 ATOL = 1e-4
@@ -186,7 +186,9 @@ def test_an_unknown_key_is_an_error(bert_style_tokenizer, tmp_path):
     assert "unknown source keys ['text_encoder_m.bert.encoder.layer.3.adapter.weight']" in _attempt(
         tmp_path, extra, bert_style_tokenizer
     )
-    assert "not an ALPRO checkpoint" in _attempt(tmp_path, {"encoder.weight": torch.zeros(2)}, bert_style_tokenizer)
+    unknown = {"encoder.weight": torch.zeros(2)}
+    assert "has no model family's keys" in _attempt(tmp_path, unknown, bert_style_tokenizer)
+    assert "ALBEF checkpoint" in _attempt(tmp_path, unknown, bert_style_tokenizer, family="albef")
     assert "not an ALBEF checkpoint" in _attempt(
         tmp_path, {"encoder.weight": torch.zeros(2)}, bert_style_tokenizer, family="albef"
     )

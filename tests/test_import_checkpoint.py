@@ -20,8 +20,8 @@ import torch
 
 from vlp.cli import main
 from vlp.models import directory
-from vlp.models.alpro.importer import CheckpointFormatError, read_checkpoint
 from vlp.models.alpro.model import vtm_logits
+from vlp.models.importing import CheckpointFormatError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "alpro_parity"
 ATOL = 1e-4  # the outputs are O(1)-O(10); a wrong key moves one by >= 4e-3 (README: per-key sensitivity)
@@ -209,7 +209,9 @@ def test_files_that_do_not_fit_are_refused_with_what_is_wrong(bert_style_tokeniz
     assert "shape" in attempt(wrong)
     qa, _ = read_checkpoint(str(FIXTURE / "alpro_qa.pt"))
     assert "--answers" in attempt(qa)
-    assert "not an ALPRO checkpoint" in attempt({"encoder.weight": torch.zeros(2)})
+    unknown = {"encoder.weight": torch.zeros(2)}
+    assert "has no model family's keys (e.g. ['encoder.weight']): pass --family, one of" in attempt(unknown)
+    assert "not an ALPRO checkpoint" in attempt(unknown, "family", "alpro")
     big = tmp_path / "big"
     big.mkdir()
     (big / "vocab.txt").write_text((Path(bert_style_tokenizer) / "vocab.txt").read_text() + "oneword\n")

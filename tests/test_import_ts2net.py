@@ -11,7 +11,7 @@ import torch
 
 from vlp.config import load_config
 from vlp.models import directory
-from vlp.models.alpro.importer import CheckpointFormatError
+from vlp.models.importing import CheckpointFormatError
 from vlp.models.ts2net import importer as import_ts2net
 from vlp.models.ts2net.model import FAMILY, TS2Net
 from vlp.steps.import_checkpoint import import_checkpoint
@@ -41,7 +41,7 @@ def tokenizer(tmp_path_factory) -> str:
 
 def test_the_architecture_and_rules_come_from_the_keys():
     state, _ = import_ts2net.read_checkpoint(CKPT)
-    assert import_ts2net.is_ts2net(state)
+    assert import_ts2net.recognizes(state)
     cfg = import_ts2net.infer_config(state, num_frames=4)
     v, t = cfg.video, cfg.text
     assert (v.width, v.layers, v.patch_size, v.img_size, v.heads) == (64, 4, 8, 32, 1)

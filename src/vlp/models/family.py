@@ -243,6 +243,8 @@ class FamilySpec:
             (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval`` starts it from named weights).
         pretrain_inputs: what ``vlp pretrain`` reads besides the dataset and the frames, which its DAG makes
             first: ``("prompter", "bank")`` = a frozen prompter and its prompt bank of mined entities (ALPRO's PEM).
+        importer: the module that maps its released checkpoints (:class:`vlp.models.importing.Importer`);
+            ``""`` = ``vlp import-checkpoint`` does not read this family's files.
     """
 
     name: str
@@ -252,12 +254,17 @@ class FamilySpec:
     load: str | Callable[[], Family]
     pretrains: bool
     pretrain_inputs: tuple[str, ...] = ()
+    importer: str = ""
 
     def __post_init__(self) -> None:
         if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
             raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
         if self.pretrain_inputs and not self.pretrains:
             raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+
+    def load_importer(self) -> Any:
+        """Its importer module (imports torch), or None when it has none."""
+        return importlib.import_module(self.importer) if self.importer else None
 
     def family(self) -> Family:
         if callable(self.load):

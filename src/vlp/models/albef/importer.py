@@ -30,10 +30,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.alpro.importer import (
-    CLIP_MEAN,
-    CLIP_STD,
+from vlp.models.alpro.importer import CLIP_MEAN, CLIP_STD
+from vlp.models.importing import (
     CheckpointFormatError,
+    Imported,
+    ImportOptions,
     ImportReport,
     check_mapping,
     read_checkpoint,
@@ -44,12 +45,14 @@ __all__ = [
     "KINDS",
     "detect_format",
     "detect_kind",
+    "import_state",
     "infer_config",
-    "is_albef",
     "map_state_dict",
     "read_checkpoint",
+    "recognizes",
 ]
 
+TOKENIZER = "bert-base-uncased"  # the released weights' (BERT-base's WordPiece)
 FORMATS = ("albef", "lavis")
 KINDS = ("albef", "albef_retrieval")
 _TOWERS = (("", "online."), ("_m", "momentum."))
@@ -67,7 +70,28 @@ _IGNORED = [
 ]
 
 
-def is_albef(state: Mapping[str, Tensor]) -> bool:
+def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
+    """An ALBEF file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen); the
+    fusion split is read from the cross-attention keys (``options.fusion_layers`` is not used)."""
+    from vlp.models.albef.model import FAMILY
+    from vlp.train.loop import seed_everything
+
+    fmt = detect_format(state) if options.fmt == "auto" else options.fmt
+    kind = detect_kind(state) if options.kind == "auto" else options.kind
+    if fmt not in FORMATS or kind not in KINDS:
+        raise ValueError(f"an ALBEF checkpoint's format must be one of {FORMATS} or auto, its kind one of {KINDS} or "
+                         f"auto; got {options.fmt!r} / {options.kind!r}")  # fmt: skip
+    if options.answers:
+        raise ValueError("--answers is for ALPRO QA checkpoints; an ALBEF import builds no QA model")
+    config = infer_config(state, kind, video_heads=options.video_heads, text_heads=options.text_heads,
+                          num_frames=options.num_frames, max_len=options.max_len)  # fmt: skip
+    seed_everything(0)
+    model = FAMILY.build(kind, config)
+    weights, report = map_state_dict(state, model.state_dict(), kind, fmt, config.text.text_layers)
+    return Imported(fmt, kind, config, weights, report)
+
+
+def recognizes(state: Mapping[str, Tensor]) -> bool:
     """Whether the keys look like ALBEF's (a ViT directly under ``visual_encoder.``, BERT under ``text_encoder.``);
     ALPRO's TimeSformer sits under ``visual_encoder.model.``."""
     return "visual_encoder.cls_token" in state and any(k.startswith("text_encoder.") for k in state)
@@ -84,7 +108,7 @@ def _text_prefix(state: Mapping[str, Tensor], suffix: str = "") -> str:
 
 def detect_format(state: Mapping[str, Tensor]) -> str:
     """``albef`` (the release: BERT with token-type embeddings) or ``lavis`` (none)."""
-    if not is_albef(state):
+    if not recognizes(state):
         raise CheckpointFormatError(
             "not an ALBEF checkpoint: expected visual_encoder.cls_token and text_encoder.* keys, found e.g. "
             f"{sorted(state)[:5]}"

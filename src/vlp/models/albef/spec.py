@@ -35,5 +35,6 @@ SPEC = FamilySpec(
     paper="arXiv 2107.07651",
     settings=AlbefSettings,
     load="vlp.models.albef.model:FAMILY",
+    importer="vlp.models.albef.importer",
     pretrains=True,
 )

@@ -21,18 +21,23 @@ and plain containers is unpickled (:func:`read_checkpoint`).
 
 from __future__ import annotations
 
-import hashlib
-import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from vlp import storage
+from vlp.models.importing import (
+    CheckpointFormatError,
+    Imported,
+    ImportOptions,
+    ImportReport,
+    check_mapping,
+    read_answers,
+)
 
+TOKENIZER = "bert-base-uncased"  # the released weights' (BERT-base's WordPiece)
 FORMATS = ("alpro", "lavis")
 KINDS = ("prompter", "alpro", "alpro_retrieval", "alpro_qa")
 # The released configs normalise pixels with CLIP's statistics (config_release/*.json: img_pixel_mean/std).
@@ -52,126 +57,35 @@ _IGNORED = [
 ]
 
 
-class CheckpointFormatError(ValueError):
-    """The file is not an ALPRO checkpoint this importer can map (the message says what does not fit)."""
+def recognizes(state: Mapping[str, Tensor]) -> bool:
+    """Whether the keys are ALPRO's: a TimeSformer under ``visual_encoder.model.`` and BERT under ``text_encoder.``
+    (ALBEF's ViT sits directly under ``visual_encoder.``)."""
+    return any(k.startswith("visual_encoder.model.") for k in state) and any(
+        k.startswith("text_encoder.") for k in state
+    )
 
 
-@dataclass
-class ImportReport:
-    """What :func:`map_state_dict` did."""
+def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
+    """An ALPRO file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen)."""
+    from vlp.models.alpro.model import FAMILY
+    from vlp.train.loop import seed_everything
 
-    format: str
-    kind: str
-    mapped: dict[str, str] = field(default_factory=dict)  # vlp key -> source key
-    unmapped: dict[str, str] = field(default_factory=dict)  # source key -> why it has no place
-    checked_ties: list[str] = field(default_factory=list)  # tied copies verified equal
-    kept_init: list[str] = field(default_factory=list)  # model keys the file lacks that the kind never uses
-
-    def summary(self) -> dict[str, Any]:
-        """JSON-able: counts, and the unmapped keys grouped by reason (with up to 3 examples each)."""
-        by_reason: dict[str, list[str]] = {}
-        for key, why in self.unmapped.items():
-            by_reason.setdefault(why, []).append(key)
-        return {
-            "format": self.format,
-            "kind": self.kind,
-            "mapped": len(self.mapped),
-            "unmapped": [{"reason": r, "keys": len(k), "examples": sorted(k)[:3]} for r, k in by_reason.items()],
-            "ties_checked": self.checked_ties,
-            "kept_init": self.kept_init,
-        }
-
-
-def read_checkpoint(uri: str) -> tuple[dict[str, Tensor], str]:
-    """``(state dict, SHA-256 of the file)``; a ``{"model": ...}`` / ``{"state_dict": ...}`` wrapper and DDP's
-    ``module.`` prefix are removed; tensors only (other entries of a wrapper, e.g. an epoch, are dropped).
-
-    ``.safetensors`` files are read with safetensors, anything else with torch's weights-only unpickler: no other
-    object is ever rebuilt, and a file either loader refuses (damaged, truncated, random bytes, a header that
-    declares more bytes than the file has, a pickle of arbitrary objects) is a one-line error naming the file.
-
-    Raises:
-        CheckpointFormatError: not a readable checkpoint, not a state dict, or it holds empty tensors (shapes
-            that claim sizes the file does not hold).
-    """
-    with storage.local_copy(uri) as path:
-        digest = _sha256(path)
-        state = _load_safetensors(path, uri) if path.endswith(".safetensors") else _load_pickle(path, uri)
-    for wrapper in ("model", "state_dict", "module"):
-        if isinstance(state, Mapping) and isinstance(state.get(wrapper), Mapping):
-            state = state[wrapper]
-            break
-    if not isinstance(state, Mapping) or not state:
-        raise CheckpointFormatError(f"{uri}: expected a state dict (name -> tensor), got {type(state).__name__}")
-    tensors = {str(k).removeprefix("module."): v for k, v in state.items() if isinstance(v, Tensor)}
-    if not tensors:
-        raise CheckpointFormatError(f"{uri}: the state dict holds no tensors")
-    empty = sorted(k for k, v in tensors.items() if v.numel() == 0)
-    if empty:  # a 0 in a shape lets a tiny file declare any other dimension, and so a model of any size
-        raise CheckpointFormatError(
-            f"{uri}: holds {len(empty)} empty tensor(s), e.g. {empty[:3]}; no model vlp imports has one: the file "
-            "is damaged or not model weights"
-        )
-    return tensors, digest
-
-
-def _load_safetensors(path: str, uri: str) -> Any:
-    """The tensors of a ``.safetensors`` file. The header length it declares is checked against the file's size
-    first; safetensors checks the header itself (JSON, dtypes, shapes, offsets) before it reads any tensor."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    size = os.path.getsize(path)
-    with open(path, "rb") as f:
-        head = f.read(8)
-    declared = int.from_bytes(head, "little")
-    if len(head) < 8 or not 0 < declared <= size - 8:
-        what = f"declares a {declared:,}-byte header in" if len(head) == 8 else "has no 8-byte header length in its"
-        raise CheckpointFormatError(
-            f"{uri}: not a safetensors file: it {what} {size:,} bytes; the file is damaged or another format "
-            "(a .pt/.pth/.bin file is read as a PyTorch file)"
-        )
-    try:
-        return load_file(path)
-    except (SafetensorError, ValueError, OSError) as exc:  # a bad header: JSON, dtype, shapes, offsets
-        raise CheckpointFormatError(
-            f"{uri}: not a valid safetensors file ({_one_line(exc)}); it is damaged or was cut short: fetch it again"
-        ) from exc
-
-
-def _load_pickle(path: str, uri: str) -> Any:
-    """A PyTorch file read with torch's weights-only unpickler: tensors and plain containers, nothing else."""
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # UnpicklingError: random bytes, arbitrary objects; RuntimeError: a broken archive
-        raise CheckpointFormatError(
-            f"{uri}: not a PyTorch file of tensors only ({_unpickling_reason(exc)}); vlp reads tensors and plain "
-            "containers, never other pickled objects: export the state dict's tensors (e.g. as .safetensors) "
-            "from the file's source"
-        ) from exc
-
-
-_TORCH_ADVICE = ("weights_only", "trust", "Weights only load failed", "Check the documentation", "Please file")
-
-
-def _unpickling_reason(exc: BaseException) -> str:
-    """What torch's loader objected to, in one line, without its advice on loading the file unsafely."""
-    text = str(exc).split("WeightsUnpickler error:", 1)[-1]
-    sentences = [line.strip().split(". ")[0].rstrip(".") for line in text.splitlines() if line.strip()]
-    facts = [s for s in sentences if not any(advice in s for advice in _TORCH_ADVICE)]
-    return facts[0][:200] if facts else type(exc).__name__
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300] or type(exc).__name__
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    fmt = detect_format(state) if options.fmt == "auto" else options.fmt
+    kind = detect_kind(state) if options.kind == "auto" else options.kind
+    if fmt not in FORMATS or kind not in KINDS:
+        raise ValueError(f"an ALPRO checkpoint's format must be one of {FORMATS} or auto, its kind one of {KINDS} or "
+                         f"auto; got {options.fmt!r} / {options.kind!r}")  # fmt: skip
+    config = infer_config(state, kind, video_heads=options.video_heads, text_heads=options.text_heads,
+                          fusion_layers=options.fusion_layers, max_len=options.max_len)  # fmt: skip
+    answers = None
+    if kind == "alpro_qa":
+        if not options.answers:
+            raise ValueError("a QA checkpoint needs its answer vocabulary: pass --answers (train_ans2label.json)")
+        answers = read_answers(options.answers, int(state["classifier.2.weight"].shape[0]))
+    seed_everything(0)  # the parts a file lacks (LAVIS QA's unused projections) start the same every import
+    model = FAMILY.build(kind, config, len(answers or []))
+    weights, report = map_state_dict(state, model.state_dict(), kind, fmt, config.text.text_layers)
+    return Imported(fmt, kind, config, weights, report, answers)
 
 
 def detect_format(state: Mapping[str, Tensor]) -> str:
@@ -388,32 +302,11 @@ def map_state_dict(
     return out, report
 
 
-def check_mapping(fmt: str, kind: str, unknown: list[str], missing: list[str], shapes: list[str]) -> None:
-    """One error that lists every source key with no place, every model key the file lacks, every bad shape."""
-    if unknown or missing or shapes:
-        raise CheckpointFormatError(
-            f"this {fmt} checkpoint does not map onto a vlp {kind!r} model: "
-            + "; ".join(
-                part
-                for part in (
-                    f"{len(unknown)} unknown source keys {_few(unknown)}" if unknown else "",
-                    f"{len(missing)} model keys the file lacks {_few(missing)}" if missing else "",
-                    f"{len(shapes)} shape mismatches {_few(shapes)}" if shapes else "",
-                )
-                if part
-            )
-        )
-
-
 def _has_part(target: Mapping[str, Tensor], name: str) -> bool:
     """Whether ``target`` has the module ``name`` belongs to (``vtm_head`` for ``vtm_head.weight``)."""
     parts = name.split(".")
     module = ".".join(parts[:2] if parts[0] == "dual" else parts[:1]) + "."
     return any(k == name or k.startswith(module) for k in target)
-
-
-def _few(items: list[str], n: int = 6) -> str:
-    return str(sorted(items)[:n]) + (" ..." if len(items) > n else "")
 
 
 def _why_unmapped(key: str, kind: str, name: str | None) -> str | None:

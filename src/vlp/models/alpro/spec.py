@@ -30,6 +30,7 @@ SPEC = FamilySpec(
     paper="arXiv 2112.09583",
     settings=AlproSettings,
     load="vlp.models.alpro.model:FAMILY",
+    importer="vlp.models.alpro.importer",
     pretrains=True,
     pretrain_inputs=("prompter", "bank"),
 )

@@ -25,10 +25,18 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.alpro.importer import CheckpointFormatError, ImportReport, check_mapping, read_checkpoint
+from vlp.models.importing import (
+    CheckpointFormatError,
+    Imported,
+    ImportOptions,
+    ImportReport,
+    check_mapping,
+    read_checkpoint,
+)
 
-__all__ = ["FORMATS", "KINDS", "infer_config", "is_ts2net", "map_state_dict", "read_checkpoint"]
+__all__ = ["FORMATS", "KINDS", "import_state", "infer_config", "map_state_dict", "read_checkpoint", "recognizes"]
 
+TOKENIZER = "openai/clip-vit-base-patch32"  # CLIP's BPE (ViT-B/16 shares it)
 FORMATS = ("ts2net",)
 KINDS = ("ts2net_retrieval",)
 _IGNORED = [
@@ -45,7 +53,7 @@ _BLOCK = {
 }
 
 
-def is_ts2net(state: Mapping[str, Tensor]) -> bool:
+def recognizes(state: Mapping[str, Tensor]) -> bool:
     """Whether ``state`` is a released TS2-Net / CLIP4Clip model (OpenAI's CLIP under ``clip.``)."""
     return "clip.visual.conv1.weight" in state and "clip.token_embedding.weight" in state
 
@@ -60,7 +68,7 @@ def infer_config(state: Mapping[str, Tensor], *, num_frames: int = 12, max_len: 
     training; ``max_len``: unused by the sizes, the text positions come from the file)."""
     from vlp.models.ts2net.model import ClipTextConfig, ClipVisionConfig, TS2NetConfig
 
-    if not is_ts2net(state):
+    if not recognizes(state):
         raise CheckpointFormatError("not a TS2-Net checkpoint: no clip.visual.conv1.weight / clip.token_embedding")
     conv = state["clip.visual.conv1.weight"]
     width, patch = int(conv.shape[0]), int(conv.shape[-1])
@@ -191,3 +199,12 @@ def build(state: Mapping[str, Tensor], *, num_frames: int = 12) -> tuple[Any, di
     torch.manual_seed(0)
     weights, report = map_state_dict(state, TS2Net(cfg).state_dict())
     return cfg, weights, report
+
+
+def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
+    """A released TS2-Net file mapped onto a ``ts2net_retrieval`` model (shapes and rules from the keys)."""
+    if options.kind not in ("auto", *KINDS) or options.fmt not in ("auto", *FORMATS) or options.answers:
+        raise ValueError("a TS2-Net checkpoint is a retrieval model (kind ts2net_retrieval, format ts2net); it "
+                         "has no answers")  # fmt: skip
+    config, weights, report = build(state, num_frames=options.num_frames)
+    return Imported("ts2net", "ts2net_retrieval", config, weights, report)

@@ -44,5 +44,6 @@ SPEC = FamilySpec(
     paper="arXiv 2207.07852",
     settings=TS2NetSettings,
     load="vlp.models.ts2net.model:FAMILY",
+    importer="vlp.models.ts2net.importer",
     pretrains=False,
 )
