@@ -131,14 +131,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", *families.names()],
                    help="which model the file holds (default: from the keys)")  # fmt: skip
     p.add_argument("--format", dest="ckpt_format", default="auto",
-                   choices=["auto", "alpro", "albef", "lavis", "ts2net"],
-                   help="key layout (default: detected; ALPRO, ALBEF: their own or lavis)")  # fmt: skip
+                   help="key layout: auto (detected) or one of the family importer's formats (ALPRO: alpro, lavis; "
+                   "ALBEF: albef, lavis; TS2-Net: ts2net)")  # fmt: skip
     p.add_argument("--kind", default="auto",
-                   choices=["auto", "alpro", "alpro_retrieval", "alpro_qa", "prompter", "albef", "albef_retrieval",
-                            "ts2net_retrieval"],
-                   help="what to build: pre-trained, retrieval, QA, or the pre-trained ALPRO file's prompter "
-                   "(default: ALPRO: classifier -> QA, PEM head/prompter -> pre-trained, else retrieval; "
-                   "ALBEF: MLM head -> pre-trained, else retrieval)")  # fmt: skip
+                   help="what to build: auto or one of the family importer's kinds (ALPRO: alpro, alpro_retrieval, "
+                   "alpro_qa, prompter; ALBEF: albef, albef_retrieval; TS2-Net: ts2net_retrieval); auto: ALPRO: "
+                   "classifier -> QA, PEM head/prompter -> pre-trained, else retrieval; ALBEF: MLM head -> "
+                   "pre-trained, else retrieval")  # fmt: skip
     p.add_argument("--tokenizer", default="",
                    help="the weights' tokenizer: hub name or local/s3:// dir (default: bert-base-uncased; TS2-Net: "
                    "openai/clip-vit-base-patch32)")  # fmt: skip
