@@ -17,6 +17,7 @@ from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, TextVo
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.settings import ModelConfig, RetrievalConfig
 
+REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red circle moves left", "a blue square bounces", "a green star drifts", "a yellow cube spins"]
 
 
@@ -189,3 +190,24 @@ def test_each_family_reads_its_own_section_and_a_flat_key_still_loads_with_a_war
         load_config(None, ["model.family=clip4clip"])
     with pytest.raises(ConfigError, match=r"model.albef.momentum=2.0 must be in \[0, 1\]"):
         load_config(None, ["model.albef.momentum=2.0"])
+
+
+@pytest.mark.parametrize("name", family.names())
+def test_every_lr_group_prefix_names_trainable_parameters_of_the_family(name):
+    """A prefix that matches nothing makes fusion_lr_mult / backbone_lr_mult silently do nothing (ALBEF's fusion
+    lives under ``online.``: the shared prefixes once missed it)."""
+    from vlp.config import load_config
+
+    fam = family.get(name)
+    section = load_config(REPO / "configs" / "tiny.yaml", [f"model.family={name}"]).model
+    config = fam.config(section, 300, 5 if "pem" in fam.default_losses else 0)
+    kinds = [k for k in (fam.kinds.pretrained, fam.kinds.retrieval, fam.kinds.qa) if k]
+    names = set()
+    for kind in kinds:
+        try:
+            model = fam.build(kind, config, 3)
+        except ValueError:  # a kind no step builds from this config (TS2-Net's zero-shot slot)
+            continue
+        names |= {n for n, p in model.named_parameters() if p.requires_grad}
+    for prefix in (*fam.lr_groups.fusion, *fam.lr_groups.backbone):
+        assert any(n.startswith(prefix) for n in names), f"{name}: {prefix!r} names no trainable parameter"

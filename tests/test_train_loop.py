@@ -690,7 +690,7 @@ def test_fusion_lr_mult_scales_the_fusion_and_heads_through_the_schedule() -> No
     from vlp.train.optim import build_scheduler
 
     model = nn.ModuleDict({"dual": nn.Linear(4, 4), "fusion": nn.Linear(4, 4), "vtm_head": nn.Linear(4, 2)})
-    cfg = OptimConfig(lr=1e-4, fusion_lr_mult=10.0, warmup_ratio=0.5)
+    cfg = OptimConfig(lr=1e-4, fusion_lr_mult=10.0, warmup_ratio=0.5, fusion_prefixes=("fusion.", "vtm_head."))
     opt = build_optimizer(model, cfg)
     sched = build_scheduler(opt, cfg, total_steps=10)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -709,7 +709,8 @@ def test_backbone_lr_mult_slows_the_backbone_beside_new_modules_and_composes_wit
     from vlp.train.optim import build_scheduler
 
     model = nn.ModuleDict({"clip": nn.Linear(4, 4), "selector": nn.Linear(4, 4)})
-    cfg = OptimConfig(lr=1e-4, backbone_lr_mult=1e-3, warmup_ratio=0.1, betas=(0.9, 0.98), eps=1e-6)
+    cfg = OptimConfig(lr=1e-4, backbone_lr_mult=1e-3, warmup_ratio=0.1, betas=(0.9, 0.98), eps=1e-6,
+                      backbone_prefixes=("clip.",))  # fmt: skip
     opt = build_optimizer(model, cfg)
     assert len(opt.param_groups) == 4 and all(g["eps"] == 1e-6 for g in opt.param_groups)  # (decay, no) x 2
     names = {id(p): n for n, p in model.named_parameters()}

@@ -9,7 +9,8 @@ from the registry and calls the methods below; it names no family.
 
 The contract, in the order a model's life uses it:
 
-- ``name``, ``kinds`` (its ``model.json`` kinds), ``default_losses``; whether it pre-trains is its spec's
+- ``name``, ``kinds`` (its ``model.json`` kinds), ``default_losses``, ``lr_groups`` (the parameters the sections'
+  ``fusion_lr_mult`` and ``backbone_lr_mult`` scale, :class:`LrGroups`); whether it pre-trains is its spec's
   (``finetune-retrieval`` without ``--pretrained`` starts any family from the ``model`` section's weights).
 - ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its preset's
   unless set; ``""`` = random init).
@@ -62,6 +63,13 @@ class Kinds(NamedTuple):
 
     def all(self) -> tuple[str, ...]:
         return tuple(k for k in self if k)
+
+
+class LrGroups(NamedTuple):
+    """Which parameters (by name prefix) the learning-rate factors of a training section scale."""
+
+    fusion: tuple[str, ...] = ()  # fusion_lr_mult: the multimodal encoder and the heads (random-init parts)
+    backbone: tuple[str, ...] = ()  # backbone_lr_mult: a pre-trained backbone tuned gently beside new modules
 
 
 @dataclass(frozen=True)
@@ -139,6 +147,7 @@ class Family(Protocol):
     name: str
     kinds: Kinds
     default_losses: tuple[str, ...]  # the objectives ``model.losses = []`` stands for
+    lr_groups: LrGroups  # the parameters fusion_lr_mult and backbone_lr_mult scale
 
     def weights(self, model: Any) -> tuple[str, str]: ...
 

@@ -308,10 +308,13 @@ def train_model(
     section: Any = None,
     *,
     tokenizer: Any,
+    lr_groups: Any = None,
 ) -> Any:
     """Run the shared loop; metrics go to ``<out>/metrics.jsonl`` and, when configured, to MLflow (rank 0).
 
-    ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own).
+    ``section`` holds the optimisation settings (default ``config.pretrain``; fine-tuning passes its own), as is;
+    ``lr_groups`` (the family's :class:`vlp.models.family.LrGroups`) says which parameters its ``fusion_lr_mult``
+    and ``backbone_lr_mult`` scale.
     The checkpoints record ``tokenizer``'s digest, and a resume with another tokenizer is refused.
     The MLflow run is ``out``'s (:class:`vlp.tracking.MlflowLogger` with ``out``): a resume, or a rerun of a
     finished step, continues the run an earlier call opened, sends it what it lacks of ``metrics.jsonl`` and
@@ -325,7 +328,8 @@ def train_model(
 
     cfg = config.pretrain if section is None else section
     train_cfg = TrainConfig.of(cfg, out, name)  # name: what the progress, interruption and resume lines call it
-    optim = OptimConfig.of(cfg)
+    groups = {} if lr_groups is None else {"fusion_prefixes": lr_groups.fusion, "backbone_prefixes": lr_groups.backbone}
+    optim = OptimConfig.of(cfg, **groups)
     logger, mlflow_run = None, None
     if distributed.rank() == 0:
         loggers: list[Any] = [JsonlMetricsLogger(storage.join(out, "metrics.jsonl"))]

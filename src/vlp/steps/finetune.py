@@ -209,7 +209,9 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return fam.train_step(m, batch, ctx)
 
-        result = train_model(model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok)
+        result = train_model(
+            model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok, lr_groups=fam.lr_groups
+        )
         directory.save(
             out,
             kind=fam.kinds.retrieval,
@@ -278,7 +280,9 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             return fam.qa_step(m, batch, ctx)
 
-        result = train_model(model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok)
+        result = train_model(
+            model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok, lr_groups=fam.lr_groups
+        )
         directory.save(
             out,
             kind=fam.kinds.qa,

@@ -140,7 +140,9 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
         batches = _batches(cfg, dataset, data, tok)
         step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
-        result = train_model(model, step_fn, batches, cfg, out, "pretrain_prompter", tokenizer=tok)
+        result = train_model(
+            model, step_fn, batches, cfg, out, "pretrain_prompter", tokenizer=tok, lr_groups=fam.lr_groups
+        )
         directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
         return train_summary(result) | {"clips_skipped": data.skipped}
 
@@ -238,7 +240,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         def step_fn(m: torch.nn.Module, batch: Any) -> Any:
             return fam.train_step(m, batch, ctx)
 
-        result = train_model(model, step_fn, batches, cfg, out, "pretrain", tokenizer=tok)
+        result = train_model(model, step_fn, batches, cfg, out, "pretrain", tokenizer=tok, lr_groups=fam.lr_groups)
         directory.save(
             out,
             kind=fam.kinds.pretrained,

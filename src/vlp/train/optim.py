@@ -75,12 +75,11 @@ class OptimConfig(OptimSettings):
 
     schedule_index: Literal["one_based", "zero_based"] = "one_based"  # see module docstring
     no_decay_keywords: tuple[str, ...] = ("pos_embed", "time_embed", "cls_token")
-    # lr factor of the parameters under fusion_prefixes: the multimodal encoder and the heads, which start from
-    # random weights when the towers do not (vtm_probe: at 1e-4 a random fusion stays at VTM's label prior)
-    fusion_prefixes: tuple[str, ...] = ("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier.")
-    # lr factor of the parameters under backbone_prefixes: a pre-trained backbone tuned gently beside new modules
-    # (TS2-Net's code: CLIP at 1e-4 x 1e-3 = 1e-7, the token selector and frame aggregator at 1e-4)
-    backbone_prefixes: tuple[str, ...] = ("clip.",)
+    # the parameters fusion_lr_mult scales (the multimodal encoder and the heads, which start from random weights
+    # when the towers do not) and those backbone_lr_mult scales (a pre-trained backbone tuned gently beside new
+    # modules): the model family's (vlp.models.family.LrGroups; the steps pass them), none by default
+    fusion_prefixes: tuple[str, ...] = ()
+    backbone_prefixes: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, section: OptimSettings, **internals: Any) -> OptimConfig:

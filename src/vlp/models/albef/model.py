@@ -44,6 +44,7 @@ from vlp.losses import distill
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import (
     Kinds,
+    LrGroups,
     PretrainBatch,
     StepContext,
     Task,
@@ -541,6 +542,8 @@ class AlbefFamily(TwoTowerMethods):
     name = "albef"
     kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
     default_losses = LOSS_TERMS
+    # the fusion encoder and the heads (the online model's: the momentum copy is not trained), and the QA decoder
+    lr_groups = LrGroups(fusion=("online.fusion.", "online.mlm_head.", "itm_head.", "decoder."))
 
     def weights(self, model: Any) -> tuple[str, str]:
         return preset_weights(model, PRESET_WEIGHTS)

@@ -39,6 +39,7 @@ from vlp import losses
 from vlp.models.alpro.spec import AlproSettings
 from vlp.models.family import (
     Kinds,
+    LrGroups,
     PretrainBatch,
     StepContext,
     Task,
@@ -449,6 +450,7 @@ class AlproFamily(TwoTowerMethods):
     name = "alpro"
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
     default_losses = LOSS_TERMS
+    lr_groups = LrGroups(fusion=("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier."))
 
     def weights(self, model: Any) -> tuple[str, str]:
         """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""

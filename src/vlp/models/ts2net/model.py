@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp.losses import frames as frame_losses
-from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, Task, init_revisions, preset_weights
+from vlp.models.family import Encoded, Kinds, LrGroups, PretrainBatch, StepContext, Task, init_revisions, preset_weights
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.ts2net.spec import TS2NetSettings
@@ -430,6 +430,7 @@ class TS2NetFamily:
     # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
     kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
     default_losses = ("itc",)
+    lr_groups = LrGroups(backbone=("clip.",))  # the code's coef_lr: CLIP slower than the selector and aggregator
 
     def weights(self, model: Any) -> tuple[str, str]:
         patch = model.families[self.name].clip_patch
