@@ -50,6 +50,8 @@ from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_ch
 if TYPE_CHECKING:  # the CLI and the config loader read the registry without importing torch
     from torch import Tensor, nn
 
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
+
 Task = Literal["retrieval", "qa"]
 
 
@@ -140,6 +142,35 @@ class Encoded:
     mask: Tensor | None = None
 
 
+class _FrameShape(Protocol):
+    @property
+    def img_size(self) -> int: ...
+
+
+class _TextShape(Protocol):
+    @property
+    def max_len(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+
+class FamilyConfig(Protocol):
+    """What every family's model config has (each family's own dataclass): the data steps read these, nothing else."""
+
+    @property
+    def pixel_mean(self) -> tuple[float, float, float]: ...
+
+    @property
+    def pixel_std(self) -> tuple[float, float, float]: ...
+
+    @property
+    def video(self) -> _FrameShape: ...
+
+    @property
+    def text(self) -> _TextShape: ...
+
+
 @runtime_checkable
 class Family(Protocol):
     """What a model family provides (see the module docstring for the order of use)."""
@@ -149,21 +180,21 @@ class Family(Protocol):
     default_losses: tuple[str, ...]  # the objectives ``model.losses = []`` stands for
     lr_groups: LrGroups  # the parameters fusion_lr_mult and backbone_lr_mult scale
 
-    def weights(self, model: Any) -> tuple[str, str]: ...
+    def weights(self, model: ModelConfig) -> tuple[str, str]: ...
 
-    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> Any: ...
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> FamilyConfig: ...
 
-    def config_from_dict(self, data: dict[str, Any]) -> Any: ...
+    def config_from_dict(self, data: dict[str, Any]) -> FamilyConfig: ...
 
-    def build(self, kind: str, config: Any, num_answers: int = 0) -> nn.Module: ...
+    def build(self, kind: str, config: FamilyConfig, num_answers: int = 0) -> nn.Module: ...
 
-    def task_config(self, config: Any, task: Task, section: Any) -> Any: ...
+    def task_config(self, config: FamilyConfig, task: Task, section: RetrievalConfig | QAConfig) -> FamilyConfig: ...
 
-    def prepare(self, config: Any, batches_per_epoch: int, global_batch: int) -> Any: ...
+    def prepare(self, config: FamilyConfig, batches_per_epoch: int, global_batch: int) -> FamilyConfig: ...
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]: ...
 
-    def train_step(self, model: nn.Module, batch: Any, ctx: StepContext) -> dict[str, Tensor]: ...
+    def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]: ...
 
     def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None: ...
 
@@ -209,7 +240,7 @@ class TwoTowerMethods:
 RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
 
 
-def preset_weights(model: Any, presets: dict[str, tuple[str, str]]) -> tuple[str, str]:
+def preset_weights(model: ModelConfig, presets: dict[str, tuple[str, str]]) -> tuple[str, str]:
     """``(visual, text)`` weight sources of a ``model`` config section: ``presets[model.preset]`` unless
     ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in a preset, is random init."""
 
@@ -220,7 +251,7 @@ def preset_weights(model: Any, presets: dict[str, tuple[str, str]]) -> tuple[str
     return pick(model.video_init, video), pick(model.text_init, text)
 
 
-def init_revisions(model: Any) -> tuple[str, str]:
+def init_revisions(model: ModelConfig) -> tuple[str, str]:
     """``(video, text)`` hub revisions of a ``model`` config section's starting weights: ``model.video_init_revision``
     / ``model.text_init_revision`` (branch, tag or commit sha); ``""`` = the repository's default branch, ``main``,
     as it is at load time. The commit actually loaded is recorded in the model directory's ``lineage.upstream``,
