@@ -224,7 +224,7 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.pretrained, model_cfg).to(where)
         extra = None
-        if bank is not None:
+        if prompter is not None and bank is not None:  # a bank is only loaded beside a prompter
             from vlp.models.alpro.model import PemContext
 
             extra = PemContext(prompter.to(where), bank.video, bank.image)
@@ -317,6 +317,7 @@ def pem_examples(
     gen, lines, written = torch.Generator().manual_seed(seed), ["# PEM examples (ALPRO Fig. 3)", ""], []
     with tempfile.TemporaryDirectory(prefix="vlp-pem-") as tmp:
         for video_id in clips:
+            assert data is not None  # clips is empty without it
             n_stored = data.store.num_stored(video_id)
             slots = [round(i * (n_stored - 1) / max(1, cfg.model.num_frames - 1)) for i in range(cfg.model.num_frames)]
             raw = data.store.load(video_id, slots)  # (T, H, W, 3) uint8 at the stored size

@@ -500,7 +500,7 @@ def load_checkpoint(
         _unwrap(model).load_state_dict(weights)
     except RuntimeError as exc:
         raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
-    if optimizer is not None:
+    if optimizer is not None and optim_state is not None:  # read above whenever an optimizer is given
         try:
             optimizer.load_state_dict(optim_state)
         except ValueError as exc:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -184,7 +185,7 @@ def all_reduce_mean(x: Tensor) -> Tensor:
     return out
 
 
-def wrap_ddp(model: nn.Module, **kwargs: object) -> nn.Module:
+def wrap_ddp(model: nn.Module, **kwargs: Any) -> nn.Module:
     """Wrap ``model`` in DistributedDataParallel when distributed; return it unchanged otherwise.
 
     DDP averages parameter gradients over ranks. On CUDA the module must already be on

@@ -536,7 +536,7 @@ class SamplerBatches:
                 f"{SHARED_MEMORY} is not writable here; give the pod a memory-backed {SHARED_MEMORY} (shm_size in "
                 "the pipeline config) or set num_workers: 0"
             )
-        extra = {"in_order": True} if "in_order" in inspect.signature(DataLoader).parameters else {}
+        extra: dict[str, Any] = {"in_order": True} if "in_order" in inspect.signature(DataLoader).parameters else {}
         return DataLoader(
             _FetchDataset(self.fetch),
             batch_size=None,
@@ -828,7 +828,8 @@ class _Run:
         self.optimizer = build_optimizer(model, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
-        self.step, self.iterator, self.last_lr = 0, None, float("nan")
+        self.step, self.last_lr = 0, float("nan")
+        self.iterator: Iterator[Any] | None = None
         self.identity: dict[str, str] = {}
         self.last_metrics: dict[str, float] = {}  # the newest logged metrics (restored on resume)
         self.sums: dict[str, Tensor] = {}
@@ -903,19 +904,23 @@ class _Run:
         for micro in range(accum):
             batch = move_to_device(self.next_batch(), self.device)
             self.window_clips += batch_size_of(batch)
-            sync = micro == accum - 1 or not isinstance(ddp_model, nn.parallel.DistributedDataParallel)
-            with contextlib.nullcontext() if sync else ddp_model.no_sync():
+            # DDP all-reduces the gradients on the last micro-batch only
+            ddp = ddp_model if isinstance(ddp_model, nn.parallel.DistributedDataParallel) else None
+            with ddp.no_sync() if ddp is not None and micro < accum - 1 else contextlib.nullcontext():
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     outputs = self.step_fn(ddp_model, batch)
                 if "loss" not in outputs:
                     raise KeyError(f"step_fn must return a 'loss' entry; it returned {sorted(outputs)}")
-                (outputs["loss"] / accum).backward()
+                loss = outputs["loss"]
+                if not isinstance(loss, Tensor):
+                    raise TypeError(f"step_fn's 'loss' must be a tensor (it is backpropagated), got {type(loss)}")
+                (loss / accum).backward()
             for key, value in outputs.items():
                 value = torch.as_tensor(value).detach().to(self.device, torch.float64)  # exact sums for logging
                 self.sums[key] = self.sums.get(key, 0) + value
             self.window_micro += 1
         grad_norm = clip_gradients(self.model.parameters(), self.optim_cfg.grad_clip)
-        self.last_lr = self.scheduler.get_last_lr()[0]  # the lr this update uses
+        self.last_lr = float(self.scheduler.get_last_lr()[0])  # the lr this update uses
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)

@@ -159,6 +159,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
         ValueError: if the model has no trainable parameter.
     """
     params = dict(model.named_parameters())
+    groups: list[dict[str, Any]]
     if cfg.weight_decay == 0:  # nothing to exempt from decay: one group (what the released ALPRO code builds)
         groups = [{"params": [p for p in params.values() if p.requires_grad], "weight_decay": 0.0}]
     else:
@@ -180,7 +181,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("build_optimizer: the model has no trainable parameter (all requires_grad=False?)")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps)
 
 
 def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:
@@ -257,6 +258,6 @@ def clip_gradients(parameters: Iterable[Tensor], max_norm: float | None) -> Tens
     if max_norm is None or max_norm <= 0:
         if not params:
             return torch.zeros(())
-        norms = torch.stack([p.grad.detach().float().norm(2) for p in params])  # (P,)
+        norms = torch.stack([g.detach().float().norm(2) for p in params if (g := p.grad) is not None])  # (P,)
         return norms.norm(2)
     return torch.nn.utils.clip_grad_norm_(params, max_norm)

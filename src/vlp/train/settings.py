@@ -113,8 +113,8 @@ class ModelConfig:
                     section.setdefault(key, value)
             new = " and ".join(f"{prefix}.{name}.{key}" for name in owners)
             log.warning("config key %s.%s is now %s: move it there (the old layout still loads)", prefix, key, new)
-        loaded = {name: from_dict(known[name].settings, section, f"{prefix}.{name}") for name, section in
-                  sections.items()}  # fmt: skip
+        loaded: dict[str, Any] = {name: from_dict(known[name].settings, section, f"{prefix}.{name}")
+                                  for name, section in sections.items()}  # fmt: skip
         return {**rest, "families": loaded}
 
     def __config_dump__(self, data: dict[str, Any]) -> dict[str, Any]:
