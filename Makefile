@@ -54,9 +54,10 @@ test-s3: $(STAMP) ## Rerun every S3 test against a real Ceph RGW (scripts/s3-ser
 	trap 'scripts/s3-server.sh stop $(RGW_DIR) >&2' EXIT; \
 	VLP_TEST_S3_ENDPOINT=$$AWS_ENDPOINT_URL $(PY) -m pytest -q -m s3
 
-lint: $(STAMP) ## ruff check + format check
+lint: $(STAMP) ## ruff check + format check, then mypy (the files [tool.mypy] in pyproject.toml names)
 	$(VENV)/bin/ruff check src tests benchmarks components pipelines
 	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines
+	$(VENV)/bin/mypy
 
 format: $(STAMP) ## Apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix src tests benchmarks components pipelines
@@ -108,5 +109,5 @@ bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction (on
 	$(PY) benchmarks/ts2net_parity.py
 
 clean: ## Remove caches and local run outputs (keeps .venv)
-	rm -rf .pytest_cache .ruff_cache runs build dist src/*.egg-info
+	rm -rf .pytest_cache .ruff_cache .mypy_cache runs build dist src/*.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
