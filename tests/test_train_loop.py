@@ -287,6 +287,8 @@ def test_step_fn_without_loss_and_bad_config_fail_clearly(tmp_path: Path) -> Non
     x, y = make_data(6)
     with pytest.raises(KeyError, match="'loss' entry"):
         train(TinyMLP(), lambda m, b: {"ce": m(b["x"]).sum()}, make_loader(x, y, 2), cfg_for(tmp_path))
+    with pytest.raises(TypeError, match="'loss' must be a tensor"):
+        train(TinyMLP(), lambda m, b: {"loss": 1.0}, make_loader(x, y, 2), cfg_for(tmp_path / "float"))
     with pytest.raises(ValueError, match="out_dir is required"):
         TrainConfig()
     with pytest.raises(ValueError, match="grad_accum must be >= 1"):
