@@ -20,7 +20,7 @@ from torch import Tensor, nn
 from test_family_contract import CAPTIONS, check_gradients, check_resume, check_round_trip, check_shapes
 from vlp import losses
 from vlp.models import family
-from vlp.models.family import Encoded, FamilySpec, Kinds, PretrainBatch, StepContext, Task
+from vlp.models.family import Encoded, FamilySpec, Kinds, LrGroups, PretrainBatch, StepContext, Task
 from vlp.models.tokenizer import train_wordpiece
 from vlp.ranges import Range, above
 
@@ -98,6 +98,7 @@ class ToyFamily:
     name = NAME
     kinds = Kinds(pretrained="toy_pretrained", retrieval="toy_retrieval", qa="")
     default_losses = ("vtc",)
+    lr_groups = LrGroups(backbone=("words.",))  # what retrieval.backbone_lr_mult scales
 
     def weights(self, model: Any) -> tuple[str, str]:
         named = [w for w in (model.video_init, model.text_init) if w and w != family.RANDOM]
