@@ -62,7 +62,7 @@ from tqdm import tqdm
 from vlp import storage
 from vlp.data import manifest, video
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "vlp.data.ingest": the name its records had before the package
 
 FORMATS = ("synth", "alpro", "lavis", "webvid", "msrvtt")
 STAGE = "ingest"

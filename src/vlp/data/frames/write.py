@@ -80,7 +80,7 @@ from vlp import storage
 from vlp.data import manifest, video
 from vlp.data.sampling import sample_indices
 
-log = logging.getLogger(__name__)
+log = logging.getLogger(__package__)  # "vlp.data.frames": the name its records had before the package
 
 SHARDS_DIR = "shards"
 INDEX = "index.parquet"
