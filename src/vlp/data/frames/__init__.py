@@ -66,7 +66,10 @@ and schemas both sides share). Everything named here is importable from :mod:`vl
 """
 
 from vlp.data.frames.decode import decode_frames, encode_frame, packet_plan, read_sparse
+from vlp.data.frames.layout import FORMAT_VERSION as FORMAT_VERSION
 from vlp.data.frames.layout import FRAME_SCHEMA, INDEX, INDEX_SCHEMA
+from vlp.data.frames.layout import PART as PART
+from vlp.data.frames.layout import SHARDS_DIR as SHARDS_DIR
 from vlp.data.frames.plan import FramesConfig, stored_indices
 from vlp.data.frames.plan import _plan_shards as _plan_shards
 from vlp.data.frames.store import CorruptClipError, FrameStore, load_video_frames
