@@ -159,7 +159,7 @@ class FrameStore:
         return self._shard[rows].astype(np.int64)
 
     def rows(self, video_id: str, columns: Sequence[str] | None = None) -> pa.Table:
-        """The :data:`FRAME_SCHEMA` rows of ``video_id`` (``columns`` of them), ordered by slot."""
+        """The :data:`~vlp.data.frames.FRAME_SCHEMA` rows of ``video_id`` (``columns`` of them), ordered by slot."""
         row = self._row(video_id)
         shard = self._shard_names[self._shard[row]]
         group = int(self._row_group[row])

@@ -198,7 +198,7 @@ def _write_in_order(
 
 def _write_shard(out: str, plan: _ShardPlan, results: list[_VideoResult], cfg: FramesConfig) -> dict[str, Any]:
     """Write one shard atomically, one row group per video (a reader fetches a clip's bytes alone, see
-    :class:`FrameStore`), with the metadata in its footer; return the metadata and ``footer_bytes``."""
+    :class:`~vlp.data.frames.FrameStore`), with the metadata in its footer; return the metadata and ``footer_bytes``."""
     import pyarrow.parquet as pq
 
     videos, rejects, tables = [], [], []

@@ -145,10 +145,10 @@ def _run_pool(
 
 
 def probe_part(source: str, out: str, cfg: IngestConfig, index: int, count: int) -> dict[str, Any]:
-    """Part ``index`` of ``count`` of ingest's probing: read and validate ``source`` as :func:`ingest` does, probe
-    the files :func:`vlp.data.manifest.part_range` gives this part, and write the results to
-    ``out/probes.parquet``. A part whose file already holds the results for the same files and settings is
-    skipped (a rerun).
+    """Part ``index`` of ``count`` of ingest's probing: read and validate ``source`` as
+    :func:`~vlp.data.ingest.ingest` does, probe the files :func:`vlp.data.manifest.part_range` gives this part, and
+    write the results to ``out/probes.parquet``. A part whose file already holds the results for the same files and
+    settings is skipped (a rerun).
 
     Returns:
         A summary: the part, the files to probe in all and in this part, whether it was skipped.

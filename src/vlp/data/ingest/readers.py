@@ -126,8 +126,8 @@ class _Annotations:
 
     def video(self, video_id: str, rel_path: str | None, split: Any) -> None:
         """Register a video once; later records of the same id and file only add text. A record that gives the
-        id another file adds a second video row, and :func:`_check_videos` rejects both (whose clip would the
-        captions describe?)."""
+        id another file adds a second video row, and :func:`~vlp.data.ingest.validate._check_videos` rejects both
+        (whose clip would the captions describe?)."""
         if (video_id, rel_path) in self._named:  # the common case: another caption of a known clip
             return
         self._named.add((video_id, rel_path))

@@ -31,8 +31,8 @@ def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ())
         source: a raw dataset directory (``synth``) or an annotation file; local path or ``s3://``.
         out: output dataset directory or ``s3://`` prefix.
         cfg: the ``ingest`` config section.
-        probes: the outputs of every :func:`probe_part` of this source and config: their results replace
-            probing (a merge); empty = probe here.
+        probes: the outputs of every :func:`~vlp.data.ingest.probe_part` of this source and config: their results
+            replace probing (a merge); empty = probe here.
 
     Returns:
         The summary: ``{"format", "videos"|"captions"|"qa": {"input", "accepted", "rejected"},
