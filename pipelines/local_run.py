@@ -66,7 +66,7 @@ def run(
     source_uri: str = "",
     data_root: str | None = None,
     params: dict[str, Any] | None = None,
-    family: str = "alpro",
+    family: str = DEFAULT_FAMILY,
     pipeline: str = "pretrain",
     cache: bool = True,
     verbose: bool = False,

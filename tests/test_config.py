@@ -255,11 +255,21 @@ def test_every_step_validates_a_config_built_in_code_before_it_writes(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
-def test_sampling_more_frames_than_extract_frames_stores_fails_naming_both_keys():
-    assert load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=8"]).model.num_frames == 8  # = stored: fine
+def test_sampling_more_frames_than_extract_frames_stores_fails_naming_both_keys(tmp_path):
+    from vlp.config import check_sampled_frames
+    from vlp.steps.common import run_step
+
+    tiny = REPO / "configs" / "tiny.yaml"
+    check_sampled_frames(load_config(tiny, ["model.num_frames=8"]), "pretrain")  # = stored: fine
     with pytest.raises(ConfigError, match=r"model\.num_frames=9 is more than frames\.num_frames=8.*re-run extract"):
-        load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9"])
-    assert load_config(REPO / "configs" / "tiny.yaml", ["model.num_frames=9", "frames.num_frames=9"])
+        check_sampled_frames(load_config(tiny, ["model.num_frames=9"]), "pretrain")
+    with pytest.raises(ConfigError, match=r"qa\.num_frames=16 is more than frames\.num_frames=12"):
+        check_sampled_frames(load_config(REPO / "configs" / "ts2net" / "msrvtt.yaml"), "qa")
+    check_sampled_frames(load_config(REPO / "configs" / "ts2net" / "msrvtt.yaml"), "retrieval")  # what it runs
+    check_sampled_frames(load_config(tiny, ["model.num_frames=9"]), "frames")  # extract-frames samples nothing
+    with pytest.raises(ConfigError, match=r"model\.num_frames=9"):  # a step checks before it runs or writes
+        run_step("pretrain", str(tmp_path / "out"), load_config(tiny, ["model.num_frames=9"]), "pretrain", dict)
+    assert not (tmp_path / "out").exists()
 
 
 def test_the_training_schedule_is_declared_once_and_reaches_the_loop_as_is(caplog):

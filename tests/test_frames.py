@@ -424,7 +424,7 @@ def test_sparse_decoder_needs_no_fallback_on_good_files(dataset, tmp_path, monke
 
 
 def test_when_the_sparse_reader_fails_the_fallback_decodes_the_file(dataset, tmp_path, monkeypatch):
-    import vlp.data.frames as frames_module
+    import vlp.data.frames.decode as frames_module
 
     def broken(*args, **kwargs):
         raise av.error.InvalidDataError(1094995529, "simulated sparse failure")
@@ -464,7 +464,7 @@ def test_sparse_reader_returns_exactly_what_decord_returns(tmp_path, gop, indice
 
 
 def test_sparse_reader_demuxes_twice_for_large_files(tmp_path, monkeypatch):
-    import vlp.data.frames as frames_module
+    import vlp.data.frames.decode as frames_module
 
     path = str(write_bframe_mp4(tmp_path / "clip.mp4", 60, 20))
     indices = stored_indices(60, 8)

@@ -93,8 +93,9 @@ def test_ingest_quarantines_a_crashing_a_hanging_and_an_oversize_file(tmp_path, 
 
 
 def test_extract_frames_quarantines_a_crashing_and_a_hanging_file(tmp_path, mp4_factory, monkeypatch):
-    from vlp.data import frames, manifest
+    from vlp.data import manifest
     from vlp.data.frames import FramesConfig, extract
+    from vlp.data.frames import decode as frames
 
     rows = []
     for name in ("a", "crash", "b", "hang"):

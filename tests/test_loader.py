@@ -294,7 +294,7 @@ def test_workers_leave_interruptions_to_the_trainer() -> None:
     before = children()
     batches = loader(2)
     got = iter(batches)
-    first = [next(got)]
+    first = [next(got), next(got)]  # one batch from each worker: both have run their init (which ignores signals)
     workers = children() - before
     for pid in workers:
         os.kill(pid, signal.SIGTERM)

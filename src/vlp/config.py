@@ -281,6 +281,27 @@ RANGES: dict[str, dict[str, Range]] = {
 }  # fmt: skip
 
 
+SAMPLED_FRAMES = {"pretrain": "model.num_frames", "retrieval": "retrieval.num_frames", "qa": "qa.num_frames"}
+
+
+def check_sampled_frames(cfg: Config, section: str) -> None:
+    """For a step that trains or evaluates with ``section``'s settings: the frames it samples per clip must be at
+    most what ``extract-frames`` stores (``frames.num_frames``), else the sampler would repeat frames.
+
+    Raises:
+        ConfigError: naming both keys.
+    """
+    key = SAMPLED_FRAMES.get(section)
+    if key is None:
+        return
+    name, field_name = key.split(".")
+    sampled, stored = getattr(getattr(cfg, name), field_name), cfg.frames.num_frames
+    if sampled > stored:
+        raise ConfigError(f"invalid config: {key}={sampled} is more than frames.num_frames={stored}, the frames "
+                          f"extract-frames stores per clip (the sampler would repeat frames): lower {key}, or raise "
+                          "frames.num_frames and re-run extract-frames")  # fmt: skip
+
+
 def validate(cfg: Config) -> None:
     """Check every count, size and rate of ``cfg`` against :data:`RANGES` (and ``synth`` against its own rules).
 
@@ -303,11 +324,6 @@ def validate(cfg: Config) -> None:
         cfg.synth.validate()
     except ValueError as exc:
         problems.append(str(exc).removeprefix("invalid synth config: "))
-    sampled, stored = cfg.model.num_frames, cfg.frames.num_frames
-    if sampled > stored:
-        problems.append(f"model.num_frames={sampled} is more than frames.num_frames={stored}, the frames "
-                        "extract-frames stores per clip (the sampler would repeat frames): lower model.num_frames, "
-                        "or raise frames.num_frames and re-run extract-frames")  # fmt: skip
     if cfg.pretrain.group_by and cfg.pretrain.order != "global":
         problems.append(f"pretrain.group_by={cfg.pretrain.group_by!r} needs pretrain.order=global (grouped batches "
                         "are cut from the global permutation)")  # fmt: skip

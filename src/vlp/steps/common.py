@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from vlp import __version__, storage
-from vlp.config import Config, to_dict, validate
+from vlp.config import Config, check_sampled_frames, to_dict, validate
 from vlp.data import manifest
 
 StepResult = dict[str, Any]
@@ -28,6 +28,7 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
     whether ``cfg`` came from :func:`vlp.config.load_config` or was built in code.
     """
     validate(cfg)
+    check_sampled_frames(cfg, section)
     storage.configure(cfg.storage)
     start = time.perf_counter()
     log.info("%s -> %s", name, out)
