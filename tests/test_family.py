@@ -211,3 +211,16 @@ def test_every_lr_group_prefix_names_trainable_parameters_of_the_family(name):
         names |= {n for n, p in model.named_parameters() if p.requires_grad}
     for prefix in (*fam.lr_groups.fusion, *fam.lr_groups.backbone):
         assert any(n.startswith(prefix) for n in names), f"{name}: {prefix!r} names no trainable parameter"
+
+
+def test_the_registry_and_the_family_sections_load_without_torch():
+    """The CLI's choices and every config load read the registry: that must not import torch (a data step, or
+    `vlp --help`, would pay seconds for it)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from vlp.config import load_config; from vlp.cli import build_parser; "
+            "from vlp.models.family import specs; load_config(None, ['model.family=ts2net']); build_parser(); "
+            "assert len(specs()) >= 3; print('torch' in sys.modules)")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
