@@ -13,15 +13,19 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 
 from vlp.models import directory, family
-from vlp.models.family import Encoded, PretrainBatch, StepContext, TextVocab
+from vlp.models.family import Encoded, PretrainBatch, PretrainExtras, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.checkpoint import save_model_weights
 from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
@@ -71,24 +75,48 @@ def kind_of(name: str, role: str) -> str:
 
 
 def cases() -> list[Any]:
-    """(family, role) for every registered family: its retrieval model, and its pre-trained one if it pre-trains.
-
-    A family whose pre-training reads inputs made before it (``pretrain_inputs``: ALPRO's prompter and prompt
-    bank for PEM) cannot be trained here: no :class:`family.Family` hook turns those inputs into the step
-    context (``StepContext.extra``) or the entity count; ``vlp.steps.pretrain`` builds ALPRO's ``PemContext``
-    itself (in KNOWN_LEAKS below). That case is an expected failure until such a hook exists.
-    """
+    """(family, role) for every registered family: its retrieval model, and its pre-trained one if it pre-trains
+    (with what its pre-training hook opens from the inputs made before it, :func:`pretrain_extras`)."""
     found = []
     for name, spec in family.specs().items():
-        if spec.pretrains and spec.pretrain_inputs:
-            reason = (f"{name} pre-training needs {spec.pretrain_inputs} in its step context, and no Family hook "
-                      "builds it: vlp.steps.pretrain does, naming the family (a known leak)")  # fmt: skip
-            expected = pytest.mark.xfail(strict=True, raises=ValueError, reason=reason)
-            found.append(pytest.param(name, "pretrained", marks=expected))
-        elif spec.pretrains:
+        if spec.pretrains:
             found.append(pytest.param(name, "pretrained"))
         found.append(pytest.param(name, "retrieval"))
     return found
+
+
+_EXTRAS: dict[str, PretrainExtras] = {}
+
+
+def pretrain_extras(name: str, tok: Any) -> PretrainExtras:
+    """What ``name``'s pre-training hook opens from the inputs its DAG makes first (none without a hook), as
+    ``vlp pretrain`` gets it: a randomly initialised prompter saved as a model directory, and a prompt bank its
+    hook builds from it over four entities. Made once per family in a temporary directory."""
+    spec = family.spec(name)
+    hook = spec.load_pretraining()
+    if hook is None:
+        return PretrainExtras()
+    if name not in _EXTRAS:
+        fam, root = family.get(name), Path(tempfile.mkdtemp(prefix=f"vlp-contract-{name}-"))
+        inputs = {}
+        if "prompter" in spec.pretrain_inputs:
+            cfg = fam.config(dataclasses.replace(model_section(name), losses=["vtc"]), len(tok), 0)
+            torch.manual_seed(0)
+            prompter = fam.build(fam.kinds.prompter, cfg)
+            inputs["prompter"] = str(root / "prompter")
+            directory.save(inputs["prompter"], kind=fam.kinds.prompter, config=cfg, tokenizer=tok, steps=0,
+                           checkpoint=save_model_weights(str(root / "prompter" / "weights"), prompter))  # fmt: skip
+        if "bank" in spec.pretrain_inputs:
+            (root / "entities").mkdir()
+            table = pa.table({"entity": ["circle", "square", "star", "cube"], "rank": [1, 2, 3, 4]})
+            pq.write_table(table, root / "entities" / "entities.parquet")
+            inputs["bank"] = str(root / "bank")
+            hook.build_bank(inputs["prompter"], str(root / "entities"), inputs["bank"],
+                            SimpleNamespace(model=model_section(name)))  # fmt: skip
+        extras = hook.load(inputs, fam.default_losses, "cpu")
+        assert spec.pretrain_inputs and (extras.context is not None or extras.tokenizer is not None)
+        _EXTRAS[name] = extras
+    return _EXTRAS[name]
 
 
 def batch_of(tok: Any, indices: list[int] | range, seed: int = 3) -> PretrainBatch:
@@ -107,10 +135,11 @@ def build(name: str, role: str, tok: Any, seed: int = 0) -> tuple[Any, torch.nn.
     return cfg, family.get(name).build(kind_of(name, role), cfg)
 
 
-def step_context(tok: Any) -> StepContext:
-    """The context the fine-tuning step gives a family on one process (draws from the global generator, which
-    the training loop seeds and checkpoints)."""
-    return StepContext(vocab=TextVocab.of(tok))
+def step_context(tok: Any, name: str = "", role: str = "retrieval") -> StepContext:
+    """The context a training step gives a family on one process (draws from the global generator, which the
+    training loop seeds and checkpoints); pre-training adds what the family's hook opened (:func:`pretrain_extras`)."""
+    extra = pretrain_extras(name, tok).context if role == "pretrained" else None
+    return StepContext(vocab=TextVocab.of(tok), extra=extra)
 
 
 # --------------------------------------------------------------------------- the checks
@@ -123,7 +152,7 @@ def check_gradients(name: str, role: str, tok: Any) -> dict[str, float]:
     _, model = build(name, role, tok)
     model.train()
     torch.manual_seed(1)
-    losses = fam.train_step(model, batch_of(tok, range(BATCH)), step_context(tok))
+    losses = fam.train_step(model, batch_of(tok, range(BATCH)), step_context(tok, name, role))
     values = {k: float(v.detach()) for k, v in losses.items()}
     assert "loss" in values and all(torch.isfinite(torch.tensor(list(values.values())))), values
     losses["loss"].backward()
@@ -147,7 +176,7 @@ def check_round_trip(name: str, role: str, tok: Any, out: Path) -> None:
     cfg, model = build(name, role, tok)
     kind = kind_of(name, role)
     torch.manual_seed(1)
-    fam.train_step(model.train(), batch_of(tok, range(BATCH)), step_context(tok))["loss"].backward()
+    fam.train_step(model.train(), batch_of(tok, range(BATCH)), step_context(tok, name, role))["loss"].backward()
     with torch.no_grad():
         for p in model.parameters():  # weights no fresh build has
             if p.grad is not None:
@@ -220,7 +249,7 @@ def check_resume(name: str, role: str, tok: Any, root: Path, steps: int = 4) -> 
 
     def run(out: Path, seed: int, kill_at: int | None = None) -> tuple[torch.nn.Module, Any]:
         _, model = build(name, role, tok, seed=seed)
-        ctx = step_context(tok)
+        ctx = step_context(tok, name, role)
 
         def step_fn(m: torch.nn.Module, b: PretrainBatch) -> dict[str, torch.Tensor]:
             return fam.train_step(m, b, ctx)
@@ -259,7 +288,7 @@ def test_save_then_load_gives_the_same_model(name, tok, tmp_path):
     check_round_trip(name, "retrieval", tok, tmp_path)
 
 
-@pytest.mark.parametrize(("name", "role"), [c for c in cases() if not c.marks])
+@pytest.mark.parametrize(("name", "role"), cases())
 def test_encodings_and_similarity_have_the_contracts_shapes(name, role, tok):
     check_shapes(name, role, tok)
 
@@ -301,14 +330,9 @@ def test_the_gradient_check_catches_an_unreached_and_a_fed_frozen_parameter(tok,
 SHARED = ["src/vlp/steps", "src/vlp/train", "src/vlp/eval", "src/vlp/data", "src/vlp/cli.py", "pipelines",
           "components"]  # fmt: skip
 
-# Leaks another change is removing (issue 25); each entry is (file, what the guard reports). The guard fails on a
-# leak not listed here, and on a listed one that is gone: delete its entry then, so the list only shrinks.
+# Family names shared code must keep, each with why; an entry is (file, what the guard reports). The guard fails
+# on a leak not listed here, and on a listed one that is gone: delete its entry then, so the list only shrinks.
 KNOWN_LEAKS = {
-    # ALPRO's PEM: the pretrain step loads the prompt bank and builds ALPRO's step context itself
-    ("src/vlp/steps/pretrain.py", "build_prompt_bank.work: imports vlp.models.alpro.prompts"),
-    ("src/vlp/steps/pretrain.py", "pretrain.work: imports vlp.models.alpro.prompts"),
-    ("src/vlp/steps/pretrain.py", "pretrain.work: imports vlp.models.alpro.model"),
-    ("src/vlp/steps/pretrain.py", "_prompter_inputs: imports vlp.models.alpro.prompts"),
     # a KFP component's default is shipped as source text: it cannot name vlp.train.settings.DEFAULT_FAMILY
     ("components/training.py", "<module>: default 'alpro' of pretrain"),
 }  # fmt: skip

@@ -14,9 +14,10 @@ import torch
 from vlp import storage
 from vlp.cli import main
 from vlp.config import Config, ConfigError, load_config, parse_override
+from vlp.models.alpro.pretraining import load_prompter
 from vlp.models.alpro.prompts import PromptBank
 from vlp.steps.mine_entities import mine_entities
-from vlp.steps.pretrain import build_prompt_bank, load_prompter, pretrain, pretrain_prompter
+from vlp.steps.pretrain import build_prompt_bank, pretrain, pretrain_prompter
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 

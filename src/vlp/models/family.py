@@ -42,8 +42,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable
-from dataclasses import dataclass, fields
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
 
@@ -267,6 +267,56 @@ def generator_on(generator: Any, like: Tensor) -> Any:
 # --------------------------------------------------------------------------- the registry
 
 
+class InputCheck(NamedTuple):
+    """One input a family's pre-training reads besides the pairs, for the step to check before it writes anything:
+    a model directory when ``kinds`` is given, else a file (``remedy`` says how to make it)."""
+
+    flag: str  # the command-line flag that names it (``--prompter``)
+    uri: str
+    kinds: tuple[str, ...] = ()
+    remedy: str = ""
+
+
+@dataclass
+class PretrainExtras:
+    """What a family's pre-training hook (:class:`PretrainHook`) opened from its ``pretrain_inputs`` for the step.
+
+    Attributes:
+        context: the family's part of the step context (:attr:`StepContext.extra`), on the training device.
+        tokenizer: the tokenizer the model must share with an input (ALPRO: its prompter's); None = the step takes
+            its own (:func:`vlp.steps.common.step_tokenizer`).
+        entities: the entity names the model predicts (its config's ``num_entities``), saved in ``model.json``.
+        lineage: the inputs named in the output's ``model.json`` (``{"prompter": <uri>}``).
+        report: called on rank 0 after training with ``(dataset, frames, out, cfg, model_config)``; returns entries
+            for the step's summary (ALPRO: PEM example figures).
+    """
+
+    context: Any = None
+    tokenizer: Any = None
+    entities: list[str] = field(default_factory=list)
+    lineage: dict[str, str] = field(default_factory=dict)
+    report: Callable[..., dict[str, Any]] | None = None
+
+
+class PretrainHook(Protocol):
+    """A module that turns a family's ``pretrain_inputs`` (:data:`PRETRAIN_INPUTS` name -> URI, "" = not given)
+    into what its pre-training step needs (:attr:`FamilySpec.pretraining`)."""
+
+    def checks(self, inputs: Mapping[str, str], terms: Sequence[str]) -> list[InputCheck]:
+        """The inputs that ``vlp pretrain`` with objectives ``terms`` reads; a missing required one is a
+        ValueError that says which step makes it."""
+        ...
+
+    def load(self, inputs: Mapping[str, str], terms: Sequence[str], device: Any) -> PretrainExtras:
+        """What :meth:`checks` named, opened (a model moved to ``device``)."""
+        ...
+
+    def build_bank(self, prompter: str, entities: str, out: str, cfg: Any) -> dict[str, Any]:
+        """``vlp build-prompt-bank``: the entity bank the ``bank`` input names, made from a prompter; returns the
+        step's summary (only a family whose ``pretrain_inputs`` has ``"bank"``)."""
+        ...
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """What the registry knows of a family without importing it (no torch).
@@ -285,6 +335,7 @@ class FamilySpec:
             first: ``("prompter", "bank")`` = a frozen prompter and its prompt bank of mined entities (ALPRO's PEM).
         importer: the module that maps its released checkpoints (:class:`vlp.models.importing.Importer`);
             ``""`` = ``vlp import-checkpoint`` does not read this family's files.
+        pretraining: the module that opens its ``pretrain_inputs`` (:class:`PretrainHook`); required with them.
     """
 
     name: str
@@ -295,12 +346,19 @@ class FamilySpec:
     pretrains: bool
     pretrain_inputs: tuple[str, ...] = ()
     importer: str = ""
+    pretraining: str = ""
 
     def __post_init__(self) -> None:
         if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
             raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
         if self.pretrain_inputs and not self.pretrains:
             raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+        if bool(self.pretrain_inputs) != bool(self.pretraining):
+            raise ValueError(f"{self.name}: pretrain_inputs and a pretraining hook go together")
+
+    def load_pretraining(self) -> PretrainHook | None:
+        """Its pre-training hook module (imports torch), or None when its pre-training reads only the pairs."""
+        return importlib.import_module(self.pretraining) if self.pretraining else None
 
     def load_importer(self) -> Any:
         """Its importer module (imports torch), or None when it has none."""

@@ -31,6 +31,7 @@ SPEC = FamilySpec(
     settings=AlproSettings,
     load="vlp.models.alpro.model:FAMILY",
     importer="vlp.models.alpro.importer",
+    pretraining="vlp.models.alpro.pretraining",
     pretrains=True,
     pretrain_inputs=("prompter", "bank"),
 )
