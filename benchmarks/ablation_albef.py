@@ -61,6 +61,8 @@ def settings(args: argparse.Namespace, seed: int, row: str = "itc+mlm+itm_hard+m
     losses, negatives, distill = ROWS[row]
     o = ["synth.num_images=0", "ingest.progress=false", "frames.progress=false", "pretrain.progress=false"]
     o += ["model.family=albef", f"model.losses={json.dumps(losses)}", f"model.albef.vtm_negatives={negatives}"]
+    # the main job's RandAugment ops (ALPRO's), as docs/ablation-albef.md was measured; ALBEF's own are albef_paper
+    o += [f"{section}.randaug_ops=alpro" for section in ("pretrain", "retrieval", "qa")]
     o.append(f"model.albef.distill={str(distill).lower()}")
     if args.clips:
         o.append(f"synth.num_videos={args.clips}")

@@ -224,3 +224,28 @@ def test_the_registry_and_the_family_sections_load_without_torch():
             "assert len(specs()) >= 3; print('torch' in sys.modules)")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_each_family_has_its_own_randaug_default_and_a_preset_name_reaches_any_family():
+    """``randaug_ops: ""`` is the model's family's own op list (ALBEF: the paper's, without colour ops); a family
+    that lists none (TS2-Net) takes the default family's; a named preset is the same list for every family, an
+    unknown one is an error naming the known ones, in the config check as in the lookup."""
+    from vlp.config import ConfigError, load_config
+
+    presets = family.randaug_presets()
+    assert family.randaug_ops("", "alpro") == presets["alpro"]
+    assert family.randaug_ops("", "albef") == presets["albef_paper"] != presets["alpro"]
+    assert family.randaug_ops("", "ts2net") == presets["alpro"]
+    assert family.randaug_ops("albef_code", "alpro") == presets["albef_code"]
+    with pytest.raises(ValueError, match=r"unknown RandAugment preset 'albef'; choose one of \['albef_code'"):
+        family.randaug_ops("albef", "albef")
+    with pytest.raises(ConfigError, match=r"retrieval.randaug_ops='flip' must be"):
+        load_config(overrides=["retrieval.randaug_ops=flip"])
+
+
+def test_a_family_cannot_take_another_familys_randaug_preset_name():
+    taken = family.FamilySpec(name="copycat", title="Copycat", paper="-", settings=object, load="x:y",
+                              pretrains=False, randaug=(("albef_code", ("Rotate",)),))  # fmt: skip
+    with pytest.raises(ValueError, match=r"RandAugment presets \['albef_code'\] are another family's"):
+        family.register(taken)
+    assert "copycat" not in family.names()

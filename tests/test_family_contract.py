@@ -337,16 +337,13 @@ KNOWN_LEAKS = {
     ("components/training.py", "<module>: default 'alpro' of pretrain"),
 }  # fmt: skip
 
-# Not leaks: the same word meaning something else (ALPRO's annotation-file format for `vlp ingest`, ALPRO's
-# RandAugment operation set); they stay, but are listed so that a new use of the word is looked at.
+# Not leaks: the same word meaning something else (ALPRO's annotation-file format for `vlp ingest`); they stay,
+# but are listed so that a new use of the word is looked at.
 HOMONYMS = {
     ("src/vlp/data/ingest/readers.py", "<module>: dict key 'alpro'"),
     ("src/vlp/data/ingest/readers.py", "_detect: a literal lists 'alpro'"),
     ("src/vlp/data/ingest/records.py", "<module>: a literal lists 'alpro'"),
     ("src/vlp/data/ingest/records.py", "IngestConfig: a literal lists 'alpro'"),
-    ("src/vlp/data/video_text.py", "<module>: dict key 'alpro'"),
-    ("src/vlp/train/settings.py", "TrainingSchedule: default 'alpro' of randaug_ops"),
-    ("src/vlp/train/settings.py", "TrainingSchedule: a literal lists 'alpro'"),
 }
 
 PREFIX = re.compile(r"[a-z_][a-z0-9_.]*\.")  # a parameter-name prefix, e.g. "fusion."

@@ -127,10 +127,12 @@ def test_crop_and_flip_are_one_draw_per_clip(tiny_world):
 
 
 def test_randaug_op_lists_are_timm_ops():
-    from vlp.data.video_text import RANDAUG_OPS
+    from vlp.models.family import randaug_presets
 
-    assert not {"AutoContrast", "Equalize", "Brightness", "Sharpness", "Contrast"} & set(RANDAUG_OPS["albef_paper"])
-    for name, ops in RANDAUG_OPS.items():
+    presets = randaug_presets()
+    assert {"alpro", "albef_paper", "albef_code"} <= presets.keys()
+    assert not {"AutoContrast", "Equalize", "Brightness", "Sharpness", "Contrast"} & set(presets["albef_paper"])
+    for name, ops in presets.items():
         ClipRandAugment(ops=ops)  # timm refuses an unknown op name
         assert ops, name
 

@@ -316,10 +316,14 @@ def validate(cfg: Config) -> None:
         for key, (ok, what) in {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}.items()
         if not ok(value := getattr(section, key))
     ]
-    if cfg.model.family not in cfg.model.families:
-        from vlp.models.family import names
+    from vlp.models.family import names, randaug_presets
 
+    if cfg.model.family not in cfg.model.families:
         problems.append(f"model.family={cfg.model.family!r} is not a registered family; choose one of {list(names())}")
+    presets = randaug_presets()
+    for name in ("pretrain", "retrieval", "qa"):
+        if (ops := getattr(cfg, name).randaug_ops) and ops not in presets:
+            problems.append(f'{name}.randaug_ops={ops!r} must be "" (the family\'s) or one of {sorted(presets)}')
     try:
         cfg.synth.validate()
     except ValueError as exc:

@@ -8,9 +8,10 @@ run sees exactly the batches it would have seen.
 Augmentation follows ALPRO's *temporally consistent* RandAugment (ALPRO code:
 ``TemporalConsistentRandomAugment(N=2, M=5, ...)`` in ``src/datasets/randaugment.py``): the same ops
 with the same magnitudes are applied to every frame of a clip. We build it from timm's RandAugment
-and replay one seeded random state per frame. ALPRO's op list includes ``HorizontalFlip`` and our
-default leaves it out, like every colour-changing op: captions of the synthetic world (and of real
-data) say "to the left" and "red", which a flip or a hue shift would make false.
+and replay one seeded random state per frame. Each model family lists its op sets in its spec
+(``FamilySpec.randaug``, :func:`vlp.models.family.randaug_ops`); ALPRO's leaves out the released
+``HorizontalFlip``: captions of the synthetic world (and of real data) say "to the left", which a
+flip would make false.
 
 Still images (``media == "image"``) are repeated into static clips, as ALPRO does with CC3M.
 
@@ -40,19 +41,6 @@ from vlp.data import manifest
 from vlp.data.frames import CorruptClipError, FrameStore
 from vlp.data.sampling import MODES, sample_indices
 
-# ALPRO's op list without HorizontalFlip/Identity (timm has no Identity op; p=0.5 per op already
-# leaves some frames untouched). TranslateX/Y are timm's relative-translation ops.
-ALPRO_RANDAUG_OPS = (
-    "Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate",
-)  # fmt: skip
-# RandAugment op lists (timm names; timm has no "Identity": the released ALBEF list's Identity is left out)
-RANDAUG_OPS = {
-    "alpro": ALPRO_RANDAUG_OPS,
-    # ALBEF's code keeps four colour ops although the paper says colour changes were removed (captions name colours)
-    "albef_code": ("AutoContrast", "Equalize", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel",
-                   "TranslateYRel", "Rotate"),
-    "albef_paper": ("ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate"),
-}  # fmt: skip
 log = logging.getLogger(__name__)
 SUBSTITUTES = 8  # pairs tried after a damaged one before the item fails
 IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's ImageNet-21k ViT-B/16 (the paper's visual init)
@@ -65,12 +53,15 @@ class ClipRandAugment:
     Args:
         num_ops: ops per clip (ALPRO: N=2).
         magnitude: op strength 0-10 (ALPRO: M=5).
-        ops: timm RandAugment op names.
+        ops: timm RandAugment op names (:func:`vlp.models.family.randaug_ops`); None = the default family's.
     """
 
-    def __init__(self, num_ops: int = 2, magnitude: int = 5, ops: Sequence[str] = ALPRO_RANDAUG_OPS) -> None:
+    def __init__(self, num_ops: int = 2, magnitude: int = 5, ops: Sequence[str] | None = None) -> None:
         from timm.data.auto_augment import rand_augment_transform
 
+        from vlp.models.family import randaug_ops
+
+        ops = randaug_ops("", "") if ops is None else ops
         if num_ops < 1 or not 0 <= magnitude <= 10:
             raise ValueError(f"RandAugment needs num_ops >= 1 and magnitude in 0..10, got {num_ops}, {magnitude}")
         self.transform = rand_augment_transform(f"rand-m{magnitude}-n{num_ops}", transforms=list(ops))

@@ -336,6 +336,8 @@ class FamilySpec:
         importer: the module that maps its released checkpoints (:class:`vlp.models.importing.Importer`);
             ``""`` = ``vlp import-checkpoint`` does not read this family's files.
         pretraining: the module that opens its ``pretrain_inputs`` (:class:`PretrainHook`); required with them.
+        randaug: its RandAugment op lists, ``(preset name, timm op names)``, its default first; a training section's
+            ``randaug_ops`` names one (any family's), or is ``""`` for the model's family's default.
     """
 
     name: str
@@ -347,6 +349,7 @@ class FamilySpec:
     pretrain_inputs: tuple[str, ...] = ()
     importer: str = ""
     pretraining: str = ""
+    randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
     def __post_init__(self) -> None:
         if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
@@ -401,6 +404,9 @@ def register(spec: FamilySpec) -> FamilySpec:
         raise ValueError(f"a family cannot be called {spec.name!r}: model.{spec.name} is a shared key")
     if spec.name in _registered and _registered[spec.name] is not spec:
         raise ValueError(f"a model family named {spec.name!r} is already registered")
+    taken = randaug_presets().keys() & {name for name, _ in spec.randaug}
+    if taken and _registered.get(spec.name) is not spec:
+        raise ValueError(f"{spec.name}: RandAugment presets {sorted(taken)} are another family's")
     _registered[spec.name] = spec
     return spec
 
@@ -446,3 +452,26 @@ def of_kind(kind: str) -> Family:
             return family
     known = sorted(k for f in families().values() for k in f.kinds.all())
     raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")
+
+
+def randaug_presets() -> dict[str, tuple[str, ...]]:
+    """Every registered family's RandAugment op lists (timm op names), by preset name."""
+    return {name: ops for one in specs().values() for name, ops in one.randaug}
+
+
+def randaug_ops(preset: str, family: str) -> tuple[str, ...]:
+    """The op list a training section's ``randaug_ops`` names: ``preset`` (any family's), or for ``""`` the
+    default of ``family`` (its spec's first list; the default family's for a family that lists none)."""
+    if preset:
+        known = randaug_presets()
+        if preset not in known:
+            raise ValueError(
+                f'unknown RandAugment preset {preset!r}; choose one of {sorted(known)} or "" (the family\'s)'
+            )
+        return known[preset]
+    from vlp.train.settings import DEFAULT_FAMILY
+
+    for name in (family or DEFAULT_FAMILY, DEFAULT_FAMILY):
+        if spec(name).randaug:
+            return spec(name).randaug[0][1]
+    raise ValueError(f"neither {family!r} nor {DEFAULT_FAMILY!r} lists a RandAugment preset")

@@ -22,7 +22,6 @@ from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import (
-    RANDAUG_OPS,
     ClipRandAugment,
     VideoQADataset,
     VideoTextDataset,
@@ -80,22 +79,33 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
 
 
 def task_data(
-    cls: type, section: FinetuneConfig, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str
+    cls: type,
+    section: FinetuneConfig,
+    dataset: str,
+    frames: str | FrameStore,
+    model_cfg: Any,
+    split: str,
+    family: str = "",
 ) -> Any:
     """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames (an extract-frames output, or
-    its open store), sampler and augmentation, at the model's frame size and pixel normalisation."""
+    its open store), sampler and augmentation, at the model's frame size and pixel normalisation; ``family`` (the
+    model's) picks the RandAugment ops when ``section.randaug_ops`` is ``""``."""
+    from vlp.models.family import randaug_ops
+
+    train = split == "train"
+    augment = ClipRandAugment(ops=randaug_ops(section.randaug_ops, family)) if section.randaug and train else None
     return cls(
         frames,
         dataset,
         split=split,
         num_frames=section.num_frames,
-        mode=section.sample_mode if split == "train" else section.eval_mode,
-        augment=ClipRandAugment(ops=RANDAUG_OPS[section.randaug_ops]) if section.randaug and split == "train" else None,
-        crop_scale=section.crop_scale if split == "train" else (),
-        hflip=section.hflip and split == "train",
+        mode=section.sample_mode if train else section.eval_mode,
+        augment=augment,
+        crop_scale=section.crop_scale if train else (),
+        hflip=section.hflip and train,
         caption_clean=section.caption_clean,
         seed=section.seed,
-        max_bad_share=section.max_bad_share if split == "train" else 0.0,
+        max_bad_share=section.max_bad_share if train else 0.0,
         size=model_cfg.video.img_size,
         mean=model_cfg.pixel_mean,
         std=model_cfg.pixel_std,
@@ -110,9 +120,11 @@ def _paragraphs(data: VideoTextDataset) -> None:
     data.pairs = [(video_id, " ".join(parts)) for video_id, parts in texts.items()]
 
 
-def retrieval_data(cfg: Config, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str) -> VideoTextDataset:
+def retrieval_data(
+    cfg: Config, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str, family: str = ""
+) -> VideoTextDataset:
     """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
-    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split)
+    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split, family)
     if cfg.retrieval.paragraph:
         _paragraphs(data)
     return data
@@ -139,7 +151,8 @@ def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> Vi
     built once with the configured vocabulary size), so that a setting that cannot work fails before anything is
     written."""
     dry = fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
-    data = retrieval_data(cfg, dataset, frames, dry, "train")  # frame size and pixels do not depend on the vocabulary
+    # the frame size and the pixel statistics do not depend on the vocabulary
+    data = retrieval_data(cfg, dataset, frames, dry, "train", fam.name)
     fam.prepare(dry, *_epoch_shape(_batches(data, with_max_steps(cfg.retrieval, len(data)), None)))
     return data
 
@@ -175,7 +188,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
         length = text_length(cfg.retrieval, model_cfg)
         if data is None:
-            data = retrieval_data(cfg, dataset, store, model_cfg, "train")
+            data = retrieval_data(cfg, dataset, store, model_cfg, "train", fam.name)
         section = with_max_steps(cfg.retrieval, len(data))
 
         def fetch(indices: list[int]) -> PretrainBatch:
@@ -244,7 +257,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         start = inputs.models[0]
         fam = start.family
         model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
-        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train")
+        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name)
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
         total = len(data.qa)

@@ -20,7 +20,7 @@ import torch
 
 from vlp.config import Config
 from vlp.data.frames import FrameStore
-from vlp.data.video_text import RANDAUG_OPS, ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
+from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
 from vlp.steps.common import (
     ModelInput,
@@ -50,6 +50,8 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
 
 def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -> VideoTextDataset:
     """The training pairs, normalised with ``pixels``' (a model config's) ``pixel_mean`` / ``pixel_std``."""
+    from vlp.models.family import randaug_ops
+
     p = cfg.pretrain
     return VideoTextDataset(
         frames,
@@ -57,7 +59,7 @@ def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -
         split="train",
         num_frames=cfg.model.num_frames,
         mode=p.sample_mode,
-        augment=ClipRandAugment(ops=RANDAUG_OPS[p.randaug_ops]) if p.randaug else None,
+        augment=ClipRandAugment(ops=randaug_ops(p.randaug_ops, cfg.model.family)) if p.randaug else None,
         crop_scale=p.crop_scale,
         hflip=p.hflip,
         caption_clean=p.caption_clean,

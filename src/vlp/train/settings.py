@@ -187,7 +187,9 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
 
     sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler of a training clip
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
-    randaug_ops: Literal["alpro", "albef_paper", "albef_code"] = "alpro"  # vlp.data.video_text.RANDAUG_OPS
+    # its op list: "" = the model family's own (ALPRO's; ALBEF's paper's), or a preset any family lists by name
+    # (alpro, albef_paper, albef_code: vlp.models.family.randaug_presets)
+    randaug_ops: str = ""
     crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)

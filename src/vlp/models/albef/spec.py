@@ -29,6 +29,15 @@ class AlbefSettings(VTMSettings):
     }  # fmt: skip
 
 
+# ALBEF's RandAugment op lists: the paper removes colour changes (§3.5: captions name colours), the released code
+# (``dataset/randaugment.py`` via ``RandomAugment(2, 7, augs=[...])``) keeps four colour ops. timm has no Identity:
+# the released list's Identity is left out. The paper's is the family's default.
+RANDAUG = (
+    ("albef_paper", ("ShearX", "ShearY", "TranslateXRel", "TranslateYRel", "Rotate")),
+    ("albef_code", ("AutoContrast", "Equalize", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel",
+                    "TranslateYRel", "Rotate")),
+)  # fmt: skip
+
 SPEC = FamilySpec(
     name="albef",
     title="ALBEF",
@@ -37,4 +46,5 @@ SPEC = FamilySpec(
     load="vlp.models.albef.model:FAMILY",
     importer="vlp.models.albef.importer",
     pretrains=True,
+    randaug=RANDAUG,
 )

@@ -24,6 +24,12 @@ class AlproSettings(VTMSettings):
     RANGES: ClassVar[dict[str, Range]] = {**VTMSettings.RANGES, "num_entities": at_least(1)}
 
 
+# ALPRO's RandAugment op list (``TemporalConsistentRandomAugment`` in its ``src/datasets/randaugment.py``) without
+# HorizontalFlip, which would make "to the left" captions false, and Identity (timm has none; p=0.5 per op already
+# leaves frames untouched); timm's TranslateX/YRel are its relative translations.
+RANDAUG = (("alpro", ("Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
+                      "Rotate")),)  # fmt: skip
+
 SPEC = FamilySpec(
     name="alpro",
     title="ALPRO",
@@ -34,4 +40,5 @@ SPEC = FamilySpec(
     pretraining="vlp.models.alpro.pretraining",
     pretrains=True,
     pretrain_inputs=("prompter", "bank"),
+    randaug=RANDAUG,
 )
