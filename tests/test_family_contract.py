@@ -19,11 +19,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 
+from vlp.data.entities import ENTITIES_PARQUET, entities_table
 from vlp.models import directory, family
 from vlp.models.family import Encoded, PretrainBatch, PretrainExtras, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
@@ -108,8 +108,8 @@ def pretrain_extras(name: str, tok: Any) -> PretrainExtras:
                            checkpoint=save_model_weights(str(root / "prompter" / "weights"), prompter))  # fmt: skip
         if "bank" in spec.pretrain_inputs:
             (root / "entities").mkdir()
-            table = pa.table({"entity": ["circle", "square", "star", "cube"], "rank": [1, 2, 3, 4]})
-            pq.write_table(table, root / "entities" / "entities.parquet")
+            table = entities_table([("circle", 9), ("square", 7), ("star", 5), ("cube", 3)])
+            pq.write_table(table, root / "entities" / ENTITIES_PARQUET)
             inputs["bank"] = str(root / "bank")
             hook.build_bank(inputs["prompter"], str(root / "entities"), inputs["bank"],
                             SimpleNamespace(model=model_section(name)))  # fmt: skip

@@ -17,6 +17,7 @@ from vlp import storage
 from vlp.cli import main
 from vlp.config import load_config
 from vlp.data import manifest
+from vlp.data.entities import entities_table
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 FAST_S = 2.0  # a check reads a few small tables; loading or training a model takes longer than this
@@ -82,7 +83,7 @@ def inputs(tiny_world, tmp_path_factory) -> dict[str, str]:
     uris["bank"] = str(bank)
     entities = root / "entities"
     entities.mkdir()
-    storage.write_parquet(str(entities / "entities.parquet"), pa.table({"entity": ["red circle"], "rank": [0]}))
+    storage.write_parquet(str(entities / "entities.parquet"), entities_table([("red circle", 3)]))
     uris["entities"] = str(entities)
     # a dataset whose every caption and question is in split "val": no train and no test pairs
     val = root / "all_val"

@@ -43,9 +43,11 @@ log = logging.getLogger("vlp")
 # --------------------------------------------------------------------------- building blocks
 
 
-def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str]) -> Any:
-    """The family's model config for ``model`` with these ``losses`` (the prompter's: VTC only)."""
-    return family_of(model).config(replace(model, losses=list(losses)), vocab_size, num_entities)
+def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str], fam: Any = None) -> Any:
+    """The model config of ``model.family`` (``fam`` when the caller has it) for ``model`` with these ``losses``
+    (the prompter's: VTC only)."""
+    fam = fam if fam is not None else family_of(model)
+    return fam.config(replace(model, losses=list(losses)), vocab_size, num_entities)
 
 
 def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -> VideoTextDataset:
@@ -80,14 +82,13 @@ def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
     return batch, items // batch  # VideoTextDataset refuses a split without pairs: items >= 1
 
 
-def _checked_data(cfg: Config, dataset: str, frames: str | FrameStore, terms: list[str]) -> VideoTextDataset:
+def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore, terms: list[str]) -> VideoTextDataset:
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
     checked by the family (its config built once with the configured vocabulary size) and ``pretrain.group_by``
     against the pairs, so that a setting that cannot work fails before anything is written."""
     from vlp.train import distributed
 
-    fam = family_of(cfg.model)
-    dry = model_config(cfg.model, cfg.model.vocab_size, 0, terms)
+    dry = model_config(cfg.model, cfg.model.vocab_size, 0, terms, fam)
     data = _dataset(cfg, dataset, frames, dry)  # the pixel statistics do not depend on the vocabulary
     batch, per_epoch = _batch_shape(cfg, data)
     fam.prepare(dry, per_epoch, batch * distributed.world_size())
@@ -131,9 +132,9 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
         if not fam.kinds.prompter:
             raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
         store = check_inputs(dataset, frames).store
-        data = _checked_data(cfg, dataset, store, ["vtc"])
+        data = _checked_data(cfg, fam, dataset, store, ["vtc"])
         tok = step_tokenizer(cfg, dataset, out)
-        model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"])
+        model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"], fam)
         seed_model_init(cfg.pretrain.seed)
         model = fam.build(fam.kinds.prompter, model_cfg).to(device())
         ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
@@ -153,21 +154,15 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
     hook from a prompter and the mined entities."""
 
     def work() -> StepResult:
-        hook = _hook(cfg.model, "bank")
+        from vlp.models.family import spec
+
+        one = spec(cfg.model.family)
+        hook = one.load_pretraining()
+        if hook is None or "bank" not in one.pretrain_inputs:
+            raise ValueError(f"model family {one.name!r} pre-trains without a prompt bank (only ALPRO's PEM uses one)")
         return hook.build_bank(prompter_dir, entities_dir, out, cfg)
 
     return run_step("build_prompt_bank", out, cfg, "model", work)
-
-
-def _hook(model: ModelConfig, needs: str = "") -> Any:
-    """The pre-training hook of ``model.family`` (None without one); a family whose ``pretrain_inputs`` lack
-    ``needs`` is an error that says so."""
-    from vlp.models.family import spec
-
-    found = spec(model.family)
-    if needs and needs not in found.pretrain_inputs:
-        raise ValueError(f"model family {found.name!r} pre-trains without a prompt {needs} (only ALPRO's PEM uses one)")
-    return found.load_pretraining()
 
 
 def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: str, cfg: Config) -> StepResult:
@@ -179,17 +174,18 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         from vlp.train import distributed
 
         distributed.init_from_env()
-        fam = family_of(cfg.model)
-        if not spec(fam.name).pretrains:
+        one = spec(cfg.model.family)
+        fam = one.family()
+        if not one.pretrains:
             raise ValueError(
                 f"{fam.name} is not pre-trained: it fine-tunes from its named weights (model.preset / video_init); "
                 "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
             )
         terms = list(cfg.model.losses or fam.default_losses)
         inputs = {"prompter": prompter_dir, "bank": bank_dir}
-        hook = _hook(cfg.model)
+        hook = one.load_pretraining()
         found = hook.checks(inputs, terms) if hook is not None else []
-        ignored = {k: v for k, v in inputs.items() if v and k not in spec(fam.name).pretrain_inputs}
+        ignored = {k: v for k, v in inputs.items() if v and k not in one.pretrain_inputs}
         if ignored:
             log.warning("pretrain: model family %s reads none of %s; ignoring them", fam.name, ignored)
         store = check_inputs(
@@ -203,9 +199,9 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
         data = None
         tok = extras.tokenizer
         if tok is None:  # the step's own tokenizer: a setting that cannot work fails before it is written
-            data = _checked_data(cfg, dataset, store, terms)
+            data = _checked_data(cfg, fam, dataset, store, terms)
             tok = step_tokenizer(cfg, dataset, out)
-        model_cfg = model_config(cfg.model, len(tok), len(extras.entities), terms)
+        model_cfg = model_config(cfg.model, len(tok), len(extras.entities), terms, fam)
         data = data if data is not None else _dataset(cfg, dataset, store, model_cfg)
         batches = _batches(cfg, dataset, data, tok)
         world = distributed.world_size()

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from vlp import storage
+from vlp.data.entities import ENTITIES_PARQUET, read_entities
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import VideoTextDataset
 from vlp.models import directory
@@ -82,11 +83,10 @@ def build_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Any) -> dict
     from vlp.steps.common import ModelInput, check_inputs
 
     own = cfg.model.own()
-    entities_uri = storage.join(entities_dir, "entities.parquet")
+    entities_uri = storage.join(entities_dir, ENTITIES_PARQUET)
     remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
     check_inputs(models=[ModelInput("--prompter", prompter_dir, (PROMPTER,))], files=[(entities_uri, remedy)])
-    table = storage.read_parquet(entities_uri)  # a few hundred rows: read before the prompter is loaded
-    entities = table.sort_by("rank")["entity"].to_pylist()[: own.num_entities]
+    entities = [name for name, _ in read_entities(entities_dir)][: own.num_entities]  # read before the prompter
     if not entities:
         raise ValueError(f"{entities_uri} lists no entities: run `vlp mine-entities` first")
     prompter, tok, _ = load_prompter(prompter_dir)
