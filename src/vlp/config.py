@@ -274,7 +274,7 @@ RANGES: dict[str, dict[str, Range]] = {
               "pixel_mean": _PIXELS, "pixel_std": _STD},  # model.<family>: its settings class's RANGES
     "pretrain": {**_TRAINING, "max_steps": COUNT, "group_fraction": SHARE,
                  "group_epochs": at_least(0, " (0 = every epoch)")},
-    "retrieval": {**_FINETUNE, "k": COUNT, "vtm_hard_fraction": SHARE, "report_examples": SIZE,
+    "retrieval": {**_FINETUNE, "rerank_k": COUNT, "matching_hard_fraction": SHARE, "report_examples": SIZE,
                   "rescore_scale": RATE},
     "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
     "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},
