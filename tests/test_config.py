@@ -347,3 +347,18 @@ def test_an_old_vocabulary_retrieval_section_loads_as_the_new_one_with_a_warning
     # ranges apply under the new name, whichever name gave the value
     with pytest.raises(ConfigError, match=r"retrieval\.matching_hard_fraction=2\.0 must be"):
         load_config(None, ["retrieval.vtm_hard_fraction=2"])
+
+
+def test_a_later_file_or_override_replaces_an_earlier_value_given_under_the_keys_other_name(tmp_path):
+    """Layers merge key by key: an old-named key in a later file (or override) replaces the new-named key of an
+    earlier one, and the reverse, as if both used one name; no conflict is reported."""
+    tiny = REPO / "configs" / "tiny.yaml"  # rerank_k: 4
+    assert load_config(tiny).retrieval.rerank_k == 4
+    assert load_config(tiny, ["retrieval.k=2"]).retrieval.rerank_k == 2
+    assert load_config(tiny, ["retrieval.k=2", "retrieval.rerank_k=3"]).retrieval.rerank_k == 3
+    old_row = _write(tmp_path / "old-row.yaml", {"retrieval": OLD_RETRIEVAL})
+    new_row = _write(tmp_path / "new-row.yaml", {"retrieval": NEW_RETRIEVAL})
+    assert load_config([tiny, old_row]).retrieval == load_config([tiny, new_row]).retrieval
+    assert load_config([old_row, tiny]).retrieval.rerank_k == 4  # tiny's rerank_k replaces the old row's k
+    old_k = _write(tmp_path / "old-k.yaml", {"retrieval": {"k": 2}})
+    assert load_config([new_row, old_k]).retrieval.rerank_k == 2  # and an old k replaces an earlier rerank_k
