@@ -180,7 +180,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         f"{c.pretrain.max_steps} "
         f"steps at lr {c.pretrain.lr}; fine-tuning {c.retrieval.max_steps} (retrieval, lr {c.retrieval.lr}, ITC + "
         f"ITM) / {c.qa.max_steps} (QA, lr {c.qa.lr}, answer decoder) steps; retrieval re-ranks the ITC top-"
-        f"{c.retrieval.k} by `{c.retrieval.score_rule}`. Seeds {seeds}. Mean ± sample std over seeds. Chance: R@1 "
+        f"{c.retrieval.rerank_k} by `{c.retrieval.score_rule}`. Seeds {seeds}. Mean ± sample std over seeds. "
+        f"Chance: R@1 "
         f"{first['chance_r1']:.1f}%, MdR {first['chance_medr']:.1f}. The {len(results)} pre-train + fine-tune + "
         f"evaluate units took {sum(r['total_s'] for r in results) / 60:.0f} min in all on this machine's 2 CPU cores "
         + (

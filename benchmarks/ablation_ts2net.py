@@ -77,7 +77,8 @@ def settings(args: argparse.Namespace, seed: int, row: str = "ts2net") -> Config
     """The main job's world with a tiny TS2-Net of this row, 4 frames per clip, this seed."""
     o = ["synth.num_images=0", "ingest.progress=false", "frames.progress=false", "model.family=ts2net",
          f"model.num_frames={FRAMES}", "model.embed_dim=64", f"retrieval.num_frames={FRAMES}",
-         "retrieval.sample_mode=uniform", "retrieval.randaug=false", "retrieval.losses=[vtc]", "retrieval.k=1",
+         "retrieval.sample_mode=uniform", "retrieval.randaug=false", "retrieval.losses=[contrastive]",
+         "retrieval.rerank_k=1",
          f"retrieval.seed={seed}", "retrieval.progress=false", *FULL, *ROWS[row]]  # fmt: skip
     if args.clips:
         o.append(f"synth.num_videos={args.clips}")

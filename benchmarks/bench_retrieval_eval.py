@@ -13,7 +13,7 @@ keeps the world: an existing world there is reused (and checked), a missing one 
 world lives in a temporary folder.
 
 For each ``k`` of ``--ks`` (default 16 32 128) and ``k = N`` (the released ALPRO code's full N x N scoring),
-the real ``evaluate_retrieval`` step runs once (``retrieval.k=k``, ``retrieval.num_frames`` 4,
+the real ``evaluate_retrieval`` step runs once (``retrieval.rerank_k=k``, ``retrieval.num_frames`` 4,
 ``retrieval.eval_batch_size`` 128) and the table shows pairs sent to the VTM head, the step's wall seconds,
 the part of them spent encoding clips and texts and the part spent in ``topk_rerank`` (both timed by wrapping
 those functions for the run, so nothing is computed twice), t2v / v2t R@1, the speed-up over N x N (whole
@@ -24,7 +24,7 @@ N x N at N = 1000, with R@1 within 1 point.
 with the same model, data and VTM scorer as the step (its "step s" column is then encode + re-rank). It also
 reports R@1 under the other score rule, recomputed from the VTM logits the timed runs produced.
 Trailing ``section.key=value`` overrides apply to the world and the evaluation config (e.g.
-``synth.workers=2 retrieval.score_rule=itm_plus_sim``).
+``synth.workers=2 retrieval.score_rule=match_plus_sim``).
 """
 
 from __future__ import annotations
@@ -149,9 +149,9 @@ def _check_world(dataset: str, n: int) -> None:
 
 
 def eval_config(args: argparse.Namespace, k: int) -> Config:
-    """The evaluation config for one run: ``retrieval.k=k`` on the test split, then the user's overrides."""
+    """The evaluation config for one run: ``retrieval.rerank_k=k`` on the test split, then the user's overrides."""
     fixed = [
-        f"retrieval.k={k}",
+        f"retrieval.rerank_k={k}",
         f"retrieval.num_frames={args.num_frames}",
         f"retrieval.eval_batch_size={args.eval_batch_size}",
         "retrieval.split=test",
@@ -182,7 +182,7 @@ def timed(owner: Any, name: str, seconds: dict[str, float], key: str) -> Iterato
 
 
 def step_row(args: argparse.Namespace, dataset: str, frames: str, k: int, out: str) -> dict[str, Any]:
-    """Run the real ``evaluate_retrieval`` step with ``retrieval.k=k``; its timings and R@1."""
+    """Run the real ``evaluate_retrieval`` step with ``retrieval.rerank_k=k``; its timings and R@1."""
     seconds: dict[str, float] = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(timed(evaluate, "_encode_clips", seconds, "encode"))

@@ -30,7 +30,7 @@ on a synthetic world built with the project's own steps (synth -> ingest -> extr
      scene with other objects: mean p(match), accuracy at p > 0.5, and the ranking accuracy
      P(score(positive) > score(negative)) per negative type (chance 50%);
    - **retrieval**: t2v / v2t R@1 after ``vlp.eval.retrieval.topk_rerank`` (top-k of the VTC similarity
-     re-scored by VTM, rules ``itm`` and ``itm_plus_sim``) beside the VTC-only R@1 and chance;
+     re-scored by VTM, rules ``match`` and ``match_plus_sim``) beside the VTC-only R@1 and chance;
    - **attention**: in the first and the last fusion layer, the share of the fused text [CLS]'s attention
      (mean over heads) that goes to video tokens, at init and after training, beside the video tokens'
      share of the (unpadded) sequence;
@@ -128,7 +128,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vtc-lr", type=float, default=1e-3, help="peak lr of the VTC stage")
     p.add_argument("--vtm-steps", type=int, default=600, help="default updates of a VTM run")
     p.add_argument("--vtm-lr", type=float, default=1e-3, help="default peak lr of a VTM run")
-    p.add_argument("--k", type=int, default=16, help="retrieval.k: VTC candidates VTM re-scores per query")
+    p.add_argument("--k", type=int, default=16, help="retrieval.rerank_k: VTC candidates VTM re-scores per query")
     p.add_argument("--seed", type=int, default=0, help="model / training seed")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
     p.add_argument("--runs", nargs="*", default=None, help="run specs name:key=value,... (none given: list them)")
@@ -696,8 +696,8 @@ def print_tables(vtc: dict, mixes: dict, results: dict[str, dict], n_test: int, 
         if "mlm_loss_own" in r:
             mlm = " / ".join(f3(r[f"mlm_loss_{k}"]) for k in ("own", "other", "none"))
         attn = [f"{f1(r[f'cls_to_video_{k}_init'])} -> {f1(r[f'cls_to_video_{k}_final'])}" for k in ("first", "last")]
-        rows_c.append([name, f1(r["vtc_t2v_r1"]), f1(r["itm_t2v_r1"]), f1(r["itm_plus_sim_t2v_r1"]),
-                       f1(r["vtc_v2t_r1"]), f1(r["itm_v2t_r1"]), f1(chance), *attn,
+        rows_c.append([name, f1(r["vtc_t2v_r1"]), f1(r["match_t2v_r1"]), f1(r["match_plus_sim_t2v_r1"]),
+                       f1(r["vtc_v2t_r1"]), f1(r["match_v2t_r1"]), f1(chance), *attn,
                        f1(r["video_token_share_final"]), mlm])  # fmt: skip
     table(
         f"VTM runs: losses (held-out: test split, model in eval mode). Prior: 1:2 = {PRIOR_1_2:.4f}, balanced 1:1 "
@@ -716,7 +716,7 @@ def print_tables(vtc: dict, mixes: dict, results: dict[str, dict], n_test: int, 
     )  # fmt: skip
     table(
         f"VTM runs: re-ranked retrieval (top-{args.k} of VTC re-scored) and fused [CLS] attention on video (%)",
-        ["run", "VTC t2v R@1", "itm t2v R@1", "itm+sim t2v R@1", "VTC v2t R@1", "itm v2t R@1", "chance R@1",
+        ["run", "VTC t2v R@1", "match t2v R@1", "match+sim t2v R@1", "VTC v2t R@1", "match v2t R@1", "chance R@1",
          "CLS->video first layer init -> final", "CLS->video last layer init -> final", "video share of tokens",
          "MLM loss own / other / no video"],
         rows_c,
@@ -765,7 +765,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r.get('train_vtm_last100', float('nan')):.3f}; held-out 1:2 hard {r['loss_hard']:.3f} "
               f"(prior {PRIOR_1_2:.4f}), masked {r['loss_hard_masked']:.3f}, uniform {r['loss_uniform']:.3f}; "
               f"rank vs other/same scene {r['rank_other_scene']:.1f}/{r['rank_same_scene']:.1f}; t2v R@1 VTC "
-              f"{r['vtc_t2v_r1']:.1f} itm {r['itm_t2v_r1']:.1f} itm+sim {r['itm_plus_sim_t2v_r1']:.1f}",
+              f"{r['vtc_t2v_r1']:.1f} match {r['match_t2v_r1']:.1f} match+sim {r['match_plus_sim_t2v_r1']:.1f}",
               flush=True)  # fmt: skip
     print_tables(vtc, mixes, results, len(test.clips), args)
     if args.json:

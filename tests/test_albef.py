@@ -321,7 +321,7 @@ def test_zero_shot_fine_tune_and_evaluate_through_the_shared_steps(pretrained, t
     from vlp.steps.evaluate import evaluate_retrieval
     from vlp.steps.finetune import finetune_retrieval
 
-    cfg = load_config(TINY, [*ALBEF, "retrieval.same_video_vtc=positive"])
+    cfg = load_config(TINY, [*ALBEF, "retrieval.same_clip_contrastive=positive"])
     ds, fr = pretrained["dataset"], pretrained["frames"]
     zero = evaluate_retrieval(ds, fr, pretrained["albef"], str(tmp_path / "zs"), cfg)
     assert zero["model_kind"] == "albef" and zero["metrics"]["pairs_scored"] > 0  # ITM re-ranks the ITC top-k

@@ -300,3 +300,65 @@ def test_the_training_schedule_is_declared_once_and_reaches_the_loop_as_is(caplo
     assert "pretrain.alpro_code_weight_decay is gone: pretrain.weight_decay: 0" in caplog.text
     with pytest.raises(ConfigError, match=r"alpro_code_weight_decay=true \(no weight decay\) and pretrain.weight_deca"):
         load_config(None, ["pretrain.alpro_code_weight_decay=true", "pretrain.weight_decay=0.01"])
+
+
+# --------------------------------------------------------------------------- the retrieval section's old names
+
+# The retrieval section as it was written in ALPRO's words (issue 25), and the same settings in the shared words
+OLD_RETRIEVAL = {"losses": ["vtm", "vtc"], "k": 8, "score_rule": "itm_plus_sim", "vtm_negatives": "mixed",
+                 "vtm_hard_fraction": 0.25, "same_video_vtc": "positive", "same_video_vtm": "exclude"}  # fmt: skip
+NEW_RETRIEVAL = {"losses": ["matching", "contrastive"], "rerank_k": 8, "score_rule": "match_plus_sim",
+                 "matching_negatives": "mixed", "matching_hard_fraction": 0.25, "same_clip_contrastive": "positive",
+                 "same_clip_matching": "exclude"}  # fmt: skip
+
+
+def _write(path: Path, data: dict) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_an_old_vocabulary_retrieval_section_loads_as_the_new_one_with_a_warning_naming_each_new_key(tmp_path, caplog):
+    from vlp.train.settings import RetrievalConfig
+
+    new_file = _write(tmp_path / "new.yaml", {"retrieval": NEW_RETRIEVAL})
+    with caplog.at_level("WARNING", logger="vlp"):
+        new = load_config(new_file)
+    assert not caplog.text  # the new words load quietly
+    assert new.retrieval != RetrievalConfig()  # every value is one the default does not have
+    assert all(getattr(new.retrieval, key) != getattr(RetrievalConfig(), key) for key in NEW_RETRIEVAL)
+    with caplog.at_level("WARNING", logger="vlp"):
+        old = load_config(_write(tmp_path / "old.yaml", {"retrieval": OLD_RETRIEVAL}))
+    assert old.retrieval == new.retrieval
+    for was, now in RetrievalConfig.RENAMED.items():
+        assert f"config key retrieval.{was} is now retrieval.{now}" in caplog.text
+    assert "retrieval.losses=[vtm, vtc] is now retrieval.losses=[matching, contrastive]" in caplog.text
+    assert "retrieval.score_rule=itm_plus_sim is now retrieval.score_rule=match_plus_sim" in caplog.text
+    assert load_config(None, ["retrieval.losses=[itc, itm]", "retrieval.score_rule=itm"]).retrieval == RetrievalConfig(
+        losses=["contrastive", "matching"], score_rule="match"
+    )  # ALBEF's loss names were the section's too
+    # an old key given with its new one: the same value loads, different values are an error naming both
+    assert from_dict(Config, {"retrieval": {"k": 8, "rerank_k": 8}}).retrieval.rerank_k == 8
+    with pytest.raises(ConfigError, match=r"retrieval\.vtm_negatives='uniform' and retrieval\.matching_negatives='mi"):
+        load_config(_write(tmp_path / "both.yaml", {"retrieval": {**NEW_RETRIEVAL, "vtm_negatives": "uniform"}}))
+    with pytest.raises(ConfigError, match=r"retrieval\.losses\[0\]: 'mlm' is not one of \['contrastive', 'matching'"):
+        load_config(None, ["retrieval.losses=[mlm]"])
+    # ranges apply under the new name, whichever name gave the value
+    with pytest.raises(ConfigError, match=r"retrieval\.matching_hard_fraction=2\.0 must be"):
+        load_config(None, ["retrieval.vtm_hard_fraction=2"])
+
+
+def test_a_later_file_or_override_replaces_an_earlier_value_given_under_the_keys_other_name(tmp_path):
+    """Layers merge key by key: an old-named key in a later file (or override) replaces the new-named key of an
+    earlier one, and the reverse, as if both used one name; no conflict is reported."""
+    tiny = REPO / "configs" / "tiny.yaml"  # rerank_k: 4
+    assert load_config(tiny).retrieval.rerank_k == 4
+    assert load_config(tiny, ["retrieval.k=2"]).retrieval.rerank_k == 2
+    assert load_config(tiny, ["retrieval.k=2", "retrieval.rerank_k=3"]).retrieval.rerank_k == 3
+    old_row = _write(tmp_path / "old-row.yaml", {"retrieval": OLD_RETRIEVAL})
+    new_row = _write(tmp_path / "new-row.yaml", {"retrieval": NEW_RETRIEVAL})
+    assert load_config([tiny, old_row]).retrieval == load_config([tiny, new_row]).retrieval
+    assert load_config([old_row, tiny]).retrieval.rerank_k == 4  # tiny's rerank_k replaces the old row's k
+    old_k = _write(tmp_path / "old-k.yaml", {"retrieval": {"k": 2}})
+    assert load_config([new_row, old_k]).retrieval.rerank_k == 2  # and an old k replaces an earlier rerank_k

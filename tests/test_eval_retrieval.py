@@ -175,7 +175,7 @@ def _sim(n_texts: int, n_videos: int, seed: int = 1) -> Tensor:
 
 
 @pytest.mark.parametrize(("n_texts", "n_videos", "batch_size"), [(6, 6, 4), (9, 5, 7), (4, 11, 1)])
-@pytest.mark.parametrize("rule", ["itm", "itm_plus_sim"])
+@pytest.mark.parametrize("rule", ["match", "match_plus_sim"])
 def test_topk_with_k_covering_all_pairs_equals_full_scoring_exactly(
     n_texts: int, n_videos: int, batch_size: int, rule: str
 ) -> None:
@@ -190,7 +190,7 @@ def test_topk_with_k_covering_all_pairs_equals_full_scoring_exactly(
     scorer = RecordingScorer(n_texts, n_videos)
     t, v = torch.meshgrid(torch.arange(n_texts), torch.arange(n_videos), indexing="ij")
     logits = scorer(t.flatten(), v.flatten()).view(n_texts, n_videos, 2)
-    expected = logits.softmax(-1)[..., 1] if rule == "itm" else logits[..., 1] + sim
+    expected = logits.softmax(-1)[..., 1] if rule == "match" else logits[..., 1] + sim
     torch.testing.assert_close(full.scores, expected.detach())
 
 
@@ -238,12 +238,12 @@ def test_score_rules_by_hand() -> None:
         return torch.tensor([fixed[(a, b)] for a, b in zip(t.tolist(), v.tolist(), strict=True)])
 
     # k=1: only the diagonal is a candidate in both directions
-    itm = topk_rerank(sim, 1, scorer, batch_size=8, rule="itm")
-    assert itm.num_pairs == 2
-    torch.testing.assert_close(itm.scores[0, 0], torch.tensor(1 / (1 + math.exp(-2.0))))  # softmax([0, 2])[1]
-    torch.testing.assert_close(itm.scores[1, 1], torch.tensor(0.5))  # softmax([1, 1])[1]
-    assert itm.scores[0, 1] == -INF and itm.scores[1, 0] == -INF
-    plus = topk_rerank(sim, 1, scorer, batch_size=8, rule="itm_plus_sim")
+    match = topk_rerank(sim, 1, scorer, batch_size=8, rule="match")
+    assert match.num_pairs == 2
+    torch.testing.assert_close(match.scores[0, 0], torch.tensor(1 / (1 + math.exp(-2.0))))  # softmax([0, 2])[1]
+    torch.testing.assert_close(match.scores[1, 1], torch.tensor(0.5))  # softmax([1, 1])[1]
+    assert match.scores[0, 1] == -INF and match.scores[1, 0] == -INF
+    plus = topk_rerank(sim, 1, scorer, batch_size=8, rule="match_plus_sim")
     torch.testing.assert_close(plus.scores.diagonal(), torch.tensor([2.0 + 0.9, 1.0 + 0.8]))
 
 

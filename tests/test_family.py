@@ -130,7 +130,7 @@ def test_alpro_family_builds_configs_and_kinds(tok):
     assert type(FAMILY.build("alpro_qa", cfg, 3)).__name__ == "AlproQA"
     with pytest.raises(ValueError, match="has no 'albef' model"):
         FAMILY.build("albef", cfg)  # another family's kind
-    section = RetrievalConfig(losses=["vtc"], vtm_negatives="mixed", same_video_vtm="exclude")
+    section = RetrievalConfig(losses=["contrastive"], matching_negatives="mixed", same_clip_matching="exclude")
     ret = FAMILY.task_config(dataclasses.replace(cfg, num_entities=4, losses=("vtc", "pem")), "retrieval", section)
     assert (ret.num_entities, ret.losses, ret.vtm_negatives, ret.same_video_vtm) == (0, ("vtc",), "mixed", "exclude")
     assert FAMILY.task_config(cfg, "qa", section).losses == ("vtc",)
@@ -190,6 +190,33 @@ def test_each_family_reads_its_own_section_and_a_flat_key_still_loads_with_a_war
         load_config(None, ["model.family=clip4clip"])
     with pytest.raises(ConfigError, match=r"model.albef.momentum=2.0 must be in \[0, 1\]"):
         load_config(None, ["model.albef.momentum=2.0"])
+
+
+def test_each_family_reads_the_shared_retrieval_words_in_its_own_terms(caplog):
+    """``retrieval`` names objectives by what they do; each family's task_config maps them to its own config's
+    terms (ALPRO: VTC / VTM, ALBEF: ITC / ITM), and TS2-Net, contrastive only, says it ignores matching."""
+    section = RetrievalConfig(losses=["contrastive", "matching"], matching_negatives="mixed",
+                              matching_hard_fraction=0.25, same_clip_contrastive="positive",
+                              same_clip_matching="exclude")  # fmt: skip
+    entities = {"alpro": 4}  # ALPRO's PEM needs a prompt bank; fine-tuning drops it
+    configs = {name: fam.config(ModelConfig(family=name), 100, entities.get(name, 0))
+               for name, fam in family.families().items()}  # fmt: skip
+    alpro = family.get("alpro").task_config(configs["alpro"], "retrieval", section)
+    assert (alpro.losses, alpro.vtm_negatives, alpro.vtm_hard_fraction) == (("vtc", "vtm"), "mixed", 0.25)
+    assert (alpro.same_video_vtc, alpro.same_video_vtm) == ("positive", "exclude")
+    albef = family.get("albef").task_config(configs["albef"], "retrieval", section)
+    assert (albef.losses, albef.itm_negatives, albef.itm_hard_fraction) == (("itc", "itm"), "mixed", 0.25)
+    assert albef.same_video == "positive"
+    contrastive = dataclasses.replace(section, losses=["contrastive"])
+    assert family.get("alpro").task_config(configs["alpro"], "retrieval", contrastive).losses == ("vtc",)
+    assert family.get("albef").task_config(configs["albef"], "retrieval", contrastive).losses == ("itc",)
+    ts2net = family.get("ts2net")
+    with caplog.at_level("WARNING", logger="vlp"):
+        ts2net.task_config(configs["ts2net"], "retrieval", contrastive)
+    assert "ignored" not in caplog.text
+    with caplog.at_level("WARNING", logger="vlp"):
+        ts2net.task_config(configs["ts2net"], "retrieval", section)
+    assert "retrieval.losses ['matching'] ignored: TS2-Net trains its contrastive loss only" in caplog.text
 
 
 @pytest.mark.parametrize("name", family.names())

@@ -83,11 +83,12 @@ def _eval(pretrained: dict, model: str, out: Path, *overrides: str) -> dict:
 
 def test_topk_with_k_at_least_n_is_full_scoring(pretrained, tmp_path):
     """k >= the number of items re-ranks every pair once: the full N x N scoring of the released code."""
-    full = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.k=1000")["metrics"]
+    full = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.rerank_k=1000")["metrics"]
     assert full["pairs_scored"] == full["num_texts"] * full["num_videos"]
-    exact = _eval(pretrained, pretrained["alpro"], tmp_path / "b", f"retrieval.k={int(full['num_texts'])}")["metrics"]
+    n = int(full["num_texts"])
+    exact = _eval(pretrained, pretrained["alpro"], tmp_path / "b", f"retrieval.rerank_k={n}")["metrics"]
     assert exact == full
-    top1 = _eval(pretrained, pretrained["alpro"], tmp_path / "c", "retrieval.k=1")["metrics"]
+    top1 = _eval(pretrained, pretrained["alpro"], tmp_path / "c", "retrieval.rerank_k=1")["metrics"]
     assert top1["pairs_scored"] < full["pairs_scored"]
     assert top1["vtc_t2v_r1"] == full["vtc_t2v_r1"], "the contrastive ranking does not depend on k"
 
@@ -96,7 +97,7 @@ def test_a_vtm_head_that_hurts_the_ranking_is_flagged(pretrained, tmp_path, monk
     """An anti-oracle VTM head (true pairs score lowest) drops R@1 to 0: the step warns, metrics keep VTC's."""
     from vlp.steps import evaluate
 
-    first = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.split=train", "retrieval.k=1000")
+    first = _eval(pretrained, pretrained["alpro"], tmp_path / "a", "retrieval.split=train", "retrieval.rerank_k=1000")
     videos = storage.read_parquet(str(tmp_path / "a" / "ranks.parquet"))["video_id"].to_pylist()
     position = {v: i for i, v in enumerate(sorted(set(videos)))}
     text_video = torch.tensor([position[v] for v in videos])
@@ -110,7 +111,7 @@ def test_a_vtm_head_that_hurts_the_ranking_is_flagged(pretrained, tmp_path, monk
         return score
 
     monkeypatch.setattr(evaluate, "_pair_scorer", anti_oracle)
-    bad = _eval(pretrained, pretrained["alpro"], tmp_path / "b", "retrieval.split=train", "retrieval.k=1000")
+    bad = _eval(pretrained, pretrained["alpro"], tmp_path / "b", "retrieval.split=train", "retrieval.rerank_k=1000")
     m = bad["metrics"]
     assert m["t2v_r1"] == 0.0 and m["vtc_t2v_r1"] == first["metrics"]["vtc_t2v_r1"]
     assert len(bad["warnings"]) == 1 and "lowers text->video R@1" in bad["warnings"][0]
@@ -326,8 +327,8 @@ def test_retrieval_fine_tuning_takes_its_negative_rules_and_fusion_lr(pretrained
         return built[-1]
 
     monkeypatch.setattr(loop, "build_optimizer", spy)
-    rules = ["retrieval.vtm_negatives=mixed", "retrieval.same_video_vtc=positive", "retrieval.same_video_vtm=exclude",
-             "retrieval.fusion_lr_mult=10"]  # fmt: skip
+    rules = ["retrieval.matching_negatives=mixed", "retrieval.same_clip_contrastive=positive",
+             "retrieval.same_clip_matching=exclude", "retrieval.fusion_lr_mult=10"]  # fmt: skip
     cfg = load_config(TINY, rules)
     ft = str(tmp_path / "ret")
     summary = finetune_retrieval(pretrained["dataset"], pretrained["frames"], pretrained["alpro"], ft, cfg)

@@ -262,7 +262,7 @@ def test_pretrain_step_under_torchrun_two_processes(trained, tmp_path, losses):
         ft = str(tmp_path / "retrieval_ddp")
         step = ["finetune-retrieval", "--dataset", trained["dataset"], "--frames", trained["frames"],
                 "--pretrained", out]  # fmt: skip
-        _torchrun(step, ft, ["retrieval.max_steps=2", "retrieval.losses=[vtc]"])
+        _torchrun(step, ft, ["retrieval.max_steps=2", "retrieval.losses=[contrastive]"])
         doc = json.loads(storage.read_text(storage.join(ft, "model.json")))
         names = load(storage.read_bytes(storage.join(ft, doc["checkpoint"], "model.safetensors"))).keys()
         assert names and not [n for n in names if n.startswith(("fusion.", "vtm_head.", "mlm_head.", "pem_head."))]

@@ -62,9 +62,15 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
     paths = [] if path is None else [path] if isinstance(path, str | Path) else list(path)
     data: dict[str, Any] = {}
     for one in paths:
-        _merge(data, _read_yaml(one))
+        layer = _read_yaml(one)
+        for section, keys in layer.items():
+            if isinstance(keys, Mapping):
+                _forget_other_names(data, section, keys)
+        _merge(data, layer)
     for item in overrides:
         key, value = parse_override(item)
+        section, _, name = key.partition(".")
+        _forget_other_names(data, section, [name])
         _set_dotted(data, key, value)
     cfg = from_dict(Config, data)
     validate(cfg)
@@ -83,6 +89,21 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
     return loaded or {}
+
+
+def _forget_other_names(data: dict[str, Any], section: str, keys: Iterable[str]) -> None:
+    """Before a later file or override sets ``keys`` of ``section``: drop what ``data`` holds under each key's other
+    name (old or new, the section class's ``RENAMED``), so the later value wins as it would under one name. Both
+    names in one file are for the section's ``__config_load__`` to judge."""
+    held = data.get(section)
+    hint = get_type_hints(Config).get(section)
+    renamed: dict[str, str] = getattr(hint, "RENAMED", {})
+    if not renamed or not isinstance(held, dict):
+        return
+    other = renamed | {new: old for old, new in renamed.items()}
+    for key in keys:
+        if key in other:
+            held.pop(other[key], None)
 
 
 def _merge(into: dict[str, Any], other: Mapping[str, Any]) -> None:
@@ -274,7 +295,7 @@ RANGES: dict[str, dict[str, Range]] = {
               "pixel_mean": _PIXELS, "pixel_std": _STD},  # model.<family>: its settings class's RANGES
     "pretrain": {**_TRAINING, "max_steps": COUNT, "group_fraction": SHARE,
                  "group_epochs": at_least(0, " (0 = every epoch)")},
-    "retrieval": {**_FINETUNE, "k": COUNT, "vtm_hard_fraction": SHARE, "report_examples": SIZE,
+    "retrieval": {**_FINETUNE, "rerank_k": COUNT, "matching_hard_fraction": SHARE, "report_examples": SIZE,
                   "rescore_scale": RATE},
     "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
     "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},

@@ -39,7 +39,7 @@ __all__ = [
 PairScorer = Callable[[Tensor, Tensor], Tensor]
 """``pair_scores(text_idx (P,), video_idx (P,)) -> VTM logits (P, 2)``; column 1 = "match"."""
 
-RULES = ("itm", "itm_plus_sim")
+RULES = ("match", "match_plus_sim")  # retrieval.score_rule: how a re-ranked pair is scored
 RECALL_AT = (1, 5, 10)
 _CHUNK = 1024  # rows per block in ranks_v2t, bounds memory at _CHUNK * T scores
 
@@ -273,7 +273,7 @@ def _apply_rule(logits: Tensor, sim_pairs: Tensor, rule: str) -> Tensor:
             f"got {tuple(logits.shape)}"
         )
     logits = logits.float()
-    if rule == "itm":
+    if rule == "match":
         return logits.softmax(dim=1)[:, 1]
     return logits[:, 1] + sim_pairs.float()
 
@@ -294,7 +294,7 @@ def _score_pairs(
 
 
 @torch.no_grad()
-def topk_rerank(sim: Tensor, k: int, pair_scores: PairScorer, batch_size: int, rule: str = "itm") -> Reranked:
+def topk_rerank(sim: Tensor, k: int, pair_scores: PairScorer, batch_size: int, rule: str = "match") -> Reranked:
     """Re-rank the contrastive top-k candidates of both directions with the VTM head, each pair scored once.
 
     Candidates are the union of every text's top-``k`` videos and every video's top-``k`` texts by ``sim``
@@ -303,8 +303,8 @@ def topk_rerank(sim: Tensor, k: int, pair_scores: PairScorer, batch_size: int, r
 
     Score rules:
 
-    * ``"itm"``: ``softmax(logits)[:, 1]``, the VTM match probability (ALPRO's released evaluation).
-    * ``"itm_plus_sim"``: ``logits[:, 1] + sim[t, v]``, the raw match logit plus the similarity of that pair
+    * ``"match"``: ``softmax(logits)[:, 1]``, the VTM match probability (ALPRO's released evaluation).
+    * ``"match_plus_sim"``: ``logits[:, 1] + sim[t, v]``, the raw match logit plus the similarity of that pair
       as given (LAVIS ``AlproRetrieval.compute_sim_matrix`` adds the plain cosine similarity of the normalised
       projected [CLS] features, not divided by the temperature; pass that matrix as ``sim`` to match it).
       LAVIS fills non-candidates with -100; here they are ``-inf``.
@@ -319,7 +319,7 @@ def topk_rerank(sim: Tensor, k: int, pair_scores: PairScorer, batch_size: int, r
         pair_scores: ``pair_scores(text_idx (P,), video_idx (P,)) -> (P, 2)`` VTM logits (column 1 = match);
             the indices live on ``sim``'s device.
         batch_size: most pairs per ``pair_scores`` call.
-        rule: ``"itm"`` or ``"itm_plus_sim"``.
+        rule: ``"match"`` or ``"match_plus_sim"``.
 
     Returns:
         :class:`Reranked` ``(scores (T, V) float32, num_pairs)``, a named 2-tuple.
@@ -334,7 +334,7 @@ def topk_rerank(sim: Tensor, k: int, pair_scores: PairScorer, batch_size: int, r
 
 
 @torch.no_grad()
-def full_rerank(sim: Tensor, pair_scores: PairScorer, batch_size: int, rule: str = "itm") -> Reranked:
+def full_rerank(sim: Tensor, pair_scores: PairScorer, batch_size: int, rule: str = "match") -> Reranked:
     """Score all ``T * V`` pairs with the VTM head (the released ALPRO code's N x N evaluation).
 
     Same rules, order and batching as :func:`topk_rerank`; built from ``arange`` instead of ``topk``, as the

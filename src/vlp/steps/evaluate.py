@@ -1,10 +1,10 @@
 """Evaluation steps: ``evaluate-retrieval`` (fine-tuned or zero-shot) and ``evaluate-qa``.
 
 Retrieval scoring (ALPRO §4.1, made cheaper): unimodal features of every text and clip are computed
-once; the contrastive similarity picks each query's top-``retrieval.k`` candidates in both directions; the
-VTM head re-scores only the union of those pairs, each fused once (:func:`vlp.eval.retrieval.topk_rerank`).
-``k`` >= the number of items reproduces the released code's full N x N scoring exactly. Zero-shot
-evaluation is this step on a ``pretrain`` output.
+once; the contrastive similarity picks each query's top-``retrieval.rerank_k`` candidates in both directions;
+the matching head (ALPRO's VTM) re-scores only the union of those pairs, each fused once
+(:func:`vlp.eval.retrieval.topk_rerank`). ``rerank_k`` >= the number of items reproduces the released code's full
+N x N scoring exactly. Zero-shot evaluation is this step on a ``pretrain`` output.
 
 Outputs: ``metrics.json`` (flat floats), ``report.md`` + ``report.html``, and ``ranks.parquet``
 (retrieval) or ``predictions.parquet`` (QA).
@@ -147,7 +147,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             scores, pairs = rescore(sim, rc.rescore, rc.rescore_scale), 0  # the t2v direction's, for the report
         else:
             scorer = _pair_scorer(fam, net, encoded, videos)
-            scores, pairs = topk_rerank(sim, rc.k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
+            scores, pairs = topk_rerank(sim, rc.rerank_k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         if rc.rescore != "none":  # each direction re-scored over its own queries; the plain ranking stays as vtc_*
             metrics = rescored_metrics(sim, text_video, rc.rescore, rc.rescore_scale)
         else:
@@ -170,7 +170,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             warnings.append(
                 f"VTM re-ranking lowers text->video R@1 below the contrastive ranking it re-ranks "
                 f"({metrics['t2v_r1']:.1f} vs vtc_t2v_r1 {metrics['vtc_t2v_r1']:.1f}): the VTM head has not learnt "
-                "to match (see benchmarks/vtm_probe.py); retrieval.score_rule=itm_plus_sim keeps the similarity"
+                "to match (see benchmarks/vtm_probe.py); retrieval.score_rule=match_plus_sim keeps the similarity"
             )
             log.warning("evaluate_retrieval: %s", warnings[-1])
         kind = "zero-shot" if info.kind == fam.kinds.pretrained else "fine-tuned"

@@ -158,8 +158,8 @@ def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> Vi
 
 
 def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
-    """Fine-tune a model for text-video retrieval with the ``retrieval.losses`` (ALPRO: VTC + VTM; ALBEF: ITC +
-    ITM; TS2-Net: its frame-score contrastive loss).
+    """Fine-tune a model for text-video retrieval with the ``retrieval.losses``, contrastive and matching (ALPRO:
+    VTC + VTM; ALBEF: ITC + ITM; TS2-Net: its frame-score contrastive loss only).
 
     ``pretrained`` is a pre-trained (or retrieval) model directory, or ``""`` to start from the ``model`` section
     instead: the family's weights by name or path (TS2-Net: CLIP), or random init where the preset names none;

@@ -251,22 +251,83 @@ class FinetuneConfig(TrainingSchedule):
 
 @dataclass
 class RetrievalConfig(FinetuneConfig):
-    """``finetune-retrieval`` (VTC + VTM, ALPRO §4.1) and ``evaluate-retrieval``."""
+    """``finetune-retrieval`` and ``evaluate-retrieval``: the fine-tuning objectives and the evaluation's ranking.
 
-    losses: list[str] = field(default_factory=lambda: ["vtc", "vtm"])  # fine-tuning objectives
+    Its keys name what an objective does, not one family's word for it (ALPRO's VTC / VTM, ALBEF's ITC / ITM):
+    each family maps them to its own terms (its ``task_config``). The ALPRO words the section used before still
+    load, with a warning naming the new form (``RENAMED``, ``OLD_VALUES``).
+    """
+
+    # the fine-tuning objectives: "contrastive" (text-clip similarity; ALPRO VTC, ALBEF ITC, TS2-Net's loss) and
+    # "matching" (a binary matched-or-not head on the fused pair; ALPRO VTM, ALBEF ITM)
+    losses: list[Literal["contrastive", "matching"]] = field(default_factory=lambda: ["contrastive", "matching"])
     paragraph: bool = False  # DiDeMo: one text per video = its captions concatenated in caption_id order
-    k: int = 16  # VTM re-ranks the top-k candidates per query; k >= #items = full N x N scoring (ALPRO code)
-    score_rule: Literal["itm", "itm_plus_sim"] = "itm"  # VTM probability (ALPRO code) or logit + sim (LAVIS)
-    # fine-tuning's VTM negatives and same-clip rule (as model.*; they replace the pre-trained model's)
-    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
-    vtm_hard_fraction: float = 0.5
-    same_video_vtc: Literal["negative", "positive"] = "negative"
-    same_video_vtm: Literal["draw", "exclude"] = "draw"
+    # the matching head re-ranks the contrastive top-k per query; >= #items = full N x N scoring (ALPRO code)
+    rerank_k: int = 16
+    # a re-ranked pair's score: "match" = the matching head's probability (ALPRO code); "match_plus_sim" = its
+    # logit plus the pair's similarity (LAVIS)
+    score_rule: Literal["match", "match_plus_sim"] = "match"
+    # fine-tuning's matching negatives and same-clip rules (as model.<family>'s; they replace the pre-trained model's)
+    matching_negatives: Literal["hard", "uniform", "mixed"] = "hard"  # hard, uniform, or mixed (hard w.p. below)
+    matching_hard_fraction: float = 0.5  # matching_negatives=mixed: the share of hard draws
+    # another caption of the same clip: a negative of the contrastive loss, or a positive (ALBEF's shared targets)
+    same_clip_contrastive: Literal["negative", "positive"] = "negative"
+    same_clip_matching: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable negative or not
     report_examples: int = 4  # queries shown with their top-5 videos in the report
     # test-time re-scoring of a similarity ranking with the test set's own statistics (vlp.eval.retrieval.rescore;
     # families that do not re-rank): dual softmax (CAMoE) or inverted softmax (QB-Norm); off by default
     rescore: Literal["none", "dual_softmax", "inverted_softmax"] = "none"
     rescore_scale: float = 100.0
+
+    # old key -> new key: the names the section had when it spoke ALPRO's vocabulary
+    RENAMED: ClassVar[dict[str, str]] = {
+        "vtm_negatives": "matching_negatives",
+        "vtm_hard_fraction": "matching_hard_fraction",
+        "same_video_vtc": "same_clip_contrastive",
+        "same_video_vtm": "same_clip_matching",
+        "k": "rerank_k",
+    }
+    # key -> {old value: new value}: ALPRO's (and ALBEF's) loss names, and the score rules named after ITM
+    OLD_VALUES: ClassVar[dict[str, dict[str, str]]] = {
+        "losses": {"vtc": "contrastive", "itc": "contrastive", "vtm": "matching", "itm": "matching"},
+        "score_rule": {"itm": "match", "itm_plus_sim": "match_plus_sim"},
+    }
+
+    @classmethod
+    def __config_load__(cls, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
+        """``data`` with each old key (:data:`RENAMED`) moved to its new name and each old value (:data:`OLD_VALUES`)
+        replaced by its new one, each with a warning naming the new form; then the schedule's own old keys.
+
+        Raises:
+            ConfigError: an old key and its new key both given, with different values (naming both).
+        """
+        from vlp.config import ConfigError
+
+        data = dict(data)
+        for key, values in cls.OLD_VALUES.items():
+            given = data.get(key)
+            items = given if isinstance(given, list) else [given]
+            if not any(isinstance(v, str) and v in values for v in items):
+                continue
+            new = [values.get(v, v) if isinstance(v, str) else v for v in items]
+            data[key] = new if isinstance(given, list) else new[0]
+            log.warning("config value %s=%s is now %s=%s: the old value still loads", prefix + "." + key,
+                        _yaml(given), prefix + "." + key, _yaml(data[key]))  # fmt: skip
+        for old, new in cls.RENAMED.items():
+            if old not in data:
+                continue
+            value = data.pop(old)
+            if new in data and data[new] != value:
+                raise ConfigError(f"{prefix}.{old}={value!r} and {prefix}.{new}={data[new]!r} disagree: {old} is the "
+                                  f"old name of {new}; keep {prefix}.{new}")  # fmt: skip
+            data[new] = value
+            log.warning("config key %s.%s is now %s.%s: rename it (the old name still loads)", prefix, old, prefix, new)
+        return super().__config_load__(data, prefix)
+
+
+def _yaml(value: Any) -> str:
+    """``value`` as a config file writes it: ``[contrastive, matching]``, ``match``."""
+    return f"[{', '.join(map(str, value))}]" if isinstance(value, list) else str(value)
 
 
 @dataclass

@@ -595,19 +595,20 @@ class AlbefFamily(TwoTowerMethods):
         raise ValueError(f"ALBEF has no {kind!r} model; its kinds are {self.kinds.all()}")
 
     def task_config(self, config: AlbefConfig, task: Task, section: Any) -> AlbefConfig:
-        """Retrieval fine-tuning: ITC + ITM (the section's losses, ALPRO names mapped) with distillation, and the
-        section's negative and same-clip rules."""
+        """Retrieval fine-tuning: ITC + ITM (the section's losses: contrastive is ITC, matching ITM) with
+        distillation, and the section's negative and same-clip rules (``same_clip_contrastive`` is ``same_video``,
+        which rules ITM's negatives too; ALBEF has no ``same_clip_matching`` of its own)."""
         if task == "qa":  # the code ramps alpha over the first QA epoch too
             qa = {"answer_len": section.answer_len, "answer_topk": section.answer_topk}
             return replace(config, alpha_ramp_steps=-1, queue_size=0, **qa)  # QA has no queue (nor ITC)
-        names = {"vtc": "itc", "vtm": "itm"}
+        terms = {"contrastive": "itc", "matching": "itm"}
         return replace(
             config,
-            losses=tuple(names.get(t, t) for t in section.losses),
+            losses=tuple(terms[t] for t in section.losses),
             alpha_ramp_steps=-1,  # the code ramps alpha over the first fine-tuning epoch too
-            itm_negatives=section.vtm_negatives,
-            itm_hard_fraction=section.vtm_hard_fraction,
-            same_video=section.same_video_vtc,
+            itm_negatives=section.matching_negatives,
+            itm_hard_fraction=section.matching_hard_fraction,
+            same_video=section.same_clip_contrastive,
         )
 
     def prepare(self, config: AlbefConfig, batches_per_epoch: int, global_batch: int) -> AlbefConfig:

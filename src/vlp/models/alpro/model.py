@@ -500,18 +500,20 @@ class AlproFamily(TwoTowerMethods):
         raise ValueError(f"ALPRO has no {kind!r} model; its kinds are {self.kinds.all()}")
 
     def task_config(self, config: AlproConfig, task: Task, section: Any) -> AlproConfig:
-        """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses and its VTM
-        negative rules from ``section``; QA keeps the towers and the fusion only."""
+        """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses (contrastive: VTC,
+        matching: VTM) and its VTM negative and same-clip rules from ``section``; QA keeps the towers and the fusion
+        only."""
         if task == "qa":
             return replace(config, num_entities=0, losses=("vtc",))
+        terms = {"contrastive": "vtc", "matching": "vtm"}
         return replace(
             config,
             num_entities=0,
-            losses=tuple(section.losses),
-            vtm_negatives=section.vtm_negatives,
-            vtm_hard_fraction=section.vtm_hard_fraction,
-            same_video_vtc=section.same_video_vtc,
-            same_video_vtm=section.same_video_vtm,
+            losses=tuple(terms[t] for t in section.losses),
+            vtm_negatives=section.matching_negatives,
+            vtm_hard_fraction=section.matching_hard_fraction,
+            same_video_vtc=section.same_clip_contrastive,
+            same_video_vtm=section.same_clip_matching,
         )
 
     def prepare(self, config: AlproConfig, batches_per_epoch: int, global_batch: int) -> AlproConfig:

@@ -486,7 +486,7 @@ class TS2NetFamily:
         if task != "retrieval":
             raise ValueError("TS2-Net is a text-video retrieval model: it has no QA head (finetune-qa needs ALPRO or "
                              "ALBEF)")  # fmt: skip
-        unknown = sorted(set(section.losses) - {"vtc", "itc"})
+        unknown = sorted(set(section.losses) - {"contrastive"})
         if unknown:
             log.warning("ts2net: retrieval.losses %s ignored: TS2-Net trains its contrastive loss only", unknown)
         return replace(config, video=replace(config.video, num_frames=section.num_frames))
