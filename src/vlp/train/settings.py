@@ -309,8 +309,8 @@ class RetrievalConfig(FinetuneConfig):
             items = given if isinstance(given, list) else [given]
             if not any(isinstance(v, str) and v in values for v in items):
                 continue
-            new = [values.get(v, v) if isinstance(v, str) else v for v in items]
-            data[key] = new if isinstance(given, list) else new[0]
+            mapped = [values.get(v, v) if isinstance(v, str) else v for v in items]
+            data[key] = mapped if isinstance(given, list) else mapped[0]
             log.warning("config value %s=%s is now %s=%s: the old value still loads", prefix + "." + key,
                         _yaml(given), prefix + "." + key, _yaml(data[key]))  # fmt: skip
         for old, new in cls.RENAMED.items():
