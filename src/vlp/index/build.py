@@ -41,8 +41,8 @@ def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: st
     """``(clip reader, sorted clip ids)``: the clips of ``split`` of ``dataset`` as ``evaluate-retrieval`` reads them
     (:func:`vlp.steps.finetune.retrieval_data`), or, without a dataset, every clip of ``store``."""
     if not dataset:
-        data = StoreClips(store, sampling(cfg.retrieval), model_cfg)
-        return data, [video_id for video_id, _ in data.pairs]
+        clips = StoreClips(store, sampling(cfg.retrieval), model_cfg)
+        return clips, [video_id for video_id, _ in clips.pairs]
     from vlp.steps.finetune import retrieval_data
 
     data = retrieval_data(cfg, dataset, store, model_cfg, split)
