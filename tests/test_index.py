@@ -25,7 +25,7 @@ from vlp.data.frames import FrameStore
 from vlp.eval.retrieval import topk_rerank
 from vlp.index.build import index_clips
 from vlp.index.query import Searcher, reranks
-from vlp.index.store import ClipIndex
+from vlp.index.store import TABLE, ClipIndex
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
 from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
@@ -243,3 +243,20 @@ def test_the_index_lives_on_s3(tiny_world, models, s3_bucket, s3_env, capsys):
     local = Searcher(out, config()).search(query, k=2)
     assert [h["video_id"] for h in hits] == [h.video_id for h in local]
     assert storage.exists(f"{out}/summary.json")
+
+
+def test_the_storage_sections_endpoint_and_keys_reach_the_index(world, models, s3_config, s3_bucket, monkeypatch):
+    """Without any AWS_* variable, the index reads the endpoint and keys of the storage section as vlp.storage does."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    cfg, out = config(), f"{s3_bucket}/keyed/index"
+    cfg.storage = s3_config
+    summary = index_clips(models["albef"], world["frames"], out, cfg, world["dataset"])
+    assert summary["added"] == summary["total"] == ClipIndex.open(out).count() > 0
+    assert len(Searcher(out, cfg).search("a blue square", k=3)) == 3
+    assert any(key.startswith(f"keyed/index/{TABLE}.lance/") for key in _keys(s3_bucket))
+
+
+def _keys(bucket: str) -> list[str]:
+    name = bucket.removeprefix("s3://")
+    return [obj["Key"] for obj in storage.client().list_objects_v2(Bucket=name).get("Contents", [])]
