@@ -139,9 +139,17 @@ class ClipIndex:
 
     @classmethod
     def exists(cls, uri: str) -> bool:
-        if not storage.is_s3(uri) and not storage.exists(uri):
-            return False
-        return TABLE in _connect(uri).list_tables().tables
+        """Whether ``uri`` holds an index (its ``clips`` table).
+
+        Raises:
+            StorageError: the object store cannot be listed (a missing bucket, bad credentials, no endpoint).
+        """
+        if not storage.is_s3(uri):
+            return storage.exists(uri) and TABLE in _connect(uri).list_tables().tables
+        try:
+            return TABLE in _connect(uri).list_tables().tables
+        except ValueError as exc:  # LanceDB reports the object store's errors as ValueError
+            raise storage.StorageError(f"cannot list the index {uri}: {' '.join(str(exc).split())[:300]}") from None
 
     @classmethod
     def open(cls, uri: str) -> ClipIndex:
