@@ -187,6 +187,21 @@ def test_another_model_other_frames_or_another_sampling_is_refused(world, models
         index_clips(models["alpro"], str(copy), test_index["alpro"], config())
 
 
+def test_search_refuses_a_model_directory_whose_weights_changed_since(world, models, tmp_path):
+    model = tmp_path / "model"
+    shutil.copytree(models["alpro"], model)
+    out = str(tmp_path / "index")
+    index_clips(str(model), world["frames"], out, config(), world["dataset"])
+    assert Searcher(out, config()).search("a green star", k=1)
+    weights = "weights/model.safetensors"
+    shutil.copy(Path(models["alpro-other"], weights), model / weights)  # retrained in place
+    with pytest.raises(ValueError, match=r"holds other weights than the ones the index .* was built with: rebuild"):
+        Searcher(out, config())
+    shutil.rmtree(model)
+    with pytest.raises(FileNotFoundError, match=r"model\.json does not exist"):
+        Searcher(out, config())
+
+
 def test_the_ann_index_finds_what_the_exact_scan_finds(tiny_world, models, tmp_path):
     out = str(tmp_path / "ann")
     summary = index_clips(models["albef"], tiny_world["frames"], out, config("index.ann_min_rows=8"))
