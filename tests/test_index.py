@@ -277,3 +277,21 @@ def test_the_storage_sections_endpoint_and_keys_reach_the_index(world, models, s
 def _keys(bucket: str) -> list[str]:
     name = bucket.removeprefix("s3://")
     return [obj["Key"] for obj in storage.client().list_objects_v2(Bucket=name).get("Contents", [])]
+
+
+def test_object_store_options_follow_the_storage_section_then_the_environment(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "https://env.example")
+    monkeypatch.setenv("AWS_REGION", "eu-west-3")
+    try:
+        storage.configure(storage.StorageConfig())
+        assert storage.object_store_options() == {"aws_region": "eu-west-3", "aws_endpoint": "https://env.example",
+                                                  "aws_virtual_hosted_style_request": "false"}  # fmt: skip
+        keyed = storage.StorageConfig(endpoint_url="http://127.0.0.1:9000", region="r1", access_key_id="a",
+                                      secret_access_key="s", addressing_style="virtual")  # fmt: skip
+        storage.configure(keyed)
+        assert storage.object_store_options() == {
+            "aws_region": "r1", "aws_endpoint": "http://127.0.0.1:9000", "allow_http": "true",
+            "aws_virtual_hosted_style_request": "true", "aws_access_key_id": "a", "aws_secret_access_key": "s",
+        }  # fmt: skip
+    finally:
+        storage.configure(storage.StorageConfig())
