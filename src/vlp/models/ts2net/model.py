@@ -423,7 +423,9 @@ PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": (HUB[32], HUB[32
 
 
 class TS2NetFamily:
-    """TS2-Net as a :class:`vlp.models.family.Family`: fine-tuned from CLIP for retrieval, ranked by the frame score."""
+    """TS2-Net as a :class:`vlp.models.family.Family`: fine-tuned from CLIP for retrieval, ranked by the frame score.
+    It has neither a QA model (``kinds.qa`` is ``""``) nor a fused pair scorer, so it meets neither
+    :class:`vlp.models.family.AnswersQuestions` nor :class:`vlp.models.family.PairScorer`."""
 
     name = "ts2net"
     # no step writes a "ts2net_clip" model today: fine-tuning starts from the model section's CLIP weights, and a
@@ -505,15 +507,6 @@ class TS2NetFamily:
         ctx = ctx or StepContext()
         return frame_losses.ts2net_losses(model(batch, ctx), gather=ctx.gather, rank=ctx.rank)
 
-    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
-        raise ValueError("TS2-Net has no QA head")
-
-    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
-        raise ValueError("TS2-Net has no QA head")
-
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        raise ValueError("TS2-Net has no QA head")
-
     def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
         frames = model.encode_video(video)
         return Encoded(F.normalize(frames.mean(dim=1), dim=-1), frames)
@@ -525,12 +518,6 @@ class TS2NetFamily:
     def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
         """The frame score of every (text, clip) pair from the encoded frames, ``score_chunk`` queries at a time."""
         return model.score(texts.feat, videos.tokens, chunk=model.cfg.score_chunk)
-
-    def reranks(self, model: nn.Module) -> bool:
-        return False
-
-    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        raise ValueError("TS2-Net ranks by its frame score; it has no fused pair scorer")
 
 
 FAMILY = TS2NetFamily()
