@@ -52,10 +52,10 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, cast, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 if TYPE_CHECKING:  # the CLI and the config loader read the registry without importing torch
     from torch import Tensor, nn
@@ -63,6 +63,7 @@ if TYPE_CHECKING:  # the CLI and the config loader read the registry without imp
     from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 Task = Literal["retrieval", "qa"]
+_T = TypeVar("_T")
 
 
 class Kinds(NamedTuple):
@@ -316,6 +317,20 @@ def init_revisions(model: ModelConfig) -> tuple[str, str]:
     as it is at load time. The commit actually loaded is recorded in the model directory's ``lineage.upstream``,
     so a run can be repeated exactly by setting it here."""
     return model.video_init_revision, model.text_init_revision
+
+
+def rgb(values: Sequence[float]) -> tuple[float, float, float]:
+    """A configured per-channel list (``model.pixel_mean``) as a family config's triple, which the config's own
+    check refuses when it is not 3 values long."""
+    return cast(tuple[float, float, float], tuple(values))
+
+
+def built(part: _T | None, what: str) -> _T:
+    """``part`` of a module or of its output that the enabled objectives make: a None is an objective enabled
+    without it (a ValueError that names ``what``)."""
+    if part is None:
+        raise ValueError(f"{what} is missing: an objective that needs it is enabled but it was not built")
+    return part
 
 
 def generator_on(generator: Any, like: Tensor) -> Any:
