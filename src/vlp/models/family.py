@@ -44,6 +44,9 @@ without one does not define them (no method that only raises):
   Evaluation takes it through :func:`pair_scorer_of`; without one (TS2-Net, a dot-product family) it ranks by
   ``similarity`` alone.
 
+The protocols are generic in the family's own config class (``Family[TS2NetConfig]``); each family module assigns
+its family object to the protocols it meets under ``TYPE_CHECKING``, so mypy holds it to their signatures.
+
 Modules never see a tokenizer: what MLM needs from it travels as a :class:`TextVocab`.
 """
 
@@ -182,10 +185,15 @@ class FamilyConfig(Protocol):
     def text(self) -> _TextShape: ...
 
 
+ConfigT = TypeVar("ConfigT", bound=FamilyConfig)
+
+
 @runtime_checkable
-class Family(Protocol):
-    """What every model family provides (see the module docstring for the order of use). A family with a QA model
-    also meets :class:`AnswersQuestions`, one with a fused re-ranking pass :class:`PairScorer`."""
+class Family(Protocol[ConfigT]):
+    """What every model family provides (see the module docstring for the order of use), generic in its own config
+    class (``Family[AlproConfig]``; shared code, which never reads more than :class:`FamilyConfig`, writes
+    ``Family``). A family with a QA model also meets :class:`AnswersQuestions`, one with a fused re-ranking pass
+    :class:`PairScorer`."""
 
     name: str
     kinds: Kinds
@@ -194,15 +202,15 @@ class Family(Protocol):
 
     def weights(self, model: ModelConfig) -> tuple[str, str]: ...
 
-    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> FamilyConfig: ...
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> ConfigT: ...
 
-    def config_from_dict(self, data: dict[str, Any]) -> FamilyConfig: ...
+    def config_from_dict(self, data: dict[str, Any]) -> ConfigT: ...
 
-    def build(self, kind: str, config: FamilyConfig, num_answers: int = 0) -> nn.Module: ...
+    def build(self, kind: str, config: ConfigT, num_answers: int = 0) -> nn.Module: ...
 
-    def task_config(self, config: FamilyConfig, task: Task, section: RetrievalConfig | QAConfig) -> FamilyConfig: ...
+    def task_config(self, config: ConfigT, task: Task, section: RetrievalConfig | QAConfig) -> ConfigT: ...
 
-    def prepare(self, config: FamilyConfig, batches_per_epoch: int, global_batch: int) -> FamilyConfig: ...
+    def prepare(self, config: ConfigT, batches_per_epoch: int, global_batch: int) -> ConfigT: ...
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]: ...
 
@@ -216,7 +224,7 @@ class Family(Protocol):
 
 
 @runtime_checkable
-class AnswersQuestions(Family, Protocol):
+class AnswersQuestions(Family[ConfigT], Protocol[ConfigT]):
     """A family with a QA model (``kinds.qa`` names its kind): what ``finetune-qa`` and ``evaluate-qa`` call.
     Shared code gets it through :func:`qa_of`, never by assuming a family has it."""
 
@@ -228,7 +236,7 @@ class AnswersQuestions(Family, Protocol):
 
 
 @runtime_checkable
-class PairScorer(Family, Protocol):
+class PairScorer(Family[ConfigT], Protocol[ConfigT]):
     """A family with a fused pass that scores (text, clip) pairs, which re-ranks the similarity's top candidates
     when a model has it (``reranks``). Shared code gets it through :func:`pair_scorer_of`."""
 

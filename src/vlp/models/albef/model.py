@@ -564,7 +564,7 @@ class AlbefFamily(TwoTowerMethods):
 
     name = "albef"
     kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
-    default_losses = LOSS_TERMS
+    default_losses: tuple[str, ...] = LOSS_TERMS
     # the fusion encoder and the heads (the online model's: the momentum copy is not trained), and the QA decoder
     lr_groups = LrGroups(fusion=("online.fusion.", "online.mlm_head.", "itm_head.", "decoder."))
 
@@ -685,3 +685,8 @@ class AlbefFamily(TwoTowerMethods):
 
 
 FAMILY = AlbefFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocols it meets: the core one, QA and re-ranking
+    from vlp.models.family import AnswersQuestions, PairScorer
+
+    _qa: AnswersQuestions[AlbefConfig] = FAMILY
+    _reranking: PairScorer[AlbefConfig] = FAMILY

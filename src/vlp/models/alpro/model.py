@@ -466,7 +466,7 @@ class AlproFamily(TwoTowerMethods):
 
     name = "alpro"
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
-    default_losses = LOSS_TERMS
+    default_losses: tuple[str, ...] = LOSS_TERMS
     lr_groups = LrGroups(fusion=("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier."))
 
     def weights(self, model: ModelConfig) -> tuple[str, str]:
@@ -566,3 +566,8 @@ class AlproFamily(TwoTowerMethods):
 
 
 FAMILY = AlproFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocols it meets: the core one, QA and re-ranking
+    from vlp.models.family import AnswersQuestions, PairScorer
+
+    _qa: AnswersQuestions[AlproConfig] = FAMILY
+    _reranking: PairScorer[AlproConfig] = FAMILY

@@ -437,7 +437,7 @@ class TS2NetFamily:
     # no step writes a "ts2net_clip" model today: fine-tuning starts from the model section's CLIP weights, and a
     # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
     kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
-    default_losses = ("itc",)
+    default_losses: tuple[str, ...] = ("itc",)
     lr_groups = LrGroups(backbone=("clip.",))  # the code's coef_lr: CLIP slower than the selector and aggregator
 
     def weights(self, model: ModelConfig) -> tuple[str, str]:
@@ -533,3 +533,7 @@ def _own(model: nn.Module) -> TS2Net:
 
 
 FAMILY = TS2NetFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocol it meets (no QA model, no pair scorer)
+    from vlp.models.family import Family
+
+    _contract: Family[TS2NetConfig] = FAMILY
