@@ -17,7 +17,7 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import torch
@@ -29,6 +29,9 @@ from vlp.data.video_text import VideoQADataset
 from vlp.steps.common import ModelInput, StepResult, check_inputs, device, ordered_batches, run_step
 from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
+if TYPE_CHECKING:
+    from vlp.models.family import AnswersQuestions
+
 log = logging.getLogger("vlp")
 METRICS_FILE = "metrics.json"
 
@@ -39,10 +42,10 @@ def retrieval_kinds() -> tuple[str, ...]:
 
 
 def qa_kinds() -> tuple[str, ...]:
-    """What QA evaluates: any family's QA fine-tuned model."""
+    """What QA evaluates: the QA fine-tuned model of any family that has one."""
     from vlp.models import family
 
-    return tuple(f.kinds.qa for f in family.families().values())
+    return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))
 
 
 def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
@@ -91,7 +94,8 @@ def _encode_texts(fam: Any, model: Any, tok: Any, texts: list[str], length: int,
 
 
 def _pair_scorer(fam: Any, model: Any, texts: Any, videos: Any) -> Callable[[Any, Any], Any]:
-    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass over encoded rows."""
+    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass (a
+    :class:`vlp.models.family.PairScorer`) over encoded rows."""
     where = device()
 
     @torch.no_grad()
@@ -127,6 +131,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             retrieval_metrics,
             topk_rerank,
         )
+        from vlp.models import family
 
         info = inputs.models[0]
         data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split)
@@ -138,7 +143,8 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         videos = _encode_clips(fam, net, data, video_ids, rc.eval_batch_size, cfg)
         encoded = _encode_texts(fam, net, tok, texts, text_length(rc, info.config), rc.eval_batch_size)
         sim = fam.similarity(net, encoded, videos)  # (T, V)
-        reranks = fam.reranks(net)
+        pair_scorer = family.pair_scorer_of(fam, net)
+        reranks = pair_scorer is not None
         if reranks and rc.rescore != "none":
             raise ValueError(f"retrieval.rescore={rc.rescore} re-scores a similarity ranking; {model} re-ranks with "
                              "its pair scorer (set retrieval.rescore=none)")  # fmt: skip
@@ -146,7 +152,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             log.info("evaluate_retrieval: %s ranks by its similarity (no pair scorer to re-rank with)", model)
             scores, pairs = rescore(sim, rc.rescore, rc.rescore_scale), 0  # the t2v direction's, for the report
         else:
-            scorer = _pair_scorer(fam, net, encoded, videos)
+            scorer = _pair_scorer(pair_scorer, net, encoded, videos)
             scores, pairs = topk_rerank(sim, rc.rerank_k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         if rc.rescore != "none":  # each direction re-scored over its own queries; the plain ranking stays as vtc_*
             metrics = rescored_metrics(sim, text_video, rc.rescore, rc.rescore_scale)
@@ -227,11 +233,14 @@ def _thumbnail(data: Any, video_id: str) -> bytes:
 
 
 def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:
-    """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong)."""
+    """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong) of a QA
+    fine-tuned model; a model of a family without a QA model is refused (:func:`vlp.models.family.qa_of`)."""
 
     def work() -> StepResult:
+        from vlp.models import family
+
         qc = cfg.qa
-        models = [ModelInput("--model", model, qa_kinds)]
+        models = [ModelInput("--model", model, qa_kinds, needs=family.qa_of)]
         inputs = check_inputs(dataset, frames, table=manifest.QA, split=qc.split, setting="qa.split", models=models)
         from vlp.eval.qa import qa_baselines, qa_metrics
         from vlp.eval.report import qa_report
@@ -241,7 +250,7 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split)
         net, tok = info.load(device()), info.tokenizer()
         length = text_length(qc, model_cfg)
-        preds, confidence = _predict_qa(info.family, net, tok, data, length, qc.eval_batch_size, cfg)
+        preds, confidence = _predict_qa(family.qa_of(info.family), net, tok, data, length, qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
         gold = [_norm(r["answer"]) for r in data.qa]
         types = [r["answer_type"] for r in data.qa]
@@ -295,7 +304,7 @@ def _norm(answer: str) -> str:
 
 @torch.no_grad()
 def _predict_qa(
-    fam: Any, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
+    fam: AnswersQuestions, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
 ) -> tuple[list[int], list[float]]:
     def build(indices: Any) -> dict[str, torch.Tensor]:  # in a loader worker
         items = [data[i] for i in indices]
