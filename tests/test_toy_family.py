@@ -8,7 +8,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -162,7 +162,8 @@ class ToyFamily:
 
 
 FAMILY = ToyFamily()
-SPEC = FamilySpec(name=NAME, title="Toy", paper="(a test)", settings=ToySettings, load=lambda: FAMILY, pretrains=False)
+SPEC = FamilySpec(name=NAME, title="Toy", paper="(a test)", settings=ToySettings, load=lambda: FAMILY, pretrains=False,
+                  tasks=("retrieval",))  # fmt: skip
 
 
 @pytest.fixture
@@ -261,3 +262,23 @@ def test_no_shared_file_names_the_toy():
              for path in sorted((ROOT / where).rglob("*")) if path.is_file() and path.suffix in (".py", ".yaml", ".md")
              and re.search(rf"\b{NAME}\b", path.read_text(encoding="utf-8"), re.IGNORECASE)]  # fmt: skip
     assert found == []
+
+
+def test_a_pre_training_family_without_qa_gets_a_dag_without_the_qa_branch(tmp_path):
+    """The pre-training DAG fine-tunes and evaluates the tasks the family's spec lists: a toy that pre-trains but
+    has no QA model gets the retrieval branch alone, and its DAG is compiled from the spec, without the family."""
+    from kfp import compiler
+
+    from pipelines import config as pipeline_config
+    from pipelines import pretrain
+
+    spec = replace(SPEC, name=f"{NAME}_pre", pretrains=True)
+    family.register(spec)
+    try:
+        compiler.Compiler().compile(pretrain.build(pipeline_config.load(pipeline_config.CONFIG_DIR / "default.yaml"),
+                                                   spec.name), str(tmp_path / "dag.yaml"))  # fmt: skip
+    finally:
+        family.unregister(spec.name)
+    dag = (tmp_path / "dag.yaml").read_text(encoding="utf-8")
+    assert "finetune-retrieval" in dag and "evaluate-retrieval" in dag and "pretrain" in dag
+    assert "finetune-qa" not in dag and "evaluate-qa" not in dag

@@ -420,6 +420,9 @@ class FamilySpec:
         pretraining: the module that opens its ``pretrain_inputs`` (:class:`PretrainHook`); required with them.
         randaug: its RandAugment op lists, ``(preset name, timm op names)``, its default first; a training section's
             ``randaug_ops`` names one (any family's), or is ``""`` for the model's family's default.
+        tasks: the fine-tuning tasks it has models for (``"retrieval"``, ``"qa"``), which its pre-training DAG
+            fine-tunes and evaluates; ``"qa"`` exactly when its family object answers questions (the contract test
+            holds the two together).
     """
 
     name: str
@@ -432,12 +435,15 @@ class FamilySpec:
     importer: str = ""
     pretraining: str = ""
     randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    tasks: tuple[Task, ...] = ("retrieval", "qa")
 
     def __post_init__(self) -> None:
         if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
             raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
         if self.pretrain_inputs and not self.pretrains:
             raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+        if "retrieval" not in self.tasks or set(self.tasks) - {"retrieval", "qa"}:
+            raise ValueError(f"{self.name}: tasks are retrieval and optionally qa, got {self.tasks}")
         if bool(self.pretrain_inputs) != bool(self.pretraining):
             raise ValueError(f"{self.name}: pretrain_inputs and a pretraining hook go together")
 
