@@ -283,8 +283,8 @@ def pair_scorer_of(fam: Family, model: nn.Module) -> PairScorer | None:
 
 class TwoTowerMethods:
     """The evaluation methods of a family whose module keeps its unimodal towers behind :meth:`towers` (an object
-    whose ``encode_video`` / ``encode_text`` return ``(unit-norm feature, output with .tokens)``), ranks by the
-    cosine similarity of the features, and whose QA module's forward returns the answer scores (ALPRO, ALBEF)."""
+    whose ``encode_video`` / ``encode_text`` return ``(unit-norm feature, output with .tokens)``) and ranks by the
+    cosine similarity of the features (ALPRO, ALBEF)."""
 
     def towers(self, model: nn.Module) -> Any:
         raise NotImplementedError
@@ -300,6 +300,11 @@ class TwoTowerMethods:
     def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
         """Cosine similarity of the projected [CLS] features (what the contrastive loss trains)."""
         return texts.feat @ videos.feat.t()
+
+
+class ForwardAnswers:
+    """``qa_logits`` of a family whose QA module's forward returns the ``(B, A)`` answer scores (ALPRO, ALBEF); a
+    family without QA leaves this out (:func:`answers_questions`)."""
 
     def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return model(video, input_ids, attention_mask)

@@ -43,6 +43,7 @@ from vlp import losses
 from vlp.losses import distill
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import (
+    ForwardAnswers,
     Kinds,
     LrGroups,
     PretrainBatch,
@@ -559,7 +560,7 @@ if TYPE_CHECKING:
 _VIT_FIELDS = {f.name for f in fields(FrameViTConfig)}
 
 
-class AlbefFamily(TwoTowerMethods):
+class AlbefFamily(TwoTowerMethods, ForwardAnswers):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"

@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from vlp import losses
 from vlp.models.alpro.spec import AlproSettings
 from vlp.models.family import (
+    ForwardAnswers,
     Kinds,
     LrGroups,
     PretrainBatch,
@@ -461,7 +462,7 @@ def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) 
     return video, text
 
 
-class AlproFamily(TwoTowerMethods):
+class AlproFamily(TwoTowerMethods, ForwardAnswers):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
