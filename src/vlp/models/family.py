@@ -310,6 +310,24 @@ class ForwardAnswers:
         return model(video, input_ids, attention_mask)
 
 
+def retrieval_section(section: RetrievalConfig | QAConfig) -> RetrievalConfig:
+    """``section`` as the ``retrieval`` section ``task_config`` reads for retrieval (a TypeError otherwise: a bug)."""
+    from vlp.train.settings import RetrievalConfig
+
+    if not isinstance(section, RetrievalConfig):
+        raise TypeError(f"retrieval fine-tuning reads the retrieval section, got {type(section).__name__}")
+    return section
+
+
+def qa_section(section: RetrievalConfig | QAConfig) -> QAConfig:
+    """``section`` as the ``qa`` section ``task_config`` reads for QA (a TypeError otherwise: a bug)."""
+    from vlp.train.settings import QAConfig
+
+    if not isinstance(section, QAConfig):
+        raise TypeError(f"QA fine-tuning reads the qa section, got {type(section).__name__}")
+    return section
+
+
 RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
 
 

@@ -55,6 +55,8 @@ from vlp.models.family import (
     generator_on,
     init_revisions,
     preset_weights,
+    qa_section,
+    retrieval_section,
     rgb,
 )
 from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
@@ -555,7 +557,7 @@ def _mlm(
 
 PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 _VIT_FIELDS = {f.name for f in fields(FrameViTConfig)}
 
@@ -618,13 +620,20 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
             return AlbefQA(config, num_answers)
         raise ValueError(f"ALBEF has no {kind!r} model; its kinds are {self.kinds.all()}")
 
-    def task_config(self, config: AlbefConfig, task: Task, section: Any) -> AlbefConfig:
+    def task_config(self, config: AlbefConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlbefConfig:
         """Retrieval fine-tuning: ITC + ITM (the section's losses: contrastive is ITC, matching ITM) with
         distillation, and the section's negative and same-clip rules (``same_clip_contrastive`` is ``same_video``,
         which rules ITM's negatives too; ALBEF has no ``same_clip_matching`` of its own)."""
         if task == "qa":  # the code ramps alpha over the first QA epoch too
-            qa = {"answer_len": section.answer_len, "answer_topk": section.answer_topk}
-            return replace(config, alpha_ramp_steps=-1, queue_size=0, **qa)  # QA has no queue (nor ITC)
+            section = qa_section(section)
+            return replace(
+                config,
+                alpha_ramp_steps=-1,
+                queue_size=0,
+                answer_len=section.answer_len,
+                answer_topk=section.answer_topk,
+            )  # QA has no queue (nor ITC)
+        section = retrieval_section(section)
         terms = {"contrastive": "itc", "matching": "itm"}
         return replace(
             config,

@@ -50,13 +50,14 @@ from vlp.models.family import (
     generator_on,
     init_revisions,
     preset_weights,
+    retrieval_section,
     rgb,
 )
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
 
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
 
@@ -517,12 +518,13 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             return Alpro(config)
         raise ValueError(f"ALPRO has no {kind!r} model; its kinds are {self.kinds.all()}")
 
-    def task_config(self, config: AlproConfig, task: Task, section: Any) -> AlproConfig:
+    def task_config(self, config: AlproConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlproConfig:
         """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses (contrastive: VTC,
         matching: VTM) and its VTM negative and same-clip rules from ``section``; QA keeps the towers and the fusion
         only."""
         if task == "qa":
             return replace(config, num_entities=0, losses=("vtc",))
+        section = retrieval_section(section)
         terms = {"contrastive": "vtc", "matching": "vtm"}
         return replace(
             config,

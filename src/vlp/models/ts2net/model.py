@@ -41,13 +41,23 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp.losses import frames as frame_losses
-from vlp.models.family import Encoded, Kinds, LrGroups, PretrainBatch, StepContext, Task, init_revisions, preset_weights
+from vlp.models.family import (
+    Encoded,
+    Kinds,
+    LrGroups,
+    PretrainBatch,
+    StepContext,
+    Task,
+    init_revisions,
+    preset_weights,
+    retrieval_section,
+)
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.ts2net.spec import TS2NetSettings
 
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -490,10 +500,11 @@ class TS2NetFamily:
             return TS2Net(config)
         raise ValueError(f"TS2-Net is a retrieval model; it has no {kind!r} model (its kinds: {self.kinds.all()})")
 
-    def task_config(self, config: TS2NetConfig, task: Task, section: Any) -> TS2NetConfig:
+    def task_config(self, config: TS2NetConfig, task: Task, section: RetrievalConfig | QAConfig) -> TS2NetConfig:
         if task != "retrieval":
             raise ValueError("TS2-Net is a text-video retrieval model: it has no QA head (finetune-qa needs ALPRO or "
                              "ALBEF)")  # fmt: skip
+        section = retrieval_section(section)
         unknown = sorted(set(section.losses) - {"contrastive"})
         if unknown:
             log.warning("ts2net: retrieval.losses %s ignored: TS2-Net trains its contrastive loss only", unknown)
