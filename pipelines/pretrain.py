@@ -3,9 +3,10 @@ family, ALPRO; ``vlp-pretrain-<family>`` for the others, e.g. ``vlp-pretrain-alb
 
 synth (or an existing raw dataset) -> ingest -> extract_frames, [when the family's ``pretrain_inputs`` ask for
 them: mine_entities -> pretrain_prompter -> build_prompt_bank] -> pretrain (the DAG's model family) ->
-finetune_retrieval -> evaluate_retrieval and finetune_qa -> evaluate_qa in parallel -> report. An MLflow parent
-run opens first and an exit handler closes it FINISHED or FAILED. Per-step resources, images, caching and retries
-come from a :class:`pipelines.config.PipelineConfig`, never from the environment at compile time.
+finetune_retrieval -> evaluate_retrieval and, for a family with QA (its spec's ``tasks``), finetune_qa ->
+evaluate_qa in parallel -> report. An MLflow parent run opens first and an exit handler closes it FINISHED or
+FAILED. Per-step resources, images, caching and retries come from a :class:`pipelines.config.PipelineConfig`,
+never from the environment at compile time.
 """
 
 from typing import Any
@@ -75,7 +76,7 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
                 dataset=ds, frames=fr, **inputs, family=family, **stored, **scale(cfg, "pretrain")
             )
             pretrained = configure(model, cfg, "pretrain").outputs["model"]
-            branches = _downstream(cfg, ds, fr, pretrained, stored) if cfg.downstream else {}
+            branches = _downstream(cfg, known[family].tasks, ds, fr, pretrained, stored) if cfg.downstream else {}
             summary = reporting.report(
                 pretrained=pretrained,
                 **common,
@@ -88,13 +89,18 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
     return vlp_pretrain
 
 
-def _downstream(cfg: PipelineConfig, ds: Any, fr: Any, pretrained: Any, stored: dict[str, Any]) -> dict[str, Any]:
-    """finetune_<task> -> evaluate_<task> for retrieval and QA (parallel); the report's inputs."""
+def _downstream(
+    cfg: PipelineConfig, tasks: tuple[str, ...], ds: Any, fr: Any, pretrained: Any, stored: dict[str, Any]
+) -> dict[str, Any]:
+    """finetune_<task> -> evaluate_<task> for each of the family's ``tasks`` (retrieval, QA: in parallel); the
+    report's inputs."""
     branches: dict[str, Any] = {}
     for task, finetune, evaluate in (
         ("retrieval", training.finetune_retrieval, evaluation.evaluate_retrieval),
         ("qa", training.finetune_qa, evaluation.evaluate_qa),
     ):
+        if task not in tasks:
+            continue
         tuned = finetune(dataset=ds, frames=fr, pretrained=pretrained, **stored, **scale(cfg, f"finetune_{task}"))
         model = configure(tuned, cfg, f"finetune_{task}").outputs["model"]
         scored = configure(evaluate(dataset=ds, frames=fr, model=model, **stored), cfg, f"evaluate_{task}")

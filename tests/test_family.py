@@ -45,19 +45,32 @@ def test_the_mapping_names_every_family_and_each_meets_the_interface():
         family.of_kind("clip_retrieval")
 
 
-HOOKS = {name: f for name, f in vars(family.Family).items() if inspect.isfunction(f) and not name.startswith("_")}
+def hooks_of(protocol: type) -> dict[str, typing.Any]:
+    """The methods ``protocol`` itself declares (not those of the protocols it extends)."""
+    return {name: f for name, f in vars(protocol).items() if inspect.isfunction(f) and not name.startswith("_")}
+
+
+HOOKS = hooks_of(family.Family)
+CAPABILITIES = {
+    family.AnswersQuestions: hooks_of(family.AnswersQuestions),
+    family.PairScorer: hooks_of(family.PairScorer),
+}
 
 
 def signature_problems(fam: object) -> list[str]:
-    """Where ``fam`` departs from :class:`family.Family`: a data attribute of the wrong type, or a hook whose
-    parameters (names, kinds, defaults; ``self`` aside) are not the protocol's. ``isinstance`` against the
-    ``runtime_checkable`` protocol checks only that the names exist."""
+    """Where ``fam`` departs from :class:`family.Family` and the optional capabilities it has: a data attribute of
+    the wrong type, or a hook whose parameters (names, kinds, defaults; ``self`` aside) are not the protocol's.
+    ``isinstance`` against a ``runtime_checkable`` protocol checks only that the names exist."""
     problems = []
     for attr, kind in typing.get_type_hints(family.Family).items():
         origin = typing.get_origin(kind) or kind
         if not isinstance(getattr(fam, attr, None), origin):
             problems.append(f"{attr}: {getattr(fam, attr, None)!r} is not a {kind}")
-    for hook, proto in HOOKS.items():
+    hooks = dict(HOOKS)
+    for capability, its_hooks in CAPABILITIES.items():
+        if isinstance(fam, capability):
+            hooks |= its_hooks
+    for hook, proto in hooks.items():
         want = [(p.name, p.kind, p.default) for p in list(inspect.signature(proto).parameters.values())[1:]]
         method = getattr(fam, hook, None)
         got = [(p.name, p.kind, p.default) for p in inspect.signature(method).parameters.values()] if method else None
@@ -68,8 +81,39 @@ def signature_problems(fam: object) -> list[str]:
 
 @pytest.mark.parametrize("name", family.names())
 def test_every_hook_of_every_family_has_the_protocols_signature(name):
-    assert {"train_step", "qa_step", "similarity", "pair_logits", "config", "build"} <= set(HOOKS)
+    assert {"train_step", "similarity", "config", "build"} <= set(HOOKS)
+    assert set(CAPABILITIES[family.AnswersQuestions]) == {"set_answers", "qa_step", "qa_logits"}
+    assert set(CAPABILITIES[family.PairScorer]) == {"reranks", "pair_logits"}
     assert signature_problems(family.get(name)) == []
+
+
+def test_qa_and_re_ranking_are_capabilities_a_family_has_or_lacks_and_the_helpers_say_which(tok):
+    """ALPRO and ALBEF answer questions and re-rank; TS2-Net does neither and defines none of those methods:
+    :func:`family.qa_of` refuses it with a message that says what to run, :func:`family.pair_scorer_of` gives None."""
+    has = {name: (isinstance(f, family.AnswersQuestions), isinstance(f, family.PairScorer))
+           for name, f in family.families().items()}  # fmt: skip
+    assert has == {"albef": (True, True), "alpro": (True, True), "ts2net": (False, False)}
+    assert all(family.answers_questions(f) == bool(f.kinds.qa) for f in family.families().values())
+    assert family.qa_of(FAMILY) is FAMILY
+    with pytest.raises(ValueError, match=r"^model family ts2net has no QA model: .*\(albef, alpro\).*evaluate-retri"):
+        family.qa_of(family.get("ts2net"))
+    with_vtm = Alpro(AlproConfig.tiny(vocab_size=len(tok), losses=("vtc", "vtm")))
+    assert family.pair_scorer_of(FAMILY, with_vtm) is FAMILY
+    assert family.pair_scorer_of(FAMILY, Alpro(AlproConfig.tiny(vocab_size=len(tok), losses=("vtc",)))) is None
+    assert family.pair_scorer_of(family.get("ts2net"), with_vtm) is None
+
+
+def test_a_family_whose_qa_kind_and_methods_disagree_is_refused_as_broken():
+    class NoQAMethods(type(family.get("ts2net"))):
+        kinds = Kinds("x_pre", "x_ret", qa="x_qa")
+
+    class QAMethodsWithoutKind(type(family.get("alpro"))):
+        kinds = Kinds("y_pre", "y_ret", qa="")
+
+    with pytest.raises(TypeError, match=r"kinds\.qa is 'x_qa' but it lacks \['set_answers', 'qa_step', 'qa_logits'\]"):
+        family.qa_of(NoQAMethods())
+    with pytest.raises(TypeError, match=r"kinds\.qa is '' but it has QA methods"):
+        family.answers_questions(QAMethodsWithoutKind())
 
 
 def test_a_family_with_the_right_names_but_wrong_signatures_is_caught():

@@ -206,7 +206,8 @@ def encode(fam: Any, model: torch.nn.Module, batch: PretrainBatch) -> tuple[torc
 def check_shapes(name: str, role: str, tok: Any) -> None:
     """``encode_video`` / ``encode_text`` give :class:`Encoded` ``(B, D)`` features of one width with token
     sequences (a text mask); ``similarity`` is ``(texts, videos)``; ``pair_logits`` is ``(P, 2)`` where the family
-    re-ranks."""
+    re-ranks (:func:`family.pair_scorer_of`); ``kinds.qa`` names a QA kind, and the spec's ``tasks`` list QA, exactly
+    when the family has the QA methods (:func:`family.answers_questions` raises on the first mismatch)."""
     fam = family.get(name)
     _, model = build(name, role, tok)
     model.eval()
@@ -221,9 +222,11 @@ def check_shapes(name: str, role: str, tok: Any) -> None:
         assert videos.tokens.ndim == 3 and videos.tokens.shape[0] == 4
         assert texts.tokens.shape[:2] == (3, MAX_LEN) and texts.mask.shape == (3, MAX_LEN)
         assert sim.shape == (3, 4) and torch.isfinite(sim).all()
-        if fam.reranks(model):
-            logits = fam.pair_logits(model, texts.tokens[[0, 1, 2]], texts.mask[[0, 1, 2]], videos.tokens[[3, 0, 1]])
+        scorer = family.pair_scorer_of(fam, model)
+        if scorer is not None:
+            logits = scorer.pair_logits(model, texts.tokens[[0, 1, 2]], texts.mask[[0, 1, 2]], videos.tokens[[3, 0, 1]])
             assert logits.shape == (3, 2) and torch.isfinite(logits).all()
+    assert family.answers_questions(fam) == bool(fam.kinds.qa) == ("qa" in family.spec(name).tasks)
 
 
 class Killed(RuntimeError):

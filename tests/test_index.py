@@ -24,7 +24,7 @@ from vlp.data import manifest
 from vlp.data.frames import FrameStore
 from vlp.eval.retrieval import topk_rerank
 from vlp.index.build import index_clips
-from vlp.index.query import Searcher, reranks
+from vlp.index.query import Searcher
 from vlp.index.store import TABLE, ClipIndex
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
@@ -117,7 +117,7 @@ def evaluate_row(world: dict[str, str], model: str, query: str, cfg: Config) -> 
     text = encode_texts(fam, net, tok, [query], text_length(rc, info.config), rc.eval_batch_size)
     sim = fam.similarity(net, text, videos)
     scores = sim
-    if reranks(fam, net):
+    if family.pair_scorer_of(fam, net) is not None:
         scores = topk_rerank(sim, rc.rerank_k, pair_scorer(fam, net, text, videos), rc.eval_batch_size,
                              rule=rc.score_rule).scores  # fmt: skip
     return {v: (float(scores[0, i]), float(sim[0, i])) for i, v in enumerate(ids)}
@@ -127,7 +127,7 @@ def evaluate_row(world: dict[str, str], model: str, query: str, cfg: Config) -> 
 def test_search_scores_and_ranks_a_query_as_evaluate_retrieval_does(name, world, models, test_index):
     cfg = config()
     searcher = Searcher(test_index[name], cfg)
-    assert reranks(searcher.fam, searcher.net) is (name != "ts2net")
+    assert (family.pair_scorer_of(searcher.fam, searcher.net) is None) is (name == "ts2net")
     for query in (captions(world["dataset"])[0], "a red star moving left over sand"):
         want = evaluate_row(world, models[name], query, cfg)
         hits = searcher.search(query, k=len(want))

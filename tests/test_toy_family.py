@@ -8,7 +8,7 @@ import json
 import math
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -93,7 +93,8 @@ class ToyDualEncoder(nn.Module):
 
 
 class ToyFamily:
-    """The toy as a :class:`vlp.models.family.Family`: contrastive retrieval only, ranked by cosine similarity."""
+    """The toy as a :class:`vlp.models.family.Family`: contrastive retrieval only, ranked by cosine similarity (no QA
+    model, no pair scorer: it defines neither capability's methods)."""
 
     name = NAME
     kinds = Kinds(pretrained="toy_pretrained", retrieval="toy_retrieval", qa="")
@@ -148,15 +149,6 @@ class ToyFamily:
         loss = losses.vtc_loss(video, text, temp, gather=ctx.gather, rank=ctx.rank)
         return {"loss": loss, "loss_vtc": loss.detach(), "temp": temp.detach()}
 
-    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
-        raise ValueError("the toy family has no QA model")
-
-    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
-        raise ValueError("the toy family has no QA model")
-
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        raise ValueError("the toy family has no QA model")
-
     def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
         feat, frames = model.encode_video(video)
         return Encoded(feat, frames)
@@ -168,15 +160,10 @@ class ToyFamily:
     def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
         return texts.feat @ videos.feat.t()
 
-    def reranks(self, model: nn.Module) -> bool:
-        return False
-
-    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        raise ValueError("the toy family ranks by its similarity; it has no pair scorer")
-
 
 FAMILY = ToyFamily()
-SPEC = FamilySpec(name=NAME, title="Toy", paper="(a test)", settings=ToySettings, load=lambda: FAMILY, pretrains=False)
+SPEC = FamilySpec(name=NAME, title="Toy", paper="(a test)", settings=ToySettings, load=lambda: FAMILY, pretrains=False,
+                  tasks=("retrieval",))  # fmt: skip
 
 
 @pytest.fixture
@@ -196,6 +183,7 @@ def tok() -> Any:
 
 def test_the_toy_joins_the_registry_and_leaves_it(toy):
     assert family.names()[-1] == NAME and family.get(NAME) is FAMILY and isinstance(FAMILY, family.Family)
+    assert not isinstance(FAMILY, family.AnswersQuestions | family.PairScorer)
     assert family.of_kind("toy_retrieval") is FAMILY and not family.spec(NAME).pretrains
     from vlp.config import load_config
 
@@ -212,7 +200,7 @@ def test_the_toy_meets_the_family_contract(toy, tok, tmp_path):
     check_resume(NAME, "retrieval", tok, tmp_path / "resume")
 
 
-def test_finetune_then_evaluate_the_toy_through_the_cli(toy, tiny_world, tmp_path):
+def test_finetune_then_evaluate_the_toy_through_the_cli(toy, tiny_world, tmp_path, capsys):
     from vlp.cli import main
 
     ft, ev = tmp_path / "ft", tmp_path / "ev"
@@ -229,6 +217,9 @@ def test_finetune_then_evaluate_the_toy_through_the_cli(toy, tiny_world, tmp_pat
         assert 0 <= m[f"{direction}_r1"] <= m[f"{direction}_r5"] <= m[f"{direction}_r10"] <= 100
     assert m["t2v_r1"] == m["vtc_t2v_r1"] and m["pairs_scored"] == 0 and "vtm_loss" not in m  # no re-ranking
     assert m["num_texts"] > 0 and math.isfinite(m["t2v_meanr"]) and (ev / "report.html").stat().st_size > 0
+    qa = tmp_path / "qa"
+    assert main(["finetune-qa", *data, "--pretrained", str(ft), "--out", str(qa)]) == 2  # it has no QA model
+    assert f"model family {NAME} has no QA model" in capsys.readouterr().err and not qa.exists()
 
 
 def test_the_cli_offers_the_toy_where_it_fits(toy, capsys, tmp_path):
@@ -271,3 +262,23 @@ def test_no_shared_file_names_the_toy():
              for path in sorted((ROOT / where).rglob("*")) if path.is_file() and path.suffix in (".py", ".yaml", ".md")
              and re.search(rf"\b{NAME}\b", path.read_text(encoding="utf-8"), re.IGNORECASE)]  # fmt: skip
     assert found == []
+
+
+def test_a_pre_training_family_without_qa_gets_a_dag_without_the_qa_branch(tmp_path):
+    """The pre-training DAG fine-tunes and evaluates the tasks the family's spec lists: a toy that pre-trains but
+    has no QA model gets the retrieval branch alone, and its DAG is compiled from the spec, without the family."""
+    from kfp import compiler
+
+    from pipelines import config as pipeline_config
+    from pipelines import pretrain
+
+    spec = replace(SPEC, name=f"{NAME}_pre", pretrains=True)
+    family.register(spec)
+    try:
+        compiler.Compiler().compile(pretrain.build(pipeline_config.load(pipeline_config.CONFIG_DIR / "default.yaml"),
+                                                   spec.name), str(tmp_path / "dag.yaml"))  # fmt: skip
+    finally:
+        family.unregister(spec.name)
+    dag = (tmp_path / "dag.yaml").read_text(encoding="utf-8")
+    assert "finetune-retrieval" in dag and "evaluate-retrieval" in dag and "pretrain" in dag
+    assert "finetune-qa" not in dag and "evaluate-qa" not in dag

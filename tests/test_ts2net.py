@@ -390,17 +390,34 @@ def test_finetune_retrieval_starts_ts2net_from_the_model_section_and_evaluates(t
     assert r["t2v_meanr"] != m["t2v_meanr"]  # the test set's own statistics moved the ranking
 
 
-def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path):
+def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path, capsys):
+    """Neither QA step calls into TS2-Net: both refuse its model, saying what to run instead, before writing."""
+    from vlp.cli import main
+    from vlp.models import family
+    from vlp.steps.evaluate import evaluate_qa
     from vlp.steps.finetune import finetune_qa, finetune_retrieval
     from vlp.steps.pretrain import pretrain
 
+    fam = family.get("ts2net")
+    assert fam.kinds.qa == "" and not isinstance(fam, family.AnswersQuestions | family.PairScorer)
+    assert not any(hasattr(fam, m) for m in ("set_answers", "qa_step", "qa_logits", "reranks", "pair_logits"))
     cfg = _steps_cfg()
     with pytest.raises(ValueError, match="ts2net is not pre-trained"):
         pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / "pre"), cfg)
     out = str(tmp_path / "ret")
     finetune_retrieval(tiny_world["dataset"], tiny_world["frames"], "", out, _steps_cfg("retrieval.max_steps=1"))
-    with pytest.raises(ValueError, match="no QA head"):
-        finetune_qa(tiny_world["dataset"], tiny_world["frames"], out, str(tmp_path / "qa"), cfg)
+    said = (r"model family ts2net has no QA model: finetune-qa and evaluate-qa need a model of a family that has one "
+            r"\(albef, alpro\); a ts2net model \(ts2net_clip, ts2net_retrieval\) is for retrieval: "
+            r"`vlp finetune-retrieval` and `vlp evaluate-retrieval`")  # fmt: skip
+    for step in (finetune_qa, evaluate_qa):
+        with pytest.raises(ValueError, match=said):
+            step(tiny_world["dataset"], tiny_world["frames"], out, str(tmp_path / step.__name__), cfg)
+        assert not (tmp_path / step.__name__).exists()
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    where = ["--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--config", str(tiny)]
+    assert main(["evaluate-qa", *where, "--model", out, "--out", str(tmp_path / "cli")]) == 2
+    assert "error: model family ts2net has no QA model" in capsys.readouterr().err
+    assert not (tmp_path / "cli").exists()
 
 
 def test_the_msrvtt_config_is_the_papers_and_codes_row():

@@ -174,7 +174,8 @@ def verdict(
 def ranking_is_similarity(metrics: Mapping[str, Any]) -> bool | None:
     """Whether the main ranking of a retrieval evaluation is, by definition, the similarity ranking it also stores
     as ``vtc_*``: True when ``evaluate-retrieval`` recorded no fused re-ranking pass (``pairs_scored == 0``: the
-    family's ``reranks`` is False, e.g. TS2-Net) and no test-time re-scoring (no ``rescored`` flag, which
+    family has no pair scorer, e.g. TS2-Net, or the model's ``reranks`` is False) and no test-time re-scoring (no
+    ``rescored`` flag, which
     :func:`vlp.eval.retrieval.rescored_metrics` sets); False when either happened; None when ``metrics`` do not say
     (no ``pairs_scored``). Decided from how the figures were made, never by comparing them."""
     if "pairs_scored" not in metrics:

@@ -38,12 +38,6 @@ class Hit:
         return asdict(self)
 
 
-def reranks(fam: Any, model: Any) -> bool:
-    """Whether the family re-ranks with a fused pair scorer for ``model`` (False for a family without one)."""
-    check = getattr(fam, "reranks", None)
-    return bool(check(model)) if callable(check) and callable(getattr(fam, "pair_logits", None)) else False
-
-
 class Searcher:
     """An index with the model that built it, loaded once, for any number of queries.
 
@@ -81,7 +75,7 @@ class Searcher:
             ValueError: an empty query, or ``k`` outside ``1..MAX_K``.
         """
         from vlp.eval.retrieval import topk_rerank
-        from vlp.models.family import Encoded
+        from vlp.models.family import Encoded, pair_scorer_of
         from vlp.steps.encode import encode_texts, pair_scorer
 
         if not query.strip():
@@ -96,9 +90,10 @@ class Searcher:
         clips = Encoded(torch.from_numpy(vectors), self._tokens(ids, tokens))
         sim = fam.similarity(net, text, clips).float().cpu()  # (1, C)
         score = sim[0].clone()
-        if reranks(fam, net):
+        fused_pass = pair_scorer_of(fam, net)  # None: the similarity ranking is final
+        if fused_pass is not None:
             top = sim[0].topk(min(rc.rerank_k, len(ids))).indices
-            scorer = pair_scorer(fam, net, text, Encoded(clips.feat[top], clips.tokens[top]))
+            scorer = pair_scorer(fused_pass, net, text, Encoded(clips.feat[top], clips.tokens[top]))
             fused = topk_rerank(sim[:, top], len(top), scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
             score = torch.full_like(score, float("-inf"))
             score[top] = fused.scores[0]

@@ -5,7 +5,8 @@ its :class:`FamilySpec`: the name, its own config section (``model.<name>``, a d
 :class:`Family` object lives, and whether ``vlp pretrain`` trains it. The registry finds every such package; the
 CLI's choices, the compiled pre-training DAGs, ``import-checkpoint --family auto`` and the docs table all read it.
 A family defined elsewhere (a test, a user's package) joins with :func:`register`. Shared code takes the family
-from the registry and calls the methods below; it names no family.
+from the registry and calls the methods below, an optional capability's only through the helper that asks for it;
+it names no family.
 
 The contract, in the order a model's life uses it:
 
@@ -26,13 +27,25 @@ The contract, in the order a model's life uses it:
   the checkpoint entries it skipped).
 - ``train_step(model, batch, ctx)`` -> ``{"loss": ..., "loss_<term>": ...}`` for one pre-training or
   retrieval fine-tuning batch (the module's ``forward`` returns typed outputs; the family's loss functions
-  take them); ``set_answers(model, answers, tokenizer)`` gives a QA model its answer list, ``qa_step(model,
-  batch, ctx)`` is one QA fine-tuning step's losses (ALPRO: a classifier's cross-entropy; ALBEF: the answer
-  decoder's LM loss), ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores at evaluation.
+  take them).
 - ``encode_video`` / ``encode_text`` -> :class:`Encoded`; ``similarity(model, texts, videos)`` -> the ``(T, V)``
-  unimodal score matrix that ranks candidates; ``pair_logits(model, text_tokens, text_mask, video_tokens)`` ->
-  ``(P, 2)`` match logits of a fused re-ranking pass, used when ``reranks(model)`` (a dot-product family
-  returns False and evaluation ranks by ``similarity`` alone).
+  unimodal score matrix that ranks candidates.
+
+Two capabilities are optional, each a protocol of its own that a family meets by having its methods; a family
+without one does not define them (no method that only raises):
+
+- :class:`AnswersQuestions`, a QA model (``kinds.qa`` names its kind; ``""`` = none, TS2-Net):
+  ``set_answers(model, answers, tokenizer)`` gives a QA model its answer list, ``qa_step(model, batch, ctx)`` is
+  one QA fine-tuning step's losses (ALPRO: a classifier's cross-entropy; ALBEF: the answer decoder's LM loss),
+  ``qa_logits(model, video, ids, mask)`` -> ``(B, A)`` answer scores at evaluation. The steps take it through
+  :func:`qa_of`, which refuses a family without one with a message that says what to run instead.
+- :class:`PairScorer`, a fused re-ranking pass: ``pair_logits(model, text_tokens, text_mask, video_tokens)`` ->
+  ``(P, 2)`` match logits, used when ``reranks(model)`` (a model trained without the match head returns False).
+  Evaluation takes it through :func:`pair_scorer_of`; without one (TS2-Net, a dot-product family) it ranks by
+  ``similarity`` alone.
+
+The protocols are generic in the family's own config class (``Family[TS2NetConfig]``); each family module assigns
+its family object to the protocols it meets under ``TYPE_CHECKING``, so mypy holds it to their signatures.
 
 Modules never see a tokenizer: what MLM needs from it travels as a :class:`TextVocab`.
 """
@@ -45,7 +58,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 if TYPE_CHECKING:  # the CLI and the config loader read the registry without importing torch
     from torch import Tensor, nn
@@ -53,6 +66,7 @@ if TYPE_CHECKING:  # the CLI and the config loader read the registry without imp
     from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 Task = Literal["retrieval", "qa"]
+_T = TypeVar("_T")
 
 
 class Kinds(NamedTuple):
@@ -60,7 +74,7 @@ class Kinds(NamedTuple):
 
     pretrained: str  # what ``vlp pretrain`` writes (zero-shot retrieval evaluates it)
     retrieval: str  # ``vlp finetune-retrieval``
-    qa: str  # ``vlp finetune-qa``
+    qa: str  # ``vlp finetune-qa``; "" = the family has no QA model (it is no :class:`AnswersQuestions`)
     prompter: str = ""  # ALPRO's frozen VTC prompter (``vlp pretrain-prompter``); "" = the family has none
 
     def all(self) -> tuple[str, ...]:
@@ -171,9 +185,15 @@ class FamilyConfig(Protocol):
     def text(self) -> _TextShape: ...
 
 
+ConfigT = TypeVar("ConfigT", bound=FamilyConfig)
+
+
 @runtime_checkable
-class Family(Protocol):
-    """What a model family provides (see the module docstring for the order of use)."""
+class Family(Protocol[ConfigT]):
+    """What every model family provides (see the module docstring for the order of use), generic in its own config
+    class (``Family[AlproConfig]``; shared code, which never reads more than :class:`FamilyConfig`, writes
+    ``Family``). A family with a QA model also meets :class:`AnswersQuestions`, one with a fused re-ranking pass
+    :class:`PairScorer`."""
 
     name: str
     kinds: Kinds
@@ -182,25 +202,19 @@ class Family(Protocol):
 
     def weights(self, model: ModelConfig) -> tuple[str, str]: ...
 
-    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> FamilyConfig: ...
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> ConfigT: ...
 
-    def config_from_dict(self, data: dict[str, Any]) -> FamilyConfig: ...
+    def config_from_dict(self, data: dict[str, Any]) -> ConfigT: ...
 
-    def build(self, kind: str, config: FamilyConfig, num_answers: int = 0) -> nn.Module: ...
+    def build(self, kind: str, config: ConfigT, num_answers: int = 0) -> nn.Module: ...
 
-    def task_config(self, config: FamilyConfig, task: Task, section: RetrievalConfig | QAConfig) -> FamilyConfig: ...
+    def task_config(self, config: ConfigT, task: Task, section: RetrievalConfig | QAConfig) -> ConfigT: ...
 
-    def prepare(self, config: FamilyConfig, batches_per_epoch: int, global_batch: int) -> FamilyConfig: ...
+    def prepare(self, config: ConfigT, batches_per_epoch: int, global_batch: int) -> ConfigT: ...
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]: ...
 
     def train_step(self, model: nn.Module, batch: PretrainBatch, ctx: StepContext) -> dict[str, Tensor]: ...
-
-    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None: ...
-
-    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]: ...
-
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor: ...
 
     def encode_video(self, model: nn.Module, video: Tensor) -> Encoded: ...
 
@@ -208,15 +222,69 @@ class Family(Protocol):
 
     def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor: ...
 
+
+@runtime_checkable
+class AnswersQuestions(Family[ConfigT], Protocol[ConfigT]):
+    """A family with a QA model (``kinds.qa`` names its kind): what ``finetune-qa`` and ``evaluate-qa`` call.
+    Shared code gets it through :func:`qa_of`, never by assuming a family has it."""
+
+    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None: ...
+
+    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]: ...
+
+    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor: ...
+
+
+@runtime_checkable
+class PairScorer(Family[ConfigT], Protocol[ConfigT]):
+    """A family with a fused pass that scores (text, clip) pairs, which re-ranks the similarity's top candidates
+    when a model has it (``reranks``). Shared code gets it through :func:`pair_scorer_of`."""
+
     def reranks(self, model: nn.Module) -> bool: ...
 
     def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor: ...
 
 
+def answers_questions(fam: Family) -> bool:
+    """Whether ``fam`` has a QA model. A family whose ``kinds.qa`` and methods disagree is broken: a TypeError."""
+    has = isinstance(fam, AnswersQuestions)
+    if has != bool(fam.kinds.qa):
+        missing = [m for m in ("set_answers", "qa_step", "qa_logits") if not callable(getattr(fam, m, None))]
+        raise TypeError(
+            f"model family {fam.name}: kinds.qa is {fam.kinds.qa!r} but "
+            + (f"it lacks {missing}" if missing else "it has QA methods (a family without QA sets kinds.qa='')")
+        )
+    return has
+
+
+def qa_of(fam: Family) -> AnswersQuestions:
+    """``fam`` as a family with a QA model, what ``finetune-qa`` and ``evaluate-qa`` use.
+
+    Raises:
+        ValueError: the family has no QA model; the message names the families that have one and what ``fam``'s
+            models are for instead.
+    """
+    if answers_questions(fam):
+        return cast(AnswersQuestions, fam)  # what answers_questions checked
+    with_qa = sorted(name for name, other in families().items() if answers_questions(other))
+    made = [k for k in (fam.kinds.pretrained, fam.kinds.retrieval) if k]
+    raise ValueError(
+        f"model family {fam.name} has no QA model: finetune-qa and evaluate-qa need a model of a family that has "
+        f"one ({', '.join(with_qa) or 'none is registered'}); a {fam.name} model ({', '.join(made)}) is for "
+        "retrieval: `vlp finetune-retrieval` and `vlp evaluate-retrieval`"
+    )
+
+
+def pair_scorer_of(fam: Family, model: nn.Module) -> PairScorer | None:
+    """``fam`` as the pair scorer that re-ranks ``model``'s similarity ranking, or None when the ranking is final
+    (a family without a fused pass, or a model trained without its match head)."""
+    return fam if isinstance(fam, PairScorer) and fam.reranks(model) else None
+
+
 class TwoTowerMethods:
     """The evaluation methods of a family whose module keeps its unimodal towers behind :meth:`towers` (an object
-    whose ``encode_video`` / ``encode_text`` return ``(unit-norm feature, output with .tokens)``), ranks by the
-    cosine similarity of the features, and whose QA module's forward returns the answer scores (ALPRO, ALBEF)."""
+    whose ``encode_video`` / ``encode_text`` return ``(unit-norm feature, output with .tokens)``) and ranks by the
+    cosine similarity of the features (ALPRO, ALBEF)."""
 
     def towers(self, model: nn.Module) -> Any:
         raise NotImplementedError
@@ -233,8 +301,31 @@ class TwoTowerMethods:
         """Cosine similarity of the projected [CLS] features (what the contrastive loss trains)."""
         return texts.feat @ videos.feat.t()
 
+
+class ForwardAnswers:
+    """``qa_logits`` of a family whose QA module's forward returns the ``(B, A)`` answer scores (ALPRO, ALBEF); a
+    family without QA leaves this out (:func:`answers_questions`)."""
+
     def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         return model(video, input_ids, attention_mask)
+
+
+def retrieval_section(section: RetrievalConfig | QAConfig) -> RetrievalConfig:
+    """``section`` as the ``retrieval`` section ``task_config`` reads for retrieval (a TypeError otherwise: a bug)."""
+    from vlp.train.settings import RetrievalConfig
+
+    if not isinstance(section, RetrievalConfig):
+        raise TypeError(f"retrieval fine-tuning reads the retrieval section, got {type(section).__name__}")
+    return section
+
+
+def qa_section(section: RetrievalConfig | QAConfig) -> QAConfig:
+    """``section`` as the ``qa`` section ``task_config`` reads for QA (a TypeError otherwise: a bug)."""
+    from vlp.train.settings import QAConfig
+
+    if not isinstance(section, QAConfig):
+        raise TypeError(f"QA fine-tuning reads the qa section, got {type(section).__name__}")
+    return section
 
 
 RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
@@ -257,6 +348,20 @@ def init_revisions(model: ModelConfig) -> tuple[str, str]:
     as it is at load time. The commit actually loaded is recorded in the model directory's ``lineage.upstream``,
     so a run can be repeated exactly by setting it here."""
     return model.video_init_revision, model.text_init_revision
+
+
+def rgb(values: Sequence[float]) -> tuple[float, float, float]:
+    """A configured per-channel list (``model.pixel_mean``) as a family config's triple, which the config's own
+    check refuses when it is not 3 values long."""
+    return cast(tuple[float, float, float], tuple(values))
+
+
+def built(part: _T | None, what: str) -> _T:
+    """``part`` of a module or of its output that the enabled objectives make: a None is an objective enabled
+    without it (a ValueError that names ``what``)."""
+    if part is None:
+        raise ValueError(f"{what} is missing: an objective that needs it is enabled but it was not built")
+    return part
 
 
 def generator_on(generator: Any, like: Tensor) -> Any:
@@ -338,6 +443,9 @@ class FamilySpec:
         pretraining: the module that opens its ``pretrain_inputs`` (:class:`PretrainHook`); required with them.
         randaug: its RandAugment op lists, ``(preset name, timm op names)``, its default first; a training section's
             ``randaug_ops`` names one (any family's), or is ``""`` for the model's family's default.
+        tasks: the fine-tuning tasks it has models for (``"retrieval"``, ``"qa"``), which its pre-training DAG
+            fine-tunes and evaluates; ``"qa"`` exactly when its family object answers questions (the contract test
+            holds the two together).
     """
 
     name: str
@@ -350,12 +458,15 @@ class FamilySpec:
     importer: str = ""
     pretraining: str = ""
     randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    tasks: tuple[Task, ...] = ("retrieval", "qa")
 
     def __post_init__(self) -> None:
         if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
             raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
         if self.pretrain_inputs and not self.pretrains:
             raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+        if "retrieval" not in self.tasks or set(self.tasks) - {"retrieval", "qa"}:
+            raise ValueError(f"{self.name}: tasks are retrieval and optionally qa, got {self.tasks}")
         if bool(self.pretrain_inputs) != bool(self.pretraining):
             raise ValueError(f"{self.name}: pretrain_inputs and a pretraining hook go together")
 

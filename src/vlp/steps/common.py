@@ -51,11 +51,15 @@ class StepInputError(ValueError):
 
 class ModelInput(NamedTuple):
     """A model directory a step reads: the argument that names it (``--model``), its URI, and the kinds it may hold
-    (or a function that lists them: it imports every model family, which a data error need not wait for)."""
+    (or a function that lists them: it imports every model family, which a data error need not wait for); with
+    ``needs``, what the step needs of the model's family, checked before its kind (e.g.
+    :func:`vlp.models.family.qa_of`: a family without a QA model is refused with a message that says so, not as
+    a model of another kind)."""
 
     flag: str
     uri: str
     kinds: tuple[str, ...] | Callable[[], tuple[str, ...]]
+    needs: Callable[[Any], object] | None = None
 
 
 @dataclass(frozen=True)
@@ -166,10 +170,13 @@ def _check_model_exists(arg: ModelInput) -> None:
 
 
 def _describe_model(arg: ModelInput) -> Any:
-    """The :class:`ModelDir` of ``arg`` (its ``model.json`` read and checked) once the weights it names exist."""
+    """The :class:`ModelDir` of ``arg`` (its ``model.json`` read and checked, the family's ``needs`` first) once
+    the weights it names exist."""
     from vlp.models import directory
     from vlp.train.checkpoint import MODEL_FILE
 
+    if arg.needs is not None:
+        arg.needs(directory.describe(arg.uri).family)
     info = directory.describe(arg.uri, _kinds(arg))
     if not storage.exists(storage.join(info.checkpoint, MODEL_FILE)):
         raise StepInputError(

@@ -63,7 +63,8 @@ def encode_texts(fam: Any, model: Any, tok: Any, texts: list[str], length: int, 
 
 
 def pair_scorer(fam: Any, model: Any, texts: Any, videos: Any) -> Callable[[Any, Any], Any]:
-    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass over encoded rows."""
+    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass (a
+    :class:`vlp.models.family.PairScorer`) over encoded rows."""
     where = device()
 
     @torch.no_grad()

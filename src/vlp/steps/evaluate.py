@@ -17,7 +17,7 @@ import logging
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import torch
@@ -34,6 +34,9 @@ from vlp.steps.encode import progress as _progress
 from vlp.steps.encode import thumbnail as _thumbnail
 from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
+if TYPE_CHECKING:
+    from vlp.models.family import AnswersQuestions
+
 log = logging.getLogger("vlp")
 METRICS_FILE = "metrics.json"
 
@@ -44,10 +47,10 @@ def retrieval_kinds() -> tuple[str, ...]:
 
 
 def qa_kinds() -> tuple[str, ...]:
-    """What QA evaluates: any family's QA fine-tuned model."""
+    """What QA evaluates: the QA fine-tuned model of any family that has one."""
     from vlp.models import family
 
-    return tuple(f.kinds.qa for f in family.families().values())
+    return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))
 
 
 def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_name: str, report: Callable) -> None:
@@ -75,6 +78,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             retrieval_metrics,
             topk_rerank,
         )
+        from vlp.models import family
 
         info = inputs.models[0]
         data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split)
@@ -86,7 +90,8 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         videos = _encode_clips(fam, net, data, video_ids, rc.eval_batch_size, cfg)
         encoded = _encode_texts(fam, net, tok, texts, text_length(rc, info.config), rc.eval_batch_size)
         sim = fam.similarity(net, encoded, videos)  # (T, V)
-        reranks = fam.reranks(net)
+        pair_scorer = family.pair_scorer_of(fam, net)
+        reranks = pair_scorer is not None
         if reranks and rc.rescore != "none":
             raise ValueError(f"retrieval.rescore={rc.rescore} re-scores a similarity ranking; {model} re-ranks with "
                              "its pair scorer (set retrieval.rescore=none)")  # fmt: skip
@@ -94,7 +99,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             log.info("evaluate_retrieval: %s ranks by its similarity (no pair scorer to re-rank with)", model)
             scores, pairs = rescore(sim, rc.rescore, rc.rescore_scale), 0  # the t2v direction's, for the report
         else:
-            scorer = _pair_scorer(fam, net, encoded, videos)
+            scorer = _pair_scorer(pair_scorer, net, encoded, videos)
             scores, pairs = topk_rerank(sim, rc.rerank_k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         if rc.rescore != "none":  # each direction re-scored over its own queries; the plain ranking stays as vtc_*
             metrics = rescored_metrics(sim, text_video, rc.rescore, rc.rescore_scale)
@@ -162,11 +167,14 @@ def _ranks_table(data: Any, scores: Any, text_video: Any, video_ids: list[str], 
 
 
 def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:
-    """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong)."""
+    """Open-ended QA accuracy (overall, per answer type; out-of-vocabulary answers count as wrong) of a QA
+    fine-tuned model; a model of a family without a QA model is refused (:func:`vlp.models.family.qa_of`)."""
 
     def work() -> StepResult:
+        from vlp.models import family
+
         qc = cfg.qa
-        models = [ModelInput("--model", model, qa_kinds)]
+        models = [ModelInput("--model", model, qa_kinds, needs=family.qa_of)]
         inputs = check_inputs(dataset, frames, table=manifest.QA, split=qc.split, setting="qa.split", models=models)
         from vlp.eval.qa import qa_baselines, qa_metrics
         from vlp.eval.report import qa_report
@@ -176,7 +184,7 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split)
         net, tok = info.load(device()), info.tokenizer()
         length = text_length(qc, model_cfg)
-        preds, confidence = _predict_qa(info.family, net, tok, data, length, qc.eval_batch_size, cfg)
+        preds, confidence = _predict_qa(family.qa_of(info.family), net, tok, data, length, qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]
         gold = [_norm(r["answer"]) for r in data.qa]
         types = [r["answer_type"] for r in data.qa]
@@ -230,7 +238,7 @@ def _norm(answer: str) -> str:
 
 @torch.no_grad()
 def _predict_qa(
-    fam: Any, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
+    fam: AnswersQuestions, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
 ) -> tuple[list[int], list[float]]:
     def build(indices: Any) -> dict[str, torch.Tensor]:  # in a loader worker
         items = [data[i] for i in indices]

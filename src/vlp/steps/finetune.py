@@ -243,19 +243,20 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
 
 def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
     """Fine-tune a pre-trained model for open-ended QA over the ``qa.answer_vocab`` most frequent answers (ALPRO: a
-    classifier's cross-entropy; ALBEF: an answer decoder that ranks them)."""
+    classifier's cross-entropy; ALBEF: an answer decoder that ranks them). A model of a family without a QA model
+    (:func:`vlp.models.family.qa_of`) is refused before a model is loaded or anything is written."""
 
     def work() -> StepResult:
         from vlp.eval.qa import build_answer_vocab
+        from vlp.models import family
         from vlp.models.family import StepContext, TextVocab
         from vlp.train import distributed
 
         distributed.init_from_env()
-        inputs = check_inputs(
-            dataset, frames, table=manifest.QA, models=[ModelInput("--pretrained", pretrained, starts)]
-        )
+        start_model = ModelInput("--pretrained", pretrained, starts, needs=family.qa_of)  # a family with QA only
+        inputs = check_inputs(dataset, frames, table=manifest.QA, models=[start_model])
         start = inputs.models[0]
-        fam = start.family
+        fam = family.qa_of(start.family)
         model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
         data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name)
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)

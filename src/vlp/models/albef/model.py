@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +43,7 @@ from vlp import losses
 from vlp.losses import distill
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import (
+    ForwardAnswers,
     Kinds,
     LrGroups,
     PretrainBatch,
@@ -50,9 +51,13 @@ from vlp.models.family import (
     Task,
     TextVocab,
     TwoTowerMethods,
+    built,
     generator_on,
     init_revisions,
     preset_weights,
+    qa_section,
+    retrieval_section,
+    rgb,
 )
 from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
@@ -132,15 +137,18 @@ class AlbefConfig:
         ``keep_init``."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
         video = FrameViTConfig(**(data["video"] | {k: v for k, v in cleared.items() if k in _VIT_FIELDS}))
-        text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
-        fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
+        text_fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()
+        }
+        text = TextConfig(**text_fields)
+        fields: dict[str, Any] = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
         fields |= {key: tuple(data[key]) for key in ("pixel_mean", "pixel_std") if key in data}
         return cls(**fields)
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> AlbefConfig:
         """2 + 2 text layers and a 2-layer ViT, width 64, 32 px frames, a 32-entry queue: seconds on a CPU."""
-        base = {"text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32, "queue_size": 32}
+        base: dict[str, Any] = {"text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32, "queue_size": 32}
         return cls(**(base | overrides))
 
 
@@ -174,6 +182,12 @@ class Towers(nn.Module):
 
 class Albef(nn.Module):
     """ALBEF with its momentum model and queues (see the module docstring)."""
+
+    image_queue: Tensor  # buffers (registered in __init__; declared for the type checker)
+    text_queue: Tensor
+    idx_queue: Tensor
+    queue_ptr: Tensor
+    steps: Tensor
 
     def __init__(self, cfg: AlbefConfig) -> None:
         super().__init__()
@@ -251,6 +265,10 @@ class AlbefQA(nn.Module):
     ``distill``), answering by ranking the ``answer_topk`` candidates of the answer list that the decoder's first
     token prefers by their full likelihood (ALBEF ``rank_answer``)."""
 
+    answer_ids: Tensor  # buffers (registered in __init__; declared for the type checker)
+    answer_mask: Tensor
+    steps: Tensor
+
     def __init__(self, cfg: AlbefConfig, num_answers: int) -> None:
         super().__init__()
         if num_answers < 1:
@@ -258,7 +276,8 @@ class AlbefQA(nn.Module):
         self.cfg = cfg
         self.online = Towers(cfg, load=False, projections=False, mlm=False)
         self.decoder = AnswerDecoder(cfg.text, states_width=cfg.text.width)
-        self.momentum = self.momentum_decoder = None
+        self.momentum: Towers | None = None
+        self.momentum_decoder: AnswerDecoder | None = None
         if cfg.distill:
             self.momentum = Towers(cfg, load=False, projections=False, mlm=False).requires_grad_(False)
             self.momentum_decoder = AnswerDecoder(cfg.text, states_width=cfg.text.width).requires_grad_(False)
@@ -270,12 +289,13 @@ class AlbefQA(nn.Module):
         """The momentum copies start equal to the online weights (after those are loaded)."""
         if self.momentum is not None:
             self.momentum.load_state_dict(self.online.state_dict())
-            self.momentum_decoder.load_state_dict(self.decoder.state_dict())
+            built(self.momentum_decoder, "momentum_decoder").load_state_dict(self.decoder.state_dict())
 
     @torch.no_grad()
     def momentum_update(self) -> None:
         m = self.cfg.momentum
-        pairs = [(self.online, self.momentum), (self.decoder, self.momentum_decoder)]
+        teachers = built(self.momentum, "momentum"), built(self.momentum_decoder, "momentum_decoder")  # distill only
+        pairs = [(self.online, teachers[0]), (self.decoder, teachers[1])]
         for online, teacher in pairs:
             for p, q in zip(online.parameters(), teacher.parameters(), strict=True):
                 q.mul_(m).add_(p.detach(), alpha=1.0 - m)
@@ -292,7 +312,7 @@ class AlbefQA(nn.Module):
     def _question(self, towers: Towers, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         visual = towers.visual(video)
         text = towers.text(input_ids, attention_mask)
-        return towers.fusion(text.tokens, attention_mask, visual.tokens).tokens  # (B, Lq, C)
+        return built(towers.fusion, "fusion")(text.tokens, attention_mask, visual.tokens).tokens  # (B, Lq, C)
 
     def forward(
         self, video: Tensor, input_ids: Tensor, attention_mask: Tensor, labels: Tensor | None = None
@@ -316,8 +336,8 @@ class AlbefQA(nn.Module):
             with torch.no_grad():
                 if self.training:
                     self.momentum_update()
-                states_m = self._question(self.momentum, video, input_ids, attention_mask)
-                teacher = self.momentum_decoder(ids, mask, states_m, attention_mask)
+                states_m = self._question(built(self.momentum, "momentum"), video, input_ids, attention_mask)
+                teacher = built(self.momentum_decoder, "momentum_decoder")(ids, mask, states_m, attention_mask)
         return AlbefQAOutput(logits=logits, answer_ids=ids, answer_mask=mask, teacher=teacher, alpha=alpha)
 
     @torch.no_grad()
@@ -394,14 +414,17 @@ def albef_losses(out: AlbefOutput, ctx: StepContext | None = None) -> dict[str, 
     """
     result = {"temp": out.temp.detach(), "alpha": torch.tensor(out.alpha)}
     if "itc" in out.terms:
-        result["loss_itc"] = distill.itc_distill_loss(
-            out.itc_i2t, out.itc_t2i, out.itc_i2t_m, out.itc_t2i_m, out.itc_positives, out.alpha
-        )
+        i2t, t2i = built(out.itc_i2t, "itc_i2t"), built(out.itc_t2i, "itc_t2i")
+        i2t_m, t2i_m = built(out.itc_i2t_m, "itc_i2t_m"), built(out.itc_t2i_m, "itc_t2i_m")
+        positives = built(out.itc_positives, "itc_positives")
+        result["loss_itc"] = distill.itc_distill_loss(i2t, t2i, i2t_m, t2i_m, positives, out.alpha)
     if "itm" in out.terms:
-        result["loss_itm"] = losses.vtm_loss(out.itm_logits)
+        result["loss_itm"] = losses.vtm_loss(built(out.itm_logits, "itm_logits"))
     if "mlm" in out.terms:
-        result["loss_mlm"] = distill.mlm_distill_loss(out.mlm_logits, out.mlm_labels, out.mlm_teacher, out.alpha)
-    result["loss"] = sum(result[f"loss_{term}"] for term in out.terms)
+        logits, labels = built(out.mlm_logits, "mlm_logits"), built(out.mlm_labels, "mlm_labels")
+        result["loss_mlm"] = distill.mlm_distill_loss(logits, labels, out.mlm_teacher, out.alpha)
+    first, *rest = (result[f"loss_{term}"] for term in out.terms)  # the config allows no empty losses
+    result["loss"] = sum(rest, first)
     return result
 
 
@@ -519,13 +542,13 @@ def _mlm(
     )
     masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
     text = model.online.text(masked_ids, batch.attention_mask)
-    logits = model.online.mlm_head(model.fuse(text.tokens, batch.attention_mask, visual.tokens).text)
+    logits = built(model.online.mlm_head, "mlm_head")(model.fuse(text.tokens, batch.attention_mask, visual.tokens).text)
     teacher = None
     if model.cfg.distill:
         with torch.no_grad():
             text_m = model.momentum.text(masked_ids, batch.attention_mask)
-            fused_m = model.momentum.fusion(text_m.tokens, batch.attention_mask, visual_m.tokens)
-            teacher = model.momentum.mlm_head(fused_m.text)
+            fused_m = built(model.momentum.fusion, "fusion")(text_m.tokens, batch.attention_mask, visual_m.tokens)
+            teacher = built(model.momentum.mlm_head, "mlm_head")(fused_m.text)
     return logits, labels, teacher
 
 
@@ -533,29 +556,32 @@ def _mlm(
 
 
 PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
+if TYPE_CHECKING:
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
+
 _VIT_FIELDS = {f.name for f in fields(FrameViTConfig)}
 
 
-class AlbefFamily(TwoTowerMethods):
+class AlbefFamily(TwoTowerMethods, ForwardAnswers):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"
     kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
-    default_losses = LOSS_TERMS
+    default_losses: tuple[str, ...] = LOSS_TERMS
     # the fusion encoder and the heads (the online model's: the momentum copy is not trained), and the QA decoder
     lr_groups = LrGroups(fusion=("online.fusion.", "online.mlm_head.", "itm_head.", "decoder."))
 
-    def weights(self, model: Any) -> tuple[str, str]:
+    def weights(self, model: ModelConfig) -> tuple[str, str]:
         return preset_weights(model, PRESET_WEIGHTS)
 
-    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
         """The ALBEF config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
         own: AlbefSettings = model.families[self.name]
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
         video_rev, text_rev = init_revisions(model)
-        frames = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
+        frames: dict[str, Any] = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
         frames["init_revision"] = video_rev
         frames["temporal"] = own.temporal
         if model.preset == "tiny":
@@ -580,8 +606,8 @@ class AlbefFamily(TwoTowerMethods):
             itm_hard_fraction=own.vtm_hard_fraction,
             itm_negatives_from=own.itm_negatives_from,
             same_video=own.same_video_vtc,
-            pixel_mean=tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
-            pixel_std=tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
+            pixel_mean=rgb(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
+            pixel_std=rgb(model.pixel_std) if model.pixel_std else CLIP_STD,
         )
 
     def config_from_dict(self, data: dict[str, Any]) -> AlbefConfig:
@@ -594,13 +620,20 @@ class AlbefFamily(TwoTowerMethods):
             return AlbefQA(config, num_answers)
         raise ValueError(f"ALBEF has no {kind!r} model; its kinds are {self.kinds.all()}")
 
-    def task_config(self, config: AlbefConfig, task: Task, section: Any) -> AlbefConfig:
+    def task_config(self, config: AlbefConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlbefConfig:
         """Retrieval fine-tuning: ITC + ITM (the section's losses: contrastive is ITC, matching ITM) with
         distillation, and the section's negative and same-clip rules (``same_clip_contrastive`` is ``same_video``,
         which rules ITM's negatives too; ALBEF has no ``same_clip_matching`` of its own)."""
         if task == "qa":  # the code ramps alpha over the first QA epoch too
-            qa = {"answer_len": section.answer_len, "answer_topk": section.answer_topk}
-            return replace(config, alpha_ramp_steps=-1, queue_size=0, **qa)  # QA has no queue (nor ITC)
+            section = qa_section(section)
+            return replace(
+                config,
+                alpha_ramp_steps=-1,
+                queue_size=0,
+                answer_len=section.answer_len,
+                answer_topk=section.answer_topk,
+            )  # QA has no queue (nor ITC)
+        section = retrieval_section(section)
         terms = {"contrastive": "itc", "matching": "itm"}
         return replace(
             config,
@@ -636,13 +669,14 @@ class AlbefFamily(TwoTowerMethods):
                     "finetune_qa: %s has no MLM head (a retrieval model); the answer decoder's LM head starts from "
                     "its tied word embeddings with a random transform", checkpoint,
                 )  # fmt: skip
-            model.decoder.init_from(model.online.text, model.online.fusion, mlm)
-            model.sync_momentum()
-        model.steps.zero_()
+            qa = cast(AlbefQA, model)  # what build made for QA
+            qa.decoder.init_from(qa.online.text, built(qa.online.fusion, "fusion"), mlm)
+            qa.sync_momentum()
+        cast(Albef | AlbefQA, model).steps.zero_()
         return skipped
 
     def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
-        model.set_answers(answers, tokenizer)
+        cast(AlbefQA, model).set_answers(answers, tokenizer)
 
     def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
         out = model(batch["video"], batch["input_ids"], batch["attention_mask"], batch["label"])
@@ -658,7 +692,12 @@ class AlbefFamily(TwoTowerMethods):
         return getattr(model, "itm_head", None) is not None
 
     def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        return itm_logits(model, text_tokens, text_mask, video_tokens)
+        return itm_logits(cast(Albef, model), text_tokens, text_mask, video_tokens)  # what build made for retrieval
 
 
 FAMILY = AlbefFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocols it meets: the core one, QA and re-ranking
+    from vlp.models.family import AnswersQuestions, PairScorer
+
+    _qa: AnswersQuestions[AlbefConfig] = FAMILY
+    _reranking: PairScorer[AlbefConfig] = FAMILY

@@ -29,7 +29,7 @@ extra fusion pass; MLM needs one (its text is corrupted).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +38,7 @@ from torch import Tensor, nn
 from vlp import losses
 from vlp.models.alpro.spec import AlproSettings
 from vlp.models.family import (
+    ForwardAnswers,
     Kinds,
     LrGroups,
     PretrainBatch,
@@ -45,12 +46,18 @@ from vlp.models.family import (
     Task,
     TextVocab,
     TwoTowerMethods,
+    built,
     generator_on,
     init_revisions,
     preset_weights,
+    retrieval_section,
+    rgb,
 )
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
+
+if TYPE_CHECKING:
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
 
@@ -116,15 +123,22 @@ class AlproConfig:
         commit or file digest they resolved to)."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
         video = TimeSformerConfig(**(data["video"] | cleared))
-        text = TextConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()})
-        fields = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
+        text_fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()
+        }
+        text = TextConfig(**text_fields)
+        fields: dict[str, Any] = dict(data) | {"video": video, "text": text, "losses": tuple(data["losses"])}
         fields |= {key: tuple(data[key]) for key in ("pem_area", "pem_ratio", "pixel_mean", "pixel_std") if key in data}
         return cls(**fields)
 
     @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> AlproConfig:
         """2+2 text layers of width 64, a 2-layer width-64 TimeSformer on 32 px frames: seconds on a CPU."""
-        base = {"video": TimeSformerConfig.tiny(), "text": TextConfig.tiny(vocab_size=vocab_size), "embed_dim": 32}
+        base: dict[str, Any] = {
+            "video": TimeSformerConfig.tiny(),
+            "text": TextConfig.tiny(vocab_size=vocab_size),
+            "embed_dim": 32,
+        }
         return cls(**(base | overrides))
 
 
@@ -292,13 +306,17 @@ def alpro_losses(out: AlproOutput, ctx: StepContext | None = None) -> dict[str, 
             out.video_feat, out.text_feat, out.temp, gather=ctx.gather, rank=ctx.rank, positives=out.vtc_positives
         )
     if "vtm" in out.terms:
-        result["loss_vtm"] = losses.vtm_loss(out.vtm_logits)
+        result["loss_vtm"] = losses.vtm_loss(built(out.vtm_logits, "vtm_logits"))
     if "pem" in out.terms:
-        result["loss_pem"] = losses.pem_loss(out.pem_logits, out.pem_target, out.pem_keep)
-        result["pem_kept"] = out.pem_keep.float().mean().detach()
+        keep = built(out.pem_keep, "pem_keep")
+        result["loss_pem"] = losses.pem_loss(
+            built(out.pem_logits, "pem_logits"), built(out.pem_target, "pem_target"), keep
+        )
+        result["pem_kept"] = keep.float().mean().detach()
     if "mlm" in out.terms:
-        result["loss_mlm"] = losses.mlm_loss(out.mlm_logits, out.mlm_labels)
-    result["loss"] = sum(result[f"loss_{term}"] for term in out.terms)
+        result["loss_mlm"] = losses.mlm_loss(built(out.mlm_logits, "mlm_logits"), built(out.mlm_labels, "mlm_labels"))
+    first, *rest = (result[f"loss_{term}"] for term in out.terms)  # the config allows no empty losses
+    result["loss"] = sum(rest, first)
     return result
 
 
@@ -332,7 +350,8 @@ def alpro_forward(model: Alpro, batch: PretrainBatch, ctx: StepContext) -> Alpro
     if "pem" in cfg.losses:
         if not isinstance(ctx.extra, PemContext):
             raise ValueError("PEM is enabled but no prompter/prompt bank was given: StepContext(extra=PemContext(...))")
-        out.pem_logits, out.pem_target, out.pem_keep = _pem(model, batch, positive, video_out, ctx.extra, generator)
+        fused_video = built(positive, "the fused positive pairs")
+        out.pem_logits, out.pem_target, out.pem_keep = _pem(model, batch, fused_video, video_out, ctx.extra, generator)
     if "mlm" in cfg.losses:
         if ctx.vocab is None:
             raise ValueError("MLM is enabled but the step has no vocabulary: StepContext(vocab=TextVocab.of(tok))")
@@ -364,7 +383,7 @@ def _vtm(
         )  # fmt: skip
     t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
     fused = model.fuse(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
-    return fused.video[:b], model.vtm_head(fused.cls)  # (B, 1+N, C), (3B, 2)
+    return fused.video[:b], built(model.vtm_head, "vtm_head")(fused.cls)  # (B, 1+N, C), (3B, 2)
 
 
 def _pem(
@@ -395,7 +414,7 @@ def _pem(
         keep = losses.pem_keep_mask(pseudo, rule=cfg.pem_rule, threshold=cfg.pem_threshold)  # (B,)
     patch_tokens = fused_video[:, 1:]  # (B, N, C): drop the video [CLS]
     pooled = losses.pool_box_tokens(patch_tokens, boxes.token_mask.to(patch_tokens.device))  # (B, C)
-    return model.pem_head(pooled), pseudo, keep  # (B, M), (B, M), (B,)
+    return built(model.pem_head, "pem_head")(pooled), pseudo, keep  # (B, M), (B, M), (B,)
 
 
 def _mlm(
@@ -415,7 +434,7 @@ def _mlm(
     masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
     text_out = model.dual.text(masked_ids, batch.attention_mask)
     fused = model.fuse(text_out.tokens, batch.attention_mask, video_out.tokens)
-    return model.mlm_head(fused.text), labels  # (B, L, V), (B, L)
+    return built(model.mlm_head, "mlm_head")(fused.text), labels  # (B, L, V), (B, L)
 
 
 def _video_index(batch: PretrainBatch) -> Tensor:
@@ -444,19 +463,19 @@ def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) 
     return video, text
 
 
-class AlproFamily(TwoTowerMethods):
+class AlproFamily(TwoTowerMethods, ForwardAnswers):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
     kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
-    default_losses = LOSS_TERMS
+    default_losses: tuple[str, ...] = LOSS_TERMS
     lr_groups = LrGroups(fusion=("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier."))
 
-    def weights(self, model: Any) -> tuple[str, str]:
+    def weights(self, model: ModelConfig) -> tuple[str, str]:
         """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""
         return preset_weights(model, PRESET_WEIGHTS)
 
-    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> AlproConfig:
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlproConfig:
         """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`; ALPRO's own
         keys from ``model.alpro``, :class:`vlp.models.alpro.spec.AlproSettings`)."""
         own: AlproSettings = model.families[self.name]
@@ -479,8 +498,8 @@ class AlproFamily(TwoTowerMethods):
             losses=tuple(model.losses or LOSS_TERMS),
             pem_rule=own.pem_rule,
             pem_crop=own.pem_crop,
-            pixel_mean=tuple(model.pixel_mean or AlproConfig.pixel_mean),
-            pixel_std=tuple(model.pixel_std or AlproConfig.pixel_std),
+            pixel_mean=rgb(model.pixel_mean or AlproConfig.pixel_mean),
+            pixel_std=rgb(model.pixel_std or AlproConfig.pixel_std),
             vtm_negatives=own.vtm_negatives,
             vtm_hard_fraction=own.vtm_hard_fraction,
             same_video_vtc=own.same_video_vtc,
@@ -499,12 +518,13 @@ class AlproFamily(TwoTowerMethods):
             return Alpro(config)
         raise ValueError(f"ALPRO has no {kind!r} model; its kinds are {self.kinds.all()}")
 
-    def task_config(self, config: AlproConfig, task: Task, section: Any) -> AlproConfig:
+    def task_config(self, config: AlproConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlproConfig:
         """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses (contrastive: VTC,
         matching: VTM) and its VTM negative and same-clip rules from ``section``; QA keeps the towers and the fusion
         only."""
         if task == "qa":
             return replace(config, num_entities=0, losses=("vtc",))
+        section = retrieval_section(section)
         terms = {"contrastive": "vtc", "matching": "vtm"}
         return replace(
             config,
@@ -547,7 +567,12 @@ class AlproFamily(TwoTowerMethods):
         return getattr(model, "vtm_head", None) is not None
 
     def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        return vtm_logits(model, text_tokens, text_mask, video_tokens)
+        return vtm_logits(cast(Alpro, model), text_tokens, text_mask, video_tokens)  # what build made for retrieval
 
 
 FAMILY = AlproFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocols it meets: the core one, QA and re-ranking
+    from vlp.models.family import AnswersQuestions, PairScorer
+
+    _qa: AnswersQuestions[AlproConfig] = FAMILY
+    _reranking: PairScorer[AlproConfig] = FAMILY

@@ -34,17 +34,30 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp.losses import frames as frame_losses
-from vlp.models.family import Encoded, Kinds, LrGroups, PretrainBatch, StepContext, Task, init_revisions, preset_weights
+from vlp.models.family import (
+    Encoded,
+    Kinds,
+    LrGroups,
+    PretrainBatch,
+    StepContext,
+    Task,
+    init_revisions,
+    preset_weights,
+    retrieval_section,
+)
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.ts2net.spec import TS2NetSettings
+
+if TYPE_CHECKING:
+    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -180,7 +193,7 @@ class TS2NetConfig:
         come from the checkpoint). A config saved before ``aggregator_ln_eps`` existed has the eps its model was
         trained with, CLIP's 1e-5 (:data:`LEGACY_AGGREGATOR_LN_EPS`), not today's default."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
-        fields = dict(data) | {
+        fields: dict[str, Any] = dict(data) | {
             "video": ClipVisionConfig(**(data["video"] | cleared)),
             "text": ClipTextConfig(**(data["text"] | cleared)),
         }
@@ -191,7 +204,7 @@ class TS2NetConfig:
     @classmethod
     def tiny(cls, vocab_size: int, **overrides: Any) -> TS2NetConfig:
         """2 + 2 layers of width 64, 32 px frames in 8 px patches, 4 frames, 16 draws: seconds on a CPU (tests)."""
-        base = {
+        base: dict[str, Any] = {
             "video": ClipVisionConfig(img_size=32, patch_size=8, width=64, layers=2, heads=2, num_frames=4),
             "text": ClipTextConfig(vocab_size=vocab_size, max_len=24, width=64, layers=2, heads=2),
             "embed_dim": 64,
@@ -223,7 +236,7 @@ class TokenSelector(nn.Module):
         scores = self.scores(tokens)
         pool = tokens[:, 1:] if cfg.select == "code" else tokens
         scores = scores[:, 1:] if cfg.select == "code" else scores
-        order = "index" if cfg.select == "code" else "score"
+        order: Literal["index", "score"] = "index" if cfg.select == "code" else "score"
         if self.training or cfg.select_eval == "noise":
             picks = perturbed_topk(scores, cfg.picks, draws=cfg.select_draws, sigma=cfg.select_sigma, order=order,
                                    backward=cfg.select_backward, generator=generator)  # fmt: skip
@@ -246,8 +259,9 @@ class FrameAggregator(nn.Module):
         nn.init.normal_(self.positions.weight, std=0.01)
         self.layers = nn.ModuleList(CLIPEncoderLayer(layer_cfg) for _ in range(cfg.aggregator_layers))
 
-    def init_from_text(self, text_model: nn.Module) -> bool:
-        """Copy the first text blocks and text positions (the code's init) when the widths match; True if done."""
+    def init_from_text(self, text_model: Any) -> bool:
+        """Copy the first text blocks and text positions (the code's init) when the widths match; True if done.
+        ``text_model`` is transformers' ``CLIPTextTransformer``, whose blocks it declares only as ``nn.Module``."""
         text_layers = text_model.encoder.layers
         if len(text_layers) < len(self.layers) or text_layers[0].self_attn.embed_dim != self.positions.embedding_dim:
             return False
@@ -337,13 +351,15 @@ class TS2Net(nn.Module):
                 nn.init.normal_(module.weight, std=0.02)
 
     def _shift_hook(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
-        cfg = self.cfg
+        cfg, mode = self.cfg, self.cfg.shift_mode
+        if mode == "none":  # never: the hook is registered for a shifting mode only
+            return args, kwargs
         if args:  # hidden_states passed positionally
-            args = (token_shift(args[0], self._frames, cfg.shift_mode, cfg.shift_ratio, cfg.channel_div), *args[1:])
+            args = (token_shift(args[0], self._frames, mode, cfg.shift_ratio, cfg.channel_div), *args[1:])
         else:
             hidden = kwargs["hidden_states"]
             kwargs = kwargs | {
-                "hidden_states": token_shift(hidden, self._frames, cfg.shift_mode, cfg.shift_ratio, cfg.channel_div)
+                "hidden_states": token_shift(hidden, self._frames, mode, cfg.shift_ratio, cfg.channel_div)
             }
         return args, kwargs
 
@@ -423,28 +439,30 @@ PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": (HUB[32], HUB[32
 
 
 class TS2NetFamily:
-    """TS2-Net as a :class:`vlp.models.family.Family`: fine-tuned from CLIP for retrieval, ranked by the frame score."""
+    """TS2-Net as a :class:`vlp.models.family.Family`: fine-tuned from CLIP for retrieval, ranked by the frame score.
+    It has neither a QA model (``kinds.qa`` is ``""``) nor a fused pair scorer, so it meets neither
+    :class:`vlp.models.family.AnswersQuestions` nor :class:`vlp.models.family.PairScorer`."""
 
     name = "ts2net"
     # no step writes a "ts2net_clip" model today: fine-tuning starts from the model section's CLIP weights, and a
     # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
     kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
-    default_losses = ("itc",)
+    default_losses: tuple[str, ...] = ("itc",)
     lr_groups = LrGroups(backbone=("clip.",))  # the code's coef_lr: CLIP slower than the selector and aggregator
 
-    def weights(self, model: Any) -> tuple[str, str]:
+    def weights(self, model: ModelConfig) -> tuple[str, str]:
         patch = model.families[self.name].clip_patch
         presets = PRESET_WEIGHTS | {"paper": (HUB[patch], HUB[patch])}
         return preset_weights(model, presets)
 
-    def config(self, model: Any, vocab_size: int, num_entities: int = 0) -> TS2NetConfig:
+    def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> TS2NetConfig:
         """The TS2-Net config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("TS2-Net has no prompt-entity head (PEM is ALPRO's)")
         own: TS2NetSettings = model.families[self.name]
         video_init, text_init = self.weights(model)
         video_rev, text_rev = init_revisions(model)
-        rules = {
+        rules: dict[str, Any] = {
             "shift_mode": own.shift_mode,
             "shift_last": own.shift_last,
             "shift_ratio": own.shift_ratio,
@@ -482,10 +500,11 @@ class TS2NetFamily:
             return TS2Net(config)
         raise ValueError(f"TS2-Net is a retrieval model; it has no {kind!r} model (its kinds: {self.kinds.all()})")
 
-    def task_config(self, config: TS2NetConfig, task: Task, section: Any) -> TS2NetConfig:
+    def task_config(self, config: TS2NetConfig, task: Task, section: RetrievalConfig | QAConfig) -> TS2NetConfig:
         if task != "retrieval":
             raise ValueError("TS2-Net is a text-video retrieval model: it has no QA head (finetune-qa needs ALPRO or "
                              "ALBEF)")  # fmt: skip
+        section = retrieval_section(section)
         unknown = sorted(set(section.losses) - {"contrastive"})
         if unknown:
             log.warning("ts2net: retrieval.losses %s ignored: TS2-Net trains its contrastive loss only", unknown)
@@ -505,32 +524,27 @@ class TS2NetFamily:
         ctx = ctx or StepContext()
         return frame_losses.ts2net_losses(model(batch, ctx), gather=ctx.gather, rank=ctx.rank)
 
-    def set_answers(self, model: nn.Module, answers: list[str], tokenizer: Any) -> None:
-        raise ValueError("TS2-Net has no QA head")
-
-    def qa_step(self, model: nn.Module, batch: dict[str, Tensor], ctx: StepContext) -> dict[str, Tensor]:
-        raise ValueError("TS2-Net has no QA head")
-
-    def qa_logits(self, model: nn.Module, video: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        raise ValueError("TS2-Net has no QA head")
-
     def encode_video(self, model: nn.Module, video: Tensor) -> Encoded:
-        frames = model.encode_video(video)
+        frames = _own(model).encode_video(video)
         return Encoded(F.normalize(frames.mean(dim=1), dim=-1), frames)
 
     def encode_text(self, model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Encoded:
-        query, hidden = model.encode_text(input_ids, attention_mask)
+        query, hidden = _own(model).encode_text(input_ids, attention_mask)
         return Encoded(query, hidden, attention_mask)
 
     def similarity(self, model: nn.Module, texts: Encoded, videos: Encoded) -> Tensor:
         """The frame score of every (text, clip) pair from the encoded frames, ``score_chunk`` queries at a time."""
-        return model.score(texts.feat, videos.tokens, chunk=model.cfg.score_chunk)
+        net = _own(model)
+        return net.score(texts.feat, videos.tokens, chunk=net.cfg.score_chunk)
 
-    def reranks(self, model: nn.Module) -> bool:
-        return False
 
-    def pair_logits(self, model: nn.Module, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        raise ValueError("TS2-Net ranks by its frame score; it has no fused pair scorer")
+def _own(model: nn.Module) -> TS2Net:
+    """The family's methods receive the module its ``build`` made (unwrapped at evaluation): a :class:`TS2Net`."""
+    return cast(TS2Net, model)
 
 
 FAMILY = TS2NetFamily()
+if TYPE_CHECKING:  # mypy holds the family to the protocol it meets (no QA model, no pair scorer)
+    from vlp.models.family import Family
+
+    _contract: Family[TS2NetConfig] = FAMILY

@@ -46,4 +46,5 @@ SPEC = FamilySpec(
     load="vlp.models.ts2net.model:FAMILY",
     importer="vlp.models.ts2net.importer",
     pretrains=False,
+    tasks=("retrieval",),  # text-video retrieval only: no QA model
 )
