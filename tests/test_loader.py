@@ -7,6 +7,7 @@ import dataclasses
 import glob
 import json
 import multiprocessing
+import multiprocessing.resource_sharer
 import os
 import pickle
 import random
@@ -28,6 +29,7 @@ from vlp.train.loop import (
     SamplerBatches,
     ShardOrderSampler,
     TrainingInterrupted,
+    _quiet_when_the_trainer_hangs_up,
     pin,
     train,
 )
@@ -305,6 +307,31 @@ def test_workers_leave_interruptions_to_the_trainer() -> None:
     assert [b["x"].tolist() for b in rest] == [b["x"].tolist() for b in loader(0)]
     batches.close()
     assert not children() - before
+
+
+def test_a_worker_drops_only_the_fd_handover_failure_of_a_trainer_that_hung_up() -> None:
+    """After an interruption the trainer closes its end of a shared-memory handover; the worker's sharing thread
+    then fails with an OSError and would print a traceback under the trainer's one-line message. The worker's
+    excepthook drops exactly that failure and passes every other one on."""
+    seen: list[type[BaseException]] = []
+    hook = _quiet_when_the_trainer_hangs_up(lambda kind, error, tb: seen.append(kind))
+
+    def raised_in(filename: str, error: BaseException) -> tuple[type[BaseException], BaseException, Any]:
+        namespace: dict[str, Any] = {}
+        exec(compile("def send(e):\n    raise e\n", filename, "exec"), namespace)
+        try:
+            namespace["send"](error)
+        except BaseException as caught:
+            return type(caught), caught, caught.__traceback__
+        raise AssertionError("send did not raise")
+
+    sharer = multiprocessing.resource_sharer.__file__
+    hook(*raised_in(sharer, BrokenPipeError("peer closed")))
+    hook(*raised_in(sharer, ConnectionResetError("reset")))
+    assert seen == [], "the handover failures of a trainer that hung up are dropped"
+    hook(*raised_in(sharer, ValueError("a bug in the handover")))
+    hook(*raised_in("/elsewhere/worker.py", BrokenPipeError("another pipe")))
+    assert seen == [ValueError, BrokenPipeError], "anything else reaches the fallback hook"
 
 
 def test_workers_live_across_epochs_and_close_ends_them() -> None:

@@ -53,6 +53,7 @@ import resource
 import signal
 import sys
 import time
+import traceback
 import warnings
 import zlib
 from collections.abc import Callable, Iterator, Mapping
@@ -614,6 +615,22 @@ def _ignore_interruptions(worker_id: int) -> None:
     watchdog notices the parent's death)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    sys.excepthook = _quiet_when_the_trainer_hangs_up(sys.excepthook)
+
+
+def _quiet_when_the_trainer_hangs_up(fallback: Any) -> Any:
+    """A worker hands each batch's shared memory to the trainer as a file descriptor, from a thread of
+    ``multiprocessing.resource_sharer``. A trainer interrupted mid-handover closes its end, the send fails with an
+    ``OSError``, and that thread prints the traceback through ``sys.excepthook``: noise after an interruption the
+    trainer reports in one line. Only that failure is dropped; anything else goes to ``fallback``."""
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        frames = traceback.extract_tb(tb)
+        if issubclass(kind, OSError) and any(f.filename.endswith("resource_sharer.py") for f in frames):
+            return
+        fallback(kind, error, tb)
+
+    return hook
 
 
 def _as_is(fetched: Any) -> Any:
