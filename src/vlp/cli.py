@@ -4,7 +4,8 @@ Every step takes input/output URIs (local paths or ``s3://bucket/prefix``), ``--
 and trailing ``section.key=value`` overrides, prints a JSON summary on stdout and exits 0 on
 success, 2 on bad usage or bad input, 1 on an unexpected failure. ``vlp tracking sync OUT`` (not a
 step) sends a training output's MLflow run what it lacks of ``OUT/metrics.jsonl`` and ends the run;
-it exits 1 when the tracking server cannot take it.
+it exits 1 when the tracking server cannot take it. ``vlp search`` (not a step) prints the hits of a query as a
+table, or as a JSON list with ``--json``; its query and any overrides follow the options.
 
 Ctrl-C (SIGINT) or SIGTERM stops a command without a traceback: one line on stderr says where it stopped and
 that the same command goes on (a training step: from its newest checkpoint), a training step's MLflow run ends
@@ -174,7 +175,36 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--model", required=True, help="fine-tuned output (or, for zero-shot, a pretrain output)")
         p.add_argument("--out", required=True, help="output directory or s3:// prefix")
         _common(p)
+
+    p = sub.add_parser(
+        "index",
+        help="encode a collection's clips with a retrieval or pre-trained model into a searchable index (adds the "
+        "clips it lacks; docs/search.md)",
+        epilog=EPILOG,
+    )
+    p.add_argument("--model", required=True, help="the model that encodes the clips (what evaluate-retrieval takes)")
+    p.add_argument("--frames", required=True, help="extract-frames output: every clip, unless --dataset is given")
+    p.add_argument("--out", required=True, help="the index: a directory or s3:// prefix (made, or added to)")
+    p.add_argument("--dataset", default="", help="ingested dataset: index only the clips of its --split")
+    p.add_argument("--split", default="", help="with --dataset: the split to index (default: retrieval.split)")
+    _common(p)
+
+    p = sub.add_parser("search", help="the clips of an index that best match a text (docs/search.md)", epilog=EPILOG)
+    p.add_argument("--index", required=True, help="a `vlp index` output")
+    p.add_argument("query", help="the text to search for")
+    p.add_argument("-k", type=_top_k, default=10, help="hits to return, 1..1000 (default: 10)")
+    p.add_argument("--json", action="store_true", help="print the hits as a JSON list instead of a table")
+    _common(p)
     return parser
+
+
+def _top_k(text: str) -> int:
+    """``-k``: an integer in 1..1000."""
+    from vlp.index.query import MAX_K
+
+    if not text.strip().isdigit() or not 1 <= int(text) <= MAX_K:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_K}, got {text!r}")
+    return int(text)
 
 
 def _part(text: str) -> tuple[int, int]:
@@ -272,7 +302,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         fn = evaluate.evaluate_retrieval if args.command == "evaluate-retrieval" else evaluate.evaluate_qa
         return fn(args.dataset, args.frames, args.model, args.out, cfg)
+    if args.command == "index":
+        from vlp.index.build import index_clips
+
+        return index_clips(args.model, args.frames, args.out, cfg, dataset=args.dataset, split=args.split)
+    if args.command == "search":
+        from vlp.index.query import search
+
+        return {"hits": [hit.as_dict() for hit in search(args.index, args.query, args.k, cfg)]}
     raise AssertionError(f"unhandled command {args.command}")
+
+
+def hits_table(hits: list[dict[str, Any]]) -> str:
+    """Search hits as a plain-text table: rank, video_id, score (``-`` where the clip was not re-ranked),
+    similarity."""
+    rows = [("rank", "video_id", "score", "similarity")]
+    rows += [(str(h["rank"]), h["video_id"], "-" if h["score"] is None else f"{h['score']:.4f}",
+              f"{h['similarity']:.4f}") for h in hits]  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]  # fmt: skip
+    return "\n".join(line.rstrip() for line in lines) if hits else "no clips in the index"
 
 
 class Terminated(KeyboardInterrupt):
@@ -353,6 +403,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if seen:  # stopped, though the raise was lost on the way (the step may have finished: a rerun says so)
         return _interrupted(args.command, _signal_exception(seen[0]))
     summary.pop("config", None)
+    if args.command == "search":  # not a step: hits, no summary
+        print(json.dumps(summary["hits"], indent=2) if args.json else hits_table(summary["hits"]))
+        return 0
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
 

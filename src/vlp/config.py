@@ -31,7 +31,7 @@ from vlp.data.synth import SynthConfig
 from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
 from vlp.storage import StorageConfig
 from vlp.tracking import TrackingConfig
-from vlp.train.settings import ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
+from vlp.train.settings import IndexConfig, ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
 
 T = TypeVar("T")
 
@@ -54,6 +54,7 @@ class Config:
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     qa: QAConfig = field(default_factory=QAConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    index: IndexConfig = field(default_factory=IndexConfig)
 
 
 def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides: Iterable[str] = ()) -> Config:
@@ -299,6 +300,8 @@ RANGES: dict[str, dict[str, Range]] = {
                   "rescore_scale": RATE},
     "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
     "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},
+    "index": {"max_token_floats": at_least(0, " (0 = never store tokens)"), "ann_min_rows": COUNT,
+              "candidates": COUNT},
 }  # fmt: skip
 
 

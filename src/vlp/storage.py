@@ -95,10 +95,9 @@ def client() -> Any:
     with _lock:
         if key not in _clients:
             kwargs: dict[str, Any] = {}
-            endpoint = cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+            endpoint, region = _endpoint(cfg), _region(cfg)
             if endpoint:
                 kwargs["endpoint_url"] = endpoint
-            region = cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
             if cfg.access_key_id:
                 kwargs["aws_access_key_id"] = cfg.access_key_id
                 kwargs["aws_secret_access_key"] = cfg.secret_access_key
@@ -109,6 +108,34 @@ def client() -> Any:
             )
             _clients[key] = boto3.session.Session().client("s3", region_name=region, config=boto_cfg, **kwargs)
         return _clients[key]
+
+
+def _endpoint(cfg: StorageConfig) -> str:
+    return cfg.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or ""
+
+
+def _region(cfg: StorageConfig) -> str:
+    return cfg.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+
+
+def object_store_options() -> dict[str, str]:
+    """The connection :func:`client` makes, as the ``storage_options`` of a library that reads ``s3://`` itself
+    through the Rust ``object_store`` crate (LanceDB): the same endpoint, region and addressing style, and the keys
+    when :class:`StorageConfig` sets them (else that library reads the ``AWS_*`` environment, as boto3 does)."""
+    cfg = _config
+    options = {
+        "aws_region": _region(cfg),
+        "aws_virtual_hosted_style_request": "true" if cfg.addressing_style == "virtual" else "false",
+    }
+    endpoint = _endpoint(cfg)
+    if endpoint:
+        options["aws_endpoint"] = endpoint
+        if endpoint.startswith("http://"):  # a plain-HTTP endpoint (a local MinIO, the tests' server)
+            options["allow_http"] = "true"
+    if cfg.access_key_id:
+        options["aws_access_key_id"] = cfg.access_key_id
+        options["aws_secret_access_key"] = cfg.secret_access_key
+    return options
 
 
 def _transfer_config() -> Any:

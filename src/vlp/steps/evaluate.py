@@ -27,6 +27,11 @@ from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.video_text import VideoQADataset
 from vlp.steps.common import ModelInput, StepResult, check_inputs, device, ordered_batches, run_step
+from vlp.steps.encode import encode_clips as _encode_clips
+from vlp.steps.encode import encode_texts as _encode_texts
+from vlp.steps.encode import pair_scorer as _pair_scorer
+from vlp.steps.encode import progress as _progress
+from vlp.steps.encode import thumbnail as _thumbnail
 from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
 
 if TYPE_CHECKING:
@@ -46,64 +51,6 @@ def qa_kinds() -> tuple[str, ...]:
     from vlp.models import family
 
     return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))
-
-
-def _progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
-    """A tqdm bar over the batches on a terminal; nothing in a log, where a bar is only noise."""
-    import sys
-
-    if not show or not sys.stderr.isatty():
-        return iterable
-    from tqdm import tqdm
-
-    return tqdm(iterable, desc=desc, total=total, unit="batch", leave=False)
-
-
-@torch.no_grad()
-def _encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> Any:
-    """The family's :class:`vlp.models.family.Encoded` of every clip (on the CPU), sampled with the eval sampler."""
-    import numpy as np
-
-    from vlp.models.family import Encoded
-
-    def build(indices: Any) -> torch.Tensor:  # in a loader worker: each clip from its id and the seed alone
-        return torch.stack([data.clip(video_ids[i], np.random.default_rng([data.seed, 0])) for i in indices])
-
-    feats, tokens, where = [], [], device()
-    batches = ordered_batches(len(video_ids), build, batch, cfg.retrieval)
-    for clips in _progress(cfg.retrieval.progress, batches, "clips", -(-len(video_ids) // batch)):
-        enc = fam.encode_video(model, clips.to(where))
-        feats.append(enc.feat.float().cpu())
-        tokens.append(enc.tokens.float().cpu())
-    return Encoded(torch.cat(feats), torch.cat(tokens))
-
-
-@torch.no_grad()
-def _encode_texts(fam: Any, model: Any, tok: Any, texts: list[str], length: int, batch: int) -> Any:
-    """The family's :class:`vlp.models.family.Encoded` of every text (on the CPU)."""
-    from vlp.models.family import Encoded
-
-    feats, tokens, masks, where = [], [], [], device()
-    for i in range(0, len(texts), batch):
-        enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
-        out = fam.encode_text(model, enc["input_ids"].to(where), enc["attention_mask"].to(where))
-        feats.append(out.feat.float().cpu())
-        tokens.append(out.tokens.float().cpu())
-        masks.append(out.mask.cpu())
-    return Encoded(torch.cat(feats), torch.cat(tokens), torch.cat(masks))
-
-
-def _pair_scorer(fam: Any, model: Any, texts: Any, videos: Any) -> Callable[[Any, Any], Any]:
-    """``(text_idx, video_idx) -> (P, 2)`` match logits of the family's fused pass (a
-    :class:`vlp.models.family.PairScorer`) over encoded rows."""
-    where = device()
-
-    @torch.no_grad()
-    def score(t_idx: torch.Tensor, v_idx: torch.Tensor) -> torch.Tensor:
-        t, m, v = texts.tokens[t_idx].to(where), texts.mask[t_idx].to(where), videos.tokens[v_idx].to(where)
-        return fam.pair_logits(model, t, m, v).float().cpu()  # (P, 2)
-
-    return score
 
 
 def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_name: str, report: Callable) -> None:
@@ -213,23 +160,10 @@ def _ranks_table(data: Any, scores: Any, text_video: Any, video_ids: list[str], 
     examples = []
     step = max(1, len(data.pairs) // max(1, n_examples))
     for i in range(0, len(data.pairs), step)[:n_examples]:
-        row = [(video_ids[j], float(s), _thumbnail(data, video_ids[j])) for j, s in
+        row = [(video_ids[j], float(s), _thumbnail(data.store, video_ids[j])) for j, s in
                zip(top5.indices[i].tolist(), top5.values[i].tolist(), strict=True)]  # fmt: skip
         examples.append({"query": data.pairs[i][1], "correct_video": data.pairs[i][0], "top5": row})
     return table, examples
-
-
-def _thumbnail(data: Any, video_id: str) -> bytes:
-    """The clip's middle stored frame as JPEG bytes."""
-    import io
-
-    from PIL import Image
-
-    n = data.store.info(video_id)["num_stored"]
-    frame = data.store.load(video_id, [n // 2])[0]
-    buf = io.BytesIO()
-    Image.fromarray(frame).save(buf, format="JPEG", quality=85)
-    return buf.getvalue()
 
 
 def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) -> StepResult:

@@ -341,3 +341,19 @@ class QAConfig(FinetuneConfig):
     answer_vocab: int = 1500  # the most frequent training answers (code: all train answers, >= 1,500; MSVD 2,423)
     answer_len: int = 8  # ALBEF: answer tokens incl. [CLS] / [SEP] its decoder scores
     answer_topk: int = 128  # ALBEF: candidates ranked per question by the decoder (VQA.yaml k_test)
+
+
+@dataclass
+class IndexConfig:
+    """``vlp index`` and ``vlp search`` (docs/search.md): what a clip index stores and how search reads it.
+
+    Clips are sampled and encoded as ``evaluate-retrieval`` does, with the ``retrieval`` section's ``num_frames``,
+    ``eval_mode``, ``seed`` and ``eval_batch_size``; a query is encoded with its ``max_len`` and re-ranked with its
+    ``rerank_k`` and ``score_rule``.
+    """
+
+    # a clip's token features (Encoded.tokens) are stored when they hold at most this many floats; else the exact
+    # stage of a search encodes its candidate clips again from the frames (0 = never store them)
+    max_token_floats: int = 65536
+    ann_min_rows: int = 50000  # from this many clips on, `vlp index` builds an ANN index; below, search is exact
+    candidates: int = 50  # clips the first stage hands the exact stage (at least -k of them)

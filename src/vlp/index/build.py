@@ -1,0 +1,105 @@
+"""``vlp index``: encode the clips of a frames store (or of one split of a dataset) that an index lacks, and add
+them (see :mod:`vlp.index` for what a row holds)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from vlp.config import Config, check_sampled_frames
+from vlp.data.video_text import VideoTextDataset
+from vlp.index.store import ClipIndex, IndexInfo, check_compatible, fingerprint, sampling
+from vlp.steps.common import ModelInput, StepInputError, StepResult, check_inputs, device, run_step
+
+log = logging.getLogger("vlp")
+CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every chunk it added
+
+
+class StoreClips(VideoTextDataset):
+    """Every clip of a frames store, without a dataset, read as ``evaluate-retrieval`` reads a split's clips:
+    :meth:`VideoTextDataset.clip` with the eval sampler of the ``retrieval`` section and no augmentation, at the
+    model's frame size and pixel normalisation.
+
+    Without the dataset's ``media`` column a still image is sampled as a one-frame clip, which the sampler
+    stretches over every slot: the same frames the dataset's image rule repeats (:mod:`vlp.data.sampling`).
+    """
+
+    def __init__(self, store: Any, sample: dict[str, Any], model_cfg: Any) -> None:
+        self.store, self.media = store, {}
+        self.pairs = [(video_id, "") for video_id in store.video_ids]
+        self.num_frames, self.mode, self.seed = sample["num_frames"], sample["eval_mode"], sample["seed"]
+        self.augment, self.crop_scale, self.hflip, self.caption_clean = None, (), False, False
+        self.size = model_cfg.video.img_size
+        self.mean = torch.tensor(model_cfg.pixel_mean, dtype=torch.float32).view(1, 3, 1, 1)
+        self.std = torch.tensor(model_cfg.pixel_std, dtype=torch.float32).view(1, 3, 1, 1)
+        self.epoch, self.max_bad_share = 0, 0.0
+
+
+def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: str) -> tuple[Any, list[str]]:
+    """``(clip reader, sorted clip ids)``: the clips of ``split`` of ``dataset`` as ``evaluate-retrieval`` reads them
+    (:func:`vlp.steps.finetune.retrieval_data`), or, without a dataset, every clip of ``store``."""
+    if not dataset:
+        clips = StoreClips(store, sampling(cfg.retrieval), model_cfg)
+        return clips, [video_id for video_id, _ in clips.pairs]
+    from vlp.steps.finetune import retrieval_data
+
+    data = retrieval_data(cfg, dataset, store, model_cfg, split)
+    return data, sorted({video_id for video_id, _ in data.pairs})
+
+
+def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "", split: str = "") -> StepResult:
+    """Add to the index ``out`` (made if missing) the clips of ``frames`` it lacks, encoded by ``model`` as
+    ``evaluate-retrieval`` encodes them; with ``dataset``, only the clips of its ``split`` (default
+    ``retrieval.split``). From ``index.ann_min_rows`` rows on, the ANN index is (re)built over every row.
+
+    Raises:
+        StepInputError: an input is missing, or ``split`` is given without ``dataset``.
+        ValueError: ``out`` holds an index of another model, other frames or another sampling.
+    """
+
+    def work() -> StepResult:
+        from vlp.steps.encode import encode_clips, thumbnail
+        from vlp.steps.evaluate import retrieval_kinds
+
+        if split and not dataset:
+            raise StepInputError(f"--split {split} picks the clips of a dataset's split: pass --dataset too")
+        check_sampled_frames(cfg, "retrieval")
+        rc, chosen = cfg.retrieval, split or cfg.retrieval.split
+        setting = "--split" if split else "retrieval.split"
+        models = [ModelInput("--model", model, retrieval_kinds)]
+        inputs = check_inputs(dataset, frames, split=chosen, setting=setting, models=models)
+        info, store = inputs.models[0], inputs.store
+        fp, sample = fingerprint(info), sampling(rc)
+        index = ClipIndex.open(out) if ClipIndex.exists(out) else None
+        if index is not None:  # before anything is loaded: a wrong model fails at once
+            check_compatible(index.info, model, fp, frames, sample, out)
+        data, wanted = clip_source(cfg, store, info.config, dataset, chosen)
+        have = index.video_ids() if index is not None else set()
+        todo = [video_id for video_id in wanted if video_id not in have]
+        log.info("index: %d clips to add, %d of %d already in %s", len(todo), len(wanted) - len(todo), len(wanted), out)
+        if todo:
+            net, fam = info.load(device()), info.family
+            for start in range(0, len(todo), CHUNK):
+                ids = todo[start : start + CHUNK]
+                enc = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
+                if index is None:
+                    shape = list(enc.tokens.shape[1:])
+                    stored = shape[0] * shape[1] <= cfg.index.max_token_floats
+                    made = IndexInfo(model, fp, frames, int(enc.feat.shape[1]), shape, stored, sample)
+                    index = ClipIndex.create(out, made)
+                index.add(ids, enc.feat.numpy(), enc.tokens.numpy(), [thumbnail(store, v) for v in ids])
+                log.info("index: added %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
+        total = index.count() if index is not None else 0
+        ann = total >= cfg.index.ann_min_rows
+        if index is not None and ann and (todo or not index.has_ann()):
+            index.build_ann()
+            log.info("index: built the ANN index over %d clips", total)
+        return {
+            "index": out, "model": model, "frames": frames, "dataset": dataset or None,
+            "split": chosen if dataset else None, "added": len(todo), "skipped": len(wanted) - len(todo),
+            "total": total, "tokens_stored": index.info.tokens_stored if index is not None else None, "ann": ann,
+        }  # fmt: skip
+
+    return run_step("index", out, cfg, "index", work)

@@ -1,0 +1,122 @@
+"""``vlp search``: the clips of an index that best match a text, scored as ``evaluate-retrieval`` scores them.
+
+Two stages. The first ranks every row by the dot product of the query's feature with the clip's ``vector`` and
+keeps ``max(k, index.candidates)`` candidates (exactly, or through the ANN index of a large index). The exact
+stage scores the candidates with the family's ``similarity`` (TS2-Net: its frame score over the clip's frame
+features) and, for a model that re-ranks (ALPRO's VTM, ALBEF's ITM), fuses the query with each of its top
+``retrieval.rerank_k`` candidates by similarity and scores the pair with ``retrieval.score_rule``, through
+:func:`vlp.eval.retrieval.topk_rerank` as the evaluation does. Hits are ordered by that score; candidates past
+``rerank_k`` follow in similarity order and have no score. ``retrieval.rescore`` is not applied: it normalises
+over every query of a test set at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from vlp.config import Config
+from vlp.index.store import ClipIndex, fingerprint
+
+MAX_K = 1000
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One clip a search returns: its 1-based ``rank``, ``score`` (the re-ranking score, or the similarity for a
+    model that does not re-rank; None past ``retrieval.rerank_k``) and ``similarity`` (the family's unimodal
+    score)."""
+
+    rank: int
+    video_id: str
+    score: float | None
+    similarity: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Searcher:
+    """An index with the model that built it, loaded once, for any number of queries.
+
+    Raises:
+        FileNotFoundError: there is no index at ``index``, or its model directory is gone.
+        ValueError: the model directory the index names holds other weights now.
+    """
+
+    def __init__(self, index: str, cfg: Config) -> None:
+        from vlp import storage
+        from vlp.config import validate
+        from vlp.models import directory
+        from vlp.steps.common import device
+        from vlp.steps.evaluate import retrieval_kinds
+        from vlp.steps.finetune import text_length
+
+        validate(cfg)
+        storage.configure(cfg.storage)
+        self.cfg, self.index = cfg, ClipIndex.open(index)
+        built = self.index.info
+        self.info = directory.describe(built.model, retrieval_kinds())
+        if fingerprint(self.info) != built.fingerprint:
+            raise ValueError(
+                f"the model directory {built.model} holds other weights than the ones the index {index} was built "
+                "with: rebuild the index into a new --out with `vlp index`"
+            )
+        self.net, self.tok, self.fam = self.info.load(device()), self.info.tokenizer(), self.info.family
+        self.length = text_length(cfg.retrieval, self.info.config)
+
+    @torch.no_grad()
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """The ``k`` best clips for ``query``, best first.
+
+        Raises:
+            ValueError: an empty query, or ``k`` outside ``1..MAX_K``.
+        """
+        from vlp.eval.retrieval import topk_rerank
+        from vlp.models.family import Encoded, pair_scorer_of
+        from vlp.steps.encode import encode_texts, pair_scorer
+
+        if not query.strip():
+            raise ValueError("the query is empty: give the text to search for")
+        if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+            raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")
+        rc, fam, net = self.cfg.retrieval, self.fam, self.net
+        text = encode_texts(fam, net, self.tok, [query], self.length, rc.eval_batch_size)
+        ids, vectors, tokens = self.index.nearest(text.feat[0].numpy(), max(k, self.cfg.index.candidates))
+        if not ids:
+            return []
+        clips = Encoded(torch.from_numpy(vectors), self._tokens(ids, tokens))
+        sim = fam.similarity(net, text, clips).float().cpu()  # (1, C)
+        score = sim[0].clone()
+        fused_pass = pair_scorer_of(fam, net)  # None: the similarity ranking is final
+        if fused_pass is not None:
+            top = sim[0].topk(min(rc.rerank_k, len(ids))).indices
+            scorer = pair_scorer(fused_pass, net, text, Encoded(clips.feat[top], clips.tokens[top]))
+            fused = topk_rerank(sim[:, top], len(top), scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
+            score = torch.full_like(score, float("-inf"))
+            score[top] = fused.scores[0]
+        order = sorted(range(len(ids)), key=lambda i: (-float(score[i]), -float(sim[0, i])))[:k]
+        return [
+            Hit(rank, ids[i], float(score[i]) if torch.isfinite(score[i]) else None, float(sim[0, i]))
+            for rank, i in enumerate(order, start=1)
+        ]
+
+    def _tokens(self, ids: list[str], stored: Any) -> torch.Tensor:
+        """The candidates' token features: the stored ones, or encoded again from the frames as the index did."""
+        if stored is not None:
+            return torch.from_numpy(stored)
+        from vlp.data.frames import FrameStore
+        from vlp.index.build import StoreClips
+        from vlp.steps.encode import encode_clips
+
+        built = self.index.info
+        data = StoreClips(FrameStore(built.frames, cache_shards=64), built.sampling, self.info.config)
+        enc = encode_clips(self.fam, self.net, data, ids, self.cfg.retrieval.eval_batch_size, self.cfg)
+        return enc.tokens
+
+
+def search(index: str, query: str, k: int, cfg: Config) -> list[Hit]:
+    """:meth:`Searcher.search` once (the model loaded for this query alone)."""
+    return Searcher(index, cfg).search(query, k)
