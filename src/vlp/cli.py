@@ -5,7 +5,9 @@ and trailing ``section.key=value`` overrides, prints a JSON summary on stdout an
 success, 2 on bad usage or bad input, 1 on an unexpected failure. ``vlp tracking sync OUT`` (not a
 step) sends a training output's MLflow run what it lacks of ``OUT/metrics.jsonl`` and ends the run;
 it exits 1 when the tracking server cannot take it. ``vlp search`` (not a step) prints the hits of a query as a
-table, or as a JSON list with ``--json``; its query and any overrides follow the options.
+table, or as a JSON list with ``--json``; its query and any overrides follow the options. ``vlp answer`` (not a
+step) prints a QA model's top answers to a question about one clip as a table, or as JSON with ``--json``; its clip,
+question and any overrides follow the options.
 
 Ctrl-C (SIGINT) or SIGTERM stops a command without a traceback: one line on stderr says where it stopped and
 that the same command goes on (a training step: from its newest checkpoint), a training step's MLflow run ends
@@ -195,6 +197,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=_top_k, default=10, help="hits to return, 1..1000 (default: 10)")
     p.add_argument("--json", action="store_true", help="print the hits as a JSON list instead of a table")
     _common(p)
+
+    p = sub.add_parser(
+        "answer",
+        help="a QA fine-tuned model's most probable answers to a question about one clip, as evaluate-qa predicts "
+        "them (docs/search.md)",
+        epilog=EPILOG,
+    )
+    p.add_argument("--model", required=True, help="a `vlp finetune-qa` output")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--frames", default="", help="extract-frames output: the clip is one of its video ids")
+    where.add_argument("--index", default="", help="a `vlp index` output: the clip is a video id of its frames store")
+    p.add_argument("clip", metavar="VIDEO_OR_ID",
+                   help="a video id (with --frames or --index), else a video file, local or s3://")  # fmt: skip
+    p.add_argument("question", help="the question to answer")
+    p.add_argument("-k", type=_top_k, default=5, help="answers to list, 1..1000 (default: 5)")
+    p.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
+    _common(p)
     return parser
 
 
@@ -310,6 +329,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         from vlp.index.query import search
 
         return {"hits": [hit.as_dict() for hit in search(args.index, args.query, args.k, cfg)]}
+    if args.command == "answer":
+        from vlp.index.answer import answer
+
+        found = answer(args.model, args.clip, args.question, args.k, cfg, frames=args.frames, index=args.index)
+        return {"clip": args.clip, "question": args.question, "answers": [a.as_dict() for a in found]}
     raise AssertionError(f"unhandled command {args.command}")
 
 
@@ -323,6 +347,16 @@ def hits_table(hits: list[dict[str, Any]]) -> str:
     lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
              for row in rows]  # fmt: skip
     return "\n".join(line.rstrip() for line in lines) if hits else "no clips in the index"
+
+
+def answers_table(answers: list[dict[str, Any]]) -> str:
+    """Answers as a plain-text table: rank, answer, probability."""
+    rows = [("rank", "answer", "probability")]
+    rows += [(str(a["rank"]), a["answer"], f"{a['probability']:.4f}") for a in answers]
+    widths = [max(len(row[i]) for row in rows) for i in range(3)]
+    lines = ["  ".join(c.ljust(w) if i == 1 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in rows]  # fmt: skip
+    return "\n".join(line.rstrip() for line in lines) if answers else "no answer has a probability above 0"
 
 
 class Terminated(KeyboardInterrupt):
@@ -405,6 +439,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     summary.pop("config", None)
     if args.command == "search":  # not a step: hits, no summary
         print(json.dumps(summary["hits"], indent=2) if args.json else hits_table(summary["hits"]))
+        return 0
+    if args.command == "answer":  # not a step: answers, no summary
+        print(json.dumps(summary, indent=2) if args.json else answers_table(summary["answers"]))
         return 0
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0

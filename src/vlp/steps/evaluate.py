@@ -236,22 +236,37 @@ def _norm(answer: str) -> str:
     return normalize_answer(answer)
 
 
+def question_tokens(tok: Any, questions: list[str], length: int) -> dict[str, torch.Tensor]:
+    """``input_ids`` and ``attention_mask`` of ``questions`` as ``evaluate-qa`` feeds them to a model: padded (and
+    cut) to ``length`` tokens."""
+    return dict(tok(questions, padding="max_length", truncation=True, max_length=length, return_tensors="pt"))
+
+
+@torch.no_grad()
+def answer_probabilities(
+    fam: AnswersQuestions, net: Any, video: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """``(B, A)``, on the CPU: the softmax over the model's answer vocabulary of the family's ``qa_logits`` for each
+    (clip, question) row. ``evaluate-qa`` predicts a question's most probable answer, with that probability as its
+    ``confidence``; an answer whose logit is ``-inf`` (ALBEF: one its decoder did not rank) has probability 0."""
+    where = device()
+    logits = fam.qa_logits(net, video.to(where), input_ids.to(where), attention_mask.to(where))
+    return logits.float().softmax(-1).cpu()
+
+
 @torch.no_grad()
 def _predict_qa(
     fam: AnswersQuestions, net: Any, tok: Any, data: Any, length: int, batch: int, cfg: Config
 ) -> tuple[list[int], list[float]]:
     def build(indices: Any) -> dict[str, torch.Tensor]:  # in a loader worker
         items = [data[i] for i in indices]
-        enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length,
-                  return_tensors="pt")  # fmt: skip
+        enc = question_tokens(tok, [it["text"] for it in items], length)
         return {"video": torch.stack([it["video"] for it in items]), **enc}
 
-    where, preds, conf = device(), [], []
+    preds, conf = [], []
     batches = ordered_batches(len(data), build, batch, cfg.qa)
     for got in _progress(cfg.qa.progress, batches, "questions", -(-len(data) // batch)):
-        video, ids, mask = got["video"].to(where), got["input_ids"].to(where), got["attention_mask"].to(where)
-        logits = fam.qa_logits(net, video, ids, mask)
-        probs = logits.float().softmax(-1)
+        probs = answer_probabilities(fam, net, got["video"], got["input_ids"], got["attention_mask"])
         best = probs.max(-1)
         preds += best.indices.tolist()
         conf += best.values.tolist()
