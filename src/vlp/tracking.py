@@ -742,7 +742,7 @@ def register_model(
     """
     mlflow_client = client(cfg)
     with tempfile.TemporaryDirectory(prefix="vlp-register-") as tmp:
-        mlflow_client.log_artifacts(run_id, _local_dir(model_dir, tmp), artifact_path)
+        mlflow_client.log_artifacts(run_id, local_dir(model_dir, tmp), artifact_path)
     source = f"{mlflow_client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
     try:
         mlflow_client.create_registered_model(name)
@@ -755,7 +755,7 @@ def register_model(
     return str(version)
 
 
-def _local_dir(uri: str, tmp: str) -> str:
+def local_dir(uri: str, tmp: str) -> str:
     """``uri`` itself when local, else its files downloaded under ``tmp``."""
     from vlp import storage
 

@@ -41,12 +41,15 @@ class Hit:
 class Searcher:
     """An index with the model that built it, loaded once, for any number of queries.
 
+    ``model``, when given, is a copy of that model (an MLflow artifact, a moved directory) to load instead of the
+    directory the index names; either way its weights must be the ones the index was built with.
+
     Raises:
         FileNotFoundError: there is no index at ``index``, or its model directory is gone.
-        ValueError: the model directory the index names holds other weights now.
+        ValueError: the model directory holds other weights than the index was built with.
     """
 
-    def __init__(self, index: str, cfg: Config) -> None:
+    def __init__(self, index: str, cfg: Config, model: str = "") -> None:
         from vlp import storage
         from vlp.config import validate
         from vlp.models import directory
@@ -58,10 +61,11 @@ class Searcher:
         storage.configure(cfg.storage)
         self.cfg, self.index = cfg, ClipIndex.open(index)
         built = self.index.info
-        self.info = directory.describe(built.model, retrieval_kinds())
+        where = model or built.model
+        self.info = directory.describe(where, retrieval_kinds())
         if fingerprint(self.info) != built.fingerprint:
             raise ValueError(
-                f"the model directory {built.model} holds other weights than the ones the index {index} was built "
+                f"the model directory {where} holds other weights than the ones the index {index} was built "
                 "with: rebuild the index into a new --out with `vlp index`"
             )
         self.net, self.tok, self.fam = self.info.load(device()), self.info.tokenizer(), self.info.family
