@@ -1,6 +1,7 @@
-"""A clip index saved as an MLflow pyfunc model (vlp.index.pyfunc): loaded with ``mlflow.pyfunc.load_model`` it
-ranks as ``vlp search`` does, from its own copies of the index and model; a real ``mlflow models serve`` process
-answers JSON queries with the same hits, and a bad query with HTTP 400."""
+"""vlp's models as MLflow pyfunc models (vlp.index.pyfunc): a clip index with its model, loaded with
+``mlflow.pyfunc.load_model``, ranks as ``vlp search`` does from its own copies of the index and model, and a real
+``mlflow models serve`` process answers JSON queries with the same hits (a bad query: HTTP 400); a QA model answers
+as ``vlp answer`` does; either directory is still the vlp model directory it was copied from."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ import pandas as pd
 import pytest
 from mlflow.exceptions import MlflowException
 
+from test_answer import _save as save_qa_model
 from test_index import captions, config, save_model
+from vlp.index.answer import Answerer
 from vlp.index.build import index_clips
-from vlp.index.pyfunc import COLUMNS, save
+from vlp.index.pyfunc import COLUMNS, QA_COLUMNS, save, save_qa
 from vlp.index.query import Searcher
 from vlp.models.tokenizer import train_wordpiece
 
@@ -44,8 +47,7 @@ def built(tiny_world, tmp_path_factory) -> dict[str, Any]:
     texts = captions(tiny_world["dataset"], "test")[:2]
     searcher = Searcher(str(root / "index"), cfg)
     expected = {(text, k): [h.as_dict() for h in searcher.search(text, k)] for text in texts for k in (3, 5)}
-    pyfunc_dir = save(str(root / "pyfunc"), str(root / "index"), overrides=["retrieval.rerank_k=64",
-                                                                              "index.candidates=64"])  # fmt: skip
+    pyfunc_dir = save(str(root / "pyfunc"), str(root / "index"), cfg)
     for name in ("model", "index"):
         shutil.move(str(root / name), str(root / f"{name}-moved"))
     return {"path": pyfunc_dir, "texts": texts, "expected": expected, "cfg": cfg, "frames": tiny_world["frames"]}
@@ -82,6 +84,9 @@ def test_the_loaded_model_ranks_as_vlp_search_from_its_own_copies(built) -> None
     assert list(frame.columns) == COLUMNS
     _close(_hits(frame, 0), built["expected"][(a, 3)])
     _close(_hits(frame, 1), built["expected"][(b, 5)])
+    fewer = mlflow.pyfunc.load_model(built["path"], model_config={"overrides": ["retrieval.rerank_k=2"]})
+    scored = fewer.predict(pd.DataFrame({"text": [a], "k": [5]}))["score"]
+    assert scored.notna().sum() == 2, "a loader's override changes the saved config"
     one = model.predict(pd.DataFrame({"text": [a]}))  # k defaults to 10: more than the 5 asked above
     assert len(one) == 10 and _hits(one, 0)[:5] == _hits(model.predict(pd.DataFrame({"text": [a], "k": [5]})), 0)
 
@@ -155,3 +160,35 @@ def test_mlflow_models_serve_answers_json_queries_with_the_same_hits(built, tmp_
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
         log.close()
+
+
+def test_a_qa_model_answers_as_vlp_answer_does_and_refuses_what_it_cannot_read(tiny_world, tmp_path) -> None:
+    from vlp.data import manifest
+    from vlp.data.video_text import normalize_answer
+    from vlp.eval.qa import build_answer_vocab
+    from vlp.models import directory, family
+
+    qa = manifest.read(tiny_world["dataset"], manifest.QA, manifest.QA_SCHEMA).to_pylist()
+    tok = train_wordpiece([r["question"] for r in qa] + [r["answer"] for r in qa], vocab_size=300)
+    answers = build_answer_vocab([normalize_answer(r["answer"]) for r in qa if r["split"] == "train"], 40)
+    model = save_qa_model(tmp_path / "qa", "alpro", family.get("alpro").kinds.qa, tok, answers)
+    cfg = config("qa.num_workers=0")
+    asked = [(r["video_id"], r["question"]) for r in qa if r["split"] == "test"][:2]
+    expected = [[a.as_dict() for a in Answerer(model, cfg, frames=tiny_world["frames"]).answer(v, q, 3)]
+                for v, q in asked]  # fmt: skip
+    path = save_qa(str(tmp_path / "qa-mlflow"), model, cfg, tiny_world["frames"])
+    assert directory.describe(path).kind == directory.describe(model).kind
+    loaded = mlflow.pyfunc.load_model(path)
+    frame = loaded.predict(pd.DataFrame({"clip": [v for v, _ in asked], "question": [q for _, q in asked], "k": 3}))
+    assert list(frame.columns) == QA_COLUMNS
+    for i, want in enumerate(expected):
+        got = frame[frame["query"] == i].drop(columns="query").to_dict("records")
+        assert [g["answer"] for g in got] == [w["answer"] for w in want] and len(got) == 3
+        assert [g["probability"] for g in got] == pytest.approx([w["probability"] for w in want], abs=1e-6)
+    for bad, says in [({"clip": "no-such-clip", "question": "what colour?"}, "query 0: the frames store"),
+                      ({"clip": asked[0][0], "question": " "}, "query 0: the question is empty")]:  # fmt: skip
+        with pytest.raises(MlflowException) as err:
+            loaded.predict(pd.DataFrame([bad]))
+        assert says in err.value.message and err.value.error_code == "INVALID_PARAMETER_VALUE"
+    with pytest.raises(ValueError, match="finetune-qa"):
+        save_qa(str(tmp_path / "not-qa"), save_model(tmp_path / "retrieval", "alpro", tok), cfg)
