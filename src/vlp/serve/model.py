@@ -49,9 +49,9 @@ def check_text(text: str, what: str = "query") -> str:
     Raises:
         ValueError: naming ``what`` (``query`` or ``question``) and the limit.
     """
-    if not text.strip():
-        raise ValueError(f"the {what} is empty: give the text to search for" if what == "query" else
-                         f"the {what} is empty")  # fmt: skip
+    if not text.strip():  # a query's message is Searcher.search's own
+        hint = ": give the text to search for" if what == "query" else ""
+        raise ValueError(f"the {what} is empty{hint}")
     if len(text) > MAX_QUERY_CHARS:
         raise ValueError(f"the {what} is {len(text)} characters long; at most {MAX_QUERY_CHARS} are taken")
     return text
