@@ -1,14 +1,14 @@
 """``vlp serve``: one process, one port, KServe's model server with the JSON API beside it.
 
-The same code runs as a KServe InferenceService's custom predictor (``vlp serve --host 0.0.0.0 --port 8080``) and
-on a workstation. KServe's REST server (uvicorn) serves its module-level FastAPI app, to which
+The same code runs as a KServe InferenceService's custom predictor (``vlp serve --host 0.0.0.0 --port 8080``) and on
+a workstation. KServe's REST server (uvicorn) serves its module-level FastAPI app, to which
 :func:`vlp.serve.api.add_routes` adds the JSON API before it starts: the SDK's ``ModelServer`` keeps the model
 registry and the data plane, its ``RESTServer`` the routes. ``ModelServer.start`` is not used: it binds every
-address (``0.0.0.0``), opens a gRPC port too and installs signal handlers of its own. Here the listening socket is
-bound first (a port in use is refused before the model loads), no gRPC server runs, and uvicorn's graceful
-shutdown on SIGINT/SIGTERM hands the signal back to the CLI, which exits 130 or 143. KServe's handlers of a bad
-inference request and an unknown model log a traceback each; the REST server here logs one line instead
-(:func:`vlp.serve.api.log_client_errors_in_one_line`).
+address (``0.0.0.0``), opens a gRPC port unless told not to and installs signal handlers of its own. Here the
+listening socket is bound first (a port in use is refused before the model loads), no gRPC server runs, and
+uvicorn's graceful shutdown on SIGINT/SIGTERM hands the signal back to the CLI, which exits 130 or 143. KServe's
+handlers of a bad inference request and an unknown model log a traceback each; the REST server here logs one line
+instead (:func:`vlp.serve.api.log_client_errors_in_one_line`).
 """
 
 from __future__ import annotations
