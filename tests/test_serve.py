@@ -27,6 +27,7 @@ import torch
 from PIL import Image
 
 from test_index import TINY, captions, save_model
+from vlp.cli import main
 from vlp.config import Config, load_config
 from vlp.index.build import index_clips
 from vlp.index.query import Searcher
@@ -313,11 +314,10 @@ def test_the_answer_route_asks_the_answerer_it_is_given(index):
         assert client.get("/healthz").json() == {"status": "ok", "model": NAME, "qa_model": True}
 
 
-def test_a_port_in_use_is_refused_and_sigterm_stops_the_server(server, index, tmp_path):
+def test_a_port_in_use_is_refused_and_sigterm_stops_the_server(server, index, capsys):
     port = server.url.rsplit(":", 1)[1]
-    second = Server(tmp_path / "second.log", "--index", index, "--port", port)
-    assert second.proc.wait(60) == 2
-    assert re.search(rf"vlp serve: error: cannot listen on 127\.0\.0\.1:{port}: .*in use", second.text())
+    assert main(["serve", "--index", index, "--port", port, "--config", str(TINY), *OVERRIDES]) == 2
+    assert re.fullmatch(rf"vlp serve: error: cannot listen on 127\.0\.0\.1:{port}: .*in use\n", capsys.readouterr().err)
     assert call(f"{server.url}/healthz")[0] == 200  # the first one still serves
     assert server.stop(signal.SIGTERM) == 143
     log = server.text()
