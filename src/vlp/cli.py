@@ -7,11 +7,13 @@ step) sends a training output's MLflow run what it lacks of ``OUT/metrics.jsonl`
 it exits 1 when the tracking server cannot take it. ``vlp search`` (not a step) prints the hits of a query as a
 table, or as a JSON list with ``--json``; its query and any overrides follow the options. ``vlp answer`` (not a
 step) prints a QA model's top answers to a question about one clip as a table, or as JSON with ``--json``; its clip,
-question and any overrides follow the options.
+question and any overrides follow the options. ``vlp serve`` (not a step) serves an index over HTTP until it is
+stopped (docs/serve.md).
 
 Ctrl-C (SIGINT) or SIGTERM stops a command without a traceback: one line on stderr says where it stopped and
 that the same command goes on (a training step: from its newest checkpoint), a training step's MLflow run ends
-KILLED, and the exit code is 130 (SIGINT) or 143 (SIGTERM).
+KILLED, and the exit code is 130 (SIGINT) or 143 (SIGTERM). ``vlp serve`` stops that way too, once its open
+requests are answered; its line says it stopped.
 """
 
 from __future__ import annotations
@@ -214,7 +216,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-k", type=_top_k, default=5, help="answers to list, 1..1000 (default: 5)")
     p.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
     _common(p)
+
+    p = sub.add_parser(
+        "serve",
+        help="serve an index's search (and a QA model's answers) over HTTP: KServe's inference protocols and a JSON "
+        "API on one port, until Ctrl-C or SIGTERM (docs/serve.md)",
+        epilog=EPILOG,
+    )
+    p.add_argument("--index", required=True, help="a `vlp index` output")
+    p.add_argument("--qa-model", default="", help="a QA model for POST /api/answer (default: none: that route is 404)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 in a pod)")
+    p.add_argument("--port", type=_port, default=8080, help="TCP port (default: 8080; 0: a free one, logged)")
+    _common(p)
     return parser
+
+
+def _port(text: str) -> int:
+    """``--port``: an integer in 0..65535."""
+    if not text.strip().isdigit() or not 0 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in 0..65535, got {text!r}")
+    return int(text)
 
 
 def _top_k(text: str) -> int:
@@ -334,6 +355,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         found = answer(args.model, args.clip, args.question, args.k, cfg, frames=args.frames, index=args.index)
         return {"clip": args.clip, "question": args.question, "answers": [a.as_dict() for a in found]}
+    if args.command == "serve":
+        from vlp.serve.server import serve
+
+        serve(args.index, cfg, qa_model=args.qa_model, host=args.host, port=args.port)
+        return {}
     raise AssertionError(f"unhandled command {args.command}")
 
 
@@ -410,6 +436,8 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
         seen = seen.__context__ if isinstance(seen.__context__, KeyboardInterrupt) else None
     if training is not None:
         said = f"interrupted at step {training.step}; rerun the same command to resume from step {training.resume_step}"
+    elif command == "serve":  # the way a server ends
+        said = "stopped"
     else:
         said = "interrupted; rerun the same command to run it again"
     if os.environ.get("RANK", "0") == "0":  # under torchrun rank 0 says it for every rank
@@ -437,6 +465,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if seen:  # stopped, though the raise was lost on the way (the step may have finished: a rerun says so)
         return _interrupted(args.command, _signal_exception(seen[0]))
     summary.pop("config", None)
+    if args.command == "serve":  # uvicorn returned without a signal: it stopped on its own (a failed startup)
+        print("vlp serve: error: the HTTP server stopped without being asked to (its log above says why)",
+              file=sys.stderr)  # fmt: skip
+        return 1
     if args.command == "search":  # not a step: hits, no summary
         print(json.dumps(summary["hits"], indent=2) if args.json else hits_table(summary["hits"]))
         return 0

@@ -1,0 +1,220 @@
+"""The JSON API of ``vlp serve``, on the same FastAPI app (and port) as KServe's inference routes.
+
+``GET /api/search?q=&k=``, ``GET /api/clips/{video_id}/thumbnail.jpg``, ``POST /api/answer`` and ``GET /healthz``
+(docs/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server logs that line: a
+blank or over-long query or question (400), ``k`` outside 1..1000 (400), a parameter or body field of the wrong
+type or missing (422, for KServe's routes too), an unknown clip (404), ``/api/answer`` without a QA model (404),
+and a request body over :data:`MAX_BODY` bytes (413, on every route).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from vlp.index.query import MAX_K
+from vlp.serve.model import DEFAULT_K, MAX_QUERY_CHARS, Answerer, SearchModel, check_text
+
+log = logging.getLogger(__name__)
+
+MAX_BODY = 64 * 1024  # bytes of a request body
+DEFAULT_ANSWERS = 5
+
+
+class ApiError(Exception):
+    """A client error: its HTTP status and the one line the response's ``error`` says."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+class Error(BaseModel):
+    error: str = Field(description="what was wrong with the request, one line")
+
+
+class HitOut(BaseModel):
+    rank: int
+    video_id: str
+    score: float | None = Field(description="the re-ranking score; null past retrieval.rerank_k")
+    similarity: float
+
+
+class SearchOut(BaseModel):
+    query: str
+    k: int
+    hits: list[HitOut]
+
+
+class AnswerIn(BaseModel):
+    video_id: str = Field(description="the clip's id, as a search hit names it")
+    question: str = Field(description=f"the question, at most {MAX_QUERY_CHARS} characters")
+    k: int = Field(DEFAULT_ANSWERS, description=f"answers to return, 1..{MAX_K}")
+
+
+class AnswerItem(BaseModel):
+    answer: str
+    probability: float
+
+
+class AnswerOut(BaseModel):
+    video_id: str
+    question: str
+    answers: list[AnswerItem]
+
+
+class Health(BaseModel):
+    status: str
+    model: str
+    qa_model: bool = Field(description="whether POST /api/answer has a QA model")
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": Error} for code in codes}
+
+
+def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = None) -> None:
+    """Add the JSON API to ``app`` (KServe's app in ``vlp serve``; any FastAPI app works): its routes searching
+    through ``model`` and answering through ``answerer`` (none: ``POST /api/answer`` is 404), the body size limit
+    and the one-line error responses."""
+    router = APIRouter(tags=["vlp"])
+
+    @router.get("/healthz", response_model=Health, responses=_errors(503))
+    async def healthz() -> Any:
+        """Liveness and readiness: 200 once the index and its model are loaded."""
+        if not model.ready:
+            raise ApiError(503, f"the model {model.name} is not loaded yet")
+        return Health(status="ok", model=model.name, qa_model=answerer is not None)
+
+    @router.get("/api/search", response_model=SearchOut, responses=_errors(400, 422))
+    async def search(
+        q: str = Query(description=f"the text to search for, at most {MAX_QUERY_CHARS} characters"),
+        k: int = Query(DEFAULT_K, description=f"hits to return, 1..{MAX_K}"),
+    ) -> Any:
+        """The ``k`` clips that best match ``q``, best first, as ``vlp search`` ranks them."""
+        try:
+            hits = (await model.search([q], k))[0]
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        return {"query": q, "k": k, "hits": [hit.as_dict() for hit in hits]}
+
+    @router.get(
+        "/api/clips/{video_id}/thumbnail.jpg",
+        response_class=Response,
+        responses={200: {"content": {"image/jpeg": {}}, "description": "the clip's middle frame"}, **_errors(404)},
+    )
+    async def thumbnail(video_id: str) -> Response:
+        """The JPEG the index stores for the clip (its middle frame)."""
+        searcher = model.searcher
+        if searcher is None:
+            raise ApiError(503, f"the model {model.name} is not loaded yet")
+        try:
+            jpeg = await model.run(searcher.index.thumbnail, video_id)
+        except KeyError:
+            raise ApiError(404, f"no clip {video_id!r} in the index") from None
+        return Response(jpeg, media_type="image/jpeg", headers={"Cache-Control": "max-age=3600"})
+
+    @router.post("/api/answer", response_model=AnswerOut, responses=_errors(400, 404, 413, 422))
+    async def answer(body: AnswerIn) -> Any:
+        """The ``k`` most probable answers to a question about a clip (needs ``vlp serve --qa-model``)."""
+        if answerer is None:
+            raise ApiError(404, "no QA model loaded: start vlp serve with --qa-model")
+        try:
+            check_text(body.question, "question")
+            if not 1 <= body.k <= MAX_K:
+                raise ValueError(f"k must be an integer in 1..{MAX_K}, got {body.k}")
+            answers = await model.run(answerer.answer, body.video_id, body.question, body.k)
+        except KeyError:
+            raise ApiError(404, f"the QA model has no clip {body.video_id!r}") from None
+        except ValueError as exc:
+            raise ApiError(400, str(exc)) from None
+        return {"video_id": body.video_id, "question": body.question, "answers": answers}
+
+    app.include_router(router)
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_middleware(BodyLimit, limit=MAX_BODY)
+
+
+def log_client_errors_in_one_line(app: FastAPI) -> None:
+    """KServe's own client errors on ``app`` (an invalid inference request: 400; an unknown model: 404) answered as
+    KServe answers them, ``{"error": ...}``, but logged in one line, as the JSON API's are, not with a traceback.
+    Call it after KServe has added its handlers (it replaces two of them)."""
+    from vlp.serve.sdk import InvalidInput, ModelNotFound
+
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        return _respond(request, 400, str(exc))
+
+    async def not_found(request: Request, exc: Exception) -> JSONResponse:
+        return _respond(request, 404, str(exc))
+
+    app.add_exception_handler(InvalidInput, invalid)
+    app.add_exception_handler(ModelNotFound, not_found)
+
+
+def _respond(request: Request | None, status: int, message: str) -> JSONResponse:
+    where = f"{request.method} {request.url.path}" if request is not None else "request"
+    log.warning("%s: %d %s", where, status, message)
+    return JSONResponse({"error": message}, status_code=status)
+
+
+async def _api_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, ApiError)
+    return _respond(request, exc.status, exc.message)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's validation errors as one line: the first error's place and message."""
+    assert isinstance(exc, RequestValidationError)
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    place = " ".join(str(part) for part in first.get("loc", ()))
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return _respond(request, 422, f"{place}: {first.get('msg')}{more}" if place else f"{first.get('msg')}{more}")
+
+
+class BodyLimit:
+    """ASGI middleware: a request whose body is over ``limit`` bytes gets 413 before the app sees it (the body is
+    read here, at most ``limit`` bytes of it, and handed on)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.limit:
+            await self._too_large(scope, receive, send)
+            return
+        body, more = b"", True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.limit:
+                await self._too_large(scope, receive, send)
+                return
+        handed = False
+
+        async def replay() -> dict[str, Any]:
+            nonlocal handed
+            if handed:
+                return await receive()
+            handed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _too_large(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        log.warning("%s %s: 413 request body over %d bytes", scope.get("method"), scope.get("path"), self.limit)
+        response = JSONResponse({"error": f"the request body is over {self.limit} bytes"}, status_code=413)
+        await response(scope, receive, send)

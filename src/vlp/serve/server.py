@@ -1,0 +1,113 @@
+"""``vlp serve``: one process, one port, KServe's model server with the JSON API beside it.
+
+The same code runs as a KServe InferenceService's custom predictor (``vlp serve --host 0.0.0.0 --port 8080``) and on
+a workstation. KServe's REST server (uvicorn) serves its module-level FastAPI app, to which
+:func:`vlp.serve.api.add_routes` adds the JSON API before it starts: the SDK's ``ModelServer`` keeps the model
+registry and the data plane, its ``RESTServer`` the routes. ``ModelServer.start`` is not used: it binds every
+address (``0.0.0.0``), opens a gRPC port unless told not to and installs signal handlers of its own. Here the
+listening socket is bound first (a port in use is refused before the model loads), no gRPC server runs, and
+uvicorn's graceful shutdown on SIGINT/SIGTERM hands the signal back to the CLI, which exits 130 or 143. KServe's
+handlers of a bad inference request and an unknown model log a traceback each; the REST server here logs one line
+instead (:func:`vlp.serve.api.log_client_errors_in_one_line`).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from vlp.config import Config
+from vlp.serve.api import add_routes, log_client_errors_in_one_line
+from vlp.serve.model import NAME, Answerer, SearchModel
+from vlp.serve.sdk import FASTAPI_APP_IMPORT_STRING, ModelServer, RESTServer, app
+
+log = logging.getLogger(__name__)
+
+
+class _RESTServer(RESTServer):
+    """KServe's REST server, its client errors logged in one line."""
+
+    def _add_exception_handlers(self, app: Any) -> None:
+        super()._add_exception_handlers(app)
+        log_client_errors_in_one_line(app)
+
+
+class IndexAnswerer:
+    """A QA model answering about the clips of an index (:class:`vlp.index.answer.Answerer` over the frames store
+    the index names), in the shape ``POST /api/answer`` asks (:class:`vlp.serve.model.Answerer`)."""
+
+    def __init__(self, qa_model: str, cfg: Config, index: str) -> None:
+        from vlp.index.answer import Answerer as QA
+
+        self.qa = QA(qa_model, cfg, index=index)
+
+    def answer(self, video_id: str, question: str, k: int) -> list[dict[str, Any]]:
+        """The ``k`` most probable answers, ``{"answer", "probability"}`` each.
+
+        Raises:
+            KeyError: the index's frames store has no clip ``video_id``.
+            ValueError: an empty question, or ``k`` outside 1..1000.
+        """
+        if self.qa.store is None or video_id not in self.qa.store:
+            raise KeyError(video_id)
+        return [{"answer": a.answer, "probability": a.probability} for a in self.qa.answer(video_id, question, k)]
+
+
+def load_answerer(qa_model: str, cfg: Config, index: str) -> Answerer:
+    """The QA model at ``qa_model``, loaded once, answering ``POST /api/answer`` about the clips of ``index``.
+
+    Raises:
+        ValueError: ``qa_model`` is not a QA model (the message names what to pass).
+        StepInputError: the model directory or the index's frames store is missing.
+    """
+    return IndexAnswerer(qa_model, cfg, index)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A TCP socket listening on ``host:port`` (port 0: a free one).
+
+    Raises:
+        ValueError: the address cannot be bound (in use, not this machine's, no such host).
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+    except OSError as exc:
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", port: int = 8080) -> None:
+    """Serve the index at ``index`` (and the QA model ``qa_model``, if given) on ``host:port`` until SIGINT or
+    SIGTERM (the signal is raised again once the server has stopped: ``KeyboardInterrupt`` in the CLI). It returns
+    only if the HTTP server stops on its own, which its startup failing does.
+
+    Raises:
+        ValueError: the address cannot be bound, or the model or index is refused (:class:`Searcher`'s errors).
+        FileNotFoundError: there is no index at ``index``.
+    """
+    sock = listen(host, port)
+    try:
+        model = SearchModel(index, cfg, NAME)
+        model.load()
+        answerer = load_answerer(qa_model, cfg, index) if qa_model else None
+        bound = sock.getsockname()[1]
+        server = ModelServer(http_port=bound, enable_grpc=False)
+        server.register_model(model)
+        add_routes(app, model, answerer)
+        rest = _RESTServer(FASTAPI_APP_IMPORT_STRING, server.dataplane, server.model_repository_extension, bound)
+        rest.config.host = host  # uvicorn serves the socket bound above; this is what its log says
+        url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
+        log.info("vlp serve: listening on %s (model %s; %s/v2/models/%s/infer, %s/api/search?q=...)", url, NAME,
+                 url, NAME, url)  # fmt: skip
+        rest.run(sockets=[sock])
+    finally:
+        sock.close()

@@ -1,0 +1,332 @@
+"""``vlp serve`` (issue 26): the real server, started as ``python -m vlp.cli serve`` on a free loopback port over a
+tiny ALPRO index, queried over HTTP: the Open Inference Protocol v2 and v1 routes rank as :class:`Searcher` ranks
+in this process, the JSON API and its OpenAPI spec, one-line 4xx answers to bad requests, and SIGTERM / SIGINT
+stopping it with the CLI's exit codes. ``POST /api/answer`` is checked in this process on a plain FastAPI app with
+the same routes and a small answerer defined here (answers computed from the question's words, not a QA model)."""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from test_index import TINY, captions, save_model
+from vlp.cli import main
+from vlp.config import Config, load_config
+from vlp.index.build import index_clips
+from vlp.index.query import Searcher
+from vlp.index.store import ClipIndex
+from vlp.models.tokenizer import train_wordpiece
+
+ROOT = Path(__file__).resolve().parents[1]
+# re-ranking stops at the third candidate, so hits past it have no score (null / NaN on the wire)
+OVERRIDES = ["retrieval.rerank_k=3", "index.candidates=64", "retrieval.num_workers=0"]
+NAME = "vlp-search"
+LISTENING = re.compile(r"vlp serve: listening on (http://127\.0\.0\.1:\d+)")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def config() -> Config:
+    return load_config(TINY, OVERRIDES)
+
+
+@pytest.fixture(scope="module")
+def index(tiny_world, tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("serve")
+    tok = train_wordpiece(captions(tiny_world["dataset"], "train"), vocab_size=300)
+    model = save_model(root / "alpro", "alpro", tok)
+    out = str(root / "index")
+    assert index_clips(model, tiny_world["frames"], out, config())["added"] > 3
+    return out
+
+
+class Server:
+    """``vlp serve`` in a subprocess, its log in a file; :attr:`url` once it listens."""
+
+    def __init__(self, log: Path, *args: str) -> None:
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+        self.log = log
+        with open(log, "wb") as fh:
+            cmd = [sys.executable, "-m", "vlp.cli", "serve", *args, "--config", str(TINY), *OVERRIDES]
+            self.proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
+
+    def text(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_listening(self, timeout: float = 60) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = LISTENING.search(self.text())
+            if found:
+                self.url = found[1]
+                return self.url
+            if self.proc.poll() is not None:
+                pytest.fail(f"vlp serve exited {self.proc.returncode}:\n{self.text()}")
+            time.sleep(0.1)
+        self.proc.kill()
+        pytest.fail(f"vlp serve did not listen within {timeout} s:\n{self.text()}")
+
+    def stop(self, sig: int, timeout: float = 30) -> int:
+        self.proc.send_signal(sig)
+        return self.proc.wait(timeout)
+
+
+@pytest.fixture(scope="module")
+def server(index, tmp_path_factory) -> Iterator[Server]:
+    srv = Server(tmp_path_factory.mktemp("serve_log") / "serve.log", "--index", index, "--port", "0")
+    srv.wait_listening()
+    yield srv
+    if srv.proc.poll() is None:
+        srv.proc.kill()
+        srv.proc.wait(10)
+
+
+def call(url: str, body: Any = None) -> tuple[int, Any, bytes]:
+    """``(status, headers, body)`` of a GET, or of a POST of the JSON ``body``."""
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, response.headers, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers, exc.read()
+
+
+def get_json(url: str, body: Any = None) -> tuple[int, Any]:
+    status, headers, raw = call(url, body)
+    assert headers.get("Content-Type", "").startswith("application/json"), (status, raw[:200])
+    return status, json.loads(raw)
+
+
+def v2(texts: list[str], k: int | None = None, **extra: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [len(texts)], "data": texts}]}
+    if k is not None:
+        body["parameters"] = {"k": k}
+    return {**body, **extra}
+
+
+def test_oip_v2_ranks_as_the_searcher_does(server, index, tiny_world):
+    assert get_json(f"{server.url}/v2/models/{NAME}/ready") == (200, {"name": NAME, "ready": True})
+    status, meta = get_json(f"{server.url}/v2/models/{NAME}")
+    assert status == 200 and [i["name"] for i in meta["inputs"]] == ["text"]
+    assert [o["name"] for o in meta["outputs"]] == ["video_id", "score", "similarity"]
+    searcher = Searcher(index, config())
+    queries = [captions(tiny_world["dataset"])[0], "a red star moving left over sand"]
+    status, got = get_json(f"{server.url}/v2/models/{NAME}/infer", v2(queries, 5, id="req-1"))
+    assert status == 200 and got["id"] == "req-1" and got["model_name"] == NAME
+    out = {o["name"]: o for o in got["outputs"]}
+    assert {name: (o["datatype"], o["shape"]) for name, o in out.items()} == {
+        "video_id": ("BYTES", [2, 5]), "score": ("FP32", [2, 5]), "similarity": ("FP32", [2, 5])}  # fmt: skip
+    for i, query in enumerate(queries):
+        want = searcher.search(query, 5)
+        row = slice(5 * i, 5 * i + 5)
+        assert out["video_id"]["data"][row] == [h.video_id for h in want]
+        assert out["similarity"]["data"][row] == pytest.approx([h.similarity for h in want], abs=1e-5)
+        scores = out["score"]["data"][row]
+        assert [s is None for s in scores] == [h.score is None for h in want] == [False] * 3 + [True] * 2
+        assert scores[:3] == pytest.approx([h.score for h in want[:3]], abs=1e-5)
+    # k defaults to 10; one text may come as shape [1]
+    status, got = get_json(f"{server.url}/v2/models/{NAME}/infer", v2(queries[:1]))
+    assert status == 200 and got["outputs"][0]["shape"] == [1, 10]
+    assert got["outputs"][0]["data"] == [h.video_id for h in searcher.search(queries[0], 10)]
+
+
+def test_oip_binary_outputs_carry_nan_where_a_hit_has_no_score(server, index):
+    body = v2(["a blue square"], parameters={"k": 4, "binary_data_output": True})
+    status, headers, raw = call(f"{server.url}/v2/models/{NAME}/infer", body)
+    assert status == 200
+    header = json.loads(raw[: int(headers["inference-header-content-length"])])
+    sizes = {o["name"]: o["parameters"]["binary_data_size"] for o in header["outputs"]}
+    start = len(raw) - sizes["score"] - sizes["similarity"]
+    score = torch.frombuffer(bytearray(raw[start : start + sizes["score"]]), dtype=torch.float32).tolist()
+    want = Searcher(index, config()).search("a blue square", 4)
+    assert [math.isnan(s) for s in score] == [h.score is None for h in want] == [False, False, False, True]
+    assert score[:3] == pytest.approx([h.score for h in want[:3]], abs=1e-5)
+
+
+def test_v1_predict_returns_each_instances_hits(server, index):
+    searcher = Searcher(index, config())
+    body = {"instances": [{"text": "a green circle", "k": 2}, {"text": "a red star"}]}
+    status, got = get_json(f"{server.url}/v1/models/{NAME}:predict", body)
+    assert status == 200 and [len(p) for p in got["predictions"]] == [2, 10]
+    for prediction, (query, k) in zip(got["predictions"], [("a green circle", 2), ("a red star", 10)], strict=True):
+        assert [h["video_id"] for h in prediction] == [h.video_id for h in searcher.search(query, k)]
+        assert [h["rank"] for h in prediction] == list(range(1, k + 1))
+
+
+def test_the_json_api_searches_and_shows_thumbnails(server, index):
+    searcher = Searcher(index, config())
+    query = "a yellow triangle moving up"
+    status, got = get_json(f"{server.url}/api/search?" + urllib.parse.urlencode({"q": query, "k": 4}))
+    assert status == 200 and got["query"] == query and got["k"] == 4
+    want = searcher.search(query, 4)
+    assert [h["video_id"] for h in got["hits"]] == [h.video_id for h in want]
+    assert [h["score"] is None for h in got["hits"]] == [False, False, False, True]
+    for hit, expected in zip(got["hits"], want, strict=True):
+        assert hit["rank"] == expected.rank and hit["similarity"] == pytest.approx(expected.similarity, abs=1e-5)
+    clip = want[0].video_id
+    status, kind, jpeg = call(f"{server.url}/api/clips/{urllib.parse.quote(clip)}/thumbnail.jpg")
+    assert status == 200 and kind["Content-Type"] == "image/jpeg" and jpeg == ClipIndex.open(index).thumbnail(clip)
+    assert Image.open(io.BytesIO(jpeg)).format == "JPEG"
+    assert get_json(f"{server.url}/healthz") == (200, {"status": "ok", "model": NAME, "qa_model": False})
+
+
+def test_bad_requests_get_a_4xx_and_one_line(server):
+    url = server.url
+    search = f"{url}/api/search?"
+    cases = [
+        (search + "q=%20%20", 400, "the query is empty: give the text to search for"),
+        (search + "q=star&k=0", 400, "k must be an integer in 1..1000, got 0"),
+        (search + "q=star&k=1001", 400, "k must be an integer in 1..1000, got 1001"),
+        (
+            search + "q=star&k=many",
+            422,
+            "query k: Input should be a valid integer, unable to parse string as an integer",
+        ),
+        (search + "k=3", 422, "query q: Field required"),
+        (search + "q=" + "a" * 1001, 400, "the query is 1001 characters long; at most 1000 are taken"),
+        (f"{url}/api/clips/no-such-clip/thumbnail.jpg", 404, "no clip 'no-such-clip' in the index"),
+    ]
+    for target, status, message in cases:
+        assert get_json(target) == (status, {"error": message}), target
+    answer = {"video_id": "v1", "question": "what color is the star?", "k": 3}
+    assert get_json(f"{url}/api/answer", answer) == (
+        404,
+        {"error": "no QA model loaded: start vlp serve with --qa-model"},
+    )
+    big = {**answer, "question": "x" * (64 * 1024)}
+    assert get_json(f"{url}/api/answer", big) == (413, {"error": "the request body is over 65536 bytes"})
+    infer = f"{url}/v2/models/{NAME}/infer"
+    assert get_json(infer, v2(["star " * 14000])) == (413, {"error": "the request body is over 65536 bytes"})
+    wrong = {"inputs": [{"name": "query", "datatype": "BYTES", "shape": [1], "data": ["a star"]}]}
+    assert get_json(infer, wrong) == (
+        400,
+        {"error": 'expected an input tensor "text" (BYTES, shape [n]: one query each)'},
+    )
+    numbers = {"inputs": [{"name": "text", "datatype": "INT32", "shape": [1], "data": [3]}]}
+    assert get_json(infer, numbers) == (400, {"error": 'the input "text" must be BYTES, got INT32'})
+    misshapen = v2(["a star", "a square"])
+    misshapen["inputs"][0]["shape"] = [3]
+    status, got = get_json(infer, misshapen)
+    assert status == 400 and got == {"error": 'the input "text" does not hold as many texts as its shape [3] says'}
+    assert get_json(infer, v2([""])) == (400, {"error": "the query is empty: give the text to search for"})
+    assert get_json(infer, v2(["a star"], 0))[0] == 400
+    assert get_json(infer, v2(["a star"] * 65)) == (400, {"error": "expected 1..64 texts, got 65"})
+    assert get_json(f"{url}/v1/models/{NAME}:predict", {"instances": [{"k": 3}]}) == (
+        400, {"error": 'each instance must be an object {"text": str, "k": int (optional)}'})  # fmt: skip
+    status, got = get_json(f"{url}/v2/models/other/infer", v2(["a star"]))
+    assert status == 404 and "other" in got["error"]
+    status, got = get_json(infer, {"inputs": "nothing"})
+    assert status == 422 and got["error"].startswith("body InferenceRequest inputs: Input should be a valid list")
+    log = server.text()
+    assert "GET /api/search: 400 k must be an integer in 1..1000, got 0" in log  # logged server-side
+    assert "Internal Server Error" not in log and " 500 " not in log
+
+
+def test_the_openapi_spec_covers_the_routes(server):
+    status, spec = get_json(f"{server.url}/openapi.json")
+    assert status == 200 and spec["openapi"].startswith("3.")
+    paths = spec["paths"]
+    for path, method in [("/api/search", "get"), ("/api/clips/{video_id}/thumbnail.jpg", "get"),
+                         ("/api/answer", "post"), ("/healthz", "get"), ("/v2/models/{model_name}/infer", "post"),
+                         ("/v2/models/{model_name}/ready", "get")]:  # fmt: skip
+        assert method in paths.get(path, {}), path
+    search = paths["/api/search"]["get"]
+    assert {p["name"] for p in search["parameters"]} == {"q", "k"}
+    assert {"200", "400", "422"} <= set(search["responses"])
+    assert "image/jpeg" in paths["/api/clips/{video_id}/thumbnail.jpg"]["get"]["responses"]["200"]["content"]
+    assert {"video_id", "question", "k"} <= set(spec["components"]["schemas"]["AnswerIn"]["properties"])
+
+
+class WordAnswerer:
+    """A small real answerer for the route: its answers are the question's words, longest first, with
+    probabilities proportional to their lengths; it knows the clips it is given and refuses a question mark
+    alone."""
+
+    def __init__(self, clips: set[str]) -> None:
+        self.clips = clips
+
+    def answer(self, video_id: str, question: str, k: int) -> list[dict[str, Any]]:
+        if video_id not in self.clips:
+            raise KeyError(video_id)
+        words = sorted({w.strip("?.,") for w in question.split()} - {""}, key=lambda w: (-len(w), w))
+        if not words:
+            raise ValueError("the question has no words")
+        total = sum(len(w) for w in words)
+        return [{"answer": w, "probability": len(w) / total} for w in words[:k]]
+
+
+def test_the_answer_route_asks_the_answerer_it_is_given(index):
+    """In this process: a plain FastAPI app with the routes, the real search model and :class:`WordAnswerer`."""
+    from fastapi import FastAPI
+    from fastapi.testclient import TestClient
+
+    from vlp.serve.api import add_routes
+    from vlp.serve.model import SearchModel
+
+    model = SearchModel(index, config())
+    model.load()
+    clip = sorted(ClipIndex.open(index).video_ids())[0]
+    app = FastAPI()
+    add_routes(app, model, WordAnswerer({clip}))
+    with TestClient(app) as client:
+        got = client.post("/api/answer", json={"video_id": clip, "question": "what colour is the star?", "k": 2})
+        assert got.status_code == 200
+        assert got.json() == {"video_id": clip, "question": "what colour is the star?",
+                              "answers": [{"answer": "colour", "probability": pytest.approx(6 / 19)},
+                                          {"answer": "star", "probability": pytest.approx(4 / 19)}]}  # fmt: skip
+        assert client.post("/api/answer", json={"video_id": clip, "question": "why"}).json()["answers"] == [
+            {"answer": "why", "probability": 1.0}]  # fmt: skip
+        for body, status, message in [
+            ({"video_id": "nope", "question": "why?"}, 404, "the QA model has no clip 'nope'"),
+            ({"video_id": clip, "question": " ? "}, 400, "the question has no words"),
+            ({"video_id": clip, "question": ""}, 400, "the question is empty"),
+            ({"video_id": clip, "question": "why?", "k": 0}, 400, "k must be an integer in 1..1000, got 0"),
+            ({"video_id": clip, "question": "q" * 1001}, 400,
+             "the question is 1001 characters long; at most 1000 are taken"),
+            ({"question": "why?"}, 422, "body video_id: Field required"),
+        ]:  # fmt: skip
+            got = client.post("/api/answer", json=body)
+            assert (got.status_code, got.json()) == (status, {"error": message}), body
+        assert client.get("/healthz").json() == {"status": "ok", "model": NAME, "qa_model": True}
+
+
+def test_a_port_in_use_is_refused_and_sigterm_stops_the_server(server, index, capsys):
+    port = server.url.rsplit(":", 1)[1]
+    assert main(["serve", "--index", index, "--port", port, "--config", str(TINY), *OVERRIDES]) == 2
+    assert re.fullmatch(rf"vlp serve: error: cannot listen on 127\.0\.0\.1:{port}: .*in use\n", capsys.readouterr().err)
+    assert call(f"{server.url}/healthz")[0] == 200  # the first one still serves
+    assert server.stop(signal.SIGTERM) == 143
+    log = server.text()
+    assert log.rstrip().endswith("vlp serve: stopped") and "Traceback" not in log
+
+
+def test_ctrl_c_stops_the_server(index, tmp_path):
+    srv = Server(tmp_path / "serve.log", "--index", index, "--port", "0")
+    url = srv.wait_listening()
+    assert get_json(f"{url}/healthz")[0] == 200
+    assert srv.stop(signal.SIGINT) == 130
+    assert srv.text().rstrip().endswith("vlp serve: stopped") and "Traceback" not in srv.text()
