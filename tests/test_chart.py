@@ -6,12 +6,14 @@ and skip, with the reason, only when it cannot be fetched. Set HELM=/path/to/hel
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -108,6 +110,8 @@ def _pod_specs(docs: Docs) -> Iterator[tuple[str, dict[str, Any]]]:
             yield name, d["spec"]["jobTemplate"]["spec"]["template"]["spec"]
         elif d["kind"] == "Pod":
             yield name, d["spec"]
+        elif d["kind"] == "InferenceService":  # KServe's predictor: a pod spec plus KServe's own fields
+            yield name, d["spec"]["predictor"]
 
 
 def _env(container: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -151,10 +155,44 @@ def test_rendered_objects_validate_strictly(render: Callable[..., Docs], value_s
     docs = render(value_set, "--kube-version", k8s_version)
     assert docs
     for doc in docs:
+        if doc["kind"] in CUSTOM_SCHEMAS:  # not a built-in kind: checked against its CRD's schema instead
+            _validate_custom(doc)
+            continue
         try:
             kubernetes_validate.validate(doc, k8s_version, strict=True)
         except kubernetes_validate.ValidationError as err:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} invalid for {k8s_version}: {err.message}")
+
+
+ISVC_SCHEMA = json.loads((ROOT / "tests/fixtures/kserve_crd/inferenceservice-v1beta1.schema.json").read_text())
+CUSTOM_SCHEMAS = {"InferenceService": ISVC_SCHEMA}  # kind -> the OpenAPI schema of its CRD (tests/fixtures)
+
+
+def _unknown_keys(node: Any, schema: dict[str, Any], path: str = "") -> list[str]:
+    """Keys of ``node`` the ``schema`` does not name, as dotted paths: the API server prunes (or, with strict field
+    validation, refuses) them, where JSON Schema without ``additionalProperties: false`` lets them pass."""
+    found: list[str] = []
+    if isinstance(node, dict) and "properties" in schema:
+        for key, value in node.items():
+            if key in schema["properties"]:
+                found += _unknown_keys(value, schema["properties"][key], f"{path}.{key}")
+            elif not schema.get("x-kubernetes-preserve-unknown-fields") and "additionalProperties" not in schema:
+                found.append(f"{path}.{key}".lstrip("."))
+    elif isinstance(node, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(node):
+            found += _unknown_keys(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+def _validate_custom(doc: dict[str, Any]) -> None:
+    """A custom resource against its CRD's schema: types, enums, required keys, patterns (not CEL rules), and no
+    field the schema does not name."""
+    where = f"{doc['kind']}/{doc['metadata']['name']}"
+    try:
+        jsonschema.validate(doc, CUSTOM_SCHEMAS[doc["kind"]])
+    except jsonschema.ValidationError as err:
+        pytest.fail(f"{where} does not match its CRD schema at {list(err.absolute_path)}: {err.message}")
+    assert _unknown_keys(doc, CUSTOM_SCHEMAS[doc["kind"]]) == [], f"{where}: fields its CRD does not have"
 
 
 def test_strict_validation_catches_an_unknown_field(render: Callable[..., Docs]) -> None:
@@ -544,7 +582,8 @@ def _egress_ports(policy: dict[str, Any]) -> set[int]:
     return {p["port"] for rule in policy["spec"]["egress"] for p in rule.get("ports", [])}
 
 
-@pytest.mark.parametrize(("value_set", "s3_port"), [("default", 443), ("sqlite", 8333), ("postgres", 443)])
+@pytest.mark.parametrize(("value_set", "s3_port"), [("default", 443), ("sqlite", 8333), ("postgres", 443),
+                                                     ("serving", 8333)])  # fmt: skip
 def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: int) -> None:
     docs = render(value_set)
     mlflow = _one(docs, "NetworkPolicy", "mlflow")
@@ -560,10 +599,18 @@ def test_network_policies(render: Callable[..., Docs], value_set: str, s3_port: 
     # every workload of the chart is selected by a policy
     selectors = [p["spec"]["podSelector"]["matchLabels"] for p in docs if p["kind"] == "NetworkPolicy"]
     for d in docs:
-        if d["kind"] in ("Deployment", "CronJob", "Job"):
-            tmpl = d["spec"]["jobTemplate"]["spec"]["template"] if d["kind"] == "CronJob" else d["spec"]["template"]
-            labels = tmpl["metadata"]["labels"]
+        if d["kind"] in ("Deployment", "CronJob", "Job", "InferenceService"):
+            labels = _pod_labels(d)
             assert any(sel.items() <= labels.items() for sel in selectors), d["metadata"]["name"]
+
+
+def _pod_labels(workload: dict[str, Any]) -> dict[str, str]:
+    """The labels a workload puts on its pods (KServe copies the predictor's ``labels`` onto them)."""
+    if workload["kind"] == "InferenceService":
+        return workload["spec"]["predictor"]["labels"]
+    if workload["kind"] == "CronJob":
+        return workload["spec"]["jobTemplate"]["spec"]["template"]["metadata"]["labels"]
+    return workload["spec"]["template"]["metadata"]["labels"]
 
 
 STEP_LABEL = {"vlp.dev/pipeline-step": "true"}  # pipelines/config.py STEP_POD_LABEL, on every compiled task
@@ -715,3 +762,112 @@ def test_gpu_defaults_match_the_pipeline_config(render: Callable[..., Docs]) -> 
     for name, step in gpu_steps.items():
         for key in ("accelerator_type", "node_selector", "tolerations"):
             assert step.get(key) == chart[key], f"pipelines/config/default.yaml steps.{name}.{key} != chart gpuNodePool"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Serving: the InferenceService of `vlp serve`
+
+
+def test_serving_is_off_by_default_and_needs_an_index(render: Callable[..., Docs], helm: str) -> None:
+    docs = render()
+    assert not [d for d in docs if d["kind"] == "InferenceService"]
+    assert not [d for d in docs if d["metadata"]["labels"].get("app.kubernetes.io/component") == "serving"]
+    proc = _template(helm, "--set", "serving.enabled=true")
+    assert proc.returncode != 0 and "serving.index is required" in proc.stderr, proc.stderr
+    for bad in ("serving.index=/local/index", "serving.deploymentMode=Fast", "serving.port=80",
+                "serving.name=Search_1", "serving.minReplicas=3"):  # fmt: skip
+        proc = _template(helm, "--set", "serving.enabled=true", "--set", "serving.index=s3://b/i", "--set", bad)
+        assert proc.returncode != 0 and bad.split("=")[0].split(".")[-1] in proc.stderr, (bad, proc.stderr)
+
+
+def test_the_inferenceservice_runs_vlp_serve_on_the_index_with_the_hardened_pod(render: Callable[..., Docs]) -> None:
+    from vlp.cli import build_parser
+
+    values = _values("serving")
+    sv = values["serving"]
+    isvc = _one(render("serving"), "InferenceService")
+    assert isvc["apiVersion"] == "serving.kserve.io/v1beta1" and isvc["metadata"]["name"] == f"{RELEASE}-search"
+    assert isvc["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Knative"}
+    pred = isvc["spec"]["predictor"]
+    assert (pred["minReplicas"], pred["maxReplicas"], pred["timeout"]) == (0, 3, sv["timeout"])
+    assert pred["serviceAccountName"] == f"{RELEASE}-serving" and pred["automountServiceAccountToken"] is False
+    (container,) = pred["containers"]
+    assert container["name"] == "kserve-container"  # the name KServe gives a custom predictor's serving container
+    assert "command" not in container, "the image's entrypoint is `vlp`"
+    args = build_parser().parse_args(container["args"])  # the CLI takes exactly what the chart passes
+    assert (args.command, args.index, args.qa_model, args.host) == ("serve", sv["index"], sv["qaModel"], "0.0.0.0")
+    assert args.port == sv["port"] and args.overrides == sv["overrides"]
+    assert [p["containerPort"] for p in container["ports"]] == [sv["port"]]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["port"] == "http", probe
+    assert container["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
+    env = _env(container)
+    assert env["AWS_ENDPOINT_URL"]["value"] == "http://seaweedfs.kubeflow.svc.cluster.local:8333"
+    s3 = values["objectStore"]["existingSecret"]
+    assert env["AWS_SECRET_ACCESS_KEY"]["valueFrom"]["secretKeyRef"] == {"name": s3["name"], "key": s3["secretKeyKey"]}
+    assert container["resources"] == sv["resources"]
+    assert {v["name"]: v["emptyDir"]["sizeLimit"] for v in pred["volumes"]}["tmp"] == sv["tmpSizeLimit"]
+    account = _one(render("serving"), "ServiceAccount", "serving")
+    assert account["metadata"]["name"] == pred["serviceAccountName"]
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_a_search_only_server_passes_no_qa_model_and_keeps_the_cluster_default_mode(
+    render: Callable[..., Docs],
+) -> None:
+    from vlp.cli import build_parser
+
+    docs = render("default", "--set", "serving.enabled=true", "--set", "serving.index=s3://vlp/index",
+                  "--set", "serving.deploymentMode=")  # fmt: skip
+    isvc = _one(docs, "InferenceService")
+    assert "annotations" not in isvc["metadata"]
+    args = build_parser().parse_args(isvc["spec"]["predictor"]["containers"][0]["args"])
+    assert args.index == "s3://vlp/index" and not args.qa_model and args.overrides == []
+    _validate_custom(isvc)
+
+
+@pytest.mark.parametrize(
+    ("path", "value"),
+    [
+        (("spec", "predictor", "minReplicas"), "one"),
+        (("spec", "predictor", "containers", 0, "ports", 0, "containerPort"), "http"),
+        (("spec", "predictor", "containers", 0, "resources", "limits", "cpu"), {"cores": 2}),
+        (("spec",), {}),  # no predictor
+    ],
+)
+def test_the_crd_schema_refuses_what_the_api_server_would(
+    render: Callable[..., Docs], path: tuple[Any, ...], value: Any
+) -> None:
+    isvc = json.loads(json.dumps(_one(render("serving"), "InferenceService")))
+    node = isvc
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(isvc, ISVC_SCHEMA)
+
+
+def test_a_field_the_crd_does_not_name_is_caught(render: Callable[..., Docs]) -> None:
+    isvc = json.loads(json.dumps(_one(render("serving"), "InferenceService")))
+    isvc["spec"]["predictor"]["replicas"] = 2  # KServe calls it minReplicas / maxReplicas
+    isvc["spec"]["predictor"]["containers"][0]["readinesProbe"] = {}
+    jsonschema.validate(isvc, ISVC_SCHEMA)  # JSON Schema alone lets both through...
+    found = sorted(_unknown_keys(isvc, ISVC_SCHEMA))  # ...the key check does not
+    assert found == ["spec.predictor.containers[0].readinesProbe", "spec.predictor.replicas"]
+
+
+def test_the_serving_pods_take_requests_on_their_port_and_reach_only_dns_and_the_object_store(
+    render: Callable[..., Docs],
+) -> None:
+    docs = render("serving")
+    policy = _one(docs, "NetworkPolicy", "serving")
+    isvc = _one(docs, "InferenceService")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= _pod_labels(isvc).items()
+    (ingress,) = policy["spec"]["ingress"]
+    assert ingress["from"] == [{"podSelector": {}}, *_values("serving")["networkPolicy"]["servingIngressFrom"]]
+    assert [p["port"] for p in ingress["ports"]] == [8080, 8012, 8013, 9090]  # Knative: the queue-proxy's ports too
+    assert _egress_ports(policy) == {53, 8333}
+    standard = _one(render("default", "--set", "serving.enabled=true", "--set", "serving.index=s3://vlp/index"),
+                    "NetworkPolicy", "serving")  # fmt: skip
+    assert [p["port"] for p in standard["spec"]["ingress"][0]["ports"]] == [8080]
+    assert _egress_ports(standard) == {53, 443}

@@ -25,6 +25,15 @@
 {{- printf "%s-reevaluation" (include "vlp.fullname" .) | trunc 52 | trimSuffix "-" -}}
 {{- end -}}
 
+{{/* The InferenceService: KServe appends "-predictor" and more to it, so it stays short. */}}
+{{- define "vlp.serving.fullname" -}}
+{{- default (printf "%s-search" (include "vlp.fullname" .)) .Values.serving.name | trunc 45 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "vlp.serving.serviceAccountName" -}}
+{{- default (printf "%s-serving" (include "vlp.fullname" .)) .Values.serviceAccounts.serving.name -}}
+{{- end -}}
+
 {{- define "vlp.mlflow.serviceAccountName" -}}
 {{- default (include "vlp.mlflow.fullname" .) .Values.serviceAccounts.mlflow.name -}}
 {{- end -}}
