@@ -53,14 +53,18 @@ def config() -> Config:
     return load_config(TINY, OVERRIDES)
 
 
-@pytest.fixture(scope="module")
-def index(tiny_world, tmp_path_factory) -> str:
-    root = tmp_path_factory.mktemp("serve")
+def build_index(tiny_world: dict[str, str], root: Path) -> str:
+    """A tiny ALPRO retrieval model (random init) and the index of every clip of the tiny world, under ``root``."""
     tok = train_wordpiece(captions(tiny_world["dataset"], "train"), vocab_size=300)
     model = save_model(root / "alpro", "alpro", tok)
     out = str(root / "index")
     assert index_clips(model, tiny_world["frames"], out, config())["added"] > 3
     return out
+
+
+@pytest.fixture(scope="module")
+def index(tiny_world, tmp_path_factory) -> str:
+    return build_index(tiny_world, tmp_path_factory.mktemp("serve"))
 
 
 class Server:
@@ -191,7 +195,34 @@ def test_the_json_api_searches_and_shows_thumbnails(server, index):
     status, kind, jpeg = call(f"{server.url}/api/clips/{urllib.parse.quote(clip)}/thumbnail.jpg")
     assert status == 200 and kind["Content-Type"] == "image/jpeg" and jpeg == ClipIndex.open(index).thumbnail(clip)
     assert Image.open(io.BytesIO(jpeg)).format == "JPEG"
-    assert get_json(f"{server.url}/healthz") == (200, {"status": "ok", "model": NAME, "qa_model": False})
+    health = {"status": "ok", "model": NAME, "qa_model": False, "clips": ClipIndex.open(index).count(),
+              "family": "alpro", "kind": "alpro_retrieval"}  # fmt: skip
+    assert get_json(f"{server.url}/healthz") == (200, health)
+
+
+def test_a_clips_stored_frames_are_served_as_extract_frames_stored_them(server, index, tiny_world):
+    from vlp.data.frames import FrameStore
+
+    store = FrameStore(tiny_world["frames"])
+    clip = sorted(ClipIndex.open(index).video_ids())[-1]
+    quoted = urllib.parse.quote(clip, safe="")
+    status, got = get_json(f"{server.url}/api/clips/{quoted}")
+    stored = store.rows(clip, ["jpeg"]).column("jpeg").to_pylist()
+    assert status == 200 and got == {
+        "video_id": clip,
+        "frames": [f"/api/clips/{quoted}/frames/{i}.jpg" for i in range(len(stored))],
+    }
+    for i in (0, len(stored) - 1):
+        status, headers, jpeg = call(server.url + got["frames"][i])
+        assert (status, headers["Content-Type"], jpeg) == (200, "image/jpeg", stored[i])
+    assert get_json(f"{server.url}/api/clips/no-such-clip") == (
+        404,
+        {"error": "no clip 'no-such-clip' in the frames store of the index"},
+    )
+    status, body = get_json(f"{server.url}/api/clips/{quoted}/frames/{len(stored)}.jpg")
+    assert status == 404 and body == {"error": f"clip {clip!r} has {len(stored)} stored frames; no frame {len(stored)}"}
+    status, headers, html = call(f"{server.url}/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html") and b"<title>vlp search</title>" in html
 
 
 def test_bad_requests_get_a_4xx_and_one_line(server):
@@ -251,6 +282,7 @@ def test_the_openapi_spec_covers_the_routes(server):
     assert status == 200 and spec["openapi"].startswith("3.")
     paths = spec["paths"]
     for path, method in [("/api/search", "get"), ("/api/clips/{video_id}/thumbnail.jpg", "get"),
+                         ("/api/clips/{video_id}", "get"), ("/api/clips/{video_id}/frames/{slot}.jpg", "get"),
                          ("/api/answer", "post"), ("/healthz", "get"), ("/v2/models/{model_name}/infer", "post"),
                          ("/v2/models/{model_name}/ready", "get")]:  # fmt: skip
         assert method in paths.get(path, {}), path
@@ -311,7 +343,8 @@ def test_the_answer_route_asks_the_answerer_it_is_given(index):
         ]:  # fmt: skip
             got = client.post("/api/answer", json=body)
             assert (got.status_code, got.json()) == (status, {"error": message}), body
-        assert client.get("/healthz").json() == {"status": "ok", "model": NAME, "qa_model": True}
+        assert client.get("/healthz").json() == {"status": "ok", "model": NAME, "qa_model": True, "clips": 20,
+                                                 "family": "alpro", "kind": "alpro_retrieval"}  # fmt: skip
 
 
 def test_a_port_in_use_is_refused_and_sigterm_stops_the_server(server, index, capsys):

@@ -1,20 +1,24 @@
 """The JSON API of ``vlp serve``, on the same FastAPI app (and port) as KServe's inference routes.
 
-``GET /api/search?q=&k=``, ``GET /api/clips/{video_id}/thumbnail.jpg``, ``POST /api/answer`` and ``GET /healthz``
-(docs/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server logs that line: a
-blank or over-long query or question (400), ``k`` outside 1..1000 (400), a parameter or body field of the wrong
-type or missing (422, for KServe's routes too), an unknown clip (404), ``/api/answer`` without a QA model (404),
-and a request body over :data:`MAX_BODY` bytes (413, on every route).
+``GET /api/search?q=&k=``, ``GET /api/clips/{video_id}`` (its stored frames),
+``GET /api/clips/{video_id}/thumbnail.jpg``, ``GET /api/clips/{video_id}/frames/{slot}.jpg``, ``POST /api/answer``,
+``GET /healthz``, and ``GET /``: a page that searches, shows a hit's frames and asks about it (``page.html``, no
+assets from elsewhere) (docs/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server
+logs that line: a blank or over-long query or question (400), ``k`` outside 1..1000 (400), a parameter or body field
+of the wrong type or missing (422, for KServe's routes too), an unknown clip or frame (404), ``/api/answer`` without
+a QA model (404), and a request body over :data:`MAX_BODY` bytes (413, on every route).
 """
 
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from vlp.index.query import MAX_K
@@ -23,6 +27,7 @@ from vlp.serve.model import DEFAULT_K, MAX_QUERY_CHARS, Answerer, SearchModel, c
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # bytes of a request body
+PAGE = Path(__file__).with_name("page.html")
 DEFAULT_ANSWERS = 5
 
 
@@ -72,6 +77,14 @@ class Health(BaseModel):
     status: str
     model: str
     qa_model: bool = Field(description="whether POST /api/answer has a QA model")
+    clips: int = Field(description="clips in the index")
+    family: str = Field(description="the model family of the index's model")
+    kind: str = Field(description="the index's model kind (a retrieval or pre-trained model)")
+
+
+class ClipOut(BaseModel):
+    video_id: str
+    frames: list[str] = Field(description="the URLs of its stored frames (JPEG), in order")
 
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
@@ -87,9 +100,56 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
     @router.get("/healthz", response_model=Health, responses=_errors(503))
     async def healthz() -> Any:
         """Liveness and readiness: 200 once the index and its model are loaded."""
-        if not model.ready:
+        searcher = model.searcher
+        if not model.ready or searcher is None:
             raise ApiError(503, f"the model {model.name} is not loaded yet")
-        return Health(status="ok", model=model.name, qa_model=answerer is not None)
+        clips = await model.run(searcher.index.count)
+        info = searcher.info
+        return Health(status="ok", model=model.name, qa_model=answerer is not None, clips=clips,
+                      family=info.family.name, kind=info.kind)  # fmt: skip
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        """The search page."""
+        return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+    frames: dict[str, Any] = {}  # the index's frames store, opened on first use
+
+    def frame_store() -> Any:
+        from vlp.data.frames import FrameStore
+
+        searcher = model.searcher
+        if searcher is None:
+            raise ApiError(503, f"the model {model.name} is not loaded yet")
+        if "store" not in frames:
+            frames["store"] = FrameStore(searcher.index.info.frames, cache_shards=8)
+        return frames["store"]
+
+    def stored_jpegs(video_id: str) -> list[bytes]:
+        store = frame_store()
+        if video_id not in store:
+            raise ApiError(404, f"no clip {video_id!r} in the frames store of the index")
+        return store.rows(video_id, ["jpeg"]).column("jpeg").to_pylist()
+
+    @router.get("/api/clips/{video_id}", response_model=ClipOut, responses=_errors(404))
+    async def clip(video_id: str) -> Any:
+        """The clip's stored frames, as the URLs of their JPEGs (the frames store the index names)."""
+        count = len(await model.run(stored_jpegs, video_id))
+        base = f"/api/clips/{quote(video_id, safe='')}/frames"
+        return {"video_id": video_id, "frames": [f"{base}/{slot}.jpg" for slot in range(count)]}
+
+    @router.get(
+        "/api/clips/{video_id}/frames/{slot}.jpg",
+        response_class=Response,
+        responses={200: {"content": {"image/jpeg": {}}, "description": "a stored frame"}, **_errors(404)},
+    )
+    async def frame(video_id: str, slot: int) -> Response:
+        """One stored frame of the clip, as extract-frames stored it (JPEG)."""
+        jpegs = await model.run(stored_jpegs, video_id)
+        if not 0 <= slot < len(jpegs):
+            raise ApiError(404, f"clip {video_id!r} has {len(jpegs)} stored frames; no frame {slot}")
+        return Response(jpegs[slot], media_type="image/jpeg",
+                        headers={"Cache-Control": "max-age=3600", "X-Content-Type-Options": "nosniff"})  # fmt: skip
 
     @router.get("/api/search", response_model=SearchOut, responses=_errors(400, 422))
     async def search(
