@@ -148,6 +148,18 @@ env = {**os.environ, trainjob.CONFIG_ENV: open(\"configs/tiny.yaml\").read()}
 sys.exit(subprocess.run(command + args, env=env, stdout=subprocess.DEVNULL).returncode)"
   python -c "import json; s = json.load(open(\"/work/prompter/summary.json\")); assert s[\"steps\"] == 1, s
 print(\"the node command trained the prompter\", s[\"steps\"], \"step; loss\", round(s[\"metrics\"][\"train/loss\"], 4))"'
+say "vlp serve on the read-only root: KServe's SDK and LanceDB import, the page ships, a missing index is one line"
+inside bash -c 'cd /opt/vlp && set -e
+  python -c "
+import lancedb
+from vlp.serve import server
+from vlp.serve.api import PAGE
+assert PAGE.is_file(), PAGE
+print(\"kserve and lancedb\", lancedb.__version__, \"import; the page is\", PAGE.stat().st_size, \"bytes\")"
+  set +e; vlp serve --index /work/no-index --port 0 > /work/serve.out 2> /work/serve.err; rc=$?; set -e
+  [ "$rc" = 2 ] || { echo "vlp serve without an index exited $rc, not 2"; cat /work/serve.err; exit 1; }
+  ! grep -q Traceback /work/serve.err || { echo "a traceback:"; cat /work/serve.err; exit 1; }
+  echo "vlp serve --index /work/no-index: exit 2, $(grep -c . /work/serve.err) line(s)"'
 say "imports: every component module and pipeline"
 inside bash -c 'cd /opt/vlp && python -c "
 import importlib, pkgutil
