@@ -298,13 +298,13 @@ def main(argv: list[str] | None = None) -> int:
         def via_nearest(ix: Any) -> Query:
             return lambda q, n: row_ids(ix.nearest(q, n)[0])
 
-        default = (0, 0, store.REFINE_FACTOR)
+        default = (0, max(store.ANN_EF, n * store.REFINE_FACTOR), store.REFINE_FACTOR)
         knobs = [default]
         if args.grid:
             knobs += [(p, e, r) for p in [0, *args.nprobes] for e in [0, *args.ef] for r in args.refine]
         else:
-            knobs += [(p, 0, default[2]) for p in args.nprobes] + [(0, e, default[2]) for e in args.ef]
-            knobs += [(0, 0, r) for r in args.refine]
+            knobs += [(p, default[1], default[2]) for p in args.nprobes] + [(0, e, default[2]) for e in args.ef]
+            knobs += [(0, max(store.ANN_EF, n * r), r) if r else (0, 0, 0) for r in args.refine]
         dropped = [kn for kn in knobs if kn[1] and kn[1] < n * max(kn[2], 1)]
         knobs = [kn for kn in dict.fromkeys(knobs) if kn not in dropped][1:]
         if dropped:

@@ -17,7 +17,13 @@ from vlp import storage
 TABLE = "clips"
 META_KEY = b"vlp.index"
 FORMAT = 1
-REFINE_FACTOR = 5  # an ANN search re-scores this many times the rows it returns on the stored vectors
+# An ANN search walks the HNSW graphs with a candidate list of ANN_EF entries (at least n * REFINE_FACTOR, which
+# LanceDB requires) and re-scores REFINE_FACTOR times the n rows it returns on the stored float32 vectors. Chosen
+# with benchmarks/bench_index.py at 100,000 clips (docs/search.md, "Measured"): LanceDB's default list (about
+# 1.5 * n * refine) gave recall@10 0.92 on clustered data where 1,000 gave 0.98 at p50 < 50 ms; a larger refine
+# factor costs time without raising recall once the list is that long.
+ANN_EF = 1000
+REFINE_FACTOR = 2
 _HASH_CHUNK = 8 << 20
 
 
@@ -234,7 +240,10 @@ class ClipIndex:
         q = np.asarray(query, dtype=np.float32).reshape(-1)
         columns = ["video_id", "vector", *(["tokens"] if self.info.tokens_stored else []), "_distance"]
         search = self.table.search(q, vector_column_name="vector").distance_type("dot").limit(n).select(columns)
-        search = search.refine_factor(REFINE_FACTOR) if self.has_ann() else search.bypass_vector_index()
+        if self.has_ann():
+            search = search.ef(max(ANN_EF, n * REFINE_FACTOR)).refine_factor(REFINE_FACTOR)
+        else:
+            search = search.bypass_vector_index()
         got = search.to_arrow()
         ids = got["video_id"].to_pylist()
         vectors = _matrix(got["vector"], self.info.dim)
