@@ -111,7 +111,7 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         "MLFLOW_TRACKING_URI": cfg.tracking_uri,
     }
     containers = _container_executors(spec)
-    assert len(containers) >= {"pretrain": 13, "pretrain-albef": 10, "reevaluate": 6}[name]
+    assert len(containers) >= {"pretrain": 14, "pretrain-albef": 11, "reevaluate": 6}[name]
     for executor, container in containers.items():
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env == want_env, executor
@@ -616,7 +616,35 @@ def test_the_retrieval_dag_fine_tunes_from_named_weights_without_pre_training(co
     assert "pretrained" not in tuned["inputs"].get("artifacts", {})
     assert tuned["inputs"]["parameters"]["family"]["componentInputParameter"] == "pipelinechannel--family"
     report = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["report"]
-    assert set(report["inputs"]["artifacts"]) == {"retrieval_model", "retrieval_results"}
+    assert set(report["inputs"]["artifacts"]) == {"retrieval_model", "retrieval_results", "retrieval_index"}
+
+
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "retrieval"])
+def test_every_training_dag_ends_by_indexing_the_test_split_with_its_retrieval_model(compiled: Path, name: str) -> None:
+    """index_clips reads the run's dataset (its split: the step config's retrieval.split, the test split), frames
+    and fine-tuned retrieval model, writes under data_root, is cached like the evaluations, and the report lists it."""
+    spec, _ = _docs(compiled / f"{name}.yaml")
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    task = tasks["index-clips"]
+    producers = {k: (a["taskOutputArtifact"]["producerTask"], a["taskOutputArtifact"]["outputArtifactKey"])
+                 for k, a in task["inputs"]["artifacts"].items()}  # fmt: skip
+    assert producers == {"dataset": (_data_task(tasks, "ingest"), "dataset"),
+                         "frames": (_data_task(tasks, "extract-frames"), "frames"),
+                         "model": ("finetune-retrieval", "model")}  # fmt: skip
+    parameters = task["inputs"]["parameters"]
+    assert parameters["data_root"]["componentInputParameter"] == "pipelinechannel--data_root"
+    assert "split" not in parameters and "index_uri" not in parameters  # retrieval.split; the run's own output
+    assert task["cachingOptions"] == {"enableCache": True} and task["taskInfo"]["name"] == "index_clips"
+    report = tasks["report"]["inputs"]["artifacts"]["retrieval_index"]["taskOutputArtifact"]
+    assert (report["producerTask"], report["outputArtifactKey"]) == ("index-clips", "index")
+    want = pipeline_config.load().step("index_clips")
+    resources = spec["deploymentSpec"]["executors"]["exec-index-clips"]["container"]["resources"]
+    assert resources["cpuRequest"] == float(want.cpu_request) and "accelerator" not in resources
+
+
+def _data_task(tasks: dict[str, Any], step: str) -> str:
+    """The task that makes a data step's output: ``<step>-merge`` when the DAG fans it out, else ``<step>``."""
+    return f"{step}-merge" if f"{step}-merge" in tasks else step
 
 
 def _task_names_of(spec: dict[str, Any]) -> list[str]:
