@@ -125,14 +125,32 @@ def location(artifact: Any) -> str:
     return artifact.path
 
 
-def output_location(artifact: Any, data_root: str = "") -> str:
+def source_location(artifact: Any) -> str:
+    """Where an input artifact's data lives for a reader outside this step: its ``LOCATION`` pointer, else its URI
+    when that is an ``s3://`` one (an object-storage URI imported with ``dsl.importer``, which KFP copies to a
+    pod-local path), else its local path. An output that records its inputs by URI, as a clip index records its
+    model and frames for ``vlp search`` to load later, must name this, not the pod-local copy."""
+    from vlp import storage
+
+    pointer = Path(artifact.path) / POINTER
+    if pointer.is_file():
+        return pointer.read_text(encoding="utf-8").strip()
+    uri = str(getattr(artifact, "uri", "") or "")
+    return uri if storage.is_s3(uri) else artifact.path
+
+
+def output_location(artifact: Any, data_root: str = "", uri: str = "") -> str:
     """Where a step writes an output artifact.
 
     With ``data_root`` empty, the artifact's own directory (KFP uploads it to the pipeline root). With
     ``data_root`` set (e.g. ``s3://bucket/vlp-data``), large data goes straight to
     ``<data_root>/<run>/<task>/<output>``; the artifact keeps only a ``LOCATION`` pointer and ``metadata.uri``.
+    With ``uri`` (a place a run parameter names, e.g. the ``index_uri`` of ``vlp-index``), the data goes there
+    whatever ``data_root`` says, behind the same pointer.
     """
     Path(artifact.path).mkdir(parents=True, exist_ok=True)
+    if uri:
+        return _point(artifact, uri.rstrip("/"))
     if not data_root:
         if os.environ.get("KFP_POD_NAME") and getattr(artifact, "schema_title", "") == "system.Model":
             print(  # a KFP pod on a cluster (kfp.local sets no KFP_POD_NAME): say what a retry will cost
@@ -282,6 +300,35 @@ def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> di
         Path(artifact.path).parent.mkdir(parents=True, exist_ok=True)
         Path(artifact.path).write_text(text, encoding="utf-8")
     return values
+
+
+INDEX_FIGURES = ("added", "skipped", "total")  # the counts of a `vlp index` summary, as KFP metrics
+
+
+def publish_index(summary: dict[str, Any], index: Any, metrics: Any) -> dict[str, Any]:
+    """Put what ``vlp index`` did (its summary: ``added``, ``skipped``, ``total``, ``tokens_stored``, ``ann`` and,
+    for a dataset's clips, ``split``) on the index artifact's metadata, with ``uri`` (where the index is), and its
+    counts in a KFP Metrics artifact (as a file too, as :func:`publish_eval` does). Returns the metadata."""
+    keys = (*INDEX_FIGURES, "tokens_stored", "ann", "split")
+    found = {key: summary[key] for key in keys if summary.get(key) is not None}
+    found["uri"] = summary["index"]
+    index.metadata.update(found)
+    values = {key: float(summary[key]) for key in INDEX_FIGURES}
+    for key, value in values.items():
+        metrics.log_metric(key, value)
+    Path(metrics.path).parent.mkdir(parents=True, exist_ok=True)
+    Path(metrics.path).write_text(json.dumps(values, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return found
+
+
+def index_line(index: Any) -> str:
+    """The run report's line for an index_clips output: where the index is, what it holds (from its
+    ``summary.json``) and the command that searches it."""
+    where = location(index)
+    summary = read_json(where, "summary.json") or {}
+    split = f" of the {summary['split']} split" if summary.get("split") else ""
+    return (f"\nclip index: `{where}` ({summary.get('total', '?')} clips{split}); search it with "
+            f"`vlp search --index {where} \"a caption\"` and the run's step config\n")  # fmt: skip
 
 
 # --------------------------------------------------------------------------- pipeline-level tracking

@@ -59,6 +59,7 @@ def report(
     retrieval_model: Input[Model] = None,
     qa_results: Input[Artifact] = None,
     qa_model: Input[Model] = None,
+    retrieval_index: Input[Artifact] = None,
 ) -> None:
     """Final metrics to the parent run, fine-tuned models registered with their eval metrics, a summary.
 
@@ -73,10 +74,11 @@ def report(
         retrieval_model: finetune_retrieval output.
         qa_results: evaluate_qa output dir.
         qa_model: finetune_qa output.
+        retrieval_index: index_clips output: the clip index of the retrieval model (listed in the summary).
     """
     import pathlib
 
-    from components._runtime import final_report, location
+    from components._runtime import final_report, index_line, location
 
     results = {}
     if retrieval_results is not None:
@@ -86,6 +88,8 @@ def report(
     text = final_report(config, overrides, results, register_prefix, register_alias)
     if pretrained is not None:
         text += f"\npre-trained model: `{location(pretrained)}`\n"
+    if retrieval_index is not None:
+        text += index_line(retrieval_index)
     pathlib.Path(summary.path).parent.mkdir(parents=True, exist_ok=True)
     pathlib.Path(summary.path).write_text(text, encoding="utf-8")
     print(text)

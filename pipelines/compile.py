@@ -14,19 +14,19 @@ from typing import Any
 from kfp import compiler
 
 from pipelines import config as pipeline_config
-from pipelines import pretrain, reevaluate, retrieval
+from pipelines import index, pretrain, reevaluate, retrieval
 
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
 
 
 def builders() -> dict[str, Callable[[pipeline_config.PipelineConfig], Any]]:
     """Every compiled pipeline by file name: a pre-training DAG per family that pre-trains (``pretrain`` is the
-    default family's, ``pretrain-<family>`` another's), re-evaluation and retrieval."""
+    default family's, ``pretrain-<family>`` another's), re-evaluation, retrieval and index."""
     found: dict[str, Callable[[pipeline_config.PipelineConfig], Any]] = {
         pretrain.name_of(family).removeprefix("vlp-"): functools.partial(pretrain.build, family=family)
         for family in pretrain.families()
     }
-    return found | {"reevaluate": reevaluate.build, "retrieval": retrieval.build}
+    return found | {"reevaluate": reevaluate.build, "retrieval": retrieval.build, "index": index.build}
 
 
 def compile_all(

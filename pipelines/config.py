@@ -54,6 +54,7 @@ STEPS = (
     "finetune_qa",
     "evaluate_retrieval",
     "evaluate_qa",
+    "index_clips",
     "report",
     "finish_run",
     "fetch_model",

@@ -3,10 +3,11 @@ family, ALPRO; ``vlp-pretrain-<family>`` for the others, e.g. ``vlp-pretrain-alb
 
 synth (or an existing raw dataset) -> ingest -> extract_frames, [when the family's ``pretrain_inputs`` ask for
 them: mine_entities -> pretrain_prompter -> build_prompt_bank] -> pretrain (the DAG's model family) ->
-finetune_retrieval -> evaluate_retrieval and, for a family with QA (its spec's ``tasks``), finetune_qa ->
-evaluate_qa in parallel -> report. An MLflow parent run opens first and an exit handler closes it FINISHED or
-FAILED. Per-step resources, images, caching and retries come from a :class:`pipelines.config.PipelineConfig`,
-never from the environment at compile time.
+finetune_retrieval -> evaluate_retrieval and index_clips (the retrieval test split's clips into a clip index that
+``vlp search`` reads) and, for a family with QA (its spec's ``tasks``), finetune_qa -> evaluate_qa in parallel ->
+report. An MLflow parent run opens first and an exit handler closes it FINISHED or FAILED. Per-step resources,
+images, caching and retries come from a :class:`pipelines.config.PipelineConfig`, never from the environment at
+compile time.
 """
 
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from kfp import dsl
 
 from components import data, evaluation, reporting, training
+from components.index import index_clips
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
 from vlp.models.family import FamilySpec, specs
@@ -92,8 +94,8 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
 def _downstream(
     cfg: PipelineConfig, tasks: tuple[str, ...], ds: Any, fr: Any, pretrained: Any, stored: dict[str, Any]
 ) -> dict[str, Any]:
-    """finetune_<task> -> evaluate_<task> for each of the family's ``tasks`` (retrieval, QA: in parallel); the
-    report's inputs."""
+    """finetune_<task> -> evaluate_<task> for each of the family's ``tasks`` (retrieval, QA: in parallel), and
+    index_clips over the retrieval model; the report's inputs."""
     branches: dict[str, Any] = {}
     for task, finetune, evaluate in (
         ("retrieval", training.finetune_retrieval, evaluation.evaluate_retrieval),
@@ -105,4 +107,12 @@ def _downstream(
         model = configure(tuned, cfg, f"finetune_{task}").outputs["model"]
         scored = configure(evaluate(dataset=ds, frames=fr, model=model, **stored), cfg, f"evaluate_{task}")
         branches[f"{task}_results"], branches[f"{task}_model"] = scored.outputs["results"], model
+        if task == "retrieval":
+            branches["retrieval_index"] = clip_index(cfg, ds, fr, model, stored)
     return branches
+
+
+def clip_index(cfg: PipelineConfig, ds: Any, fr: Any, model: Any, stored: dict[str, Any]) -> Any:
+    """index_clips: the clips of the retrieval test split (``retrieval.split``) encoded by ``model``, so that a
+    finished run is searchable; its ``index`` output (under ``data_root`` when set)."""
+    return configure(index_clips(dataset=ds, frames=fr, model=model, **stored), cfg, "index_clips").outputs["index"]

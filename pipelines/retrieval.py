@@ -1,9 +1,10 @@
 """The retrieval DAG (``vlp-retrieval``) for model families that need no vlp pre-training (TS2-Net: CLIP).
 
 synth (or an existing raw dataset) -> ingest -> extract_frames -> finetune_retrieval (from the step config's
-``model`` section: the family's named weights) -> evaluate_retrieval -> report (registers the model as
-``<prefix>-retrieval``). An MLflow parent run opens first and an exit handler closes it FINISHED or FAILED, as in
-the pre-training DAGs; per-step resources, images, caching and retries come from :class:`PipelineConfig`.
+``model`` section: the family's named weights) -> evaluate_retrieval and index_clips (the test split's clips into a
+clip index that ``vlp search`` reads) -> report (registers the model as ``<prefix>-retrieval``). An MLflow parent
+run opens first and an exit handler closes it FINISHED or FAILED, as in the pre-training DAGs; per-step resources,
+images, caching and retries come from :class:`PipelineConfig`.
 """
 
 from typing import Any
@@ -13,6 +14,7 @@ from kfp import dsl
 from components import data, evaluation, reporting, training
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
+from pipelines.pretrain import clip_index
 from vlp.models.family import specs
 from vlp.train.settings import DEFAULT_FAMILY
 
@@ -63,6 +65,7 @@ def build(cfg: PipelineConfig) -> Any:
                 register_alias=register_alias,
                 retrieval_results=scored.outputs["results"],
                 retrieval_model=model,
+                retrieval_index=clip_index(cfg, ds, fr, model, stored),
             )
             configure(summary, cfg, "report")
 

@@ -133,6 +133,12 @@ def _results(path: Path, metrics: dict[str, float]) -> Artifact:
     return _art(Artifact, path)
 
 
+def _index(path: Path, summary: dict) -> Artifact:
+    path.mkdir(parents=True)
+    (path / "summary.json").write_text(json.dumps(summary))
+    return _art(Artifact, path)
+
+
 def test_report_registers_models_and_reevaluation_compares(tmp_path, store, monkeypatch):
     monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-1")
     reporting.start_run.python_func(config=TINY, overrides=store, pipeline="p", image="i")
@@ -145,8 +151,11 @@ def test_report_registers_models_and_reevaluation_compares(tmp_path, store, monk
         register_prefix="t",
         retrieval_results=_results(tmp_path / "eval", {"t2v_r1": 40.0, "t2v_r5": 80.0}),
         retrieval_model=_fake_model(tmp_path / "tuned"),
+        retrieval_index=_index(tmp_path / "index", {"total": 7, "split": "test"}),
     )
-    assert "| retrieval | t2v_r1 | 40.0000 | t-retrieval/1 |" in Path(summary.path).read_text()
+    text = Path(summary.path).read_text()
+    assert "| retrieval | t2v_r1 | 40.0000 | t-retrieval/1 |" in text
+    assert f"clip index: `{tmp_path / 'index'}` (7 clips of the test split)" in text  # the run's index, listed
     cfg = _cfg(store)
     version = tracking.resolve_model(cfg, "t-retrieval@candidate")
     assert tracking.version_metrics(version) == {"t2v_r1": 40.0, "t2v_r5": 80.0}
@@ -184,6 +193,35 @@ def test_a_model_output_without_data_root_warns_in_a_cluster_pod_only(tmp_path, 
     assert "checkpoints of 'model' stay in this pod" in capsys.readouterr().err
     assert _runtime.output_location(model, "s3://bkt/vlp").startswith("s3://bkt/vlp/")
     assert capsys.readouterr().err == ""
+
+
+def test_an_index_names_durable_inputs_and_its_output_points_at_the_uri_given(tmp_path):
+    """What index_clips records and publishes: inputs by the URI a later `vlp search` can reach (the data_root
+    pointer, an imported s3:// URI rather than KFP's pod-local copy of it), the index where index_uri says, and the
+    summary's counts on the artifact and as KFP metrics."""
+    pointed = _art(Model, tmp_path / "kfp" / "run-1" / "finetune-retrieval" / "model")
+    assert _runtime.output_location(pointed, "s3://bkt/vlp") == "s3://bkt/vlp/run-1/finetune-retrieval/model"
+    assert _runtime.source_location(pointed) == "s3://bkt/vlp/run-1/finetune-retrieval/model"
+    imported = Dataset(name="frames", uri="s3://bkt/testsets/frames")  # what dsl.importer gives the step
+    assert _runtime.location(imported) == imported.path != imported.uri  # KFP's copy, inside the pod
+    assert _runtime.source_location(imported) == "s3://bkt/testsets/frames"
+    local = _art(Dataset, tmp_path / "frames")
+    assert _runtime.source_location(local) == local.path == str(tmp_path / "frames")
+
+    index, where = _art(Artifact, tmp_path / "kfp" / "index"), str(tmp_path / "indexes" / "msrvtt")
+    assert _runtime.output_location(index, "s3://bkt/vlp", where + "/") == where  # index_uri wins over data_root
+    assert _runtime.location(index) == where == index.metadata["uri"]
+    summary = {"index": where, "added": 3, "skipped": 1, "total": 4, "tokens_stored": True, "ann": False,
+               "split": "test", "dataset": "s3://bkt/ds", "seconds": 1.5}  # fmt: skip
+    metrics = _art(Metrics, tmp_path / "m")
+    published = _runtime.publish_index(summary, index, metrics)
+    assert published == {"uri": where, "added": 3, "skipped": 1, "total": 4, "tokens_stored": True, "ann": False,
+                         "split": "test"}  # fmt: skip
+    assert index.metadata == published
+    assert metrics.metadata == {"added": 3.0, "skipped": 1.0, "total": 4.0}
+    assert json.loads(Path(metrics.path).read_text()) == metrics.metadata  # a file, or kfp.local's cache misses
+    whole_store = _runtime.publish_index({**summary, "split": None}, _art(Artifact, tmp_path / "i2"), metrics)
+    assert "split" not in whole_store
 
 
 def test_publish_eval_fills_the_kfp_artifacts(tmp_path):

@@ -68,6 +68,18 @@ def qa_figures(outputs: dict[str, dict[str, str]], metrics: dict[str, float]) ->
             "shifted_truth_accuracy": 100 * accuracy_shifted}  # fmt: skip
 
 
+def index_rows(outputs: dict[str, dict[str, str]], summary: str) -> int:
+    """The run's clip index holds the test split's clips, one row each, and the report names it; returns how many."""
+    from vlp.index.store import ClipIndex
+
+    where = outputs["index-clips"]["index"]
+    clips = {c["video_id"] for c in split_rows(outputs["ingest"]["dataset"], manifest.CAPTIONS)}
+    index = ClipIndex.open(where)
+    assert index.video_ids() == clips and index.count() == len(clips)
+    assert f"clip index: `{where}` ({len(clips)} clips of the test split)" in summary, summary
+    return len(clips)
+
+
 def report_rows(summary: str, metrics: dict[str, float], retrieval: dict[str, float], qa: dict | None) -> None:
     """The report's table shows the figures and baselines recomputed here."""
     r1, vtc, chance = retrieval["t2v_r1"], retrieval["vtc_t2v_r1"], retrieval["chance"]
@@ -88,7 +100,7 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
     if load(CONFIG_DIR / "local.yaml").downstream:
-        steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
+        steps += ["finetune-retrieval", "evaluate-retrieval", "index-clips", "finetune-qa", "evaluate-qa"]
     for task in steps:
         assert task in outputs, f"{task} wrote no output: {sorted(outputs)}"
     assert (Path(outputs["pretrain"]["model"]) / "model.json").is_file()
@@ -109,7 +121,7 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
         m = tracked["metrics"]
         retrieval, qa = retrieval_figures(outputs, m), qa_figures(outputs, m)
         report_rows(summary, m, retrieval, qa)
-        print(f"alpro: retrieval {retrieval}, qa {qa}")
+        print(f"alpro: retrieval {retrieval}, qa {qa}, {index_rows(outputs, summary)} clips indexed")
 
 
 def test_local_run_checks_params_like_a_cluster_submission(capsys) -> None:
@@ -129,7 +141,7 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
     assert directory.describe(outputs["pretrain"]["model"]).kind == "albef"
     steps = ["synth", "ingest", "extract-frames", "pretrain"]
     if load(CONFIG_DIR / "local.yaml").downstream:
-        steps += ["finetune-retrieval", "evaluate-retrieval", "finetune-qa", "evaluate-qa"]
+        steps += ["finetune-retrieval", "evaluate-retrieval", "index-clips", "finetune-qa", "evaluate-qa"]
         assert directory.describe(outputs["finetune-qa"]["model"]).kind == "albef_qa"
     tracked = result["mlflow"]
     assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
@@ -139,7 +151,7 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
         m = tracked["metrics"]
         retrieval, qa = retrieval_figures(outputs, m), qa_figures(outputs, m)
         report_rows(summary, m, retrieval, qa)
-        print(f"albef: retrieval {retrieval}, qa {qa}")
+        print(f"albef: retrieval {retrieval}, qa {qa}, {index_rows(outputs, summary)} clips indexed")
 
 
 @pytest.mark.slow
@@ -148,7 +160,7 @@ def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(tmp_pat
     fine-tuned, evaluated, registered, and clear of chance."""
     result = local_run.run(tmp_path / "run", family="ts2net", pipeline="retrieval", params={"register_alias": "ts2"})
     outputs = result["outputs"]
-    steps = ["synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval"]
+    steps = ["synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval", "index-clips"]
     assert set(steps) <= set(outputs) and not {"pretrain", "finetune-qa"} & set(outputs)
     from mlflow import MlflowClient
 
@@ -164,4 +176,4 @@ def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(tmp_pat
     assert summary.startswith("# vlp pipeline run") and "pre-trained model" not in summary
     retrieval = retrieval_figures(outputs, m)
     report_rows(summary, m, retrieval, None)
-    print(f"ts2net: retrieval {retrieval}")
+    print(f"ts2net: retrieval {retrieval}, {index_rows(outputs, summary)} clips indexed")

@@ -33,6 +33,7 @@ DOWNSTREAM_OUTPUTS = {
     ("finetune-qa", "model"): ["model.json", "answers.json"],
     ("evaluate-retrieval", "results"): ["metrics.json", "report.md"],
     ("evaluate-qa", "results"): ["metrics.json", "report.md", "predictions.parquet"],
+    ("index-clips", "index"): ["summary.json"],  # and the LanceDB table, clips.lance/
 }
 TRAINED = {"pretrain-prompter": "prompter", "pretrain": "model", "finetune-retrieval": "model", "finetune-qa": "model"}
 
@@ -66,6 +67,8 @@ def test_local_pipeline_puts_its_large_outputs_in_the_bucket(
         assert not missing, f"{task}/{name}: {missing} not in {uri}; it holds {sorted(listing[task])}"
     assert any(k.startswith("videos/") and k.endswith(".mp4") for k in listing["synth"])
     assert any(k.startswith("shards/") and k.endswith(".parquet") for k in listing["extract-frames"])
+    if downstream:
+        assert any(k.startswith("clips.lance/") for k in listing["index-clips"])
     for task in TRAINED.keys() & {task for task, _ in expected}:
         assert any(k.startswith("checkpoints/step-") and k.endswith("model.safetensors") for k in listing[task]), task
     assert "checkpoints/step-000002/model.safetensors" in listing["pretrain"]  # FAST reached the step pods

@@ -41,7 +41,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval", "index"])
 def test_committed_yaml_matches_the_code(compiled: Path, name: str) -> None:
     fresh = (compiled / f"{name}.yaml").read_text(encoding="utf-8")
     committed = (COMPILED / f"{name}.yaml").read_text(encoding="utf-8")
@@ -79,7 +79,7 @@ def test_gpu_steps_carry_the_configured_kubernetes_settings(compiled: Path) -> N
 
 
 def test_every_component_is_a_lightweight_python_component_without_runtime_installs(compiled: Path) -> None:
-    for name in ("pretrain", "pretrain-albef", "reevaluate"):
+    for name in ("pretrain", "pretrain-albef", "reevaluate", "index"):
         spec, _ = _docs(compiled / f"{name}.yaml")
         for executor in spec["deploymentSpec"]["executors"].values():
             if "container" not in executor:  # the importer
@@ -98,7 +98,7 @@ def _container_executors(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return {name: e["container"] for name, e in spec["deploymentSpec"]["executors"].items() if "container" in e}
 
 
-@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "index"])
 def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: Path, name: str) -> None:
     cfg = pipeline_config.load()
     spec, platform = _docs(compiled / f"{name}.yaml")
@@ -111,7 +111,7 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         "MLFLOW_TRACKING_URI": cfg.tracking_uri,
     }
     containers = _container_executors(spec)
-    assert len(containers) >= {"pretrain": 13, "pretrain-albef": 10, "reevaluate": 6}[name]
+    assert len(containers) >= {"pretrain": 14, "pretrain-albef": 11, "reevaluate": 6, "index": 4}[name]
     for executor, container in containers.items():
         env = {e["name"]: e["value"] for e in container["env"]}
         assert env == want_env, executor
@@ -616,7 +616,67 @@ def test_the_retrieval_dag_fine_tunes_from_named_weights_without_pre_training(co
     assert "pretrained" not in tuned["inputs"].get("artifacts", {})
     assert tuned["inputs"]["parameters"]["family"]["componentInputParameter"] == "pipelinechannel--family"
     report = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]["report"]
-    assert set(report["inputs"]["artifacts"]) == {"retrieval_model", "retrieval_results"}
+    assert set(report["inputs"]["artifacts"]) == {"retrieval_model", "retrieval_results", "retrieval_index"}
+
+
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "retrieval"])
+def test_every_training_dag_ends_by_indexing_the_test_split_with_its_retrieval_model(compiled: Path, name: str) -> None:
+    """index_clips reads the run's dataset (its split: the step config's retrieval.split, the test split), frames
+    and fine-tuned retrieval model, writes under data_root, is cached like the evaluations, and the report lists it."""
+    spec, _ = _docs(compiled / f"{name}.yaml")
+    tasks = spec["components"]["comp-exit-handler-1"]["dag"]["tasks"]
+    task = tasks["index-clips"]
+    producers = {k: (a["taskOutputArtifact"]["producerTask"], a["taskOutputArtifact"]["outputArtifactKey"])
+                 for k, a in task["inputs"]["artifacts"].items()}  # fmt: skip
+    assert producers == {"dataset": (_data_task(tasks, "ingest"), "dataset"),
+                         "frames": (_data_task(tasks, "extract-frames"), "frames"),
+                         "model": ("finetune-retrieval", "model")}  # fmt: skip
+    parameters = task["inputs"]["parameters"]
+    assert parameters["data_root"]["componentInputParameter"] == "pipelinechannel--data_root"
+    assert "split" not in parameters and "index_uri" not in parameters  # retrieval.split; the run's own output
+    assert task["cachingOptions"] == {"enableCache": True} and task["taskInfo"]["name"] == "index_clips"
+    report = tasks["report"]["inputs"]["artifacts"]["retrieval_index"]["taskOutputArtifact"]
+    assert (report["producerTask"], report["outputArtifactKey"]) == ("index-clips", "index")
+    want = pipeline_config.load().step("index_clips")
+    resources = spec["deploymentSpec"]["executors"]["exec-index-clips"]["container"]["resources"]
+    assert resources["cpuRequest"] == float(want.cpu_request) and "accelerator" not in resources
+
+
+def _data_task(tasks: dict[str, Any], step: str) -> str:
+    """The task that makes a data step's output: ``<step>-merge`` when the DAG fans it out, else ``<step>``."""
+    return f"{step}-merge" if f"{step}-merge" in tasks else step
+
+
+def test_the_index_dag_indexes_a_models_clips_into_the_index_given(compiled: Path) -> None:
+    """vlp-index: the model, frames and (optional) dataset URIs imported; with a dataset, index_clips of its split,
+    else of the whole frames store; the index at index_uri; never cached (it adds what that index lacks)."""
+    spec, _ = _docs(compiled / "index.yaml")
+    assert spec["pipelineInfo"]["name"] == "vlp-index"
+    params = spec["root"]["inputDefinitions"]["parameters"]
+    assert {k for k, p in params.items() if "defaultValue" not in p} == {"model", "frames"}
+    assert {k: params[k]["defaultValue"] for k in ("index_uri", "dataset", "split")} == dict.fromkeys(
+        ("index_uri", "dataset", "split"), "")  # fmt: skip
+    tasks = dict(_tasks(spec))
+    imported = {t["inputs"]["parameters"]["uri"]["componentInputParameter"].removeprefix("pipelinechannel--"): name
+                for name, t in tasks.items() if name.startswith("importer")}  # fmt: skip
+    assert set(imported) == {"model", "frames", "dataset"}
+    indexing = {name: t for name, t in tasks.items() if t.get("taskInfo", {}).get("name") == "index_clips"}
+    assert len(indexing) == 2
+    with_dataset = [t for t in indexing.values() if "dataset" in t["inputs"]["artifacts"]]
+    (given,) = with_dataset
+    assert given["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]["producerTask"] == imported["dataset"]
+    policies = [t.get("triggerPolicy", {}) for t in tasks.values()]
+    conditions = sorted(policy["condition"] for policy in policies if "condition" in policy)
+    assert conditions == ["!(inputs.parameter_values['pipelinechannel--dataset'] != '')",
+                          "inputs.parameter_values['pipelinechannel--dataset'] != ''"]  # fmt: skip
+    channels = {k: f"pipelinechannel--{imported[k]}-artifact" for k in ("model", "frames")}
+    for task in indexing.values():
+        assert task["cachingOptions"] == {}
+        parameters = task["inputs"]["parameters"]
+        for name in ("index_uri", "split", "data_root", "config", "overrides"):
+            assert parameters[name]["componentInputParameter"] == f"pipelinechannel--{name}"
+        artifacts = task["inputs"]["artifacts"]
+        assert {k: artifacts[k]["componentInputArtifact"] for k in ("model", "frames")} == channels
 
 
 def _task_names_of(spec: dict[str, Any]) -> list[str]:
@@ -692,7 +752,7 @@ def _tasks(node: Any) -> Iterator[tuple[str, dict[str, Any]]]:
             yield from _tasks(value)
 
 
-@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval"])
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "reevaluate", "retrieval", "index"])
 def test_no_cached_step_takes_a_per_run_input_and_every_step_gets_the_run_id_from_its_pod(
     compiled: Path, name: str
 ) -> None:
