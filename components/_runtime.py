@@ -385,9 +385,11 @@ def final_report(
     results: dict[str, tuple[Any, Any]],
     register_prefix: str,
     register_alias: str,
+    indexes: dict[str, str] | None = None,
 ) -> str:
     """Final metrics of every task in ``results`` (``task -> (eval results artifact, model artifact)``) to the
-    parent run; each model registered as ``<register_prefix>-<task>``. Returns a Markdown summary."""
+    parent run; each model registered as ``<register_prefix>-<task>``, made an MLflow pyfunc model where it can be
+    (:func:`mlflow_model`; ``indexes``: ``task -> `` the clip index its model built). Returns a Markdown summary."""
     from vlp.tracking import log_metrics, pipeline_run, register_model
 
     cfg, _ = load_step_config(config, overrides)
@@ -402,9 +404,11 @@ def final_report(
             parent = pipeline_run(cfg.tracking, run)
             name = f"{register_prefix}-{task}"
             tags = {"vlp.kfp_run_id": run, "vlp.task": task}
-            version = register_model(
-                cfg.tracking, name, location(model), parent, metrics, register_alias, tags, f"{task}_model"
-            )
+            with tempfile.TemporaryDirectory(prefix="vlp-register-") as tmp:
+                source = mlflow_model(task, location(model), (indexes or {}).get(task, ""), cfg, tmp)
+                version = register_model(
+                    cfg.tracking, name, source, parent, metrics, register_alias, tags, f"{task}_model"
+                )
             version = f"{name}/{version}"
         rows += [f"| {task} | {k} | {v:.4f} | {version} |" for k, v in sorted(metrics.items())]
     if cfg.tracking.tracking_uri and final:
@@ -415,6 +419,28 @@ def final_report(
     header += [headline_table(per_task).rstrip(), ""]
     header += ["## Every metric", "", "| task | metric | value | registered |", "|---|---|---|---|"]
     return "\n".join([*header, *rows]) + "\n"
+
+
+def mlflow_model(task: str, model: str, index: str, cfg: Any, tmp: str) -> str:
+    """What to register for ``task``'s ``model``: the model directory made an MLflow pyfunc model under ``tmp``
+    (:mod:`vlp.index.pyfunc`) when it can serve one, else ``model`` itself. A QA model answers questions
+    about video files (``model_config={"frames": ...}`` at load time names a frames store); a retrieval model
+    with the clip ``index`` it built searches a copy of that index. Either is still the model directory the
+    re-evaluation reads."""
+    from vlp.index import pyfunc
+    from vlp.index.store import ClipIndex
+    from vlp.models import directory, family
+
+    out = str(Path(tmp) / "model")
+    if task == "qa":
+        info = directory.describe(model)
+        if family.answers_questions(info.family) and info.kind == info.family.kinds.qa:
+            return pyfunc.save_qa(out, model, cfg)
+    if task == "retrieval" and index:
+        if ClipIndex.exists(index):
+            return pyfunc.save(out, index, cfg, model=model)
+        print(f"report: {index} holds no clip index: {task} model registered without one", file=sys.stderr)
+    return model
 
 
 CHAMPION = "champion"  # the alias the scheduled re-evaluation scores by default, and compares others with

@@ -74,7 +74,8 @@ def report(
         retrieval_model: finetune_retrieval output.
         qa_results: evaluate_qa output dir.
         qa_model: finetune_qa output.
-        retrieval_index: index_clips output: the clip index of the retrieval model (listed in the summary).
+        retrieval_index: index_clips output: the clip index of the retrieval model (listed in the summary; the
+            registered retrieval model carries a copy, as an MLflow pyfunc model that searches it).
     """
     import pathlib
 
@@ -85,7 +86,8 @@ def report(
         results["retrieval"] = (retrieval_results, retrieval_model)
     if qa_results is not None:
         results["qa"] = (qa_results, qa_model)
-    text = final_report(config, overrides, results, register_prefix, register_alias)
+    indexes = {"retrieval": location(retrieval_index)} if retrieval_index is not None else {}
+    text = final_report(config, overrides, results, register_prefix, register_alias, indexes)
     if pretrained is not None:
         text += f"\npre-trained model: `{location(pretrained)}`\n"
     if retrieval_index is not None:

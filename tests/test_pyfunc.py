@@ -25,7 +25,7 @@ import pytest
 from mlflow.exceptions import MlflowException
 
 from test_answer import _save as save_qa_model
-from test_index import captions, config, save_model
+from test_index import FULL, TINY, captions, config, save_model
 from vlp.index.answer import Answerer
 from vlp.index.build import index_clips
 from vlp.index.pyfunc import COLUMNS, QA_COLUMNS, save, save_qa
@@ -192,3 +192,56 @@ def test_a_qa_model_answers_as_vlp_answer_does_and_refuses_what_it_cannot_read(t
         assert says in err.value.message and err.value.error_code == "INVALID_PARAMETER_VALUE"
     with pytest.raises(ValueError, match="finetune-qa"):
         save_qa(str(tmp_path / "not-qa"), save_model(tmp_path / "retrieval", "alpro", tok), cfg)
+
+
+def test_a_pipeline_report_registers_models_that_load_with_mlflow_pyfunc(tiny_world, tmp_path, monkeypatch) -> None:
+    """The report component registers the run's retrieval model with its clip index, and its QA model, as MLflow
+    pyfunc models: ``models:/<name>/<version>`` loads and answers as ``vlp search`` / ``vlp answer`` do."""
+    from kfp.dsl import Artifact, Markdown, Model
+
+    from components import _runtime, reporting
+    from vlp import tracking
+    from vlp.data import manifest
+    from vlp.data.video_text import normalize_answer
+    from vlp.eval.qa import build_answer_vocab
+    from vlp.models import family
+
+    def art(cls: Any, path: Path) -> Any:
+        return cls(name=path.name, uri=str(path))
+
+    def results(path: Path, metrics: dict[str, float]) -> Any:
+        path.mkdir(parents=True)
+        (path / "metrics.json").write_text(json.dumps(metrics))
+        return art(Artifact, path)
+
+    qa = manifest.read(tiny_world["dataset"], manifest.QA, manifest.QA_SCHEMA).to_pylist()
+    texts = [r["question"] for r in qa] + [r["answer"] for r in qa] + captions(tiny_world["dataset"], "train")
+    tok = train_wordpiece(texts, vocab_size=300)
+    answers = build_answer_vocab([normalize_answer(r["answer"]) for r in qa if r["split"] == "train"], 40)
+    retrieval = save_model(tmp_path / "retrieval", "alpro", tok)
+    qa_model = save_qa_model(tmp_path / "qa", "alpro", family.get("alpro").kinds.qa, tok, answers)
+    cfg = config("qa.num_workers=0")
+    index_clips(retrieval, tiny_world["frames"], str(tmp_path / "index"), cfg)
+    uri = tracking.sqlite_uri(tmp_path)
+    store = [f"tracking.tracking_uri={uri}", "tracking.experiment=pyfunc"]
+    monkeypatch.setenv(_runtime.RUN_ID_ENV, "k-pyfunc")
+    reporting.start_run.python_func(config=str(TINY), overrides=store, pipeline="p", image="i")
+    reporting.report.python_func(
+        pretrained=art(Model, tmp_path / "pretrained"), summary=art(Markdown, tmp_path / "summary.md"),
+        config=str(TINY), overrides=[*store, *FULL, "qa.num_workers=0"], register_prefix="t",
+        retrieval_results=results(tmp_path / "eval", {"t2v_r1": 40.0}), retrieval_model=art(Model, Path(retrieval)),
+        qa_results=results(tmp_path / "qa-eval", {"accuracy": 20.0}), qa_model=art(Model, Path(qa_model)),
+        retrieval_index=art(Artifact, tmp_path / "index"),
+    )  # fmt: skip
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    text = captions(tiny_world["dataset"], "test")[0]
+    want = [h.as_dict() for h in Searcher(str(tmp_path / "index"), cfg).search(text, 4)]
+    _close(_hits(mlflow.pyfunc.load_model("models:/t-retrieval/1").predict(pd.DataFrame({"text": [text], "k": [4]})),
+                 0), want)  # fmt: skip
+    clip, question = next((r["video_id"], r["question"]) for r in qa if r["split"] == "test")
+    expected = Answerer(qa_model, cfg, frames=tiny_world["frames"]).answer(clip, question, 3)
+    answerer = mlflow.pyfunc.load_model("models:/t-qa/1", model_config={"frames": tiny_world["frames"]})
+    got = answerer.predict(pd.DataFrame({"clip": [clip], "question": [question], "k": [3]}))
+    assert list(got["answer"]) == [a.answer for a in expected]
+    assert list(got["probability"]) == pytest.approx([a.probability for a in expected], abs=1e-6)
