@@ -233,8 +233,8 @@ def test_a_pipeline_report_registers_models_that_load_with_mlflow_pyfunc(tiny_wo
         qa_results=results(tmp_path / "qa-eval", {"accuracy": 20.0}), qa_model=art(Model, Path(qa_model)),
         retrieval_index=art(Artifact, tmp_path / "index"),
     )  # fmt: skip
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_registry_uri(uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # models:/ resolves here; the env, not mlflow's process-wide
+    monkeypatch.setenv("MLFLOW_REGISTRY_URI", uri)  # setters, which would leak into every later test's client
     text = captions(tiny_world["dataset"], "test")[0]
     want = [h.as_dict() for h in Searcher(str(tmp_path / "index"), cfg).search(text, 4)]
     _close(_hits(mlflow.pyfunc.load_model("models:/t-retrieval/1").predict(pd.DataFrame({"text": [text], "k": [4]})),
