@@ -142,6 +142,7 @@ class ClipIndex:
 
     def __init__(self, uri: str, table: Any, info: IndexInfo) -> None:
         self.uri, self.table, self.info = uri, table, info
+        self._ann: bool | None = None  # has_ann, asked of the table once (a listing per query, on S3 a request)
 
     @classmethod
     def exists(cls, uri: str) -> bool:
@@ -223,7 +224,11 @@ class ClipIndex:
         self.table.add(rows)
 
     def has_ann(self) -> bool:
-        return any("vector" in idx.columns for idx in self.table.list_indices())
+        """Whether the table has an ANN index on ``vector``: asked once, then kept (:meth:`build_ann` sets it). An
+        index another process builds later goes unnoticed by this handle, whose searches stay exact scans."""
+        if self._ann is None:
+            self._ann = any("vector" in idx.columns for idx in self.table.list_indices())
+        return self._ann
 
     def build_ann(self) -> None:
         """(Re)build the approximate nearest-neighbour index on ``vector`` over every row: IVF partitions with an
@@ -231,6 +236,7 @@ class ClipIndex:
         from lancedb.index import HnswSq
 
         self.table.create_index("vector", config=HnswSq(distance_type="dot"), replace=True)
+        self._ann = True
 
     def nearest(self, query: Any, n: int) -> tuple[list[str], np.ndarray, np.ndarray | None]:
         """The first stage: the ``n`` clips whose ``vector`` has the largest dot product with ``query``, best first:
