@@ -27,6 +27,18 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.fixture(scope="module")
+def one_thread() -> Iterator[None]:
+    """One torch thread for a module's tests (``pytest.mark.usefixtures("one_thread")``): tiny ops run many times
+    slower with intra-op threads competing for 2 busy cores. The count is restored afterwards."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def s3_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """URL of an S3 server process on 127.0.0.1 for the whole session.

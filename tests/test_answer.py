@@ -5,7 +5,6 @@ broken or hostile file is one line and exit 2; a model without QA is refused; th
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,12 +32,7 @@ OVERRIDES = ["qa.num_workers=0", "retrieval.num_workers=0"]  # loaders on this t
 ALBEF_TOPK = 5  # ALBEF's decoder ranks this many answers: the rest have probability 0
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 def config(*overrides: str) -> Config:

@@ -14,7 +14,7 @@ import ast
 import dataclasses
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -40,13 +40,7 @@ CAPTIONS = [
 FRAMES, SIZE, MAX_LEN, BATCH = 2, 32, 12, 4
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    """Tiny ops are many times slower with intra-op threads competing for 2 busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 @pytest.fixture(scope="module")

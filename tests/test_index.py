@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,7 @@ TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 FULL = ["retrieval.rerank_k=64", "index.candidates=64", "retrieval.num_workers=0"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 def config(*overrides: str) -> Config:

@@ -34,13 +34,7 @@ from vlp.train.loop import (
     train,
 )
 
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 def children() -> set[int]:

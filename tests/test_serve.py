@@ -41,12 +41,7 @@ NAME = "vlp-search"
 LISTENING = re.compile(r"vlp serve: listening on (http://127\.0\.0\.1:\d+)")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 def config() -> Config:

@@ -47,13 +47,7 @@ from vlp.train.optim import (
 # --------------------------------------------------------------------------- fixtures
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread() -> Any:
-    """Tiny ops are 10x slower with intra-op threads competing for 2 busy cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
 
 class Block(nn.Module):
