@@ -2,7 +2,8 @@
 # Without KFP_HOST, `make pipeline-run` runs the whole DAG on this machine (kfp.local, configs/pipeline-local.yaml, CPU);
 # PIPELINE_DATA_ROOT=s3://bucket/prefix puts its large outputs in object storage (AWS_* from the environment);
 # PARAMS="key=value ..." sets pipeline parameters locally as it does on a cluster; FAMILY=albef picks ALBEF's DAG;
-# PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there). A rerun into the same
+# PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there); PIPELINE=index runs
+# vlp-index (PARAMS="model=URI frames=URI [dataset=URI split=S index_uri=URI]"). A rerun into the same
 # PIPELINE_OUT reuses every unchanged step from KFP's cache (CACHE=0 runs them all); VERBOSE=1 keeps kfp.local's log.
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
@@ -11,7 +12,7 @@ KFP_EXPERIMENT ?= vlp
 PARAMS ?=
 PIPELINE ?= pretrain
 FAMILY ?= $(if $(filter retrieval,$(PIPELINE)),ts2net,alpro)
-RUN_PIPELINE = $(if $(filter retrieval,$(PIPELINE)),retrieval,$(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY)))
+RUN_PIPELINE = $(if $(filter retrieval index,$(PIPELINE)),$(PIPELINE),$(if $(filter alpro,$(FAMILY)),pretrain,pretrain-$(FAMILY)))
 PIPELINE_OUT ?= runs/pipeline-local
 PIPELINE_DATA_ROOT ?=
 CACHE ?= 1
@@ -27,7 +28,7 @@ SUBMIT_ARGS = --host "$(KFP_HOST)" --namespace "$(KFP_NAMESPACE)" --experiment "
 pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/*.yaml (commit the result)
 	$(PY) -m pipelines.compile
 
-pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, or PIPELINE=retrieval FAMILY=ts2net]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
+pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, PIPELINE=retrieval FAMILY=ts2net, or PIPELINE=index PARAMS="model=.. frames=.."]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
 	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --pipeline $(PIPELINE) --family $(FAMILY) \
 		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)') \

@@ -11,7 +11,10 @@ the MLflow parent run (with one nested run per step) to open::
 YAML values, checked against the compiled pipeline's inputs, e.g. ``register_alias=x`` or ``data_root=s3://b/p``);
 ``overrides`` given as a parameter are added after the trailing ones. ``--family albef`` runs ALBEF's DAG
 (no prompter, entities or prompt bank); ``--pipeline retrieval`` runs ``vlp-retrieval`` (no pre-training: the
-family, TS2-Net by default, fine-tunes from its named weights; the tiny preset's are random).
+family, TS2-Net by default, fine-tunes from its named weights; the tiny preset's are random); ``--pipeline index``
+runs ``vlp-index`` over a model and a frames store given as ``--param model=URI --param frames=URI`` (and
+optionally ``dataset``, ``split``, ``index_uri``; local paths are made absolute), e.g. to index a finished run's
+whole frames store with its fine-tuned model.
 """
 
 import argparse
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from pipelines import config as pipeline_config
-from pipelines import local_talk, pretrain, retrieval
+from pipelines import index, local_talk, pretrain, retrieval
 from vlp.train.settings import DEFAULT_FAMILY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,8 +46,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--config", default=str(pipeline_config.CONFIG_DIR / "local.yaml"), help="pipeline config")
     parser.add_argument("--step-config", default=None, help="vlp step config (default: the pipeline config's)")
     parser.add_argument("--source-uri", default="", help="raw dataset to ingest instead of a fresh synthetic world")
-    parser.add_argument("--pipeline", default="pretrain", choices=["pretrain", "retrieval"],
-                        help="the pre-training DAG of --family, or vlp-retrieval (from weights)")  # fmt: skip
+    parser.add_argument("--pipeline", default="pretrain", choices=["pretrain", "retrieval", "index"],
+                        help="the pre-training DAG of --family, vlp-retrieval (from weights), or vlp-index (--param "
+                        "model=URI --param frames=URI)")  # fmt: skip
     parser.add_argument("--family", default=None, help="model family (pretrain: one that pre-trains, default "
                         f"{DEFAULT_FAMILY}; retrieval: any, default {retrieval.default_family()})")  # fmt: skip
     parser.add_argument(
@@ -72,9 +76,10 @@ def run(
     verbose: bool = False,
     talk: local_talk.Talk | None = None,
 ) -> dict[str, Any]:
-    """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``)
-    locally into ``out``; returns ``{"outputs": {task: {name: path}}, "tasks": [(task, "done" | "cached" |
-    "failed", seconds)], "reports": {task: html path}, "mlflow": {...}}``.
+    """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``; with
+    ``pipeline="index"``, ``vlp-index`` on ``params``' model and frames) locally into ``out``; returns ``{"outputs":
+    {task: {name: path}}, "tasks": [(task, "done" | "cached" | "failed", seconds)], "reports": {task: html path},
+    "mlflow": {...}, "step_config": the vlp step config's path}``.
 
     With ``data_root`` (e.g. ``s3://bucket/prefix``; default: the pipeline config's) the large outputs go there
     and the local artifacts keep ``LOCATION`` pointers; storage settings come from the ``AWS_*`` environment,
@@ -119,7 +124,10 @@ def run(
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
         arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
         arguments["overrides"] = [*tracking, *overrides, *(params or {}).get("overrides", [])]
-        if pipeline == "retrieval":
+        if pipeline == "index":
+            arguments.pop("source_uri")
+            index.build(cfg)(**{k: local_uri(v) if k in INDEX_URIS else v for k, v in arguments.items()})
+        elif pipeline == "retrieval":
             retrieval.build(cfg)(**arguments, family=family)
         else:
             pretrain.build(cfg, family)(**arguments)
@@ -133,7 +141,19 @@ def run(
         "tasks": list(talk.order),
         "reports": copy_reports(outputs, run_dir / "reports"),
         "mlflow": mlflow_summary(sqlite_uri(run_dir)),
+        "step_config": config,
     }
+
+
+INDEX_URIS = ("model", "frames", "dataset", "index_uri")  # vlp-index's URI parameters
+
+
+def local_uri(value: Any) -> Any:
+    """A local path made absolute (an importer in a task subprocess and the index's record of it need one); an
+    ``s3://`` URI or an empty value as it is."""
+    if not isinstance(value, str) or not value or "://" in value:
+        return value
+    return str(Path(value).resolve())
 
 
 def new_run_id() -> str:
@@ -264,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.pipeline == "pretrain" and family not in pretrain.families():
             raise SubmitError(f"no pre-training DAG for {family!r}: choose {sorted(pretrain.families())} or "
                               "--pipeline retrieval")  # fmt: skip
-        name = "retrieval" if args.pipeline == "retrieval" else pretrain.name_of(family).removeprefix("vlp-")
+        name = pretrain.name_of(family).removeprefix("vlp-") if args.pipeline == "pretrain" else args.pipeline
         params = parse_params(args.param, REPO_ROOT / "pipelines" / "compiled" / f"{name}.yaml")
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
@@ -334,6 +354,11 @@ def print_result(result: dict[str, Any], seconds: float) -> None:
         headline = Path(summary).read_text(encoding="utf-8").split("## Every metric")[0]
         print("\n=== results ===")
         print(headline.removeprefix("# vlp pipeline run").strip())
+    indexes = [items["index"] for task, items in result["outputs"].items() if task.startswith("index-clips")]
+    if indexes and not summary:  # vlp-index: no report names it
+        print("\n=== clip index ===")
+        for path in indexes:
+            print(f'  .venv/bin/vlp search --index {path} --config {result.get("step_config", "...")} "a caption"')
     if result["reports"]:
         print("\n=== reports (open in a browser) ===")
         for task, path in result["reports"].items():

@@ -155,8 +155,8 @@ def test_every_command_line_parses(page: Path):
         if words[:2] == ["make", "pipeline-run"]:
             settings = dict(w.split("=", 1) for w in words[2:] if "=" in w)
             family = settings.get("FAMILY", "ts2net" if settings.get("PIPELINE") == "retrieval" else "alpro")
-            name = "retrieval" if settings.get("PIPELINE") == "retrieval" else "pretrain"
-            name = name if name == "retrieval" or family == "alpro" else f"pretrain-{family}"
+            name = settings.get("PIPELINE", "pretrain")  # as mk/pipeline.mk's RUN_PIPELINE picks it
+            name = name if name in ("retrieval", "index") or family == "alpro" else f"pretrain-{family}"
             params = parse_params(settings.get("PARAMS", "").split(), ROOT / "pipelines" / "compiled" / f"{name}.yaml")
             assert all(isinstance(v, (str, int, list)) for v in params.values()), line
 

@@ -16,7 +16,7 @@ from kfp.dsl import Dataset, Model
 from components import training
 from components._runtime import RUN_ID_ENV
 from conftest import split_rows
-from pipelines import index
+from pipelines import index, local_run
 from pipelines.config import CONFIG_DIR, load
 from pipelines.local_run import list_outputs, new_run_id
 from vlp import tracking
@@ -69,7 +69,7 @@ def search(index_uri: str, query: str, capsys: pytest.CaptureFixture[str]) -> li
 
 @pytest.mark.slow
 def test_the_dag_indexes_the_test_split_then_adds_the_rest_of_the_frames_store(
-    tuned: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tuned: dict[str, Any], tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = str(tmp_path / "index")
     outputs = run_dag(tuned, dataset=tuned["dataset"], index_uri=out)
@@ -102,10 +102,22 @@ def test_the_dag_indexes_the_test_split_then_adds_the_rest_of_the_frames_store(
                                  f"'{parent.info.run_id}'")  # fmt: skip
     assert step.info.run_name == "index_clips" and step.data.metrics["total"] == len(test_clips)
 
-    # No dataset: every clip of the frames store, into the same index (it adds what the index lacks)
-    again = run_dag(tuned, index_uri=out)
-    assert "index-clips-2" in again and "index-clips" not in again
+    # No dataset: every clip of the frames store, into the same index (it adds what the index lacks), through
+    # `make pipeline-run PIPELINE=index` (local_run), the index named by a path relative to the working directory
+    monkeypatch.chdir(tmp_path)
+    params = {"model": tuned["model"], "frames": tuned["frames"], "index_uri": "index"}
+    result = local_run.run(tmp_path / "local", step_config=TINY, overrides=LOADERS, params=params, pipeline="index")
+    again = result["outputs"]
+    assert "index-clips-2" in again and "index-clips" not in again and again["index-clips-2"]["index"] == out
+    local_run.print_result(result, 1.0)
+    assert f"vlp search --index {out} --config {TINY}" in capsys.readouterr().out
     clips = set(FrameStore(tuned["frames"]).video_ids)
     assert ClipIndex.open(out).video_ids() == clips and len(clips) > len(test_clips)
     counts = json.loads(Path(again["index-clips-2"]["metrics"]).read_text())
     assert counts == {"added": len(clips - test_clips), "skipped": len(test_clips), "total": len(clips)}
+
+
+def test_local_run_index_needs_a_model_and_frames(capsys: pytest.CaptureFixture[str]) -> None:
+    assert local_run.main(["--pipeline", "index", "--param", "frames=/x"]) == 2
+    err = capsys.readouterr().err
+    assert "index.yaml needs the parameter(s) ['model']: add --param model=..." in err
