@@ -34,6 +34,11 @@ Peak RSS is the process's (``getrusage``), the embeddings and ground truth inclu
 
 ``--threads`` (default 1) sets ``OMP_NUM_THREADS``, ``LANCE_CPU_THREADS`` (Lance's compute pool) and
 ``RAYON_NUM_THREADS`` before LanceDB loads; 0 leaves the environment as it is. Lance's I/O pool is left alone.
+``--grow G`` then adds G more rows drawn like the others (``vlp index`` adding clips to a grown collection), copies
+the index, and brings the ANN index up to date both ways: :meth:`ClipIndex.extend_ann` (what ``vlp index`` does
+while the new rows stay under ``index.ann_rebuild_share`` of the table) and :meth:`ClipIndex.build_ann`; printed:
+each one's time, and p50 / p99 / recall of the exact scan and of each through ``nearest`` against numpy over every
+row (one pass).
 If ``faiss`` is importable, the same queries also go through a faiss ``IndexFlatIP`` and ``IndexHNSWFlat``
 (inner product) for comparison; else that part is skipped and the script says so.
 """
@@ -86,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=None, help=f"timed passes (default 3; 1 below {SMOKE} rows)")
     p.add_argument("--threads", type=int, default=1, help="OMP / Lance CPU / rayon threads (0: leave the env)")
     p.add_argument("--no-faiss", action="store_true", help="skip the faiss comparison even if faiss is importable")
+    grow = "then add this many more rows and compare extending the ANN index with building it again"
+    p.add_argument("--grow", type=int, default=0, help=grow)
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
 
@@ -95,16 +102,19 @@ def normalise(x: np.ndarray) -> np.ndarray:
 
 
 def embeddings(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(rows (N, dim), queries (Q, dim), the cluster of each query's source point)``, float32, unit length."""
+    """``(rows (N + grow, dim), queries (Q, dim), the clusters of the first N rows then of each query's source
+    point)``, float32, unit length."""
     rng = np.random.default_rng(args.seed)
-    d, total = args.dim, args.rows + args.queries
+    d, total = args.dim, args.rows + args.grow + args.queries
     centres = normalise(rng.standard_normal((args.clusters, d), dtype=np.float32))
     labels = rng.integers(args.clusters, size=total)
     noise = rng.standard_normal((total, d), dtype=np.float32) * np.float32(args.spread / math.sqrt(d))
     points = normalise(centres[labels] + noise).astype(np.float32)
-    held = points[args.rows :]
+    held = points[args.rows + args.grow :]
     jitter = rng.standard_normal(held.shape, dtype=np.float32) * np.float32(args.query_noise / math.sqrt(d))
-    return np.ascontiguousarray(points[: args.rows]), normalise(held + jitter).astype(np.float32), labels
+    rows = np.ascontiguousarray(points[: args.rows + args.grow])
+    queries = normalise(held + jitter).astype(np.float32)
+    return rows, queries, np.concatenate([labels[: args.rows], labels[-len(held) :]])  # the queries' labels last
 
 
 def exact_topn(rows: np.ndarray, queries: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -229,6 +239,52 @@ def faiss_part(rows: np.ndarray, queries: np.ndarray, truth: np.ndarray, k: int,
     print(f"(LanceDB exact scan p50 for reference: {exact_p50:.2f} ms)")
 
 
+def grow_part(index: Any, rows: np.ndarray, later: np.ndarray, queries: np.ndarray, args: argparse.Namespace,
+              thumb: bytes) -> None:  # fmt: skip
+    """Add ``later`` to ``index`` (whose ANN index covers ``rows``), copy it, then bring the ANN index up to date
+    both ways: :meth:`ClipIndex.extend_ann` on one copy, :meth:`ClipIndex.build_ann` on the other; time each and
+    compare their searches (through ``nearest``) with the exact scan against numpy's top-k over every row."""
+    from vlp.index.store import ClipIndex
+
+    k, n = args.k, max(args.k, args.candidates)
+    start = time.perf_counter()
+    for a in range(0, len(later), args.chunk):
+        b = min(a + args.chunk, len(later))
+        ids = [f"v{args.rows + i:07d}" for i in range(a, b)]
+        index.add(ids, later[a:b], None, [thumb] * (b - a))
+    add_s = time.perf_counter() - start
+    copy = index.uri + "-rebuilt"
+    shutil.copytree(index.uri, copy)
+    extended, rebuilt = ClipIndex.open(index.uri), ClipIndex.open(copy)
+    before = extended.unindexed_rows()
+    start = time.perf_counter()
+    extended.extend_ann()
+    extend_s = time.perf_counter() - start
+    start = time.perf_counter()
+    rebuilt.build_ann()
+    rebuild_s = time.perf_counter() - start
+    share = len(later) / (len(rows) + len(later))
+    print(f"\ngrow: {len(later)} rows added to the {len(rows)} the ANN index covers ({share:.1%} of the table; "
+          f"vlp index extends below index.ann_rebuild_share) in {add_s:.2f} s; unindexed before / after extend_ann: "
+          f"{before} / {extended.unindexed_rows()}")  # fmt: skip
+    print(f"extend_ann: {extend_s:.2f} s; build_ann over every row: {rebuild_s:.2f} s ({rebuild_s / extend_s:.1f}x)")
+    truth, _ = exact_topn(np.concatenate([rows, later]), queries, n)
+    exact = ClipIndex.open(index.uri)
+    exact.has_ann = lambda: False
+    variants: list[tuple[str, Query]] = [
+        ("exact scan", lambda q, n: row_ids(exact.nearest(q, n)[0])),
+        ("ANN extended", lambda q, n: row_ids(extended.nearest(q, n)[0])),
+        ("ANN rebuilt", lambda q, n: row_ids(rebuilt.nearest(q, n)[0])),
+    ]
+    times, ids = time_variants(variants, queries, n, args.warmup, 1)
+    print(f"{'after growing':<16} {'p50 ms':>8} {'p99 ms':>8} {'R@' + str(k):>6} {'R@' + str(n):>6}")
+    for name, _ in variants:
+        p50, p99 = pcts(times[name][0])
+        r_k, r_n = recall(ids[name], truth, k), recall(ids[name], truth, n)
+        print(f"{name:<16} {p50:>8.2f} {p99:>8.2f} {r_k:>6.3f} {r_n:>6.3f}")
+    shutil.rmtree(copy, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark; returns 1 when the exact scan's top-k is not numpy's (beyond float ties)."""
     args = parse_args(argv)
@@ -250,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
 
     start = time.perf_counter()
     rows, queries, labels = embeddings(args)
+    rows, later = rows[: args.rows], rows[args.rows :]
     truth, dots = exact_topn(rows, queries, n)
     own = labels[truth[:, :k]] == labels[args.rows :][:, None]
     print(f"embeddings and numpy ground truth: {time.perf_counter() - start:.1f} s; ground-truth dot at rank 1 / {k} / "
@@ -349,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"(def: LanceDB's default; refine=none: no refine_factor; goals: p50 < 50 ms and R@{k} >= 0.95)")
         if not args.no_faiss:
             faiss_part(rows, queries, truth, k, n, args, statistics.median(p50_exact))
+        if args.grow:
+            grow_part(index, rows, later, queries, args, thumb)
         print(f"\npeak RSS: {rss_data:.0f} MiB after embeddings + ground truth, {rss_built:.0f} MiB after add + "
               f"build_ann, {peak_rss_mib():.0f} MiB at the end")  # fmt: skip
         return 1 if bad else 0

@@ -207,7 +207,7 @@ def rerank_rows(args: argparse.Namespace, dataset: str, frames: str, ks: list[in
     rc = cfg.retrieval
     net, tok, info = directory.load(args.model, evaluate.retrieval_kinds())
     fam = info.family
-    data = retrieval_data(cfg, dataset, frames, info.config, rc.split)
+    data = retrieval_data(cfg, dataset, frames, info.config, rc.split, training=False)
     video_ids = sorted({v for v, _ in data.pairs})
     position = {v: i for i, v in enumerate(video_ids)}
     text_video = torch.tensor([position[v] for v, _ in data.pairs])

@@ -93,7 +93,9 @@ def test_answers_by_id_are_evaluate_qas_predictions_and_ranking(name, tiny_world
     cfg = config()
     answerer = Answerer(models[name], cfg, frames=tiny_world["frames"])
     info = directory.describe(models[name])
-    data = task_data(VideoQADataset, cfg.qa, tiny_world["dataset"], tiny_world["frames"], info.config, "test")
+    data = task_data(
+        VideoQADataset, cfg.qa, tiny_world["dataset"], tiny_world["frames"], info.config, "test", training=False
+    )
     rows = evaluated[name][:4]
     assert [(r["video_id"], r["question"]) for r in rows] == data.pairs[:4]
     video = torch.stack([data[i]["video"] for i in range(len(rows))])

@@ -184,7 +184,7 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
     evaluate_qa(pretrained["dataset"], pretrained["frames"], ft, str(tmp_path / "e1"), cfg)  # reloads from disk
     written = storage.read_parquet(str(tmp_path / "e1" / "predictions.parquet")).to_pylist()
     data = task_data(VideoQADataset, cfg.qa, pretrained["dataset"], pretrained["frames"], model.cfg,
-                     cfg.qa.split)  # fmt: skip
+                     cfg.qa.split, training=False)  # fmt: skip
     tok = load_tokenizer(f"{ft}/tokenizer")
     length = text_length(cfg.qa, model.cfg)
     preds, confidence = _predict_qa(FAMILY, model, tok, data, length, cfg.qa.eval_batch_size, cfg)
@@ -306,8 +306,8 @@ def test_fine_tuning_and_evaluation_normalise_pixels_as_the_model_was_trained(pr
     model_cfg = directory.describe(pretrained["alpro"]).config
     clip_mean, clip_std = (0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)
     clip_cfg = dataclasses.replace(model_cfg, pixel_mean=clip_mean, pixel_std=clip_std)
-    plain = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], model_cfg, "test")
-    clipped = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], clip_cfg, "test")
+    plain = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], model_cfg, "test", training=False)
+    clipped = retrieval_data(cfg, pretrained["dataset"], pretrained["frames"], clip_cfg, "test", training=False)
     video = plain.pairs[0][0]
     rng = lambda: __import__("numpy").random.default_rng(0)  # noqa: E731
     a, b = plain.clip(video, rng()), clipped.clip(video, rng())

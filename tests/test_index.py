@@ -16,6 +16,7 @@ import pytest
 import torch
 from PIL import Image
 
+from conftest import split_rows
 from vlp import storage
 from vlp.cli import main
 from vlp.config import Config, load_config
@@ -105,7 +106,7 @@ def evaluate_row(world: dict[str, str], model: str, query: str, cfg: Config) -> 
     info = directory.describe(model)
     net, tok, fam = info.load("cpu"), info.tokenizer(), info.family
     rc = cfg.retrieval
-    data = retrieval_data(cfg, world["dataset"], world["frames"], info.config, rc.split)
+    data = retrieval_data(cfg, world["dataset"], world["frames"], info.config, rc.split, training=False)
     ids = sorted({v for v, _ in data.pairs})
     videos = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
     text = encode_texts(fam, net, tok, [query], text_length(rc, info.config), rc.eval_batch_size)
@@ -206,6 +207,79 @@ def test_the_ann_index_finds_what_the_exact_scan_finds(tiny_world, models, tmp_p
     query = captions(tiny_world["dataset"])[2]
     few = config("index.candidates=5", "retrieval.rerank_k=5")
     assert Searcher(out, few).search(query, k=5) == Searcher(exact, few).search(query, k=5)
+
+
+def test_evaluating_the_train_split_reads_it_as_the_test_split_is_read(tiny_world, models, tmp_path):
+    """retrieval.split=train (own-videos.md: a dataset with one split) evaluates with the eval sampler and no
+    augmentation, whatever the training settings: the ranks are those of a config that augments nothing."""
+    from vlp import storage
+
+    split = ["retrieval.split=train"]
+    augmenting = config(*split, "retrieval.randaug=true", "retrieval.hflip=true", "retrieval.crop_scale=[0.3,0.6]",
+                        "retrieval.sample_mode=rand")  # fmt: skip
+    plain = config(*split, "retrieval.randaug=false", "retrieval.hflip=false", "retrieval.sample_mode=uniform")
+    ranks = []
+    for name, cfg in (("augmenting", augmenting), ("plain", plain)):
+        evaluate_retrieval(tiny_world["dataset"], tiny_world["frames"], models["ts2net"], str(tmp_path / name), cfg)
+        ranks.append(storage.read_parquet(str(tmp_path / name / "ranks.parquet")).to_pylist())
+    assert len(ranks[0]) == len(captions(tiny_world["dataset"], "train")) and ranks[0] == ranks[1]
+
+
+def vectors(uri: str) -> dict[str, list[float]]:
+    rows = ClipIndex.open(uri).table.search().select(["video_id", "vector"]).limit(None).to_arrow().to_pylist()
+    return {row["video_id"]: row["vector"] for row in rows}
+
+
+def test_clips_added_later_join_the_ann_index_or_rebuild_it_past_the_share(tiny_world, models, tmp_path):
+    train = len({r["video_id"] for r in split_rows(tiny_world["dataset"], manifest.CAPTIONS, "train")})
+    clips = len(FrameStore(tiny_world["frames"]))
+    late = clips - train
+    assert 0 < late / clips < 0.5  # the tiny world: a few clips are in no train caption
+    ann = config("index.ann_min_rows=8", "index.ann_rebuild_share=0.5")
+    grown = str(tmp_path / "grown")
+    first = index_clips(models["albef"], tiny_world["frames"], grown, ann, tiny_world["dataset"], "train")
+    assert (first["total"], first["ann_index"]) == (train, "built")
+    second = index_clips(models["albef"], tiny_world["frames"], grown, ann)  # the whole store: the test clips too
+    assert (second["added"], second["total"], second["ann_index"]) == (late, clips, "extended")
+    assert ClipIndex.open(grown).unindexed_rows() == 0
+    assert index_clips(models["albef"], tiny_world["frames"], grown, ann)["ann_index"] == "current"
+
+    rebuilt = str(tmp_path / "rebuilt")
+    share = config("index.ann_min_rows=8", f"index.ann_rebuild_share={late / clips}")  # the late rows reach it
+    index_clips(models["albef"], tiny_world["frames"], rebuilt, share, tiny_world["dataset"], "train")
+    assert index_clips(models["albef"], tiny_world["frames"], rebuilt, share)["ann_index"] == "built"
+    assert ClipIndex.open(rebuilt).unindexed_rows() == 0
+
+    exact = str(tmp_path / "exact")
+    assert index_clips(models["albef"], tiny_world["frames"], exact, config())["ann_index"] is None
+    # a clip indexed as part of the train split is encoded as the same clip read from the frames store alone: the
+    # eval sampler, no training augmentation (the split's name does not make it a training read)
+    assert vectors(grown) == vectors(exact)
+    every = config(f"index.candidates={clips}", "retrieval.rerank_k=5")  # the first stage must reach every row
+    for query in captions(tiny_world["dataset"])[:3]:
+        want = Searcher(exact, every).search(query, k=clips)
+        assert Searcher(grown, every).search(query, k=clips) == want == Searcher(rebuilt, every).search(query, k=clips)
+
+
+def test_loader_workers_index_quietly_and_a_search_encodes_its_candidates_on_its_own_thread(
+    world, models, test_index, tmp_path, capfd, monkeypatch
+):
+    workers = config("retrieval.num_workers=2")
+    out = str(tmp_path / "index")
+    capfd.readouterr()
+    index_clips(models["alpro"], world["frames"], out, workers, world["dataset"])  # forks two loader workers
+    assert "fork support is experimental" not in capfd.readouterr().err  # LanceDB's warning, from each worker
+
+    # ALPRO's index stores no tokens: a search encodes its candidates again, with no loader workers to fork
+    import vlp.train.loop
+
+    def no_workers(*args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a search started loader workers")
+
+    query = captions(world["dataset"])[1]
+    want = Searcher(test_index["alpro"], config()).search(query, k=4)
+    monkeypatch.setattr(vlp.train.loop, "DataLoader", no_workers)
+    assert Searcher(test_index["alpro"], workers).search(query, k=4) == want
 
 
 def test_cli_index_prints_its_summary_and_search_a_table_and_json(tiny_world, models, tmp_path, capsys):

@@ -4,6 +4,7 @@ them (see :mod:`vlp.index` for what a row holds)."""
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any
 
 import torch
@@ -15,6 +16,10 @@ from vlp.steps.common import ModelInput, StepInputError, StepResult, check_input
 
 log = logging.getLogger("vlp")
 CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every chunk it added
+# What LanceDB warns when a process that has used it forks (the loader workers). Its at-fork hook resets its runtime
+# in the child, and the risk it names (a lock held mid-operation at fork time) does not arise here: every LanceDB
+# call is synchronous and has returned before the loader forks, and the workers only read frames.
+FORKED = "lancedb fork support is experimental"
 
 
 class StoreClips(VideoTextDataset):
@@ -45,14 +50,36 @@ def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: st
         return clips, [video_id for video_id, _ in clips.pairs]
     from vlp.steps.finetune import retrieval_data
 
-    data = retrieval_data(cfg, dataset, store, model_cfg, split)
+    data = retrieval_data(cfg, dataset, store, model_cfg, split, training=False)
     return data, sorted({video_id for video_id, _ in data.pairs})
+
+
+def ann_update(index: ClipIndex, total: int, rebuild_share: float) -> str:
+    """Bring the ANN index of ``index`` (``total`` rows) up to date: ``"built"`` when there was none or the rows it
+    does not cover are at least ``rebuild_share`` of the table, ``"extended"`` when there are fewer (added to it as
+    it is: :meth:`ClipIndex.extend_ann`), ``"current"`` when it covers every row."""
+    if not index.has_ann():
+        index.build_ann()
+        log.info("index: built the ANN index over %d clips", total)
+        return "built"
+    new = index.unindexed_rows()
+    if new == 0:
+        return "current"
+    if new >= rebuild_share * total:
+        index.build_ann()
+        log.info("index: built the ANN index again over %d clips (%d of them new: index.ann_rebuild_share %g)",
+                 total, new, rebuild_share)  # fmt: skip
+        return "built"
+    index.extend_ann()
+    log.info("index: added %d clips to the ANN index (%d clips)", new, total)
+    return "extended"
 
 
 def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "", split: str = "") -> StepResult:
     """Add to the index ``out`` (made if missing) the clips of ``frames`` it lacks, encoded by ``model`` as
     ``evaluate-retrieval`` encodes them; with ``dataset``, only the clips of its ``split`` (default
-    ``retrieval.split``). From ``index.ann_min_rows`` rows on, the ANN index is (re)built over every row.
+    ``retrieval.split``). From ``index.ann_min_rows`` rows on, the index has an ANN index too, kept up to date by
+    :func:`ann_update` (the summary's ``ann_index`` says what it did).
 
     Raises:
         StepInputError: an input is missing, or ``split`` is given without ``dataset``.
@@ -83,7 +110,9 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
             net, fam = info.load(device()), info.family
             for start in range(0, len(todo), CHUNK):
                 ids = todo[start : start + CHUNK]
-                enc = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
+                with warnings.catch_warnings():
+                    warnings.filterwarnings("ignore", FORKED, RuntimeWarning)
+                    enc = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
                 if index is None:
                     shape = list(enc.tokens.shape[1:])
                     stored = shape[0] * shape[1] <= cfg.index.max_token_floats
@@ -93,13 +122,12 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
                 log.info("index: added %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
         total = index.count() if index is not None else 0
         ann = total >= cfg.index.ann_min_rows
-        if index is not None and ann and (todo or not index.has_ann()):
-            index.build_ann()
-            log.info("index: built the ANN index over %d clips", total)
+        done = ann_update(index, total, cfg.index.ann_rebuild_share) if index is not None and ann else None
         return {
             "index": out, "model": model, "frames": frames, "dataset": dataset or None,
             "split": chosen if dataset else None, "added": len(todo), "skipped": len(wanted) - len(todo),
             "total": total, "tokens_stored": index.info.tokens_stored if index is not None else None, "ann": ann,
+            "ann_index": done,
         }  # fmt: skip
 
     return run_step("index", out, cfg, "index", work)

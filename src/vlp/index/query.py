@@ -12,7 +12,7 @@ over every query of a test set at once.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -108,7 +108,9 @@ class Searcher:
         ]
 
     def _tokens(self, ids: list[str], stored: Any) -> torch.Tensor:
-        """The candidates' token features: the stored ones, or encoded again from the frames as the index did."""
+        """The candidates' token features: the stored ones, or encoded again from the frames as the index did, on
+        this thread: loader workers for a query's few candidates would cost more to start than they save, and a
+        server would fork itself, LanceDB's runtime and all, on every query."""
         if stored is not None:
             return torch.from_numpy(stored)
         from vlp.data.frames import FrameStore
@@ -117,7 +119,8 @@ class Searcher:
 
         built = self.index.info
         data = StoreClips(FrameStore(built.frames, cache_shards=64), built.sampling, self.info.config)
-        enc = encode_clips(self.fam, self.net, data, ids, self.cfg.retrieval.eval_batch_size, self.cfg)
+        here = replace(self.cfg, retrieval=replace(self.cfg.retrieval, num_workers=0))
+        enc = encode_clips(self.fam, self.net, data, ids, self.cfg.retrieval.eval_batch_size, here)
         return enc.tokens
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -127,6 +128,9 @@ def check_compatible(found: IndexInfo, model: str, fp: dict[str, str], frames: s
 
 
 def _connect(uri: str) -> Any:
+    # index_stats without the IVF centroids (unindexed_rows needs counts only): Lance's coming default, which it
+    # otherwise warns about on stderr at every call
+    os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     import lancedb
 
     options = storage.object_store_options() if storage.is_s3(uri) else None
@@ -237,6 +241,22 @@ class ClipIndex:
 
         self.table.create_index("vector", config=HnswSq(distance_type="dot"), replace=True)
         self._ann = True
+
+    def unindexed_rows(self) -> int:
+        """Rows the ANN index on ``vector`` does not cover (added since it was built or last extended); every row
+        when there is none."""
+        for idx in self.table.list_indices():
+            if "vector" in idx.columns:
+                stats = self.table.index_stats(idx.name)
+                return self.count() if stats is None else int(stats.num_unindexed_rows)
+        return self.count()
+
+    def extend_ann(self) -> None:
+        """Add the rows the ANN index does not cover to it, in its existing partitions with its existing quantiser
+        (LanceDB's ``optimize``, which also merges small data files and drops table versions over a week old). Much
+        cheaper than :meth:`build_ann`, but the partitions and the quantiser stay fitted to the rows it was built
+        on: ``vlp index`` rebuilds once the rows added since reach ``index.ann_rebuild_share`` of the table."""
+        self.table.optimize()
 
     def nearest(self, query: Any, n: int) -> tuple[list[str], np.ndarray, np.ndarray | None]:
         """The first stage: the ``n`` clips whose ``vector`` has the largest dot product with ``query``, best first:

@@ -81,7 +81,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         from vlp.models import family
 
         info = inputs.models[0]
-        data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split)
+        data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split, training=False)
         net, tok, fam = info.load(device()), info.tokenizer(), info.family
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
@@ -181,7 +181,7 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
 
         info = inputs.models[0]
         answers, model_cfg = info.answers(), info.config
-        data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split)
+        data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split, training=False)
         net, tok = info.load(device()), info.tokenizer()
         length = text_length(qc, model_cfg)
         preds, confidence = _predict_qa(family.qa_of(info.family), net, tok, data, length, qc.eval_batch_size, cfg)

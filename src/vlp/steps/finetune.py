@@ -86,13 +86,17 @@ def task_data(
     model_cfg: Any,
     split: str,
     family: str = "",
+    *,
+    training: bool,
 ) -> Any:
     """``cls`` (a :class:`VideoTextDataset`) over ``split`` with the task's frames (an extract-frames output, or
-    its open store), sampler and augmentation, at the model's frame size and pixel normalisation; ``family`` (the
-    model's) picks the RandAugment ops when ``section.randaug_ops`` is ``""``."""
+    its open store), at the model's frame size and pixel normalisation. ``training``: the training sampler and
+    augmentation (``family``, the model's, picks the RandAugment ops when ``section.randaug_ops`` is ``""``); else
+    the eval sampler, no augmentation and no bad clips allowed, whatever the split is called (an evaluation or an
+    index of the train split reads it as evaluate-retrieval reads the test split)."""
     from vlp.models.family import randaug_ops
 
-    train = split == "train"
+    train = training
     augment = ClipRandAugment(ops=randaug_ops(section.randaug_ops, family)) if section.randaug and train else None
     return cls(
         frames,
@@ -121,10 +125,10 @@ def _paragraphs(data: VideoTextDataset) -> None:
 
 
 def retrieval_data(
-    cfg: Config, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str, family: str = ""
+    cfg: Config, dataset: str, frames: str | FrameStore, model_cfg: Any, split: str, family: str = "", *, training: bool
 ) -> VideoTextDataset:
-    """(clip, caption) pairs for retrieval; one paragraph per clip when ``retrieval.paragraph``."""
-    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split, family)
+    """(clip, caption) pairs for retrieval (:func:`task_data`); one paragraph per clip when ``retrieval.paragraph``."""
+    data = task_data(VideoTextDataset, cfg.retrieval, dataset, frames, model_cfg, split, family, training=training)
     if cfg.retrieval.paragraph:
         _paragraphs(data)
     return data
@@ -152,7 +156,7 @@ def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> Vi
     written."""
     dry = fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
     # the frame size and the pixel statistics do not depend on the vocabulary
-    data = retrieval_data(cfg, dataset, frames, dry, "train", fam.name)
+    data = retrieval_data(cfg, dataset, frames, dry, "train", fam.name, training=True)
     fam.prepare(dry, *_epoch_shape(_batches(data, with_max_steps(cfg.retrieval, len(data)), None)))
     return data
 
@@ -188,7 +192,7 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
         model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
         length = text_length(cfg.retrieval, model_cfg)
         if data is None:
-            data = retrieval_data(cfg, dataset, store, model_cfg, "train", fam.name)
+            data = retrieval_data(cfg, dataset, store, model_cfg, "train", fam.name, training=True)
         section = with_max_steps(cfg.retrieval, len(data))
 
         def fetch(indices: list[int]) -> PretrainBatch:
@@ -258,7 +262,7 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
         start = inputs.models[0]
         fam = family.qa_of(start.family)
         model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
-        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name)
+        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name, training=True)
         answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
         index = {answer: i for i, answer in enumerate(answers)}
         total = len(data.qa)

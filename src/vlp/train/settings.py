@@ -356,4 +356,8 @@ class IndexConfig:
     # stage of a search encodes its candidate clips again from the frames (0 = never store them)
     max_token_floats: int = 65536
     ann_min_rows: int = 50000  # from this many clips on, `vlp index` builds an ANN index; below, search is exact
+    # a `vlp index` run that adds clips to an index with an ANN index adds them to it (its partitions and quantiser
+    # as they are) while the rows it has never been built over stay under this share of the table; at or above it,
+    # it builds the ANN index again over every row (0 = always rebuild)
+    ann_rebuild_share: float = 0.25
     candidates: int = 50  # clips the first stage hands the exact stage (at least -k of them)
