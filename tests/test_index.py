@@ -282,6 +282,25 @@ def test_loader_workers_index_quietly_and_a_search_encodes_its_candidates_on_its
     assert Searcher(test_index["alpro"], workers).search(query, k=4) == want
 
 
+def test_a_run_that_looked_before_another_wrote_stores_no_clip_twice(tiny_world, models, tmp_path, monkeypatch):
+    out = str(tmp_path / "index")
+    clips = len(FrameStore(tiny_world["frames"]))
+    assert index_clips(models["ts2net"], tiny_world["frames"], out, config())["added"] == clips
+    # a second run that listed the index before the first made it: it makes the table and adds every clip again
+    unseen = classmethod(lambda cls, uri: False)
+    with monkeypatch.context() as m:
+        m.setattr(ClipIndex, "exists", unseen)
+        late = index_clips(models["ts2net"], tiny_world["frames"], out, config())
+    assert (late["added"], late["skipped"], late["total"]) == (0, clips, clips)
+    assert sorted(vectors(out)) == sorted(FrameStore(tiny_world["frames"]).video_ids)
+    assert ClipIndex.open(out).count() == clips
+    # ... and one with another model finds the first run's index when it makes the table: refused, nothing added
+    with monkeypatch.context() as m, pytest.raises(ValueError, match="was built by another model"):
+        m.setattr(ClipIndex, "exists", unseen)
+        index_clips(models["albef"], tiny_world["frames"], out, config())
+    assert ClipIndex.open(out).count() == clips
+
+
 def test_cli_index_prints_its_summary_and_search_a_table_and_json(tiny_world, models, tmp_path, capsys):
     out = str(tmp_path / "index")
     args = ["--config", str(TINY), *FULL]

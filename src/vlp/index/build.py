@@ -106,6 +106,7 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
         have = index.video_ids() if index is not None else set()
         todo = [video_id for video_id in wanted if video_id not in have]
         log.info("index: %d clips to add, %d of %d already in %s", len(todo), len(wanted) - len(todo), len(wanted), out)
+        added = 0
         if todo:
             net, fam = info.load(device()), info.family
             for start in range(0, len(todo), CHUNK):
@@ -118,14 +119,15 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
                     stored = shape[0] * shape[1] <= cfg.index.max_token_floats
                     made = IndexInfo(model, fp, frames, int(enc.feat.shape[1]), shape, stored, sample)
                     index = ClipIndex.create(out, made)
-                index.add(ids, enc.feat.numpy(), enc.tokens.numpy(), [thumbnail(store, v) for v in ids])
-                log.info("index: added %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
+                    check_compatible(index.info, model, fp, frames, sample, out)  # another run's, made meanwhile?
+                added += index.add(ids, enc.feat.numpy(), enc.tokens.numpy(), [thumbnail(store, v) for v in ids])
+                log.info("index: encoded %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
         total = index.count() if index is not None else 0
         ann = total >= cfg.index.ann_min_rows
         done = ann_update(index, total, cfg.index.ann_rebuild_share) if index is not None and ann else None
         return {
             "index": out, "model": model, "frames": frames, "dataset": dataset or None,
-            "split": chosen if dataset else None, "added": len(todo), "skipped": len(wanted) - len(todo),
+            "split": chosen if dataset else None, "added": added, "skipped": len(wanted) - added,
             "total": total, "tokens_stored": index.info.tokens_stored if index is not None else None, "ann": ann,
             "ann_index": done,
         }  # fmt: skip

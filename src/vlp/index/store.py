@@ -173,7 +173,10 @@ class ClipIndex:
         if not cls.exists(uri):
             raise FileNotFoundError(f"{uri} holds no clip index: make one with `vlp index --model M --frames F "
                                     f"--out {uri}`")  # fmt: skip
-        table = _connect(uri).open_table(TABLE)
+        return cls._of(uri, _connect(uri).open_table(TABLE))
+
+    @classmethod
+    def _of(cls, uri: str, table: Any) -> ClipIndex:
         meta = (table.schema.metadata or {}).get(META_KEY)
         if meta is None:
             raise ValueError(f"{uri}: the {TABLE} table has no {META_KEY.decode()} metadata: not made by vlp index")
@@ -181,7 +184,8 @@ class ClipIndex:
 
     @classmethod
     def create(cls, uri: str, info: IndexInfo) -> ClipIndex:
-        """A new, empty index at ``uri`` described by ``info``."""
+        """A new, empty index at ``uri`` described by ``info``; the index another writer made there meanwhile, if one
+        did (its :attr:`info` may differ from ``info``: check it with :func:`check_compatible`)."""
         schema = pa.schema(
             [
                 pa.field("video_id", pa.string(), nullable=False),
@@ -191,7 +195,14 @@ class ClipIndex:
             ],
             metadata={META_KEY: info.to_json().encode()},
         )
-        return cls(uri, _connect(uri).create_table(TABLE, schema=schema), info)
+        db = _connect(uri)
+        try:
+            table = db.create_table(TABLE, schema=schema)
+        except ValueError as exc:  # LanceDB: "Table 'clips' already exists": another vlp index run made it first
+            if "already exists" not in str(exc):
+                raise
+            return cls._of(uri, db.open_table(TABLE))
+        return cls(uri, table, info)
 
     def count(self) -> int:
         return int(self.table.count_rows())
@@ -201,9 +212,14 @@ class ClipIndex:
         ids = self.table.search().select(["video_id"]).limit(None).to_arrow()["video_id"]
         return set(ids.to_pylist())
 
-    def add(self, video_ids: Sequence[str], feats: Any, tokens: Any, thumbnails: Sequence[bytes]) -> None:
-        """Append clips: ``feats`` ``(B, dim)``, ``tokens`` ``(B, N, C)`` (stored when :attr:`IndexInfo.tokens_stored`),
-        one JPEG each; every array is written as float32."""
+    def add(self, video_ids: Sequence[str], feats: Any, tokens: Any, thumbnails: Sequence[bytes]) -> int:
+        """Add the clips the table lacks (by ``video_id``): ``feats`` ``(B, dim)``, ``tokens`` ``(B, N, C)`` (stored
+        when :attr:`IndexInfo.tokens_stored`), one JPEG each; every array is written as float32. Returns how many
+        rows were added.
+
+        A merge on ``video_id`` rather than an append: two ``vlp index`` runs writing one index at once (both listed
+        the clips it lacked before either added any) each add a clip the other has not, and LanceDB retries a merge
+        that conflicts with one committed meanwhile against the new table, so no clip is stored twice."""
         n = len(video_ids)
         feats = np.ascontiguousarray(np.asarray(feats, dtype=np.float32))
         if feats.shape != (n, self.info.dim):
@@ -225,7 +241,8 @@ class ClipIndex:
             },
             schema=self.table.schema,
         )
-        self.table.add(rows)
+        done = self.table.merge_insert("video_id").when_not_matched_insert_all().execute(rows)
+        return int(done.num_inserted_rows)
 
     def has_ann(self) -> bool:
         """Whether the table has an ANN index on ``vector``: asked once, then kept (:meth:`build_ann` sets it). An
