@@ -1,0 +1,280 @@
+"""Benchmark: FLOPs, time and MFU (model FLOP utilisation) of one training step of each model family.
+
+Rows: the ALPRO retrieval fine-tuning step (VTC + VTM, the losses ``AlproFamily.task_config`` keeps for retrieval
+with the default ``retrieval`` section), the ALBEF pre-training step (ITC with queue + MLM + ITM, momentum
+distillation) and the TS2-Net retrieval step (symmetric InfoNCE over the frame scores). Models are built with
+random weights (``init=""``) at ``--preset tiny`` or ``paper`` size (ALPRO: TimeSformer-B + BERT-base split 6 + 6;
+ALBEF: ViT-B/16 + BERT-base split 6 + 6; TS2-Net: CLIP ViT-B/32) through the same builders as
+``bench_alpro_step.py``, ``bench_albef_step.py`` and ``bench_ts2net_selection.py``; inputs are random frames and
+captions from a small WordPiece vocabulary (no downloads, no dataset).
+
+For each row the script
+
+* counts the FLOPs of one forward and of its backward with ``torch.utils.flop_counter.FlopCounterMode``
+  (matmuls, convolutions and attention; element-wise ops and the optimizer are not counted), once per family in
+  fp32, and splits the forward's by the counter's per-module totals into the family's top-level parts (video
+  tower, text tower, fusion / cross encoder, heads, ...; "other" = outside those modules, e.g. the losses'
+  similarity matrices). The backward is reported as one total: the counter's per-module backward totals overlap
+  for these models (see ``count_flops``);
+* times ``--steps`` steps (forward + loss, backward, AdamW) after ``--warmup`` untimed ones and reports the median
+  (``torch.cuda.synchronize`` before reading the clock on CUDA); ``--precision bf16`` runs forward + loss under
+  ``torch.autocast(device, dtype=torch.bfloat16)``;
+* measures this machine's peak in the same run: the best of ``--peak-repeat`` timed ``--peak-size`` square
+  matmuls in that precision (fp32, or bf16 tensors).
+
+MFU here = (counted FLOPs per step / median step time) / that measured matmul peak: the share of the rate a large
+dense GEMM reaches on this device, in this precision, that the whole step reaches. It is not the share of a
+data-sheet peak. Peak memory is ``torch.cuda.max_memory_allocated`` per row on CUDA; on CPU it is the process's
+``ru_maxrss`` (resident high-water mark), which only grows, so a row shows the maximum over itself and every row
+before it in the same run.
+
+    python benchmarks/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
+    python benchmarks/bench_mfu.py --preset paper --family alpro --batch 1 --precision both   # CPU, minutes
+    python benchmarks/bench_mfu.py --device cuda --preset paper --batch 32 --precision bf16 --steps 10  # GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import bench_albef_step
+import bench_alpro_step
+from bench_alpro_step import WORDS
+from vlp.models.family import PretrainBatch, StepContext, TextVocab
+from vlp.models.tokenizer import train_wordpiece
+
+MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+@dataclass
+class Row:
+    """One family's model, optimizer and step (forward + loss -> the loss tensor), and its module groups."""
+
+    name: str
+    model: nn.Module
+    loss: Callable[[], torch.Tensor]
+    groups: dict[str, list[str]]  # label -> module names as the flop counter reports them (root = class name)
+
+
+def captions(count: int, words: int) -> list[str]:
+    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(words)) for i in range(count)]
+
+
+def text_inputs(preset: str, batch: int, text_len: int, words: int) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """A WordPiece tokenizer trained on the benchmark captions, and ``batch`` encoded captions."""
+    caps = captions(200, words)
+    tok = train_wordpiece(caps, vocab_size=200 if preset == "tiny" else 30522, max_len=text_len)
+    enc = tok([caps[i % 200] for i in range(batch)], padding="max_length", max_length=text_len, truncation=True,
+              return_tensors="pt")  # fmt: skip
+    return tok, enc["input_ids"], enc["attention_mask"]
+
+
+def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
+    from vlp.models.alpro.model import Alpro, AlproFamily, alpro_step
+    from vlp.train.settings import RetrievalConfig
+
+    tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
+    cfg = bench_alpro_step.build(args.preset, args.frames, 1, len(tok))
+    cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())  # VTC + VTM, no PEM entities
+    model = Alpro(cfg).to(device).train()
+    size = cfg.video.img_size
+    batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
+                          mask.to(device))  # fmt: skip
+    ctx = StepContext(vocab=TextVocab.of(tok))
+    groups = {
+        "video tower": ["Alpro.dual.video", "Alpro.dual.video_proj"],
+        "text tower": ["Alpro.dual.text", "Alpro.dual.text_proj"],
+        "fusion": ["Alpro.fusion"],
+        "heads": ["Alpro.vtm_head", "Alpro.mlm_head", "Alpro.pem_head"],
+    }
+    return Row(f"ALPRO retrieval ({'+'.join(cfg.losses)})", model, lambda: alpro_step(model, batch, ctx)["loss"],
+               groups)  # fmt: skip
+
+
+def albef_row(args: argparse.Namespace, device: torch.device) -> Row:
+    from vlp.models.albef.model import Albef, albef_step
+
+    if args.queue % args.batch:
+        raise SystemExit(f"--queue {args.queue} must be a multiple of --batch {args.batch}")
+    tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 12)
+    cfg = bench_albef_step.build(args.preset, 0, args.frames, len(tok), args.queue)
+    model = Albef(cfg).to(device).train()
+    size = cfg.video.img_size
+    batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
+                          mask.to(device), video_index=torch.arange(args.batch, device=device))  # fmt: skip
+    ctx = StepContext(vocab=TextVocab.of(tok), generator=torch.Generator(device=device).manual_seed(0))
+    groups = {
+        "video tower": ["Albef.online.visual", "Albef.online.vision_proj"],
+        "text tower": ["Albef.online.text", "Albef.online.text_proj"],
+        "cross encoder": ["Albef.online.fusion"],
+        "heads": ["Albef.online.mlm_head", "Albef.itm_head"],
+        # the step calls the momentum towers' parts, never the Towers module itself
+        "momentum model": [f"Albef.momentum.{part}" for part in MOMENTUM_PARTS],
+    }
+    return Row(f"ALBEF pre-training ({'+'.join(cfg.losses)})", model, lambda: albef_step(model, batch, ctx)["loss"],
+               groups)  # fmt: skip
+
+
+def ts2net_row(args: argparse.Namespace, device: torch.device) -> Row:
+    from vlp.losses import frames as frame_losses
+    from vlp.models.ts2net.model import ClipTextConfig, ClipVisionConfig, TS2Net, TS2NetConfig
+
+    if args.preset == "tiny":
+        cfg = TS2NetConfig.tiny(vocab_size=100)
+        cfg = replace(cfg, video=replace(cfg.video, num_frames=args.frames))
+    else:  # CLIP ViT-B/32 sizes, the selection's 500 draws (as bench_ts2net_selection.py)
+        cfg = TS2NetConfig(ClipVisionConfig(num_frames=args.frames), ClipTextConfig())
+    model = TS2Net(cfg).to(device).train()
+    g = torch.Generator().manual_seed(1)
+    text_len = min(args.text_len, cfg.text.max_len)
+    ids = torch.randint(1, cfg.text.vocab_size, (args.batch, text_len), generator=g)
+    size = cfg.video.img_size
+    video = torch.randn(args.batch, args.frames, 3, size, size, generator=g)
+    batch = PretrainBatch(video.to(device), ids.to(device), torch.ones_like(ids).to(device))
+    ctx = StepContext(generator=torch.Generator(device=device).manual_seed(2))
+    groups = {
+        "video tower": ["TS2Net.clip.vision_model", "TS2Net.clip.visual_projection"],
+        "text tower": ["TS2Net.clip.text_model", "TS2Net.clip.text_projection"],
+        "token selector": ["TS2Net.selector"],
+        "frame aggregator": ["TS2Net.aggregator"],
+    }
+    return Row(f"TS2-Net retrieval (select {cfg.select})", model,
+               lambda: frame_losses.ts2net_losses(model(batch, ctx))["loss"], groups)  # fmt: skip
+
+
+BUILDERS = {"alpro": alpro_row, "albef": albef_row, "ts2net": ts2net_row}
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
+    """FLOPs of one step in fp32: (forward, backward, forward per group plus "other", outside every group).
+
+    The forward and the backward are counted by two counters. Only the forward is split by module: the counter's
+    module tracker attributes backward ops by hooks that misfire here (a module whose inputs need no gradient,
+    such as a text tower fed token ids, stays "active" for the rest of the backward; one that returns a dataclass
+    gets no backward hooks), so its per-module backward totals overlap and do not add up."""
+    forward, backward = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    with forward:
+        loss = row.loss()
+    with backward:
+        loss.backward()
+    row.model.zero_grad(set_to_none=True)
+    per_module = {name: float(sum(ops.values())) for name, ops in forward.get_flop_counts().items()}
+    fwd = float(forward.get_total_flops())
+    parts = {label: sum(per_module.get(n, 0.0) for n in names) for label, names in row.groups.items()}
+    parts = {label: flops for label, flops in parts.items() if flops}
+    parts["other"] = fwd - sum(parts.values())
+    return fwd, float(backward.get_total_flops()), parts
+
+
+def time_step(row: Row, device: torch.device, precision: str, steps: int, warmup: int) -> float:
+    """Median seconds of forward + loss (autocast for bf16), backward and AdamW over ``steps`` after ``warmup``."""
+    opt = torch.optim.AdamW([p for p in row.model.parameters() if p.requires_grad], lr=1e-4)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step() -> float:
+        sync(device)
+        start = time.perf_counter()
+        with autocast:
+            loss = row.loss()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sync(device)
+        return time.perf_counter() - start
+
+    for _ in range(warmup):
+        step()
+    return statistics.median(step() for _ in range(steps))
+
+
+def peak_flops(device: torch.device, precision: str, size: int, repeat: int) -> float:
+    """FLOP/s of the fastest of ``repeat`` ``size`` x ``size`` matmuls in ``precision`` (after one warm-up)."""
+    a = torch.randn(size, size, device=device, dtype=DTYPES[precision])
+    b = torch.randn(size, size, device=device, dtype=DTYPES[precision])
+    best = float("inf")
+    torch.mm(a, b)
+    for _ in range(repeat):
+        sync(device)
+        start = time.perf_counter()
+        torch.mm(a, b)
+        sync(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def peak_memory_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["all", *BUILDERS], default="all")
+    parser.add_argument("--preset", choices=["tiny", "paper"], default="tiny")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--frames", type=int, default=4)
+    parser.add_argument("--text-len", type=int, default=30, help="caption tokens (TS2-Net tiny: at most 24)")
+    parser.add_argument("--queue", type=int, default=65536, help="ALBEF ITC queue size (paper: 65,536)")
+    parser.add_argument("--steps", type=int, default=5, help="timed steps (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
+    parser.add_argument("--peak-size", type=int, default=4096, help="side of the square matmul timed for the peak")
+    parser.add_argument("--peak-repeat", type=int, default=0, help="timed matmuls (0: 3 on CPU, 20 on CUDA)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    families = list(BUILDERS) if args.family == "all" else [args.family]
+    repeat = args.peak_repeat or (20 if device.type == "cuda" else 3)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    print(f"{args.preset} preset, batch {args.batch} x {args.frames} frames, {name}, torch {torch.__version__}")
+    peaks = {p: peak_flops(device, p, args.peak_size, repeat) for p in precisions}
+    for p, flops in peaks.items():
+        print(f"peak ({args.peak_size}^2 matmul, best of {repeat}) {p}: {flops / 1e12:.3f} TFLOP/s")
+    table, breakdowns = [], []
+    for family in families:
+        torch.manual_seed(0)
+        row = BUILDERS[family](args, device)
+        fwd, bwd, parts = count_flops(row)
+        total = fwd + bwd
+        breakdowns.append((row.name, fwd, bwd, parts))
+        for p in precisions:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            seconds = time_step(row, device, p, args.steps, args.warmup)
+            achieved = total / seconds
+            table.append((row.name, p, total / 1e9, seconds * 1e3, achieved / 1e12, peaks[p] / 1e12,
+                          100 * achieved / peaks[p], peak_memory_mib(device)))  # fmt: skip
+        del row
+    memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
+    header = ("row", "precision", "GFLOP/step", "ms/step", "TFLOP/s", "peak TFLOP/s", "MFU %", f"MiB ({memory})")
+    print(f"\n{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>12} "
+          f"{header[6]:>6} {header[7]:>24}")  # fmt: skip
+    for r in table:
+        print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.4f} {r[5]:>12.3f} {r[6]:>6.1f} "
+              f"{r[7]:>24.0f}")  # fmt: skip
+    print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
+    for label, fwd, bwd, parts in breakdowns:
+        print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward)")
+        for part, flops in parts.items():
+            print(f"    {part:<22} {flops / 1e9:10.3f} GFLOP  {100 * flops / fwd:5.1f}% of the forward")
+
+
+if __name__ == "__main__":
+    main()
