@@ -31,7 +31,7 @@ data-sheet peak. Peak memory is ``torch.cuda.max_memory_allocated`` per row on C
 before it in the same run.
 
     python benchmarks/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
-    python benchmarks/bench_mfu.py --preset paper --family alpro --batch 1 --precision both   # CPU, minutes
+    python benchmarks/bench_mfu.py --preset paper --family alpro --steps 2 --warmup 1  # CPU, minutes
     python benchmarks/bench_mfu.py --device cuda --preset paper --batch 32 --precision bf16 --steps 10  # GPU
 """
 
@@ -242,6 +242,8 @@ def main() -> None:
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    if args.batch < 2:
+        parser.error("--batch must be at least 2: ALPRO's VTM and ALBEF's ITM draw in-batch negatives")
     device = torch.device(args.device)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     families = list(BUILDERS) if args.family == "all" else [args.family]
