@@ -96,20 +96,19 @@ def task_data(
     index of the train split reads it as evaluate-retrieval reads the test split)."""
     from vlp.models.family import randaug_ops
 
-    train = training
-    augment = ClipRandAugment(ops=randaug_ops(section.randaug_ops, family)) if section.randaug and train else None
+    augment = ClipRandAugment(ops=randaug_ops(section.randaug_ops, family)) if section.randaug and training else None
     return cls(
         frames,
         dataset,
         split=split,
         num_frames=section.num_frames,
-        mode=section.sample_mode if train else section.eval_mode,
+        mode=section.sample_mode if training else section.eval_mode,
         augment=augment,
-        crop_scale=section.crop_scale if train else (),
-        hflip=section.hflip and train,
+        crop_scale=section.crop_scale if training else (),
+        hflip=section.hflip and training,
         caption_clean=section.caption_clean,
         seed=section.seed,
-        max_bad_share=section.max_bad_share if train else 0.0,
+        max_bad_share=section.max_bad_share if training else 0.0,
         size=model_cfg.video.img_size,
         mean=model_cfg.pixel_mean,
         std=model_cfg.pixel_std,
