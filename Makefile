@@ -41,14 +41,28 @@ browser: ## Debian's chromium for the browser test (apt; root or sudo)
 	echo "make browser: installing Debian's chromium (tests/test_mlflow_ui.py drives it)"; \
 	$$sudo apt-get update -q && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
-test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test
-	$(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py
+# TEST_S3=rgw: the S3 tests of `make test` talk to a real Ceph RGW (scripts/s3-server.sh, started and stopped here) instead
+# of moto's server, so one pass covers both (CI). Only VLP_TEST_S3_ENDPOINT reaches pytest: the AWS_* variables the
+# script prints stay out of the other tests' environment.
+TEST_S3 ?= moto
+ifeq ($(filter $(TEST_S3),moto rgw),)
+$(error TEST_S3=$(TEST_S3): use TEST_S3=moto (the default) or TEST_S3=rgw)
+endif
+RGW_DIR ?= /tmp/vlp-rgw
+test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test (TEST_S3=rgw: against Ceph RGW)
+	@set -euo pipefail; \
+	case "$(TEST_S3)" in \
+	  moto) $(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py ;; \
+	  rgw) trap 'scripts/s3-server.sh stop $(RGW_DIR) >&2' EXIT; \
+	       endpoint=$$(scripts/s3-server.sh start $(RGW_DIR) 0 | sed -n 's/^export AWS_ENDPOINT_URL=//p'); \
+	       test -n "$$endpoint" || { echo "make test TEST_S3=rgw: scripts/s3-server.sh printed no endpoint" >&2; exit 1; }; \
+	       VLP_TEST_S3_ENDPOINT=$$endpoint $(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py ;; \
+	esac
 
 test-fast: $(STAMP) ## Run the tests not marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-RGW_DIR ?= /tmp/vlp-rgw
-test-s3: $(STAMP) ## Rerun every S3 test against a real Ceph RGW (scripts/s3-server.sh installs + starts it)
+test-s3: $(STAMP) ## Rerun only the S3 tests against a real Ceph RGW (scripts/s3-server.sh installs + starts it)
 	@set -euo pipefail; \
 	eval "$$(scripts/s3-server.sh start $(RGW_DIR) 0)"; \
 	trap 'scripts/s3-server.sh stop $(RGW_DIR) >&2' EXIT; \

@@ -171,7 +171,7 @@ def mp4_factory(tmp_path: Path):
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark every test that talks to the S3 server ``s3`` (``make test-s3`` reruns them on Ceph RGW)."""
+    """Mark every test that talks to the S3 server ``s3`` (on Ceph RGW in `make test TEST_S3=rgw`, `make test-s3`)."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "s3_endpoint" in getattr(item, "fixturenames", ()) or params.get("root") == "s3":

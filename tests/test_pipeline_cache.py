@@ -1,5 +1,6 @@
-"""KFP's cache across runs of the local DAG (`make pipeline-run` twice): the second run reuses every step that
-computes something and still opens, fills and closes its own MLflow parent run; what it prints while it works."""
+"""KFP's cache across runs of the local DAG: its key (the code digest, the data behind source_uri), the tasks never
+cached, what kfp.local prints and how an interrupted run ends. A rerun of the main job from the cache is in
+test_pipeline_local.py, on the main job's own run."""
 
 from __future__ import annotations
 
@@ -27,49 +28,11 @@ def ctrl_c_on() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-SIDE_EFFECT_TASKS = {"start-run", "report", "finish-run"}  # MLflow tasks: caching off (pipelines/config/local.yaml)
-
-
-def kinds(result: dict) -> dict[str, str]:
-    return {task: kind for task, kind, _ in result["tasks"]}
-
-
-@pytest.mark.slow
-def test_a_rerun_reuses_every_cached_step_and_still_logs_its_parent_run(tmp_path: Path, capsys) -> None:
-    first = local_run.run(tmp_path / "run", step_config=TINY)
-    assert set(kinds(first).values()) == {"done"}
-    computed = set(kinds(first)) - SIDE_EFFECT_TASKS
-    assert {"synth", "ingest", "extract-frames", "pretrain", "evaluate-retrieval", "evaluate-qa"} <= computed
-    capsys.readouterr()
-
-    assert local_run.main(["--out", str(tmp_path / "run"), "--step-config", TINY]) == 0
-    printed = capsys.readouterr().out
-    second = {task: ("cached" if "reused from KFP's cache" in line else "done")
-              for line in printed.splitlines() if line.startswith("[")
-              for task in [line.split("] ", 1)[1].split(" ", 1)[0]] if " started" not in line}  # fmt: skip
-    assert {t for t, k in second.items() if k == "cached"} == computed
-    assert {t for t, k in second.items() if k == "done"} == SIDE_EFFECT_TASKS
-    assert f"{len(SIDE_EFFECT_TASKS)} task(s) ran, {len(computed)} reused from KFP's cache" in printed
-    assert "Got executor_input" not in printed and "[KFP Executor" not in printed  # the executor's dump is off
-
-    summary = local_run.mlflow_summary(first["mlflow"]["tracking_uri"])  # the newest parent run: the rerun's
-    assert summary["parent_run_id"] != first["mlflow"]["parent_run_id"]
-    assert summary["status"] == "FINISHED"
-    assert summary["steps"] == {}  # no step ran, so no step run nests under it
-    assert summary["metrics"] == first["mlflow"]["metrics"]  # the report logged the reused evaluations' figures
-    for task in ("evaluate-retrieval", "evaluate-qa"):  # the HTML reports of the reused evaluations, openable
-        html = tmp_path / "run" / "reports" / f"{task}.html"
-        assert html.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
-
-    # Another DAG into the same folder: the data steps have the same inputs and are reused; ALBEF's pre-training has
-    # another family input and must run (the cache key holds every input, beside the code digest).
-    albef = kinds(local_run.run(tmp_path / "run", step_config=TINY, family="albef"))
-    assert {t for t, k in albef.items() if k == "cached"} == {"synth", "ingest", "extract-frames"}
-    assert albef["pretrain"] == albef["finetune-retrieval"] == albef["evaluate-retrieval"] == "done"
-
-    # The cache keys on the step config's text and the code, not on a path: an edited config misses.
+def test_the_cache_key_follows_the_step_configs_text_not_its_path(tmp_path: Path) -> None:
+    """The rerun of a whole DAG from KFP's cache is tested on the main job's own run (test_pipeline_local.py)."""
     shutil.copy(TINY, tmp_path / "edited.yaml")
     before = local_run.code_digest(str(tmp_path / "edited.yaml"))
+    assert local_run.code_digest(TINY) == before  # the same text elsewhere: the same key
     with open(tmp_path / "edited.yaml", "a", encoding="utf-8") as fh:
         fh.write("\n# edited\n")
     assert local_run.code_digest(str(tmp_path / "edited.yaml")) != before

@@ -94,9 +94,28 @@ def report_rows(summary: str, metrics: dict[str, float], retrieval: dict[str, fl
         assert row in summary, summary
 
 
+DATA_STEPS = {"synth", "ingest", "extract-frames"}  # every family's DAG runs them with the same inputs
+SIDE_EFFECT_TASKS = {"start-run", "report", "finish-run"}  # MLflow tasks: caching off (pipelines/config/local.yaml)
+ALIAS = {"register_alias": "local-test"}
+
+
+def kinds(result: dict) -> dict[str, str]:
+    return {task: kind for task, kind, _ in result["tasks"]}
+
+
+@pytest.fixture(scope="module")
+def main_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    """The main job (what `make pipeline-run` runs), once for the module: its test reads it, the rerun test runs it
+    again from KFP's cache, and the other families' DAGs run into the same folder, as a user's next
+    `make pipeline-run FAMILY=...` does (the data steps come from the cache; the figures are the same bytes)."""
+    out = tmp_path_factory.mktemp("main-job") / "run"
+    return out, local_run.run(out, params=ALIAS)
+
+
 @pytest.mark.slow
-def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
-    result = local_run.run(tmp_path / "run", params={"register_alias": "local-test"})  # what `make pipeline-run` runs
+def test_local_pipeline_run_end_to_end(main_job: tuple[Path, dict]) -> None:
+    result = main_job[1]
+    assert set(kinds(result).values()) == {"done"}
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "mine-entities", "pretrain-prompter", "build-prompt-bank", "pretrain"]
     if load(CONFIG_DIR / "local.yaml").downstream:
@@ -124,16 +143,46 @@ def test_local_pipeline_run_end_to_end(tmp_path: Path) -> None:
         print(f"alpro: retrieval {retrieval}, qa {qa}, {index_rows(outputs, summary)} clips indexed")
 
 
+@pytest.mark.slow
+def test_a_rerun_reuses_every_cached_step_and_still_logs_its_parent_run(main_job: tuple[Path, dict], capsys) -> None:
+    out, first = main_job
+    computed = set(kinds(first)) - SIDE_EFFECT_TASKS
+    assert {"synth", "ingest", "extract-frames", "pretrain", "evaluate-retrieval", "evaluate-qa"} <= computed
+    capsys.readouterr()
+
+    assert local_run.main(["--out", str(out), "--param", f"register_alias={ALIAS['register_alias']}"]) == 0
+    printed = capsys.readouterr().out
+    second = {task: ("cached" if "reused from KFP's cache" in line else "done")
+              for line in printed.splitlines() if line.startswith("[")
+              for task in [line.split("] ", 1)[1].split(" ", 1)[0]] if " started" not in line}  # fmt: skip
+    assert {t for t, k in second.items() if k == "cached"} == computed
+    assert {t for t, k in second.items() if k == "done"} == SIDE_EFFECT_TASKS
+    assert f"{len(SIDE_EFFECT_TASKS)} task(s) ran, {len(computed)} reused from KFP's cache" in printed
+    assert "Got executor_input" not in printed and "[KFP Executor" not in printed  # the executor's dump is off
+
+    summary = local_run.mlflow_summary(first["mlflow"]["tracking_uri"])  # the newest parent run: the rerun's
+    assert summary["parent_run_id"] != first["mlflow"]["parent_run_id"]
+    assert summary["status"] == "FINISHED"
+    assert summary["steps"] == {}  # no step ran, so no step run nests under it
+    assert summary["metrics"] == first["mlflow"]["metrics"]  # the report logged the reused evaluations' figures
+    for task in ("evaluate-retrieval", "evaluate-qa"):  # the HTML reports of the reused evaluations, openable
+        html = out / "reports" / f"{task}.html"
+        assert html.read_text(encoding="utf-8").lstrip().lower().startswith("<!doctype html")
+
+
 def test_local_run_checks_params_like_a_cluster_submission(capsys) -> None:
     assert local_run.main(["--param", "no_such_param=1"]) == 2
     assert "unknown parameter 'no_such_param'" in capsys.readouterr().err
 
 
 @pytest.mark.slow
-def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
-    """ALBEF's DAG (`make pipeline-run FAMILY=albef`): no prompter, entities or prompt bank; the same fine-tune /
-    evaluate / report branches, and figures as clear of chance and the majority answer."""
-    result = local_run.run(tmp_path / "run", family="albef")
+def test_local_albef_pipeline_run_end_to_end(main_job: tuple[Path, dict]) -> None:
+    """ALBEF's DAG (`make pipeline-run FAMILY=albef`) into the main job's folder: no prompter, entities or prompt
+    bank; the same fine-tune / evaluate / report branches, and figures as clear of chance and the majority answer.
+    The data steps come from KFP's cache; ALBEF's pre-training has another family input and runs (the cache key
+    holds every input, beside the code digest)."""
+    result = local_run.run(main_job[0], family="albef")
+    assert {t for t, k in kinds(result).items() if k == "cached"} == DATA_STEPS
     outputs = result["outputs"]
     assert not {"mine-entities", "pretrain-prompter", "build-prompt-bank"} & set(outputs)
     from vlp.models import directory
@@ -143,8 +192,9 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
     if load(CONFIG_DIR / "local.yaml").downstream:
         steps += ["finetune-retrieval", "evaluate-retrieval", "index-clips", "finetune-qa", "evaluate-qa"]
         assert directory.describe(outputs["finetune-qa"]["model"]).kind == "albef_qa"
-    tracked = result["mlflow"]
-    assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
+    tracked = result["mlflow"]  # a cached step opens no MLflow run
+    ran = {s.replace("-", "_"): "FINISHED" for s in steps if s not in DATA_STEPS}
+    assert tracked["status"] == "FINISHED" and tracked["steps"] == ran
     summary = Path(outputs["report"]["summary"]).read_text()
     assert summary.startswith("# vlp pipeline run")
     if "evaluate-retrieval" in steps:
@@ -155,10 +205,11 @@ def test_local_albef_pipeline_run_end_to_end(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(tmp_path: Path) -> None:
-    """vlp-retrieval under kfp.local (`make pipeline-run PIPELINE=retrieval`): TS2-Net (tiny, random CLIP)
-    fine-tuned, evaluated, registered, and clear of chance."""
-    result = local_run.run(tmp_path / "run", family="ts2net", pipeline="retrieval", params={"register_alias": "ts2"})
+def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(main_job: tuple[Path, dict]) -> None:
+    """vlp-retrieval under kfp.local (`make pipeline-run PIPELINE=retrieval`) into the main job's folder, its data
+    steps from the cache: TS2-Net (tiny, random CLIP) fine-tuned, evaluated, registered, and clear of chance."""
+    result = local_run.run(main_job[0], family="ts2net", pipeline="retrieval", params={"register_alias": "ts2"})
+    assert {t for t, k in kinds(result).items() if k == "cached"} == DATA_STEPS
     outputs = result["outputs"]
     steps = ["synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval", "index-clips"]
     assert set(steps) <= set(outputs) and not {"pretrain", "finetune-qa"} & set(outputs)
@@ -168,7 +219,8 @@ def test_local_retrieval_pipeline_fine_tunes_ts2net_without_pre_training(tmp_pat
 
     assert directory.describe(outputs["finetune-retrieval"]["model"]).kind == "ts2net_retrieval"
     tracked = result["mlflow"]
-    assert tracked["status"] == "FINISHED" and tracked["steps"] == {s.replace("-", "_"): "FINISHED" for s in steps}
+    ran = {s.replace("-", "_"): "FINISHED" for s in steps if s not in DATA_STEPS}
+    assert tracked["status"] == "FINISHED" and tracked["steps"] == ran
     m = tracked["metrics"]
     assert m["retrieval.t2v_r1"] == m["retrieval.vtc_t2v_r1"]  # the frame score is final: nothing re-ranks
     assert MlflowClient(tracked["tracking_uri"]).get_model_version_by_alias("vlp-local-retrieval", "ts2").version

@@ -1,9 +1,9 @@
 """The local pipeline (kfp.local, the code path of `make pipeline-run`) end to end with ``data_root`` in a bucket.
 
-It runs against a real Ceph RGW in `make test-s3` (``VLP_TEST_S3_ENDPOINT``; the ``s3_endpoint`` fixture marks it
-``s3``), which CI runs after `make test`. On moto, in `make test`, it is skipped: the same whole DAG twice cost CI
-about 450 s, and every step's S3 path is tested on moto too (test_storage, test_data_chain, test_pretrain_steps,
-test_finetune_eval, test_index, test_pipeline_fanout, ...). Every
+It runs against a real Ceph RGW (``VLP_TEST_S3_ENDPOINT``; the ``s3_endpoint`` fixture marks it ``s3``): in
+`make test TEST_S3=rgw`, CI's single pass, and in `make test-s3`. On moto, in a plain `make test`, it is skipped: it
+costs CI minutes, and every step's S3 path is tested on moto too (test_storage, test_data_chain,
+test_pretrain_steps, test_finetune_eval, test_index, test_pipeline_fanout, ...). Every
 step subprocess reads the endpoint and keys from the ``AWS_*`` environment (``s3_env``), as a step pod does.
 """
 
@@ -20,6 +20,7 @@ from pipelines import local_run
 from pipelines.config import CONFIG_DIR, load
 from vlp import storage
 
+TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")  # the main job's world is not needed here
 FAST = ["pretrain.max_steps=2"]  # the tiny config with one optimiser step fewer in both pre-training steps
 
 # (task, output) -> objects that must be under the output's prefix in the bucket
@@ -52,12 +53,12 @@ def _metrics(results_uri: str) -> dict[str, float]:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("VLP_TEST_S3_ENDPOINT"), reason="the whole DAG on S3 runs in `make test-s3`")
+@pytest.mark.skipif(not os.environ.get("VLP_TEST_S3_ENDPOINT"), reason="runs on Ceph RGW: make test TEST_S3=rgw")
 def test_local_pipeline_puts_its_large_outputs_in_the_bucket(
     tmp_path: Path, s3_bucket: str, s3_env: dict[str, str]
 ) -> None:
     data_root = f"{s3_bucket}/vlp-data"
-    result = local_run.run(tmp_path / "run", overrides=FAST, data_root=data_root)
+    result = local_run.run(tmp_path / "run", step_config=TINY, overrides=FAST, data_root=data_root)
     outputs = result["outputs"]
     downstream = load(CONFIG_DIR / "local.yaml").downstream
     expected = {**PRETRAIN_OUTPUTS, **(DOWNSTREAM_OUTPUTS if downstream else {})}
