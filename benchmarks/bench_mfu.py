@@ -53,6 +53,7 @@ import bench_alpro_step
 from bench_alpro_step import WORDS
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
+from vlp.train.optim import OptimConfig, build_optimizer
 
 MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -183,25 +184,33 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
     return fwd, float(backward.get_total_flops()), parts
 
 
-def time_step(row: Row, device: torch.device, precision: str, steps: int, warmup: int) -> float:
-    """Median seconds of forward + loss (autocast for bf16), backward and AdamW over ``steps`` after ``warmup``."""
-    opt = torch.optim.AdamW([p for p in row.model.parameters() if p.requires_grad], lr=1e-4)
+def time_step(
+    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
+) -> tuple[float, float]:
+    """Median seconds of forward + loss (autocast for bf16), backward and AdamW over ``steps`` after ``warmup``,
+    and the median seconds of the AdamW update alone. AdamW is the training loop's (``build_optimizer``, lr 1e-4,
+    the default decay groups) with the ``adamw`` kernels."""
+    opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
-    def step() -> float:
+    def step() -> tuple[float, float]:
         sync(device)
         start = time.perf_counter()
         with autocast:
             loss = row.loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        sync(device)
+        update = time.perf_counter()
         opt.step()
         sync(device)
-        return time.perf_counter() - start
+        end = time.perf_counter()
+        return end - start, end - update
 
     for _ in range(warmup):
         step()
-    return statistics.median(step() for _ in range(steps))
+    timed = [step() for _ in range(steps)]
+    return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed)
 
 
 def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inner: int) -> float:
@@ -240,6 +249,8 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--peak-size", type=int, default=4096, help="side of the square matmul timed for the peak")
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
+    parser.add_argument("--adamw", choices=["foreach", "fused", "loop"], default="foreach",
+                        help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
@@ -263,18 +274,20 @@ def main() -> None:
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds = time_step(row, device, p, args.steps, args.warmup)
+            seconds, update = time_step(row, device, p, args.steps, args.warmup, args.adamw)
             achieved = total / seconds
-            table.append((row.name, p, total / 1e9, seconds * 1e3, achieved / 1e12, peaks[p] / 1e12,
+            table.append((row.name, p, total / 1e9, seconds * 1e3, update * 1e3, achieved / 1e12, peaks[p] / 1e12,
                           100 * achieved / peaks[p], peak_memory_mib(device)))  # fmt: skip
         del row
     memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
-    header = ("row", "precision", "GFLOP/step", "ms/step", "TFLOP/s", "peak TFLOP/s", "MFU %", f"MiB ({memory})")
-    print(f"\n{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>12} "
-          f"{header[6]:>6} {header[7]:>24}")  # fmt: skip
+    header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
+              f"MiB ({memory})")  # fmt: skip
+    print(f"\nAdamW: {args.adamw} kernels")
+    print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
+          f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip
     for r in table:
-        print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.4f} {r[5]:>12.3f} {r[6]:>6.1f} "
-              f"{r[7]:>24.0f}")  # fmt: skip
+        print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.1f} {r[5]:>9.4f} {r[6]:>12.3f} "
+              f"{r[7]:>6.1f} {r[8]:>24.0f}")  # fmt: skip
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
     for label, fwd, bwd, parts in breakdowns:
         print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward)")

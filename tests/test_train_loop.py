@@ -219,6 +219,25 @@ def test_zero_weight_decay_is_one_group_without_decay_as_the_released_alpro_code
         assert torch.equal(p.detach(), before[name]), name
 
 
+@pytest.mark.parametrize(("adamw", "kernels"), [("foreach", (True, None)), ("fused", (None, True)),
+                                                 ("loop", (False, None))])  # fmt: skip
+def test_adamw_runs_the_configured_kernels_also_after_a_resume(tmp_path: Path, adamw: str, kernels: tuple) -> None:
+    """``adamw`` picks AdamW's kernels; resuming from a checkpoint another kernel wrote keeps this run's choice
+    (a checkpoint's param groups carry ``foreach`` / ``fused``, which ``load_state_dict`` would bring back) and its
+    moments. A bad name is a clear error."""
+    x, y = make_data(8)
+    other = "loop" if adamw != "loop" else "fused"
+    train(TinyMLP(dropout=0.0), ce_step, make_loader(x, y, 4), cfg_for(tmp_path, max_steps=1), OptimConfig(adamw=other))
+    fresh = TinyMLP(dropout=0.0, seed=1)
+    opt = build_optimizer(fresh, OptimConfig(adamw=adamw))
+    assert [(g["foreach"], g["fused"]) for g in opt.param_groups] == [kernels] * len(opt.param_groups)
+    load_checkpoint(latest_checkpoint(str(tmp_path / "checkpoints")), fresh, opt, restore_rng=False)
+    assert [(g["foreach"], g["fused"]) for g in opt.param_groups] == [kernels] * len(opt.param_groups)
+    assert opt.state and all(float(s["step"]) == 1.0 for s in opt.state.values())  # the moments were restored
+    with pytest.raises(ValueError, match="adamw must be 'foreach', 'fused' or 'loop', got 'apex'"):
+        OptimConfig(adamw="apex")  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- clipping and accumulation
 
 

@@ -46,6 +46,7 @@ STATE_FILE = "state.json"
 MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
+_KERNEL_KEYS = ("foreach", "fused", "capturable", "differentiable")  # how an optimiser runs, not what it holds
 
 
 class CheckpointError(RuntimeError):
@@ -501,10 +502,15 @@ def load_checkpoint(
     except RuntimeError as exc:
         raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
     if optimizer is not None and optim_state is not None:  # read above whenever an optimizer is given
+        # which kernels run the update is this run's choice (``adamw``), not state: a checkpoint's groups would
+        # bring back the kernels of the run that wrote it
+        kernels = [{k: g[k] for k in _KERNEL_KEYS if k in g} for g in optimizer.param_groups]
         try:
             optimizer.load_state_dict(optim_state)
         except ValueError as exc:
             raise CheckpointError(f"{uri}: optimiser state does not fit: {exc}") from exc
+        for group, chosen in zip(optimizer.param_groups, kernels, strict=True):
+            group.update(chosen)
     if scheduler is not None and state["scheduler"] is not None:
         scheduler.load_state_dict(_from_json(state["scheduler"]))
     if rng is not None:

@@ -36,8 +36,9 @@ checkpoint that counts.
 
 Distributed: under ``torchrun`` (after :func:`vlp.train.distributed.init_from_env`) the model is wrapped
 in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over ranks and only rank 0
-logs, shows progress and writes model/optimiser (every rank writes its own RNG file). bf16 autocast
-is used on CUDA only (``cfg.bf16``); on CPU the flag is ignored.
+logs, shows progress and writes model/optimiser (every rank writes its own RNG file). The forward and the
+loss run under bf16 autocast on CUDA when ``cfg.bf16`` is set, on the CPU when ``cfg.cpu_bf16`` is; the
+backward and the optimiser keep fp32 weights and gradients.
 """
 
 from __future__ import annotations
@@ -818,17 +819,35 @@ def _memory_metrics(device: torch.device) -> dict[str, float]:
     return {"train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
-def _enable_grad_checkpointing(model: nn.Module) -> None:
-    for name in ("set_grad_checkpointing", "gradient_checkpointing_enable"):
-        method = getattr(model, name, None)
-        if callable(method):
-            method()
-            return
-    warnings.warn(
-        f"grad_checkpointing requested but {type(model).__name__} has neither set_grad_checkpointing() nor "
-        "gradient_checkpointing_enable(); training without it",
-        stacklevel=3,
-    )
+def enable_grad_checkpointing(model: nn.Module) -> int:
+    """Recompute activations in the backward pass wherever ``model`` has a part that can: a transformers
+    ``PreTrainedModel`` (``activation_checkpointing_enable``, non-reentrant), a timm-style ``set_grad_checkpointing``,
+    or a tower with a ``grad_checkpointing`` switch (vlp's text, fusion and cross-attention stacks). The results
+    and gradients do not change (the recomputation replays the RNG state); the memory of the activations does.
+
+    Returns:
+        How many parts were switched; with none, a warning says training goes on without.
+    """
+    switched, inside = 0, set()
+    for module in model.modules():
+        if id(module) in inside:  # below a part already switched: it checkpoints its own layers
+            continue
+        hf = getattr(module, "activation_checkpointing_enable", None)
+        timm = getattr(module, "set_grad_checkpointing", None)
+        if callable(hf):
+            hf(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif callable(timm):
+            timm(True)
+        elif isinstance(getattr(module, "grad_checkpointing", None), bool):
+            setattr(module, "grad_checkpointing", True)  # noqa: B010 (an attribute mypy sees as a submodule)
+        else:
+            continue
+        switched += 1
+        inside |= {id(m) for m in module.modules()}
+    if not switched:
+        warnings.warn(f"grad_checkpointing requested but no part of {type(model).__name__} can recompute its "
+                      "activations; training without it", stacklevel=3)  # fmt: skip
+    return switched
 
 
 # --------------------------------------------------------------------------- the loop
@@ -841,7 +860,7 @@ class _Run:
         self.model, self.step_fn, self.data, self.cfg, self.optim_cfg = model, step_fn, data, cfg, optim_cfg
         self.rank, self.world = distributed.rank(), distributed.world_size()
         self.device = next(model.parameters()).device
-        self.autocast = cfg.bf16 and self.device.type == "cuda"
+        self.autocast = cfg.cpu_bf16 if self.device.type == "cpu" else cfg.bf16 and self.device.type == "cuda"
         self.optimizer = build_optimizer(model, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
@@ -1012,7 +1031,7 @@ def train(
     optim_cfg = optim_cfg or OptimConfig()
     seed_everything(cfg.seed + distributed.rank())
     if cfg.grad_checkpointing:
-        _enable_grad_checkpointing(model)
+        enable_grad_checkpointing(model)
     run = _Run(model, step_fn, data, cfg, optim_cfg)
     run.identity = dict(identity or {})
     resumed_from = run.resume() if resume else None

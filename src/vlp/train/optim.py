@@ -106,6 +106,8 @@ class OptimConfig(OptimSettings):
                              f"{self.schedule!r} / {self.min_lr_ratio}")  # fmt: skip
         if not 0 <= self.warmup_start_ratio <= 1:
             raise ValueError(f"OptimConfig.warmup_start_ratio must be in [0, 1], got {self.warmup_start_ratio}")
+        if self.adamw not in ("foreach", "fused", "loop"):
+            raise ValueError(f"OptimConfig.adamw must be 'foreach', 'fused' or 'loop', got {self.adamw!r}")
         if self.schedule_index not in ("one_based", "zero_based"):
             raise ValueError(
                 f"OptimConfig.schedule_index must be 'one_based' or 'zero_based', got {self.schedule_index!r}"
@@ -181,7 +183,8 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("build_optimizer: the model has no trainable parameter (all requires_grad=False?)")
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps)
+    kernels = {"foreach": {"foreach": True}, "fused": {"fused": True}, "loop": {"foreach": False}}[cfg.adamw]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, **kernels)
 
 
 def warmup_steps_for(cfg: OptimConfig, total_steps: int) -> int:

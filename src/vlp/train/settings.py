@@ -147,6 +147,9 @@ class OptimSettings:
     grad_clip: float = 20.0  # max global gradient norm (<= 0: no clipping)
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
     backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+    # AdamW's kernels: "foreach" = all parameters of a group per op (bitwise equal to "loop"; docs/speed.md),
+    # "fused" = one kernel per group (fastest; rounds differently), "loop" = one parameter at a time
+    adamw: Literal["foreach", "fused", "loop"] = "foreach"
 
 
 @dataclass
@@ -160,7 +163,9 @@ class LoopSettings:
     ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     seed: int = 0  # global RNGs are seeded with seed + rank at start
-    bf16: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    bf16: bool = True  # bf16 autocast of forward + loss on CUDA
+    # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size (docs/speed.md)
+    cpu_bf16: bool = False
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
     progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
 

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
 from timm.models.vision_transformer import Block
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vlp.models.layers.timesformer import read_vit_state_dict, resample_pos_embed, vit_size_problems
 
@@ -122,6 +123,7 @@ class FrameViT(nn.Module):
             for r in rates
         )
         self.norm = LayerNorm(c)
+        self.grad_checkpointing = False  # recompute each block in the backward (set_grad_checkpointing)
         trunc_normal_(self.pos_embed, std=0.02)
         trunc_normal_(self.cls_token, std=0.02)
         for m in self.blocks.modules():
@@ -133,6 +135,10 @@ class FrameViT(nn.Module):
 
     def no_weight_decay(self) -> set[str]:
         return {"pos_embed", "cls_token", "time_embed"}
+
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        """Turn per-block activation recomputation on or off (training only, when gradients are recorded)."""
+        self.grad_checkpointing = enable
 
     def forward(self, video: Tensor) -> FrameOutput:
         """``(B, T, 3, H, W)`` frames (H, W multiples of the patch size) -> :class:`FrameOutput`."""
@@ -146,7 +152,10 @@ class FrameViT(nn.Module):
         x = self.patch_embed(video.flatten(0, 1))  # (B*T, N, C)
         x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1) + pos  # (B*T, 1+N, C)
         for blk in self.blocks:
-            x = blk(x)
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
         frames = self.norm(x).unflatten(0, (b, t))  # (B, T, 1+N, C)
         cls = frames[:, :, 0].mean(dim=1)  # (B, C)
         if self.time_embed is None:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from vlp.losses import frames as frame_losses
 from vlp.models.family import (
@@ -258,6 +259,7 @@ class FrameAggregator(nn.Module):
         self.positions = nn.Embedding(cfg.aggregator_positions, cfg.embed_dim)
         nn.init.normal_(self.positions.weight, std=0.01)
         self.layers = nn.ModuleList(CLIPEncoderLayer(layer_cfg) for _ in range(cfg.aggregator_layers))
+        self.grad_checkpointing = False  # recompute each block in the backward (training only)
 
     def init_from_text(self, text_model: Any) -> bool:
         """Copy the first text blocks and text positions (the code's init) when the widths match; True if done.
@@ -282,7 +284,10 @@ class FrameAggregator(nn.Module):
             )
         x = tokens + self.positions.weight[: tokens.shape[1]]
         for layer in self.layers:
-            x = layer(x, None)
+            if self.grad_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, None, use_reentrant=False)
+            else:
+                x = layer(x, None)
             x = x[0] if isinstance(x, tuple) else x
         return x + tokens
 

@@ -1,0 +1,299 @@
+"""Reference step time: one training step of LAVIS's own ALPRO and ALBEF models, to compare with vlp's.
+
+Runs ONLY under the scratch venv that holds PyPI ``salesforce-lavis`` 1.0.2 (``scripts/reference-venv.sh`` builds
+it beside the checkout), never under the project's .venv, and never imports ``vlp``. From the repo root:
+
+    scripts/reference-venv.sh                     # once: ../scratch/lavis-venv
+    ../scratch/lavis-venv/bin/python benchmarks/reference_step.py --model alpro_retrieval --threads 2
+    ../scratch/lavis-venv/bin/python benchmarks/reference_step.py --model albef_pretrain --threads 2 --precision bf16
+
+What it times, per step: ``zero_grad``, the model's own ``forward(samples)`` (which tokenizes the captions and
+computes the losses) and ``loss``, ``loss.backward()``, and one step of torch's default ``AdamW`` (lr 1e-4) over the
+trainable parameters. ``--precision bf16`` runs forward + loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
+The random inputs are made once, before the timer.
+
+- ``--model alpro_retrieval``: ``lavis.models.alpro_models.alpro_retrieval.AlproRetrieval`` built by its own
+  ``from_config`` from LAVIS's ``configs/models/alpro_retrieval_msrvtt.yaml`` (TimeSformer-B/16 at 224 px, divided
+  space-time attention, drop-path 0.1; BERT-base from ``bert_config_alpro.json``: 6 text layers + 6 fusion layers),
+  with ``n_frms = --frames`` and ``max_txt_len = --text-len``. Loss: in-batch VTC + VTM with hard negatives.
+- ``--model albef_pretrain``: ``lavis.models.albef_models.albef_pretrain.AlbefPretrain`` built by its own
+  ``from_config`` from ``configs/models/albef_pretrain_base.yaml`` (ViT-B/16 at 224 px; ``BertForMaskedLM`` from
+  ``med_config_albef.json``, 30,522 word rows, 6 text + 6 cross-attention fusion layers), with
+  ``queue_size = --queue`` and ``max_txt_len = --text-len``. Loss: ITC with queues + ITM + MLM, momentum
+  distillation on (``epoch`` is set so the ramp-up has ended: alpha = 0.4).
+
+How it avoids downloads (the model's layers, sizes and losses stay LAVIS's own code):
+
+- LAVIS's package ``__init__`` files import every dataset, processor and task (decord, cv2, spacy, ...). The script
+  puts empty package shells for ``lavis`` and ``lavis.models`` in ``sys.modules`` and registers what those files
+  would (``library_root``, ``lavis.models.BaseModel``), then imports only the two model modules.
+- ``init_tokenizer`` (``BertTokenizer.from_pretrained("bert-base-uncased")``) is patched to return a
+  ``BertTokenizer`` over a vocab of a few hundred WordPiece tokens written to a temp dir at run time. Captions are
+  ``--text-len - 2`` of its words, so each one is exactly ``--text-len`` tokens with [CLS] and [SEP].
+- BERT configs are LAVIS's own JSON files shipped in the package, read by its ``from_config``.
+- ALPRO: ``load_checkpoint_from_config`` (downloads the MSR-VTT checkpoint) is patched to do nothing: random init.
+- ALBEF: ``VisionTransformerEncoder.from_config`` is called with ``from_pretrained=False`` (no DeiT download) and
+  ``BertForMaskedLM.from_pretrained("bert-base-uncased", config=...)`` builds ``BertForMaskedLM(config)``.
+- The models call ``torch.distributed`` (``all_gather_with_grad`` needs a process group even for one process), so a
+  one-process gloo group is started over a file store on loopback, as a one-GPU LAVIS run would have.
+- NumPy 2 dropped ``np.Inf``, which LAVIS's hard-negative sampling uses; it is aliased to ``np.inf``.
+
+Output: one JSON line on stdout (model, precision, batch, step_s_median, step_s_all, peak_rss_mib, params = the
+trainable parameter count, torch and lavis versions); everything else goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import itertools
+import json
+import logging
+import os
+import random
+import resource
+import statistics
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+MODELS = ("alpro_retrieval", "albef_pretrain")
+SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+IMAGE_SIZE = 224
+LR = 1e-4
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=MODELS, required=True)
+    parser.add_argument("--batch", type=int, default=2, help="clips (ALPRO) or images (ALBEF) per step")
+    parser.add_argument("--frames", type=int, default=4, help="frames per clip (ALPRO's TimeSformer)")
+    parser.add_argument("--text-len", type=int, default=30, help="caption tokens, [CLS] and [SEP] included")
+    parser.add_argument("--queue", type=int, default=65536, help="ALBEF's ITC queue size")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps first")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    if args.text_len < 3:
+        parser.error("--text-len must be at least 3 ([CLS], one word, [SEP])")
+    if args.model == "albef_pretrain" and args.queue % args.batch:
+        parser.error("ALBEF's queue size must be a multiple of --batch (LAVIS asserts it)")
+    return args
+
+
+def import_lavis() -> types.SimpleNamespace:
+    """Import LAVIS's two model modules without running its package ``__init__`` files (see the module docstring)."""
+    spec = importlib.util.find_spec("lavis")
+    if spec is None or spec.origin is None:
+        raise SystemExit("salesforce-lavis is not installed here: run this with scripts/reference-venv.sh's venv")
+    root = Path(spec.origin).parent
+    for name, path in (("lavis", root), ("lavis.models", root / "models")):
+        shell = types.ModuleType(name)
+        shell.__path__ = [str(path)]
+        shell.__file__ = str(path / "__init__.py")
+        sys.modules[name] = shell
+    if not hasattr(np, "Inf"):
+        np.Inf = np.inf  # type: ignore[attr-defined]  # removed in NumPy 2; LAVIS fills diagonals with -np.Inf
+
+    from lavis.common.registry import registry
+    from lavis.models.base_model import BaseModel
+
+    registry.register_path("library_root", str(root))  # what lavis/__init__.py registers; get_abs_path reads it
+    sys.modules["lavis.models"].BaseModel = BaseModel  # type: ignore[attr-defined]  # registry.register_model reads it
+
+    from lavis.common.utils import get_abs_path
+    from lavis.models.albef_models import AlbefBase
+    from lavis.models.albef_models.albef_pretrain import AlbefPretrain
+    from lavis.models.alpro_models import AlproBase
+    from lavis.models.alpro_models.alpro_retrieval import AlproRetrieval
+    from lavis.models.med import BertForMaskedLM
+    from lavis.models.vit import VisionTransformerEncoder
+
+    return types.SimpleNamespace(
+        get_abs_path=get_abs_path,
+        AlbefBase=AlbefBase,
+        AlbefPretrain=AlbefPretrain,
+        AlproBase=AlproBase,
+        AlproRetrieval=AlproRetrieval,
+        BertForMaskedLM=BertForMaskedLM,
+        VisionTransformerEncoder=VisionTransformerEncoder,
+    )
+
+
+def write_vocab(folder: Path) -> tuple[Path, list[str]]:
+    """A WordPiece vocab of 300 three-letter words plus BERT's special tokens; returns its file and the words."""
+    words = ["".join(letters) for letters in itertools.product("bdfgklmnprst", "aeiou", "lnrst")]
+    path = folder / "vocab.txt"
+    path.write_text("\n".join(SPECIAL_TOKENS + words) + "\n", encoding="utf-8")
+    return path, words
+
+
+def captions(words: list[str], batch: int, text_len: int, rng: random.Random) -> list[str]:
+    """``batch`` captions of ``text_len - 2`` vocab words: ``text_len`` tokens each with [CLS] and [SEP]."""
+    return [" ".join(rng.choice(words) for _ in range(text_len - 2)) for _ in range(batch)]
+
+
+def start_process_group(folder: Path) -> None:
+    """A one-process gloo group over a file store (no TCP store; gloo's own device on loopback)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    dist.init_process_group(backend="gloo", init_method=f"file://{folder / 'pg-store'}", rank=0, world_size=1)
+
+
+def model_config(lavis: types.SimpleNamespace, cls: Any, model_type: str, **overrides: Any) -> Any:
+    """The ``model`` node of LAVIS's own YAML for ``cls``/``model_type``, with ``overrides`` set."""
+    from omegaconf import OmegaConf
+
+    cfg = OmegaConf.load(lavis.get_abs_path(cls.PRETRAINED_MODEL_CONFIG_DICT[model_type])).model
+    for key, value in overrides.items():
+        OmegaConf.update(cfg, key, value)
+    return cfg
+
+
+def build_alpro(lavis: types.SimpleNamespace, tokenizer: Any, args: argparse.Namespace) -> torch.nn.Module:
+    cfg = model_config(
+        lavis, lavis.AlproRetrieval, "msrvtt", **{"timesformer.n_frms": args.frames, "max_txt_len": args.text_len}
+    )
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(lavis.AlproBase, "init_tokenizer", classmethod(lambda cls: tokenizer)))
+        patches.enter_context(
+            mock.patch.object(lavis.AlproRetrieval, "load_checkpoint_from_config", lambda self, cfg, **kw: None)
+        )
+        return lavis.AlproRetrieval.from_config(cfg)
+
+
+def build_albef(lavis: types.SimpleNamespace, tokenizer: Any, args: argparse.Namespace) -> torch.nn.Module:
+    cfg = model_config(lavis, lavis.AlbefPretrain, "base", queue_size=args.queue, max_txt_len=args.text_len)
+    vit_from_config = lavis.VisionTransformerEncoder.from_config.__func__
+
+    def vit_without_download(cls: Any, cfg: Any, from_pretrained: bool = False) -> Any:
+        return vit_from_config(cls, cfg, from_pretrained=False)
+
+    def bert_random_init(cls: Any, name: str, config: Any, **kwargs: Any) -> Any:
+        return cls(config)
+
+    with contextlib.ExitStack() as patches:
+        patches.enter_context(mock.patch.object(lavis.AlbefBase, "init_tokenizer", classmethod(lambda cls: tokenizer)))
+        patches.enter_context(
+            mock.patch.object(lavis.VisionTransformerEncoder, "from_config", classmethod(vit_without_download))
+        )
+        patches.enter_context(
+            mock.patch.object(lavis.BertForMaskedLM, "from_pretrained", classmethod(bert_random_init))
+        )
+        return lavis.AlbefPretrain.from_config(cfg)
+
+
+def make_samples(args: argparse.Namespace, words: list[str]) -> dict[str, Any]:
+    rng = random.Random(args.seed)
+    text = captions(words, args.batch, args.text_len, rng)
+    if args.model == "alpro_retrieval":
+        # LAVIS's ALPRO video processors give (C, T, H, W) clips; TimeSformer's patch embedding reads (B, C, T, H, W).
+        return {"video": torch.randn(args.batch, 3, args.frames, IMAGE_SIZE, IMAGE_SIZE), "text_input": text}
+    # alpha = 0.4 * min(1, (epoch * iters_per_epoch + iters) / (2 * iters_per_epoch)): epoch 2 ends the ramp-up.
+    return {
+        "image": torch.randn(args.batch, 3, IMAGE_SIZE, IMAGE_SIZE),
+        "text_input": text,
+        "epoch": 2,
+        "iters": 0,
+        "num_iters_per_epoch": 1,
+    }
+
+
+def time_steps(
+    model: torch.nn.Module, samples: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
+) -> list[float]:
+    """Run ``args.warmup`` + ``args.steps`` training steps; return the timed steps' wall seconds."""
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+    model.train()
+    times: list[float] = []
+    for step in range(args.warmup + args.steps):
+        autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext()
+        start = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        with autocast:
+            loss = model(samples).loss
+        loss.backward()
+        optimizer.step()
+        seconds = time.perf_counter() - start
+        timed = step >= args.warmup
+        if timed:
+            times.append(seconds)
+        log(f"step {step} ({'timed' if timed else 'warmup'}): {seconds:.3f} s, loss {loss.item():.4f}")
+    return times
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Keep stdout for the one JSON line: anything LAVIS or transformers prints goes to stderr."""
+    with contextlib.redirect_stdout(sys.stderr):
+        yield
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    def log(message: str) -> None:
+        print(f"[reference_step] {message}", file=sys.stderr, flush=True)
+
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    lavis = import_lavis()
+    from transformers import BertTokenizer
+
+    with tempfile.TemporaryDirectory(prefix="reference-step-") as tmp:
+        folder = Path(tmp)
+        vocab, words = write_vocab(folder)
+        tokenizer = BertTokenizer(vocab_file=str(vocab), do_lower_case=True)
+        start_process_group(folder)
+        try:
+            build = build_alpro if args.model == "alpro_retrieval" else build_albef
+            start = time.perf_counter()
+            model = build(lavis, tokenizer, args)
+            log(f"built {type(model).__name__} in {time.perf_counter() - start:.1f} s")
+            samples = make_samples(args, words)
+            ids = tokenizer(samples["text_input"], padding="longest", return_tensors="pt").input_ids
+            text_encoder: Any = model.text_encoder
+            log(f"caption tokens: {tuple(ids.shape)}; text encoder word rows: {text_encoder.config.vocab_size}")
+            params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            log(f"trainable parameters: {params:,}; torch threads: {torch.get_num_threads()}")
+            times = time_steps(model, samples, args, log)
+        finally:
+            dist.destroy_process_group()
+
+    return {
+        "model": args.model,
+        "precision": args.precision,
+        "batch": args.batch,
+        "step_s_median": statistics.median(times) if times else None,
+        "step_s_all": times,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "params": params,
+        "torch": torch.__version__,
+        "lavis": importlib.metadata.version("salesforce-lavis"),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    with stdout_to_stderr():
+        result = run(args)
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()
