@@ -6,9 +6,9 @@ distillation) and the TS2-Net retrieval step (symmetric InfoNCE over the frame s
 random weights (``init=""``) at ``--preset tiny`` or ``paper`` size (ALPRO: TimeSformer-B + BERT-base split 6 + 6;
 ALBEF: ViT-B/16 + BERT-base split 6 + 6; TS2-Net: CLIP ViT-B/32) through the same builders as
 ``bench_alpro_step.py``, ``bench_albef_step.py`` and ``bench_ts2net_selection.py``; inputs are random frames and
-captions from a small WordPiece vocabulary (no downloads, no dataset). As in ``bench_alpro_step.py``, ALPRO's
-word embeddings have that small vocabulary's rows (its retrieval step has no MLM head, so no FLOP depends on it);
-ALBEF's MLM head has BERT's 30,522 at paper size, as in ``bench_albef_step.py``.
+captions from a small WordPiece vocabulary (no downloads, no dataset). At paper size the word embeddings have
+BERT's 30,522 rows, as the reference models do (ALPRO's retrieval step reads no FLOP from them, but AdamW updates
+them; ALBEF's MLM head scores them).
 
 For each row the script
 
@@ -53,6 +53,7 @@ import bench_alpro_step
 from bench_alpro_step import WORDS
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
+from vlp.train.loop import enable_grad_checkpointing
 from vlp.train.optim import OptimConfig, build_optimizer
 
 MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
@@ -87,7 +88,8 @@ def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
     from vlp.train.settings import RetrievalConfig
 
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
-    cfg = bench_alpro_step.build(args.preset, args.frames, 1, len(tok))
+    # paper: bert-base-uncased's 30,522 word rows, as the reference has (AdamW updates them; no FLOP reads them)
+    cfg = bench_alpro_step.build(args.preset, args.frames, 1, len(tok) if args.preset == "tiny" else 30522)
     cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())  # VTC + VTM, no PEM entities
     model = Alpro(cfg).to(device).train()
     size = cfg.video.img_size
@@ -251,6 +253,8 @@ def main() -> None:
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
     parser.add_argument("--adamw", choices=["foreach", "fused", "loop"], default="foreach",
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
+    parser.add_argument("--grad-checkpointing", action="store_true",
+                        help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
@@ -264,25 +268,33 @@ def main() -> None:
     peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
     for p, flops in peaks.items():
         print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
-    table, breakdowns = [], []
+    table, breakdowns, params = [], [], {}
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
-        fwd, bwd, parts = count_flops(row)
-        total = fwd + bwd
-        breakdowns.append((row.name, fwd, bwd, parts))
+        if args.grad_checkpointing:
+            enable_grad_checkpointing(row.model)
+        timed = []  # timed before the FLOPs are counted, so that a CPU row's memory high-water mark is the step's
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds, update = time_step(row, device, p, args.steps, args.warmup, args.adamw)
+            timed.append((p, *time_step(row, device, p, args.steps, args.warmup, args.adamw), peak_memory_mib(device)))
+        # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
+        if args.grad_checkpointing:
+            enable_grad_checkpointing(row.model, enable=False)
+        fwd, bwd, parts = count_flops(row)
+        total = fwd + bwd
+        breakdowns.append((row.name, fwd, bwd, parts))
+        params[row.name] = sum(p.numel() for p in row.model.parameters() if p.requires_grad)
+        for p, seconds, update, memory in timed:
             achieved = total / seconds
             table.append((row.name, p, total / 1e9, seconds * 1e3, update * 1e3, achieved / 1e12, peaks[p] / 1e12,
-                          100 * achieved / peaks[p], peak_memory_mib(device)))  # fmt: skip
+                          100 * achieved / peaks[p], memory))  # fmt: skip
         del row
     memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
-    print(f"\nAdamW: {args.adamw} kernels")
+    print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}")
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip
     for r in table:
@@ -290,7 +302,8 @@ def main() -> None:
               f"{r[7]:>6.1f} {r[8]:>24.0f}")  # fmt: skip
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
     for label, fwd, bwd, parts in breakdowns:
-        print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward)")
+        print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward), "
+              f"{params[label]:,} trainable parameters")  # fmt: skip
         for part, flops in parts.items():
             print(f"    {part:<22} {flops / 1e9:10.3f} GFLOP  {100 * flops / fwd:5.1f}% of the forward")
 

@@ -318,14 +318,16 @@ def check_precision_and_kernels(name: str, role: str, tok: Any, root: Path, step
 def check_grad_checkpointing(name: str, role: str, tok: Any) -> None:
     """``grad_checkpointing`` reaches every transformer block the step trains (a module at ``...blocks.<i>`` or
     ``...layers.<i>`` with trainable weights): each one that runs, runs again in the backward (the recomputation),
-    and the step's losses and gradients are those without it."""
+    and the step's losses and gradients are those without it. Turned off again, nothing is recomputed."""
     fam = family.get(name)
 
-    def step(checkpointing: bool) -> tuple[dict[str, float], dict[str, torch.Tensor], dict[str, int]]:
+    def step(checkpointing: str) -> tuple[dict[str, float], dict[str, torch.Tensor], dict[str, int]]:
         _, model = build(name, role, tok)
         model.train()
-        if checkpointing:
+        if checkpointing != "off":
             assert enable_grad_checkpointing(model) > 0, f"{name} {role}: no part can recompute its activations"
+        if checkpointing == "on, then off":
+            enable_grad_checkpointing(model, enable=False)
         block = re.compile(r"\.(blocks|layers)\.\d+$")
         blocks = {n: m for n, m in model.named_modules()
                   if block.search(n) and any(p.requires_grad for p in m.parameters())}  # fmt: skip
@@ -344,8 +346,9 @@ def check_grad_checkpointing(name: str, role: str, tok: Any) -> None:
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
         return {k: float(v.detach()) for k, v in losses.items()}, grads, calls
 
-    plain_losses, plain_grads, plain_calls = step(False)
-    losses, grads, calls = step(True)
+    plain_losses, plain_grads, plain_calls = step("off")
+    assert step("on, then off")[2] == plain_calls, f"{name} {role}: turned off, blocks still recompute"
+    losses, grads, calls = step("on")
     assert losses == plain_losses, f"{name} {role}: checkpointing changed the losses"
     assert grads.keys() == plain_grads.keys()
     for k, g in grads.items():

@@ -819,11 +819,12 @@ def _memory_metrics(device: torch.device) -> dict[str, float]:
     return {"train/peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}  # Linux: KiB
 
 
-def enable_grad_checkpointing(model: nn.Module) -> int:
+def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
     """Recompute activations in the backward pass wherever ``model`` has a part that can: a transformers
     ``PreTrainedModel`` (``activation_checkpointing_enable``, non-reentrant), a timm-style ``set_grad_checkpointing``,
     or a tower with a ``grad_checkpointing`` switch (vlp's text, fusion and cross-attention stacks). The results
     and gradients do not change (the recomputation replays the RNG state); the memory of the activations does.
+    ``enable=False`` turns it off again in the same parts.
 
     Returns:
         How many parts were switched; with none, a warning says training goes on without.
@@ -832,19 +833,22 @@ def enable_grad_checkpointing(model: nn.Module) -> int:
     for module in model.modules():
         if id(module) in inside:  # below a part already switched: it checkpoints its own layers
             continue
-        hf = getattr(module, "activation_checkpointing_enable", None)
+        hf_on = getattr(module, "activation_checkpointing_enable", None)
+        hf_off = getattr(module, "activation_checkpointing_disable", None)
         timm = getattr(module, "set_grad_checkpointing", None)
-        if callable(hf):
-            hf(activation_checkpointing_kwargs={"use_reentrant": False})
+        if callable(hf_on) and callable(hf_off) and enable:
+            hf_on(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif callable(hf_on) and callable(hf_off):
+            hf_off()
         elif callable(timm):
-            timm(True)
+            timm(enable)
         elif isinstance(getattr(module, "grad_checkpointing", None), bool):
-            setattr(module, "grad_checkpointing", True)  # noqa: B010 (an attribute mypy sees as a submodule)
+            setattr(module, "grad_checkpointing", enable)  # noqa: B010 (an attribute mypy sees as a submodule)
         else:
             continue
         switched += 1
         inside |= {id(m) for m in module.modules()}
-    if not switched:
+    if not switched and enable:
         warnings.warn(f"grad_checkpointing requested but no part of {type(model).__name__} can recompute its "
                       "activations; training without it", stacklevel=3)  # fmt: skip
     return switched

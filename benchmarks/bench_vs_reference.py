@@ -1,0 +1,90 @@
+"""Benchmark: vlp's training step beside the reference code's, same architecture, same batch, alternated.
+
+For each family (``alpro``: LAVIS ``AlproRetrieval``; ``albef``: LAVIS ``AlbefPretrain``, one frame per clip as
+its image batch) and precision, one round runs ``bench_mfu.py`` (vlp) and ``reference_step.py`` (LAVIS, in the
+scratch venv ``scripts/reference-venv.sh`` builds) one after the other, each in its own process, the order swapped
+every round; two PyTorch processes side by side on a small machine would slow each other several-fold. It prints
+one table: each round's median step seconds of both, their ratio (vlp / reference: below 1, vlp is faster), vlp's
+MFU and AdamW seconds, and both processes' memory high-water marks (``ru_maxrss``).
+
+    scripts/reference-venv.sh                                   # once: ../scratch/lavis-venv
+    .venv/bin/python benchmarks/bench_vs_reference.py           # ALPRO and ALBEF, fp32 and bf16, 2 rounds: ~30 min
+    .venv/bin/python benchmarks/bench_vs_reference.py --family albef --precision fp32 --rounds 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REFERENCE = {"alpro": ("alpro_retrieval", 4), "albef": ("albef_pretrain", 1)}  # LAVIS model, frames per clip
+# a bench_mfu.py table row: name, precision, GFLOP/step, ms/step, AdamW ms, TFLOP/s, peak TFLOP/s, MFU %, MiB
+NUMBER = r"\s+([\d.]+)"
+ROW = re.compile(rf"^(ALPRO|ALBEF) .*\s(fp32|bf16){NUMBER * 7}$")
+
+
+def run(command: list[str], threads: int) -> str:
+    env = os.environ | {"OMP_NUM_THREADS": str(threads)}
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, check=False)
+    if done.returncode:
+        sys.exit(f"{' '.join(command)} failed ({done.returncode}):\n{done.stderr[-2000:]}")
+    return done.stdout
+
+
+def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict[str, float]:
+    frames = REFERENCE[family][1]
+    out = run([sys.executable, "benchmarks/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
+               precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
+               "--warmup", str(args.warmup)], args.threads)  # fmt: skip
+    for line in out.splitlines():
+        if m := ROW.match(line.strip()):
+            return {"s": float(m[4]) / 1e3, "adamw_s": float(m[5]) / 1e3, "mfu": float(m[8]), "mib": float(m[9])}
+    sys.exit(f"bench_mfu.py printed no row for {family} {precision}:\n{out}")
+
+
+def reference_step(family: str, precision: str, args: argparse.Namespace) -> dict[str, float]:
+    model, frames = REFERENCE[family]
+    out = run([str(args.reference_python), "benchmarks/reference_step.py", "--model", model, "--precision", precision,
+               "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
+               str(args.warmup), "--threads", str(args.threads)], args.threads)  # fmt: skip
+    got = json.loads(out.strip().splitlines()[-1])
+    return {"s": got["step_s_median"], "mib": got["peak_rss_mib"]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--family", choices=["all", *REFERENCE], default="all")
+    parser.add_argument("--precision", choices=["both", "fp32", "bf16"], default="both")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per process (the median is reported)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--reference-python", type=Path, default=ROOT.parent / "scratch/lavis-venv/bin/python")
+    args = parser.parse_args()
+    if not args.reference_python.exists():
+        parser.error(f"{args.reference_python} is missing: build it with scripts/reference-venv.sh")
+    families = list(REFERENCE) if args.family == "all" else [args.family]
+    precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    print(f"{'row':<8} {'prec':<5} {'round':>5} {'vlp s':>8} {'ref s':>8} {'ratio':>6} {'MFU %':>6} {'AdamW s':>8} "
+          f"{'vlp MiB':>8} {'ref MiB':>8}", flush=True)  # fmt: skip
+    for family in families:
+        for precision in precisions:
+            for r in range(args.rounds):
+                if r % 2 == 0:
+                    vlp, ref = vlp_step(family, precision, args), reference_step(family, precision, args)
+                else:
+                    ref, vlp = reference_step(family, precision, args), vlp_step(family, precision, args)
+                print(f"{family:<8} {precision:<5} {r + 1:>5} {vlp['s']:>8.2f} {ref['s']:>8.2f} "
+                      f"{vlp['s'] / ref['s']:>6.2f} {vlp['mfu']:>6.1f} {vlp['adamw_s']:>8.2f} {vlp['mib']:>8.0f} "
+                      f"{ref['mib']:>8.0f}", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
