@@ -14,6 +14,7 @@ instead (:func:`vlp.serve.api.log_client_errors_in_one_line`).
 from __future__ import annotations
 
 import logging
+import signal
 import socket
 from typing import Any
 
@@ -111,3 +112,7 @@ def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", 
         rest.run(sockets=[sock])
     finally:
         sock.close()
+    # uvicorn stops on SIGINT even where it was ignored when it started (a job started in the background, where
+    # the CLI leaves it ignored) and raises it again into that ignoring handler: a stop all the same
+    if signal.SIGINT in getattr(getattr(rest, "_server", None), "_captured_signals", ()):
+        raise KeyboardInterrupt
