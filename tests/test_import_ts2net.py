@@ -20,8 +20,10 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "ts2net_parity"
 CKPT = str(FIXTURE / "ts2net_tiny.pth")
 # The largest |vlp - reference| logit difference allowed (logits of scale 2.2). Measured on this fixture (torch 2.x,
 # CPU, float32), with the aggregator's LayerNorm eps the code's 1e-12: seeded draws 5.96e-7, sigma 1e-8 and vlp's
-# hard top-k 1.10e-6; with CLIP's 1e-5 (vlp before model.aggregator_ln_eps) they were 2.18e-5 and 2.04e-5.
-PARITY_ATOL = {"seeded": 1e-6, "hard": 2e-6}
+# hard top-k 1.10e-6 on an Intel CPU, 1.67e-6 and 2.03e-6 on an AMD EPYC (Zen 4: other kernels, other rounding);
+# with CLIP's 1e-5 (vlp before model.aggregator_ln_eps) they were 2.18e-5 and 2.04e-5. The bound is 2x the worst
+# measured, and 4x it stays under what the wrong eps gives.
+PARITY_ATOL = {"seeded": 4e-6, "hard": 4e-6}
 
 
 @pytest.fixture(scope="module")
@@ -136,5 +138,5 @@ def test_a_model_json_without_the_aggregator_eps_loads_with_clips_and_scores_as_
     explicit.load_state_dict(new.state_dict())
     old_logits = _hard_logits(old, io)
     torch.testing.assert_close(old_logits, _hard_logits(explicit, io), atol=0, rtol=0)
-    assert (old_logits - io["logits_hard"]).abs().max() > 10 * PARITY_ATOL["hard"]  # the eps is what moved them
+    assert (old_logits - io["logits_hard"]).abs().max() > 4 * PARITY_ATOL["hard"]  # the eps is what moved them
     torch.testing.assert_close(_hard_logits(new, io), io["logits_hard"], atol=PARITY_ATOL["hard"], rtol=0)
