@@ -28,7 +28,8 @@ MFU here = (counted FLOPs per step / median step time) / that measured matmul pe
 dense GEMM reaches on this device, in this precision, that the whole step reaches. It is not the share of a
 data-sheet peak. Peak memory is ``torch.cuda.max_memory_allocated`` per row on CUDA; on CPU it is the process's
 ``ru_maxrss`` (resident high-water mark), which only grows, so a row shows the maximum over itself and every row
-before it in the same run.
+before it in the same run. A family's steps are timed before its FLOPs are counted, so that the counting pass does
+not set that mark.
 
     python benchmarks/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
     python benchmarks/bench_mfu.py --preset paper --family alpro --steps 2 --warmup 1  # CPU, minutes
@@ -54,7 +55,7 @@ from bench_alpro_step import WORDS
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import enable_grad_checkpointing
-from vlp.train.optim import OptimConfig, build_optimizer
+from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
 
 MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -251,7 +252,7 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="both")
     parser.add_argument("--peak-size", type=int, default=4096, help="side of the square matmul timed for the peak")
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
-    parser.add_argument("--adamw", choices=["foreach", "fused", "loop"], default="foreach",
+    parser.add_argument("--adamw", choices=list(ADAMW_KERNELS), default="foreach",
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
                         help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
@@ -268,7 +269,7 @@ def main() -> None:
     peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
     for p, flops in peaks.items():
         print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
-    table, breakdowns, params = [], [], {}
+    table, breakdowns = [], []
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
@@ -284,8 +285,8 @@ def main() -> None:
             enable_grad_checkpointing(row.model, enable=False)
         fwd, bwd, parts = count_flops(row)
         total = fwd + bwd
-        breakdowns.append((row.name, fwd, bwd, parts))
-        params[row.name] = sum(p.numel() for p in row.model.parameters() if p.requires_grad)
+        params = sum(p.numel() for p in row.model.parameters() if p.requires_grad)
+        breakdowns.append((row.name, fwd, bwd, parts, params))
         for p, seconds, update, memory in timed:
             achieved = total / seconds
             table.append((row.name, p, total / 1e9, seconds * 1e3, update * 1e3, achieved / 1e12, peaks[p] / 1e12,
@@ -301,9 +302,9 @@ def main() -> None:
         print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.1f} {r[5]:>9.4f} {r[6]:>12.3f} "
               f"{r[7]:>6.1f} {r[8]:>24.0f}")  # fmt: skip
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
-    for label, fwd, bwd, parts in breakdowns:
+    for label, fwd, bwd, parts, params in breakdowns:
         print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward), "
-              f"{params[label]:,} trainable parameters")  # fmt: skip
+              f"{params:,} trainable parameters")  # fmt: skip
         for part, flops in parts.items():
             print(f"    {part:<22} {flops / 1e9:10.3f} GFLOP  {100 * flops / fwd:5.1f}% of the forward")
 

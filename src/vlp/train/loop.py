@@ -836,10 +836,11 @@ def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
         hf_on = getattr(module, "activation_checkpointing_enable", None)
         hf_off = getattr(module, "activation_checkpointing_disable", None)
         timm = getattr(module, "set_grad_checkpointing", None)
-        if callable(hf_on) and callable(hf_off) and enable:
-            hf_on(activation_checkpointing_kwargs={"use_reentrant": False})
-        elif callable(hf_on) and callable(hf_off):
-            hf_off()
+        if callable(hf_on) and callable(hf_off):
+            if enable:
+                hf_on(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                hf_off()
         elif callable(timm):
             timm(enable)
         elif isinstance(getattr(module, "grad_checkpointing", None), bool):
@@ -864,7 +865,7 @@ class _Run:
         self.model, self.step_fn, self.data, self.cfg, self.optim_cfg = model, step_fn, data, cfg, optim_cfg
         self.rank, self.world = distributed.rank(), distributed.world_size()
         self.device = next(model.parameters()).device
-        self.autocast = cfg.cpu_bf16 if self.device.type == "cpu" else cfg.bf16 and self.device.type == "cuda"
+        self.autocast = {"cpu": cfg.cpu_bf16, "cuda": cfg.bf16}.get(self.device.type, False)
         self.optimizer = build_optimizer(model, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")

@@ -57,6 +57,10 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from vlp.train.settings import OptimSettings
 
+# the ``adamw`` config value -> torch.optim.AdamW's arguments that pick its kernels
+ADAMW_KERNELS: dict[str, dict[str, bool]] = {"foreach": {"foreach": True}, "fused": {"fused": True},
+                                             "loop": {"foreach": False}}  # fmt: skip
+
 _NORM_TYPES: tuple[type[nn.Module], ...] = (
     nn.LayerNorm,
     nn.GroupNorm,
@@ -106,8 +110,8 @@ class OptimConfig(OptimSettings):
                              f"{self.schedule!r} / {self.min_lr_ratio}")  # fmt: skip
         if not 0 <= self.warmup_start_ratio <= 1:
             raise ValueError(f"OptimConfig.warmup_start_ratio must be in [0, 1], got {self.warmup_start_ratio}")
-        if self.adamw not in ("foreach", "fused", "loop"):
-            raise ValueError(f"OptimConfig.adamw must be 'foreach', 'fused' or 'loop', got {self.adamw!r}")
+        if self.adamw not in ADAMW_KERNELS:
+            raise ValueError(f"OptimConfig.adamw must be one of {list(ADAMW_KERNELS)}, got {self.adamw!r}")
         if self.schedule_index not in ("one_based", "zero_based"):
             raise ValueError(
                 f"OptimConfig.schedule_index must be 'one_based' or 'zero_based', got {self.schedule_index!r}"
@@ -183,7 +187,7 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
     groups = [g for g in groups if g["params"]]
     if not groups:
         raise ValueError("build_optimizer: the model has no trainable parameter (all requires_grad=False?)")
-    kernels = {"foreach": {"foreach": True}, "fused": {"fused": True}, "loop": {"foreach": False}}[cfg.adamw]
+    kernels = ADAMW_KERNELS[cfg.adamw]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.betas[0], cfg.betas[1]), eps=cfg.eps, **kernels)
 
 
