@@ -112,6 +112,22 @@ def test_answers_by_id_are_evaluate_qas_predictions_and_ranking(name, tiny_world
         assert [a.rank for a in got] == [1, 2, 3, 4, 5]
 
 
+@pytest.mark.parametrize("name", ["alpro", "albef"])
+def test_qa_eval_precision_bf16_reaches_evaluate_qa_and_the_answerer(name, tiny_world, models, evaluated, tmp_path):
+    """``qa.eval_precision=bf16``: the answerer's top answer and probability are still evaluate-qa's under the same
+    config, and every confidence is within 0.02 of fp32's, though not its bits."""
+    cfg = config("qa.eval_precision=bf16")
+    evaluate_qa(tiny_world["dataset"], tiny_world["frames"], models[name], str(tmp_path / "eval"), cfg)
+    rows = pq.read_table(tmp_path / "eval" / "predictions.parquet").to_pylist()
+    answerer = Answerer(models[name], cfg, frames=tiny_world["frames"])
+    for row in rows[:3]:
+        top = answerer.answer(row["video_id"], row["question"], k=1)[0]
+        assert (top.answer, top.probability) == (row["prediction"], pytest.approx(row["confidence"], abs=1e-5))
+    bf16, fp32 = [r["confidence"] for r in rows], [r["confidence"] for r in evaluated[name]]
+    assert len(bf16) == len(fp32) and bf16 != fp32, "bf16 gave fp32's bits (no autocast?)"
+    assert max(abs(a - b) for a, b in zip(bf16, fp32, strict=True)) < 0.02
+
+
 def test_a_video_file_answers_as_its_stored_clip(tiny_world, models):
     """The source mp4 (and a still image) of a clip, decoded and stored in memory as extract-frames stores it, gives
     the clip tensor of the frames store bit for bit, so the same answers."""

@@ -39,6 +39,9 @@ CAPTIONS = [
     "two red squares collide", "a blue circle grows", "a green cube falls", "a yellow star shrinks",
 ]  # fmt: skip
 FRAMES, SIZE, MAX_LEN, BATCH = 2, 32, 12, 4
+# eval_precision=bf16: features, similarities and match probabilities, per unit of their scale (measured on the
+# tiny presets: at most 4.4e-3)
+EVAL_BF16_ATOL = 0.02
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
@@ -315,6 +318,40 @@ def check_precision_and_kernels(name: str, role: str, tok: Any, root: Path, step
     assert bf16_losses != loop_losses, f"{name} {role}: cpu_bf16 left every loss bit-identical (no autocast?)"
 
 
+def check_eval_precision(name: str, role: str, tok: Any) -> None:
+    """``eval_precision: bf16`` through the evaluation's own encoders (:mod:`vlp.steps.encode`): every clip and text
+    feature, similarity and match probability of the fused pass stays within :data:`EVAL_BF16_ATOL` of fp32's on the
+    same weights, comes back as fp32, and is not fp32's bits (autocast ran)."""
+    from vlp.config import Config
+    from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
+
+    fam = family.get(name)
+    _, model = build(name, role, tok)
+    model.eval()
+    clips, captions = batch_of(tok, range(6)).video, [CAPTIONS[i] for i in range(5)]
+    data = SimpleNamespace(clip=lambda video_id, rng: clips[int(video_id)], seed=0)
+
+    def evaluate(precision: str) -> dict[str, torch.Tensor]:
+        cfg = Config(retrieval=RetrievalConfig(num_workers=0, eval_precision=precision))
+        videos = encode_clips(fam, model, data, [str(i) for i in range(len(clips))], 4, cfg)
+        texts = encode_texts(fam, model, tok, captions, MAX_LEN, 4, precision)
+        out = {"video": videos.feat, "text": texts.feat, "similarity": fam.similarity(model, texts, videos)}
+        if family.pair_scorer_of(fam, model) is not None:
+            score = pair_scorer(fam, model, texts, videos, precision)
+            t, v = torch.tensor([0, 1, 2, 3, 4, 0]), torch.tensor([0, 1, 2, 3, 4, 5])
+            out["match probability"] = score(t, v).softmax(-1)[:, 1]
+        return out
+
+    fp32, bf16 = evaluate("fp32"), evaluate("bf16")
+    for what, want in fp32.items():
+        got = bf16[what]
+        assert got.dtype == torch.float32 and got.shape == want.shape, f"{name} {role}: {what}"
+        scale = max(1.0, float(want.abs().max()))  # a similarity may carry its family's logit scale
+        diff = float((got - want).abs().max()) / scale
+        assert diff <= EVAL_BF16_ATOL, f"{name} {role}: bf16 moved the {what} by {diff:.3g} of {scale:.3g}"
+    assert any(not torch.equal(fp32[k], bf16[k]) for k in fp32), f"{name} {role}: bf16 changed no bit (no autocast?)"
+
+
 def check_grad_checkpointing(name: str, role: str, tok: Any) -> None:
     """``grad_checkpointing`` reaches every transformer block the step trains (a module at ``...blocks.<i>`` or
     ``...layers.<i>`` with trainable weights): each one that runs, runs again in the backward (the recomputation),
@@ -385,6 +422,11 @@ def test_a_killed_training_resumes_bit_identically(name, tok, tmp_path):
 @pytest.mark.parametrize(("name", "role"), cases())
 def test_adamw_kernels_agree_and_cpu_bf16_keeps_the_losses(name, role, tok, tmp_path):
     check_precision_and_kernels(name, role, tok, tmp_path)
+
+
+@pytest.mark.parametrize(("name", "role"), cases())
+def test_eval_precision_bf16_keeps_the_evaluations_scores(name, role, tok):
+    check_eval_precision(name, role, tok)
 
 
 @pytest.mark.parametrize(("name", "role"), cases())

@@ -113,12 +113,12 @@ def evaluate_row(world: dict[str, str], model: str, query: str, cfg: Config) -> 
     data = retrieval_data(cfg, world["dataset"], world["frames"], info.config, rc.split, training=False)
     ids = sorted({v for v, _ in data.pairs})
     videos = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
-    text = encode_texts(fam, net, tok, [query], text_length(rc, info.config), rc.eval_batch_size)
+    text = encode_texts(fam, net, tok, [query], text_length(rc, info.config), rc.eval_batch_size, rc.eval_precision)
     sim = fam.similarity(net, text, videos)
     scores = sim
     if family.pair_scorer_of(fam, net) is not None:
-        scores = topk_rerank(sim, rc.rerank_k, pair_scorer(fam, net, text, videos), rc.eval_batch_size,
-                             rule=rc.score_rule).scores  # fmt: skip
+        scores = topk_rerank(sim, rc.rerank_k, pair_scorer(fam, net, text, videos, rc.eval_precision),
+                             rc.eval_batch_size, rule=rc.score_rule).scores  # fmt: skip
     return {v: (float(scores[0, i]), float(sim[0, i])) for i, v in enumerate(ids)}
 
 
@@ -184,6 +184,28 @@ def test_another_model_other_frames_or_another_sampling_is_refused(world, models
     shutil.copytree(world["frames"], copy)
     with pytest.raises(ValueError, match=r"holds clips of the frames .*, not of --frames "):
         index_clips(models["alpro"], str(copy), test_index["alpro"], config())
+
+
+def test_an_index_encoded_in_bf16_is_searched_in_bf16_and_takes_no_fp32_clips(world, models, tmp_path):
+    """``retrieval.eval_precision=bf16``: the index records it, a search encodes its query (and, with no stored
+    tokens, its candidates again) in it whatever the search's config says, so its scores are evaluate-retrieval's
+    in bf16; clips encoded in fp32 are refused."""
+    out, query = str(tmp_path / "index"), captions(world["dataset"])[0]
+    bf16 = config("retrieval.eval_precision=bf16", "index.max_token_floats=0")
+    index_clips(models["alpro"], world["frames"], out, bf16, world["dataset"])
+    assert ClipIndex.open(out).info.sampling["precision"] == "bf16"
+    want = evaluate_row(world, models["alpro"], query, bf16)
+    fp32 = evaluate_row(world, models["alpro"], query, config())
+    hits = Searcher(out, config()).search(query, k=len(want))  # an fp32 config: the index's precision wins
+    assert sorted(h.video_id for h in hits) == sorted(want)
+    for h in hits:
+        assert h.score == pytest.approx(want[h.video_id][0], abs=1e-5)
+        assert h.similarity == pytest.approx(want[h.video_id][1], abs=1e-5)
+    assert any(want[v] != fp32[v] for v in want), "bf16 scored every clip as fp32 did (no autocast?)"
+    assert max(abs(want[v][i] - fp32[v][i]) for v in want for i in (0, 1)) < 0.02
+    refused = r"encoded its clips with retrieval\.eval_precision=bf16; this config encodes them with .*=fp32: set"
+    with pytest.raises(ValueError, match=refused):
+        index_clips(models["alpro"], world["frames"], out, config("index.max_token_floats=0"))
 
 
 def test_search_refuses_a_model_directory_whose_weights_changed_since(world, models, tmp_path):

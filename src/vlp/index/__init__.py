@@ -17,10 +17,12 @@ the files are the database). One row per clip:
 
 The table's schema metadata (``vlp.index``, JSON, :class:`vlp.index.store.IndexInfo`) says how the rows were
 made: the model directory and its fingerprint (family, kind, SHA-256 of its weights file), the frames store, the
-feature size, the token shape and the clip sampling (``retrieval.num_frames``, ``eval_mode``, ``seed``). Rows
-encoded by another model, from other frames or sampled otherwise do not compare with these, so adding them is
-refused (:func:`vlp.index.store.check_compatible`). The clips are encoded exactly as ``evaluate-retrieval``
-encodes them (:mod:`vlp.steps.encode`), so a search scores a query as that step does.
+feature size, the token shape, the clip sampling (``retrieval.num_frames``, ``eval_mode``, ``seed``) and the
+precision the clips were encoded in (``retrieval.eval_precision``). Rows encoded by another model, from other
+frames, sampled otherwise or in another precision do not compare with these, so adding them is refused
+(:func:`vlp.index.store.check_compatible`); a search encodes its query in the index's precision. The clips are
+encoded exactly as ``evaluate-retrieval`` encodes them (:mod:`vlp.steps.encode`), so a search scores a query as
+that step does.
 
 From ``index.ann_min_rows`` rows on, ``vlp index`` also builds an approximate nearest-neighbour index on
 ``vector`` (IVF partitions with HNSW graphs over 8-bit quantised vectors, dot product), which the first stage then

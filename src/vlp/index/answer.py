@@ -23,8 +23,9 @@ draws nothing.
 What the probability is
 -----------------------
 An answer's probability is the softmax over the model's answer vocabulary of the family's ``qa_logits``, computed
-by the function ``evaluate-qa`` predicts with (:func:`vlp.steps.evaluate.answer_probabilities`): the first answer
-is the evaluation's prediction for that clip and question, its probability the evaluation's ``confidence``.
+by the function ``evaluate-qa`` predicts with (:func:`vlp.steps.evaluate.answer_probabilities`), in the same
+``qa.eval_precision``: the first answer is the evaluation's prediction for that clip and question, its probability
+the evaluation's ``confidence``.
 
 - ALPRO classifies: ``qa_logits`` are its answer classifier's logits, and the probability is the classifier's
   probability of the answer.
@@ -251,7 +252,8 @@ class Answerer:
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")
         enc = question_tokens(self.tok, [question], self.length)
-        probs = answer_probabilities(self.fam, self.net, video[None], enc["input_ids"], enc["attention_mask"])[0]
+        ids, mask, precision = enc["input_ids"], enc["attention_mask"], self.cfg.qa.eval_precision
+        probs = answer_probabilities(self.fam, self.net, video[None], ids, mask, precision)[0]
         values, order = torch.sort(probs, descending=True, stable=True)
         return [
             Answer(rank, self.answers[int(i)], float(p))

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from vlp.config import Config
-from vlp.index.store import ClipIndex, fingerprint
+from vlp.index.store import ClipIndex, fingerprint, precision_of
 
 MAX_K = 1000
 
@@ -70,6 +70,8 @@ class Searcher:
             )
         self.net, self.tok, self.fam = self.info.load(device()), self.info.tokenizer(), self.info.family
         self.length = text_length(cfg.retrieval, self.info.config)
+        # the index's precision, not this config's: a query scores as evaluate-retrieval scored the index's clips
+        self.precision = precision_of(built.sampling)
 
     @torch.no_grad()
     def search(self, query: str, k: int = 10) -> list[Hit]:
@@ -86,8 +88,8 @@ class Searcher:
             raise ValueError("the query is empty: give the text to search for")
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")
-        rc, fam, net = self.cfg.retrieval, self.fam, self.net
-        text = encode_texts(fam, net, self.tok, [query], self.length, rc.eval_batch_size)
+        rc, fam, net, precision = self.cfg.retrieval, self.fam, self.net, self.precision
+        text = encode_texts(fam, net, self.tok, [query], self.length, rc.eval_batch_size, precision)
         ids, vectors, tokens = self.index.nearest(text.feat[0].numpy(), max(k, self.cfg.index.candidates))
         if not ids:
             return []
@@ -97,7 +99,7 @@ class Searcher:
         fused_pass = pair_scorer_of(fam, net)  # None: the similarity ranking is final
         if fused_pass is not None:
             top = sim[0].topk(min(rc.rerank_k, len(ids))).indices
-            scorer = pair_scorer(fused_pass, net, text, Encoded(clips.feat[top], clips.tokens[top]))
+            scorer = pair_scorer(fused_pass, net, text, Encoded(clips.feat[top], clips.tokens[top]), precision)
             fused = topk_rerank(sim[:, top], len(top), scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
             score = torch.full_like(score, float("-inf"))
             score[top] = fused.scores[0]
@@ -119,7 +121,7 @@ class Searcher:
 
         built = self.index.info
         data = StoreClips(FrameStore(built.frames, cache_shards=64), built.sampling, self.info.config)
-        here = replace(self.cfg, retrieval=replace(self.cfg.retrieval, num_workers=0))
+        here = replace(self.cfg, retrieval=replace(self.cfg.retrieval, num_workers=0, eval_precision=self.precision))
         enc = encode_clips(self.fam, self.net, data, ids, self.cfg.retrieval.eval_batch_size, here)
         return enc.tokens
 

@@ -1,5 +1,5 @@
 """The clip table of an index (see :mod:`vlp.index` for what it stores and why) and the checks that keep one
-index to one model, one frames store and one sampling."""
+index to one model, one frames store, one sampling and one precision."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, cast
 
 import numpy as np
 import pyarrow as pa
@@ -41,8 +41,9 @@ class IndexInfo:
         token_shape: ``[N, C]``, a clip's ``Encoded.tokens`` shape.
         tokens_stored: whether the ``tokens`` column holds them (``N * C <= index.max_token_floats`` when the
             index was made).
-        sampling: ``{"num_frames", "eval_mode", "seed"}``, the ``retrieval`` keys the clips were sampled with
-            (``seed`` matters only for a random ``eval_mode``).
+        sampling: ``{"num_frames", "eval_mode", "seed", "precision"}``, the ``retrieval`` keys the clips were
+            sampled with (``seed`` matters only for a random ``eval_mode``) and the ``eval_precision`` they were
+            encoded in (absent in an index made before the key: fp32). Search encodes queries in that precision.
         format: this module's :data:`FORMAT`.
     """
 
@@ -90,8 +91,23 @@ def fingerprint(info: Any) -> dict[str, str]:
 
 
 def sampling(section: Any) -> dict[str, Any]:
-    """How ``evaluate-retrieval`` samples a clip under the ``retrieval`` config ``section``."""
-    return {"num_frames": section.num_frames, "eval_mode": section.eval_mode, "seed": section.seed}
+    """How ``evaluate-retrieval`` samples and encodes a clip under the ``retrieval`` config ``section``."""
+    return {
+        "num_frames": section.num_frames, "eval_mode": section.eval_mode, "seed": section.seed,
+        "precision": section.eval_precision,
+    }  # fmt: skip
+
+
+def precision_of(sample: dict[str, Any]) -> Literal["fp32", "bf16"]:
+    """The ``eval_precision`` an index's clips were encoded in (an index from before the key existed: fp32).
+
+    Raises:
+        ValueError: the index records a precision this version does not know.
+    """
+    found = sample.get("precision", "fp32")
+    if found not in ("fp32", "bf16"):
+        raise ValueError(f"the index records eval_precision {found!r}; this version of vlp encodes in fp32 or bf16")
+    return cast(Literal["fp32", "bf16"], found)
 
 
 def _model_words(fp: dict[str, str]) -> str:
@@ -124,6 +140,12 @@ def check_compatible(found: IndexInfo, model: str, fp: dict[str, str], frames: s
         raise ValueError(
             f"the index {where} sampled its clips with {was}; this config samples them with {now}: set those keys "
             "back, or index into a new --out"
+        )
+    if precision_of(found.sampling) != precision_of(sample):
+        raise ValueError(
+            f"the index {where} encoded its clips with retrieval.eval_precision={precision_of(found.sampling)}; "
+            f"this config encodes them with retrieval.eval_precision={precision_of(sample)}: set it back, or index "
+            "into a new --out"
         )
 
 

@@ -27,6 +27,7 @@ from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.video_text import VideoQADataset
 from vlp.steps.common import ModelInput, StepResult, check_inputs, device, ordered_batches, run_step
+from vlp.steps.encode import Precision, autocast
 from vlp.steps.encode import encode_clips as _encode_clips
 from vlp.steps.encode import encode_texts as _encode_texts
 from vlp.steps.encode import pair_scorer as _pair_scorer
@@ -88,7 +89,8 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         texts = [t for _, t in data.pairs]
         text_video = torch.tensor([position[v] for v, _ in data.pairs])
         videos = _encode_clips(fam, net, data, video_ids, rc.eval_batch_size, cfg)
-        encoded = _encode_texts(fam, net, tok, texts, text_length(rc, info.config), rc.eval_batch_size)
+        length = text_length(rc, info.config)
+        encoded = _encode_texts(fam, net, tok, texts, length, rc.eval_batch_size, rc.eval_precision)
         sim = fam.similarity(net, encoded, videos)  # (T, V)
         pair_scorer = family.pair_scorer_of(fam, net)
         reranks = pair_scorer is not None
@@ -99,7 +101,7 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
             log.info("evaluate_retrieval: %s ranks by its similarity (no pair scorer to re-rank with)", model)
             scores, pairs = rescore(sim, rc.rescore, rc.rescore_scale), 0  # the t2v direction's, for the report
         else:
-            scorer = _pair_scorer(pair_scorer, net, encoded, videos)
+            scorer = _pair_scorer(pair_scorer, net, encoded, videos, rc.eval_precision)
             scores, pairs = topk_rerank(sim, rc.rerank_k, scorer, batch_size=rc.eval_batch_size, rule=rc.score_rule)
         if rc.rescore != "none":  # each direction re-scored over its own queries; the plain ranking stays as vtc_*
             metrics = rescored_metrics(sim, text_video, rc.rescore, rc.rescore_scale)
@@ -244,13 +246,20 @@ def question_tokens(tok: Any, questions: list[str], length: int) -> dict[str, to
 
 @torch.no_grad()
 def answer_probabilities(
-    fam: AnswersQuestions, net: Any, video: torch.Tensor, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    fam: AnswersQuestions,
+    net: Any,
+    video: torch.Tensor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    precision: Precision = "fp32",
 ) -> torch.Tensor:
     """``(B, A)``, on the CPU: the softmax over the model's answer vocabulary of the family's ``qa_logits`` for each
-    (clip, question) row. ``evaluate-qa`` predicts a question's most probable answer, with that probability as its
-    ``confidence``; an answer whose logit is ``-inf`` (ALBEF: one its decoder did not rank) has probability 0."""
+    (clip, question) row, the forward run in ``precision`` and the softmax in fp32. ``evaluate-qa`` predicts a
+    question's most probable answer, with that probability as its ``confidence``; an answer whose logit is ``-inf``
+    (ALBEF: one its decoder did not rank) has probability 0."""
     where = device()
-    logits = fam.qa_logits(net, video.to(where), input_ids.to(where), attention_mask.to(where))
+    with autocast(precision):
+        logits = fam.qa_logits(net, video.to(where), input_ids.to(where), attention_mask.to(where))
     return logits.float().softmax(-1).cpu()
 
 
@@ -266,7 +275,9 @@ def _predict_qa(
     preds, conf = [], []
     batches = ordered_batches(len(data), build, batch, cfg.qa)
     for got in _progress(cfg.qa.progress, batches, "questions", -(-len(data) // batch)):
-        probs = answer_probabilities(fam, net, got["video"], got["input_ids"], got["attention_mask"])
+        probs = answer_probabilities(
+            fam, net, got["video"], got["input_ids"], got["attention_mask"], cfg.qa.eval_precision
+        )
         best = probs.max(-1)
         preds += best.indices.tolist()
         conf += best.values.tolist()

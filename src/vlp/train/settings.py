@@ -250,6 +250,8 @@ class FinetuneConfig(TrainingSchedule):
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
     eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
+    # the evaluation's forwards: fp32, or bf16 autocast (features, scores and metrics stay fp32; docs/speed.md)
+    eval_precision: Literal["fp32", "bf16"] = "fp32"
     split: str = "test"  # the split the evaluate step scores
     seed: int = 42  # app. A.2
 
