@@ -54,7 +54,7 @@ import bench_alpro_step
 from bench_alpro_step import WORDS
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
-from vlp.train.loop import enable_grad_checkpointing
+from vlp.train.loop import compile_blocks, enable_grad_checkpointing
 from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
 
 MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
@@ -189,10 +189,11 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
 
 def time_step(
     row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
-) -> tuple[float, float]:
+) -> tuple[float, float, float]:
     """Median seconds of forward + loss (autocast for bf16), backward and AdamW over ``steps`` after ``warmup``,
-    and the median seconds of the AdamW update alone. AdamW is the training loop's (``build_optimizer``, lr 1e-4,
-    the default decay groups) with the ``adamw`` kernels."""
+    the median seconds of the AdamW update alone, and the first warm-up step's seconds (with ``--compile``, it
+    compiles the blocks). AdamW is the training loop's (``build_optimizer``, lr 1e-4, the default decay groups)
+    with the ``adamw`` kernels."""
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -210,10 +211,9 @@ def time_step(
         end = time.perf_counter()
         return end - start, end - update
 
-    for _ in range(warmup):
-        step()
+    first = [step()[0] for _ in range(warmup)]
     timed = [step() for _ in range(steps)]
-    return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed)
+    return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0]
 
 
 def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inner: int) -> float:
@@ -256,10 +256,14 @@ def main() -> None:
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
                         help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
+    parser.add_argument("--compile", action="store_true",
+                        help="torch.compile every transformer block (compile); needs --warmup >= 1")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
         parser.error("--batch must be at least 2: ALPRO's VTM and ALBEF's ITM draw in-batch negatives")
+    if args.compile and args.warmup < 1:
+        parser.error("--compile needs --warmup >= 1: the first step compiles")
     device = torch.device(args.device)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     families = list(BUILDERS) if args.family == "all" else [args.family]
@@ -269,21 +273,26 @@ def main() -> None:
     peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
     for p, flops in peaks.items():
         print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
-    table, breakdowns = [], []
+    table, breakdowns, firsts = [], [], []
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model)
+        if args.compile:
+            print(f"{row.name}: {compile_blocks(row.model, 'the benchmark')} blocks compiled", flush=True)
         timed = []  # timed before the FLOPs are counted, so that a CPU row's memory high-water mark is the step's
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            timed.append((p, *time_step(row, device, p, args.steps, args.warmup, args.adamw), peak_memory_mib(device)))
+            seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw)
+            timed.append((p, seconds, update, peak_memory_mib(device)))
+            firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s")
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model, enable=False)
-        fwd, bwd, parts = count_flops(row)
+        with torch.compiler.set_stance("force_eager"):  # the counter sees the eager ops of a compiled block
+            fwd, bwd, parts = count_flops(row)
         total = fwd + bwd
         params = sum(p.numel() for p in row.model.parameters() if p.requires_grad)
         breakdowns.append((row.name, fwd, bwd, parts, params))
@@ -295,12 +304,15 @@ def main() -> None:
     memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
-    print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}")
+    print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}")
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip
     for r in table:
         print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.1f} {r[5]:>9.4f} {r[6]:>12.3f} "
               f"{r[7]:>6.1f} {r[8]:>24.0f}")  # fmt: skip
+    print("\nThe first warm-up step (with --compile, it compiles; the precision after it compiles again):")
+    for line in firsts:
+        print(f"  {line}")
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
     for label, fwd, bwd, parts, params in breakdowns:
         print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward), "

@@ -7,9 +7,16 @@ every round; two PyTorch processes side by side on a small machine would slow ea
 one table: each round's median step seconds of both, their ratio (vlp / reference: below 1, vlp is faster), vlp's
 MFU and AdamW seconds, and both processes' memory high-water marks (``ru_maxrss``).
 
+``--eval N`` compares ALPRO's retrieval evaluation instead, over N random clips with a caption each:
+``bench_eval_paper.py`` (vlp's encoders, ``topk_rerank`` over the union of both directions' top-k, each pair fused
+once) against ``reference_step.py --eval-videos N`` (LAVIS's ``compute_sim_matrix``, each direction's top-k fused
+apart), alternated the same way. One row per k: both sides' encode seconds, re-rank seconds and fused pairs, and the
+ratio of the totals (encode + re-rank).
+
     scripts/reference-venv.sh                                   # once: ../scratch/lavis-venv
     .venv/bin/python benchmarks/bench_vs_reference.py           # ALPRO and ALBEF, fp32 and bf16, 2 rounds: ~30 min
     .venv/bin/python benchmarks/bench_vs_reference.py --family albef --precision fp32 --rounds 1
+    .venv/bin/python benchmarks/bench_vs_reference.py --eval 16 --ks 16 4    # evaluation at N = 16: ~15 min
 """
 
 from __future__ import annotations
@@ -57,6 +64,36 @@ def reference_step(family: str, precision: str, args: argparse.Namespace) -> dic
     return {"s": got["step_s_median"], "mib": got["peak_rss_mib"]}
 
 
+def vlp_eval(precision: str, args: argparse.Namespace) -> dict:
+    out = run([sys.executable, "benchmarks/bench_eval_paper.py", "--videos", str(args.eval), "--precision", precision,
+               "--ks", *map(str, args.ks), "--threads", str(args.threads)], args.threads)  # fmt: skip
+    got = json.loads(out.strip().splitlines()[-1])
+    return {k: (got["encode_s"], row["rerank_s"], row["fused_pairs"]) for k, row in got["k"].items()}
+
+
+def reference_eval(precision: str, args: argparse.Namespace) -> dict:
+    out = run([str(args.reference_python), "benchmarks/reference_step.py", "--model", "alpro_retrieval", "--precision",
+               precision, "--eval-videos", str(args.eval), "--ks", *map(str, args.ks), "--threads",
+               str(args.threads)], args.threads)  # fmt: skip
+    got = json.loads(out.strip().splitlines()[-1])
+    return {k: (row["encode_s"], row["rerank_s"], row["fused_pairs"]) for k, row in got["eval"].items()}
+
+
+def compare_eval(precisions: list[str], args: argparse.Namespace) -> None:
+    print(f"{'prec':<5} {'round':>5} {'k':>4} {'vlp enc s':>9} {'ref enc s':>9} {'vlp rr s':>8} {'ref rr s':>8} "
+          f"{'vlp pairs':>9} {'ref pairs':>9} {'rr ratio':>8} {'ratio':>6}", flush=True)  # fmt: skip
+    for precision in precisions:
+        for r in range(args.rounds):
+            if r % 2 == 0:
+                vlp, ref = vlp_eval(precision, args), reference_eval(precision, args)
+            else:
+                ref, vlp = reference_eval(precision, args), vlp_eval(precision, args)
+            for k in map(str, args.ks):
+                (ve, vr, vp), (re_, rr, rp) = vlp[k], ref[k]
+                print(f"{precision:<5} {r + 1:>5} {k:>4} {ve:>9.2f} {re_:>9.2f} {vr:>8.2f} {rr:>8.2f} {vp:>9} "
+                      f"{rp:>9} {vr / rr:>8.2f} {(ve + vr) / (re_ + rr):>6.2f}", flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--family", choices=["all", *REFERENCE], default="all")
@@ -67,9 +104,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-python", type=Path, default=ROOT.parent / "scratch/lavis-venv/bin/python")
+    parser.add_argument("--eval", type=int, default=0, help="compare ALPRO's retrieval evaluation over N clips")
+    parser.add_argument("--ks", type=int, nargs="+", default=[16, 4], help="--eval: candidates re-ranked per query")
     args = parser.parse_args()
     if not args.reference_python.exists():
         parser.error(f"{args.reference_python} is missing: build it with scripts/reference-venv.sh")
+    if args.eval:
+        compare_eval(["fp32", "bf16"] if args.precision == "both" else [args.precision], args)
+        return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     print(f"{'row':<8} {'prec':<5} {'round':>5} {'vlp s':>8} {'ref s':>8} {'ratio':>6} {'MFU %':>6} {'AdamW s':>8} "

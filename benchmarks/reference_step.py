@@ -38,6 +38,13 @@ How it avoids downloads (the model's layers, sizes and losses stay LAVIS's own c
   one-process gloo group is started over a file store on loopback, as a one-GPU LAVIS run would have.
 - NumPy 2 dropped ``np.Inf``, which LAVIS's hard-negative sampling uses; it is aliased to ``np.inf``.
 
+``--eval-videos N`` times LAVIS's ALPRO retrieval evaluation instead of a training step: ``compute_sim_matrix``
+(``AlproRetrieval``'s own, under ``torch.no_grad`` in eval mode, as its retrieval task calls it) over ``N`` random
+clips with one caption each, once per ``k_test`` of ``--ks``, after one untimed call. It encodes every text and clip,
+then for each clip fuses its ``k_test`` best captions and for each caption its ``k_test`` best clips (each
+direction's pairs fused apart, so a pair both directions pick is fused twice). The seconds spent in the text and
+video encoders' forwards are timed by wrapping them, so the JSON gives encode and re-rank seconds apart, per k.
+
 Output: one JSON line on stdout (model, precision, batch, step_s_median, step_s_all, peak_rss_mib, params = the
 trainable parameter count, torch and lavis versions); everything else goes to stderr.
 """
@@ -86,9 +93,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--eval-videos", type=int, default=0, help="ALPRO: time the retrieval evaluation of N clips")
+    parser.add_argument("--ks", type=int, nargs="+", default=[16, 4], help="--eval-videos: k_test values")
+    parser.add_argument("--eval-batch", type=int, default=32, help="--eval-videos: clips per video-encoder batch")
     args = parser.parse_args(argv)
     if args.text_len < 3:
         parser.error("--text-len must be at least 3 ([CLS], one word, [SEP])")
+    if args.eval_videos and args.model != "alpro_retrieval":
+        parser.error("--eval-videos times ALPRO's retrieval evaluation: use --model alpro_retrieval")
     if args.model == "albef_pretrain" and args.queue % args.batch:
         parser.error("ALBEF's queue size must be a multiple of --batch (LAVIS asserts it)")
     return args
@@ -211,6 +223,55 @@ def make_samples(args: argparse.Namespace, words: list[str]) -> dict[str, Any]:
     }
 
 
+def time_eval(model: torch.nn.Module, args: argparse.Namespace, words: list[str], log: Callable[[str], None]) -> dict:
+    """``compute_sim_matrix`` over ``args.eval_videos`` random clips per ``k_test``: encode and re-rank seconds."""
+    rng = random.Random(args.seed)
+    n = args.eval_videos
+    text = captions(words, n, args.text_len, rng)
+    video = torch.randn(n, 3, args.frames, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(args.seed))
+    batches = [{"video": video[i : i + args.eval_batch]} for i in range(0, n, args.eval_batch)]
+
+    class Loader:  # what compute_sim_matrix reads of a data loader: the dataset's texts and images, and batches
+        dataset = types.SimpleNamespace(text=text, image=list(range(n)))
+
+        def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+            return iter(batches)
+
+    encoding = [0.0]
+
+    def timed(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*a: Any, **kw: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                encoding[0] += time.perf_counter() - start
+
+        return wrapper
+
+    model.eval()
+    visual: Any = model.visual_encoder
+    text_encoder: Any = model.text_encoder
+    result: dict[str, Any] = {}
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16")
+    with (
+        mock.patch.object(visual, "forward_features", timed(visual.forward_features)),
+        mock.patch.object(text_encoder, "forward_text", timed(text_encoder.forward_text)),
+        torch.no_grad(),
+        autocast,
+    ):
+        for k in [args.ks[0], *args.ks]:  # the first call is the warm-up
+            encoding[0] = 0.0
+            start = time.perf_counter()
+            scores = model.compute_sim_matrix(Loader(), {"k_test": k})
+            total = time.perf_counter() - start
+            result[str(k)] = {"total_s": total, "encode_s": encoding[0], "rerank_s": total - encoding[0],
+                              "fused_pairs": 2 * n * k}  # fmt: skip
+            finite = bool(np.isfinite(scores[0]).all() and np.isfinite(scores[1]).all())
+            log(f"k_test {k}: {total:.2f} s ({encoding[0]:.2f} s encoding); scores finite: {finite}")
+    return result
+
+
 def time_steps(
     model: torch.nn.Module, samples: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
 ) -> list[float]:
@@ -270,12 +331,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"caption tokens: {tuple(ids.shape)}; text encoder word rows: {text_encoder.config.vocab_size}")
             params = sum(p.numel() for p in model.parameters() if p.requires_grad)
             log(f"trainable parameters: {params:,}; torch threads: {torch.get_num_threads()}")
-            times = time_steps(model, samples, args, log)
+            times, evaluation = [], {}
+            if args.eval_videos:
+                evaluation = time_eval(model, args, words, log)
+            else:
+                times = time_steps(model, samples, args, log)
         finally:
             dist.destroy_process_group()
 
     return {
         "model": args.model,
+        "eval": evaluation,
         "precision": args.precision,
         "batch": args.batch,
         "step_s_median": statistics.median(times) if times else None,

@@ -84,6 +84,10 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         info = inputs.models[0]
         data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split, training=False)
         net, tok, fam = info.load(device()), info.tokenizer(), info.family
+        if rc.compile:
+            from vlp.train.loop import compile_blocks
+
+            compile_blocks(net, "evaluate-retrieval")
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
         texts = [t for _, t in data.pairs]
@@ -185,6 +189,10 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
         answers, model_cfg = info.answers(), info.config
         data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split, training=False)
         net, tok = info.load(device()), info.tokenizer()
+        if qc.compile:
+            from vlp.train.loop import compile_blocks
+
+            compile_blocks(net, "evaluate-qa")
         length = text_length(qc, model_cfg)
         preds, confidence = _predict_qa(family.qa_of(info.family), net, tok, data, length, qc.eval_batch_size, cfg)
         predicted = [answers[i] for i in preds]

@@ -50,6 +50,7 @@ import json
 import math
 import os
 import random
+import re
 import resource
 import signal
 import sys
@@ -855,6 +856,61 @@ def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
     return switched
 
 
+# a transformer block of any family: TimeSformer's and ViT's ``blocks.<i>``, the text / fusion / cross-attention
+# stacks' and CLIP's ``layers.<i>``
+BLOCK_NAME = re.compile(r"(^|\.)(blocks|layers)\.\d+$")
+
+
+def compile_unavailable(device: torch.device) -> str:
+    """Why ``torch.compile`` cannot run on ``device`` here ("" when it can): a small function is compiled and run,
+    which needs the whole tool chain (Dynamo, Inductor, on the CPU a C++ compiler)."""
+    try:
+        probe = torch.compile(lambda x: torch.nn.functional.gelu(x) * 2.0 + 1.0, dynamic=False)
+        probe(torch.ones(8, device=device))
+    except Exception as exc:
+        cause = getattr(exc, "inner_exception", None) or exc  # Dynamo wraps the backend's error
+        lines = [line for line in str(cause).splitlines() if line.strip()]
+        said = lines[0].strip() if lines else ""
+        name = type(cause).__name__
+        return said if said.startswith(name) else f"{name}: {said}"
+    return ""
+
+
+def compile_blocks(model: nn.Module, what: str = "training") -> int:
+    """Compile every transformer block of ``model`` in place with ``torch.compile`` (``nn.Module.compile``: the
+    parameters, their names and the state dict stay as they are, so checkpoints and model directories do not
+    change). One block at a time, not the whole step: the blocks of a stack share one compiled graph, so compiling
+    costs a few graphs, and the losses, gathers and random draws between blocks run as they are. Dropout inside a
+    block draws from torch's generator as the eager block does (Inductor's ``fallback_random``), so a seed gives
+    the same masks and a resume stays exact. A batch of another size (an epoch's last) compiles once more, with
+    the batch dimension dynamic.
+
+    Where ``torch.compile`` cannot run (:func:`compile_unavailable`), a warning names why and ``model`` runs
+    eagerly.
+
+    Returns:
+        How many blocks were compiled.
+    """
+    device = next(model.parameters()).device
+    why = compile_unavailable(device)
+    if why:
+        warnings.warn(f"compile requested but torch.compile does not work here ({why}); {what} runs eagerly",
+                      stacklevel=2)  # fmt: skip
+        return 0
+    import torch._inductor.config as inductor
+
+    inductor.fallback_random = True
+    compiled: list[str] = []
+    for name, module in model.named_modules():
+        if BLOCK_NAME.search(name) and not any(name.startswith(done + ".") for done in compiled):
+            module.compile()
+            compiled.append(name)
+    if not compiled:
+        warnings.warn(f"compile requested but {type(model).__name__} has no transformer block to compile; {what} "
+                      "runs eagerly", stacklevel=2)  # fmt: skip
+    return len(compiled)
+
+
 # --------------------------------------------------------------------------- the loop
 
 
@@ -1037,6 +1093,8 @@ def train(
     seed_everything(cfg.seed + distributed.rank())
     if cfg.grad_checkpointing:
         enable_grad_checkpointing(model)
+    if cfg.compile:
+        compile_blocks(model)
     run = _Run(model, step_fn, data, cfg, optim_cfg)
     run.identity = dict(identity or {})
     resumed_from = run.resume() if resume else None

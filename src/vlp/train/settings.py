@@ -167,6 +167,9 @@ class LoopSettings:
     # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size (docs/speed.md)
     cpu_bf16: bool = False
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
+    # torch.compile each transformer block (training, and the section's evaluation); eager with a warning where
+    # torch.compile cannot run (docs/speed.md)
+    compile: bool = False
     progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
 
 
