@@ -24,6 +24,7 @@ from torch import Tensor, nn
 
 from vlp.train.loop import (
     BLOCK_NAME,
+    COMPILE_RECOMPILE_LIMIT,
     ResumableSampler,
     SamplerBatches,
     TrainConfig,
@@ -146,6 +147,38 @@ print(json.dumps({{"losses": losses, "sha": digest, "compiled": compiled,
     assert got["losses"] == eager_losses
     digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in eager.state_dict().values())).hexdigest()
     assert got["sha"] == digest
+
+
+def test_a_block_run_in_more_variants_than_torchs_default_limit_stays_compiled() -> None:
+    """Grad on / off x train / eval x fp32 / bf16 is 8 variants of one block, torch's default recompile limit; an
+    evaluation batch of another size is a ninth. Past the limit Dynamo would run the block eagerly (and log it)."""
+    import logging
+
+    from torch._dynamo.utils import counters
+
+    assert COMPILE_RECOMPILE_LIMIT > 9
+    torch._dynamo.reset()  # DropBlock.forward's entries from the tests before: each variant must compile here
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("torch._dynamo")
+    logger.addHandler(handler)
+    graphs = counters["stats"]["unique_graphs"]
+    model = Stack()
+    try:
+        compile_blocks(model)
+        for bf16 in (False, True):
+            for training in (False, True):
+                for grad in (False, True):
+                    model.train(training)
+                    with torch.set_grad_enabled(grad), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+                        model(torch.randn(3, 4))
+        with torch.no_grad(), torch.autocast("cpu", torch.bfloat16):
+            model(torch.randn(5, 4))
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in messages if "recompile_limit" in m]
+    assert counters["stats"]["unique_graphs"] - graphs >= 9  # each variant compiled, none left to eager
 
 
 def test_a_model_without_blocks_warns(tmp_path: Path) -> None:

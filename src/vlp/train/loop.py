@@ -876,6 +876,9 @@ def compile_unavailable(device: torch.device) -> str:
     return ""
 
 
+COMPILE_RECOMPILE_LIMIT = 32  # compiled variants per block (grad mode x train/eval x batch sizes x precision)
+
+
 def compile_blocks(model: nn.Module, what: str = "training") -> int:
     """Compile every transformer block of ``model`` in place with ``torch.compile`` (``nn.Module.compile``: the
     parameters, their names and the state dict stay as they are, so checkpoints and model directories do not
@@ -883,7 +886,9 @@ def compile_blocks(model: nn.Module, what: str = "training") -> int:
     costs a few graphs, and the losses, gathers and random draws between blocks run as they are. Dropout inside a
     block draws from torch's generator as the eager block does (Inductor's ``fallback_random``), so a seed gives
     the same masks and a resume stays exact. A batch of another size (an epoch's last) compiles once more, with
-    the batch dimension dynamic.
+    the batch dimension dynamic. Each block may compile up to :data:`COMPILE_RECOMPILE_LIMIT` variants (torch's
+    default, 8, is reached by a block that runs with and without gradients, in train and eval mode, at several
+    batch sizes and in both precisions; past the limit Dynamo logs a warning and runs those calls eagerly).
 
     Where ``torch.compile`` cannot run (:func:`compile_unavailable`), a warning names why and ``model`` runs
     eagerly.
@@ -903,7 +908,7 @@ def compile_blocks(model: nn.Module, what: str = "training") -> int:
     compiled: list[str] = []
     for name, module in model.named_modules():
         if BLOCK_NAME.search(name) and not any(name.startswith(done + ".") for done in compiled):
-            module.compile()
+            module.compile(recompile_limit=COMPILE_RECOMPILE_LIMIT)
             compiled.append(name)
     if not compiled:
         warnings.warn(f"compile requested but {type(model).__name__} has no transformer block to compile; {what} "
