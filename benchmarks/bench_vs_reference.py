@@ -16,6 +16,7 @@ ratio of the totals (encode + re-rank).
     scripts/reference-venv.sh                                   # once: ../scratch/lavis-venv
     .venv/bin/python benchmarks/bench_vs_reference.py           # ALPRO and ALBEF, fp32 and bf16, 2 rounds: ~30 min
     .venv/bin/python benchmarks/bench_vs_reference.py --family albef --precision fp32 --rounds 1
+    .venv/bin/python benchmarks/bench_vs_reference.py --adamw fused --compile   # vlp's fastest switches
     .venv/bin/python benchmarks/bench_vs_reference.py --eval 16 --ks 16 4    # evaluation at N = 16: ~15 min
 """
 
@@ -48,7 +49,8 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict[str,
     frames = REFERENCE[family][1]
     out = run([sys.executable, "benchmarks/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
-               "--warmup", str(args.warmup)], args.threads)  # fmt: skip
+               "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else [])],
+              args.threads)  # fmt: skip
     for line in out.splitlines():
         if m := ROW.match(line.strip()):
             return {"s": float(m[4]) / 1e3, "adamw_s": float(m[5]) / 1e3, "mfu": float(m[8]), "mib": float(m[9])}
@@ -104,6 +106,10 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-python", type=Path, default=ROOT.parent / "scratch/lavis-venv/bin/python")
+    parser.add_argument("--adamw", choices=["foreach", "fused", "loop"], default="foreach",
+                        help="vlp's AdamW kernels (the paper-size configs set fused; the reference runs torch's "
+                        "default)")  # fmt: skip
+    parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
     parser.add_argument("--eval", type=int, default=0, help="compare ALPRO's retrieval evaluation over N clips")
     parser.add_argument("--ks", type=int, nargs="+", default=[16, 4], help="--eval: candidates re-ranked per query")
     args = parser.parse_args()
@@ -114,6 +120,7 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}; the reference: torch's default AdamW, eager")
     print(f"{'row':<8} {'prec':<5} {'round':>5} {'vlp s':>8} {'ref s':>8} {'ratio':>6} {'MFU %':>6} {'AdamW s':>8} "
           f"{'vlp MiB':>8} {'ref MiB':>8}", flush=True)  # fmt: skip
     for family in families:

@@ -28,6 +28,7 @@ extra fusion pass; MLM needs one (its text is corrupted).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -78,6 +79,8 @@ class AlproConfig:
     pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
     pem_threshold: float = 0.2  # discard threshold of the rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or frame blacked outside
+    pem_prompter_size: int = 0  # side of the resized crop the prompter sees, pixels; 0 = video.img_size
+    pem_prompter_precision: Literal["fp32", "bf16"] = "fp32"  # the prompter's forward (bf16: under autocast)
     # Per-channel normalisation of [0, 1] pixels the model was trained with (it belongs to the weights: data
     # steps read it from here). 0.5/0.5 = timm's ImageNet-21k ViT-B/16, the paper's init; the released ALPRO
     # configs use CLIP's (0.48145466, 0.4578275, 0.40821073) / (0.26862954, 0.26130258, 0.27577711).
@@ -108,6 +111,15 @@ class AlproConfig:
                 f"same_video_vtc must be 'negative' or 'positive' and same_video_vtm 'draw' or 'exclude', got "
                 f"{self.same_video_vtc!r} / {self.same_video_vtm!r}"
             )
+        size, patch = self.pem_prompter_size, self.video.patch_size
+        if size < 0 or size % patch or (size and self.pem_crop != "resize"):
+            raise ValueError(
+                f"pem_prompter_size must be 0 (the frame size) or a positive multiple of the patch size {patch}, and "
+                f"needs pem_crop='resize' (a blacked-out frame keeps the frame size); got {size} with "
+                f"pem_crop={self.pem_crop!r}"
+            )
+        if self.pem_prompter_precision not in ("fp32", "bf16"):
+            raise ValueError(f"pem_prompter_precision must be 'fp32' or 'bf16', got {self.pem_prompter_precision!r}")
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
 
@@ -386,6 +398,22 @@ def _vtm(
     return fused.video[:b], built(model.vtm_head, "vtm_head")(fused.cls)  # (B, 1+N, C), (3B, 2)
 
 
+def prompter_features(cfg: AlproConfig, prompter: DualEncoder, video: Tensor, pixel_boxes: Tensor) -> Tensor:
+    """The frozen prompter's unit-norm ``(B, D)`` fp32 features of each clip's box (ALPRO Fig. 3): the box cut out
+    of ``(B, T, 3, H, W)`` frames as ``cfg.pem_crop`` says, resized to ``cfg.pem_prompter_size`` pixels a side
+    (0 = the frame size), encoded in ``cfg.pem_prompter_precision``. No gradient flows."""
+    size = cfg.pem_prompter_size or None
+    crops = losses.entity.crop_frames(
+        video, pixel_boxes, mode=cfg.pem_crop, size=(size, size) if size else None, fill=cfg.black()
+    )
+    bf16 = cfg.pem_prompter_precision == "bf16"
+    # fp32 leaves an enclosing autocast (a bf16 training step) as it is; bf16 turns it on for the prompter alone
+    precision = torch.autocast(video.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+    with torch.no_grad(), precision:
+        feat, _ = prompter.encode_video(crops)
+    return feat.float()
+
+
 def _pem(
     model: Alpro,
     batch: PretrainBatch,
@@ -401,9 +429,8 @@ def _pem(
     boxes = losses.sample_pem_boxes(
         b, gh, gw, patch_size=cfg.video.patch_size, area=cfg.pem_area, ratio=cfg.pem_ratio, generator=generator
     )
-    crops = losses.entity.crop_frames(batch.video, boxes.pixel_boxes, mode=cfg.pem_crop, fill=cfg.black())
     with torch.no_grad():
-        crop_feat, _ = pem.prompter.encode_video(crops)  # (B, D)
+        crop_feat = prompter_features(cfg, pem.prompter, batch.video, boxes.pixel_boxes)  # (B, D)
         bank = pem.bank_video.to(crop_feat)
         if pem.bank_image is not None and batch.is_image is not None:
             bank = torch.where(batch.is_image[:, None, None], pem.bank_image.to(crop_feat), bank)  # (B, M, D)
@@ -498,6 +525,8 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             losses=tuple(model.losses or LOSS_TERMS),
             pem_rule=own.pem_rule,
             pem_crop=own.pem_crop,
+            pem_prompter_size=own.pem_prompter_size,
+            pem_prompter_precision=own.pem_prompter_precision,
             pixel_mean=rgb(model.pixel_mean or AlproConfig.pixel_mean),
             pixel_std=rgb(model.pixel_std or AlproConfig.pixel_std),
             vtm_negatives=own.vtm_negatives,

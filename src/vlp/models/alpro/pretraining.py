@@ -23,7 +23,7 @@ from vlp.data.entities import ENTITIES_PARQUET, read_entities
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import VideoTextDataset
 from vlp.models import directory
-from vlp.models.alpro.model import PemContext
+from vlp.models.alpro.model import AlproConfig, PemContext, prompter_features
 from vlp.models.alpro.prompts import BANK_FILE, ENTITIES_FILE, PromptBank, build_prompt_bank
 from vlp.models.family import InputCheck, PretrainExtras
 
@@ -108,14 +108,16 @@ def pem_examples(
     bank: PromptBank,
     out: str,
     cfg: Any,
-    pixels: Any,
+    pixels: AlproConfig,
     n: int = 4,
     seed: int = 0,
 ) -> list[str]:
     """ALPRO Fig. 3 for ``n`` clips: a random PEM box on the frames and the frozen prompter's top-5 entities.
 
     Clips come from the test split (the training split when there is none); the box is drawn like PEM's
-    (:func:`vlp.losses.sample_pem_boxes`); clips are normalised with ``pixels``' (the model config's) statistics.
+    (:func:`vlp.losses.sample_pem_boxes`); clips are normalised with ``pixels``' (the pre-trained model's
+    :class:`AlproConfig`) statistics, and the prompter sees each box as the step's PEM does
+    (:func:`vlp.models.alpro.model.prompter_features`: crop mode, size and precision from that config).
     Writes ``<out>/<video_id>.png`` and ``<out>/README.md``; returns the figures' URIs.
     """
     from vlp import losses
@@ -149,9 +151,7 @@ def pem_examples(
             clip = F.interpolate(clip, size=(size, size), mode="bilinear", antialias=True)
             clip = ((clip - data.mean) / data.std)[None].to(next(prompter.parameters()).device)  # (1, T, 3, S, S)
             boxes = losses.sample_pem_boxes(1, size // patch, size // patch, patch_size=patch, generator=gen)
-            black = -(data.mean / data.std).flatten()  # a black pixel in the clip's normalisation
-            crop = losses.entity.crop_frames(clip, boxes.pixel_boxes, mode=cfg.model.own().pem_crop, fill=black)
-            feat, _ = prompter.encode_video(crop)
+            feat = prompter_features(pixels, prompter, clip, boxes.pixel_boxes)  # as the pre-training step's PEM
             probs = losses.pseudo_labels(feat, bank.video.to(feat), prompter.temperature())[0]
             top = probs.topk(min(5, len(bank.entities)))
             top5 = [

@@ -16,12 +16,21 @@ class AlproSettings(VTMSettings):
 
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
+    # The frozen prompter's cost (about a tenth of a paper-size pre-training step on a CPU, docs/speed.md): the side
+    # in pixels of the crop it sees (0 = the model's frame size, as paper and code; pem_crop=resize only) and the
+    # precision of its forward (bf16 = autocast even where training runs in fp32).
+    pem_prompter_size: int = 0
+    pem_prompter_precision: Literal["fp32", "bf16"] = "fp32"
     same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
 
-    RANGES: ClassVar[dict[str, Range]] = {**VTMSettings.RANGES, "num_entities": at_least(1)}
+    RANGES: ClassVar[dict[str, Range]] = {
+        **VTMSettings.RANGES,
+        "num_entities": at_least(1),
+        "pem_prompter_size": at_least(0),
+    }
 
 
 # ALPRO's RandAugment op list (``TemporalConsistentRandomAugment`` in its ``src/datasets/randaugment.py``) without
