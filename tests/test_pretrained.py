@@ -81,3 +81,45 @@ def test_a_missing_or_incomplete_install_says_how_to_install(monkeypatch: pytest
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors, vocab\.txt"):
         pretrained.minilm_dir()
+
+
+@pytest.mark.parametrize("family", ["alpro", "albef"])
+def test_the_small_pretrained_preset_starts_from_minilm(family: str, minilm: Path) -> None:
+    from safetensors.torch import load_file
+
+    from vlp.models.family import get
+    from vlp.steps.common import tokenizer_source
+    from vlp.train.settings import ModelConfig
+
+    section = ModelConfig(family=family, preset="small-pretrained", img_size=32, max_len=32)
+    assert tokenizer_source(section) == str(minilm)  # the weights' own tokenizer, from the installed copy
+    fam = get(family)
+    cfg = fam.config(section, vocab_size=30522, **({"num_entities": 4} if family == "alpro" else {}))
+    assert (cfg.video.width, cfg.video.patch_size, cfg.text.width, cfg.text.text_layers, cfg.text.fusion_layers) == (
+        384, 8, 384, 3, 3)  # fmt: skip
+    torch.manual_seed(0)
+    model = fam.build(fam.kinds.pretrained, cfg)
+    weights = load_file(str(minilm / "model.safetensors"))
+    state = model.state_dict()
+    text, fusion = ("dual.text", "fusion") if family == "alpro" else ("online.text", "online.fusion")
+    assert torch.equal(state[f"{text}.embeddings.word_embeddings.weight"], weights["embeddings.word_embeddings.weight"])
+    assert torch.equal(state[f"{text}.layers.2.output.dense.weight"], weights["encoder.layer.2.output.dense.weight"])
+    query = "encoder.layer.3.attention.self.query.weight"  # MiniLM's 4th layer is the fusion's first
+    assert torch.equal(state[f"{fusion}.layers.0.attention.self.query.weight"], weights[query])
+    random_start = fam.build(fam.kinds.pretrained, fam.config(
+        ModelConfig(family=family, preset="small-pretrained", text_init="random"), vocab_size=30522,
+        **({"num_entities": 4} if family == "alpro" else {})))  # fmt: skip
+    assert not torch.equal(
+        random_start.state_dict()[f"{text}.embeddings.word_embeddings.weight"],
+        weights["embeddings.word_embeddings.weight"],
+    )
+    with pytest.raises(ValueError, match=r"leave model\.tokenizer empty"):
+        fam.config(section, vocab_size=1000, **({"num_entities": 4} if family == "alpro" else {}))
+
+
+def test_ts2net_has_no_small_pretrained_preset() -> None:
+    from vlp.models.family import get
+    from vlp.train.settings import ModelConfig
+
+    with pytest.raises(ValueError, match="not offered by this family"):
+        get("ts2net").config(ModelConfig(family="ts2net", preset="small-pretrained"), vocab_size=30522)

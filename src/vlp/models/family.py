@@ -335,9 +335,13 @@ def preset_weights(model: ModelConfig, presets: dict[str, tuple[str, str]]) -> t
     """``(visual, text)`` weight sources of a ``model`` config section: ``presets[model.preset]`` unless
     ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in a preset, is random init."""
 
-    def pick(value: str, default: str) -> str:
-        return default if not value else "" if value == RANDOM else value
+    from vlp.models.pretrained import resolve_init
 
+    def pick(value: str, default: str) -> str:
+        return resolve_init(default if not value else "" if value == RANDOM else value)
+
+    if model.preset not in presets:
+        raise ValueError(f"model.preset={model.preset!r} is not offered by this family; its presets: {list(presets)}")
     video, text = presets[model.preset]
     return pick(model.video_init, video), pick(model.text_init, text)
 

@@ -42,7 +42,9 @@ class ModelConfig:
     """
 
     family: str = DEFAULT_FAMILY  # a registered family (vlp.models.family.names()): alpro, albef, ts2net
-    preset: Literal["tiny", "small", "paper"] = "tiny"  # tiny: width 64 (tests); small: width 256 (CPU runs); paper
+    # tiny: width 64 (tests); small: width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384,
+    # installed from PyPI, vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
+    preset: Literal["tiny", "small", "small-pretrained", "paper"] = "tiny"
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4); at most frames.num_frames
     max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)

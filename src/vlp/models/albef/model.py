@@ -41,6 +41,7 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.losses import distill
+from vlp.models import pretrained
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import (
     ForwardAnswers,
@@ -555,7 +556,12 @@ def _mlm(
 # --------------------------------------------------------------------------- the family
 
 
-PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")}
+PRESET_WEIGHTS = {
+    "tiny": ("", ""),
+    "small": ("", ""),
+    "small-pretrained": ("", pretrained.MINILM),
+    "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased"),
+}
 if TYPE_CHECKING:
     from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
@@ -589,6 +595,9 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
         elif model.preset == "small":
             video = FrameViTConfig(patch_size=16, width=256, depth=4, heads=4, **frames)
             text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, width=256, heads=4, intermediate=1024)
+        elif model.preset == "small-pretrained":  # MiniLM layers 4-6 gain ALBEF's cross-attention (random init)
+            video = FrameViTConfig(**pretrained.small_video(model.img_size), **frames)
+            text = pretrained.minilm_text(vocab_size, model.max_len, text_init)
         else:
             video = FrameViTConfig.paper(**frames)
             text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len)

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
+from vlp.models import pretrained
 from vlp.models.alpro.spec import AlproSettings
 from vlp.models.family import (
     ForwardAnswers,
@@ -477,6 +478,7 @@ def _video_index(batch: PretrainBatch) -> Tensor:
 PRESET_WEIGHTS = {
     "tiny": ("", ""),
     "small": ("", ""),
+    "small-pretrained": ("", pretrained.MINILM),
     "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
 }
 
@@ -514,6 +516,10 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
         elif model.preset == "small":
             video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
             video, text = replace(video, init=video_init), replace(text, init=text_init)
+        elif model.preset == "small-pretrained":
+            video = TimeSformerConfig(img_size=model.img_size, num_frames=model.num_frames, init=video_init,
+                                      drop_path=0.0, **pretrained.small_video(model.img_size))  # fmt: skip
+            text = pretrained.minilm_text(vocab_size, model.max_len, text_init)
         else:
             video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
             text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
