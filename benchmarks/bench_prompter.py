@@ -12,7 +12,7 @@ Two parts, each optional:
   pseudo-label distributions. Beside them: chance agreement of the top-1 (1 / M) and the majority baseline (the
   share of boxes whose default top-1 is the most common one: what a constant label would agree with).
 * **Cost** (``--paper-cost``): a paper-size prompter (TimeSformer-B / 16 at 224 px, random weights: the cost does
-  not depend on them) encodes ``--batch`` crops of ``--frames-per-clip`` frames in each variant, the variants
+  not depend on them) encodes ``--paper-batch`` crops of ``--frames-per-clip`` frames in each variant, the variants
   interleaved ``--rounds`` times; it prints the median seconds and the ratio to the default.
 
     .venv/bin/python benchmarks/bench_prompter.py --run runs/pipeline-local/kfp/<run>   # agreement, the tiny world
@@ -112,9 +112,9 @@ def paper_cost(args: argparse.Namespace) -> None:
     cfg = AlproConfig(video, TextConfig.paper(vocab_size=30522, init=""), num_entities=1000)
     torch.manual_seed(0)
     prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07).eval().requires_grad_(False)
-    side = cfg.video.img_size
-    clips = torch.randn(args.batch, args.frames_per_clip, 3, side, side)
-    boxes = losses.sample_pem_boxes(args.batch, side // 16, side // 16, patch_size=16,
+    side, patch = cfg.video.img_size, cfg.video.patch_size
+    clips = torch.randn(args.paper_batch, args.frames_per_clip, 3, side, side)
+    boxes = losses.sample_pem_boxes(args.paper_batch, side // patch, side // patch, patch_size=patch,
                                     generator=torch.Generator().manual_seed(0)).pixel_boxes  # fmt: skip
     times: dict[str, list[float]] = {label: [] for label, _, _ in VARIANTS}
     for _label, share, precision in VARIANTS:  # an untimed pass each (first-call allocations, bf16 kernels)
@@ -125,8 +125,8 @@ def paper_cost(args: argparse.Namespace) -> None:
             prompter_features(variant(cfg, share, precision), prompter, clips, boxes)
             times[label].append(time.perf_counter() - tick)
     base = statistics.median(times[VARIANTS[0][0]])
-    print(f"paper-size prompter (TimeSformer-B/16, {side} px), {args.batch} clips x {args.frames_per_clip} frames, "
-          f"CPU {torch.get_num_threads()} threads, median of {args.rounds} interleaved rounds")  # fmt: skip
+    print(f"paper-size prompter (TimeSformer-B/16, {side} px), {args.paper_batch} clips x {args.frames_per_clip} "
+          f"frames, CPU {torch.get_num_threads()} threads, median of {args.rounds} interleaved rounds")  # fmt: skip
     print(f"{'variant':<28} {'size px':>8} {'median s':>9} {'runs s':>24} {'/ default':>10}")
     for label, share, precision in VARIANTS:
         size = variant(cfg, share, precision).pem_prompter_size or side
@@ -146,7 +146,8 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=4, help="PEM boxes drawn per clip")
     parser.add_argument("--rule", choices=["paper", "official_code"], default="paper", help="pem_rule for 'keep'")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--batch", type=int, default=16, help="clips per prompter call")
+    parser.add_argument("--batch", type=int, default=16, help="clips per prompter call (agreement)")
+    parser.add_argument("--paper-batch", type=int, default=2, help="clips per prompter call (--paper-cost)")
     parser.add_argument("--paper-cost", action="store_true", help="time the variants at paper size")
     parser.add_argument("--frames-per-clip", type=int, default=4, help="frames a clip (paper pre-training: 4)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -161,7 +162,6 @@ def main() -> None:
     if args.paper_cost:
         if args.prompter:
             print()
-        args.batch = 2 if args.batch == 16 else args.batch
         paper_cost(args)
     if not (args.prompter or args.paper_cost):
         parser.error("give --run (or --prompter, --bank, --dataset, --frames), --paper-cost, or both")
