@@ -123,3 +123,35 @@ def test_ts2net_has_no_small_pretrained_preset() -> None:
 
     with pytest.raises(ValueError, match="not offered by this family"):
         get("ts2net").config(ModelConfig(family="ts2net", preset="small-pretrained"), vocab_size=30522)
+
+
+def test_a_run_from_the_preset_records_the_weights_it_started_from(tiny_world, minilm: Path, tmp_path: Path) -> None:
+    """``vlp pretrain`` with ``model.preset=small-pretrained`` on the tiny world, then a fine-tuning from its output:
+    every model directory names MiniLM's file by its SHA-256, and the tokenizer saved with it is MiniLM's."""
+    from vlp.cli import main
+    from vlp.config import load_config
+    from vlp.models.tokenizer import file_record
+    from vlp.steps.finetune import finetune_retrieval
+    from vlp.steps.mine_entities import mine_entities
+    from vlp.steps.pretrain import build_prompt_bank, pretrain_prompter
+
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    overrides = ["model.preset=small-pretrained", "pretrain.max_steps=1", "retrieval.max_steps=1"]
+    cfg = load_config(tiny, overrides)
+    out = {name: str(tmp_path / name) for name in ("entities", "prompter", "bank", "alpro", "retrieval")}
+    mine_entities(tiny_world["dataset"], out["entities"], cfg)
+    pretrain_prompter(tiny_world["dataset"], tiny_world["frames"], out["prompter"], cfg)
+    build_prompt_bank(out["prompter"], out["entities"], out["bank"], cfg)
+    code = main(["pretrain", "--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--prompter",
+                 out["prompter"], "--prompt-bank", out["bank"], "--out", out["alpro"], "--config", str(tiny),
+                 *overrides])  # fmt: skip
+    assert code == 0
+    finetune_retrieval(tiny_world["dataset"], tiny_world["frames"], out["alpro"], out["retrieval"], cfg)
+
+    want = {"source": str(minilm), "file": "model.safetensors"} | file_record(minilm / "model.safetensors")
+    for name in ("prompter", "alpro", "retrieval"):
+        doc = json.loads((Path(out[name]) / "model.json").read_text())
+        assert doc["lineage"]["upstream"] == {"text": want}, name  # no video record: that tower starts random
+        assert doc["config"]["text"]["width"] == 384 and doc["config"]["video"]["width"] == 384, name
+        tok = load_tokenizer(str(Path(out[name]) / "tokenizer"))
+        assert len(tok) == 30522 and tok.convert_tokens_to_ids("[MASK]") == 103, name

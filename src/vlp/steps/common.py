@@ -250,6 +250,21 @@ def tokenizer_source(model: Any) -> str:
     return model.tokenizer or resolved_inits(model)[1]
 
 
+def planned_vocab_size(model: Any) -> int:
+    """The vocabulary size a step's tokenizer will have, known before the tokenizer is loaded or trained: the text
+    weights' own (their local directory's ``config.json``) where the tokenizer is theirs, else ``model.vocab_size``
+    (WordPiece's size, and the size the steps' checks assume for a named tokenizer they have not loaded yet)."""
+    source = tokenizer_source(model)
+    if source and not model.tokenizer and os.path.isdir(source):
+        config_file = os.path.join(source, "config.json")
+        if os.path.isfile(config_file):
+            with open(config_file, encoding="utf-8") as f:
+                vocab = json.load(f).get("vocab_size")
+            if isinstance(vocab, int) and vocab > 0:
+                return vocab
+    return int(model.vocab_size)
+
+
 def tokenizer_revision(model: Any) -> str:
     """The hub revision of :func:`tokenizer_source`: ``model.tokenizer_revision`` for a named tokenizer, else (the
     text weights' own tokenizer) ``model.text_init_revision``, so pinned weights never get a tokenizer of another

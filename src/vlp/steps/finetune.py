@@ -35,6 +35,7 @@ from vlp.steps.common import (
     check_inputs,
     device,
     family_of,
+    planned_vocab_size,
     run_step,
     seed_model_init,
     step_tokenizer,
@@ -151,9 +152,9 @@ def _epoch_shape(batches: Any) -> tuple[int, int]:
 def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> VideoTextDataset:
     """The retrieval training pairs of a model started from the ``model`` section, read before the step writes its
     tokenizer, with the model and ``retrieval`` sections and the batch shape checked by the family (its config
-    built once with the configured vocabulary size), so that a setting that cannot work fails before anything is
+    built once with :func:`planned_vocab_size`), so that a setting that cannot work fails before anything is
     written."""
-    dry = fam.task_config(fam.config(cfg.model, cfg.model.vocab_size), "retrieval", cfg.retrieval)
+    dry = fam.task_config(fam.config(cfg.model, planned_vocab_size(cfg.model)), "retrieval", cfg.retrieval)
     # the frame size and the pixel statistics do not depend on the vocabulary
     data = retrieval_data(cfg, dataset, frames, dry, "train", fam.name, training=True)
     fam.prepare(dry, *_epoch_shape(_batches(data, with_max_steps(cfg.retrieval, len(data)), None)))

@@ -28,6 +28,7 @@ from vlp.steps.common import (
     check_inputs,
     device,
     family_of,
+    planned_vocab_size,
     run_step,
     seed_model_init,
     step_tokenizer,
@@ -84,11 +85,11 @@ def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
 
 def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore, terms: list[str]) -> VideoTextDataset:
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
-    checked by the family (its config built once with the configured vocabulary size) and ``pretrain.group_by``
-    against the pairs, so that a setting that cannot work fails before anything is written."""
+    checked by the family (its config built once with :func:`planned_vocab_size`) and ``pretrain.group_by`` against
+    the pairs, so that a setting that cannot work fails before anything is written."""
     from vlp.train import distributed
 
-    dry = model_config(cfg.model, cfg.model.vocab_size, 0, terms, fam)
+    dry = model_config(cfg.model, planned_vocab_size(cfg.model), 0, terms, fam)
     data = _dataset(cfg, dataset, frames, dry)  # the pixel statistics do not depend on the vocabulary
     batch, per_epoch = _batch_shape(cfg, data)
     fam.prepare(dry, per_epoch, batch * distributed.world_size())
