@@ -155,3 +155,13 @@ def test_a_run_from_the_preset_records_the_weights_it_started_from(tiny_world, m
         assert doc["config"]["text"]["width"] == 384 and doc["config"]["video"]["width"] == 384, name
         tok = load_tokenizer(str(Path(out[name]) / "tokenizer"))
         assert len(tok) == 30522 and tok.convert_tokens_to_ids("[MASK]") == 103, name
+
+
+def test_the_steps_plan_the_vocabulary_of_the_tokenizer_they_will_use() -> None:
+    from vlp.steps.common import planned_vocab_size
+    from vlp.train.settings import ModelConfig
+
+    assert planned_vocab_size(ModelConfig(preset="small-pretrained", vocab_size=300)) == 30522  # MiniLM's own
+    assert planned_vocab_size(ModelConfig(preset="tiny", vocab_size=300)) == 300  # WordPiece on the captions
+    # a WordPiece tokenizer asked for beside the MiniLM weights: its configured size (which the preset then refuses)
+    assert planned_vocab_size(ModelConfig(preset="small-pretrained", tokenizer="wordpiece", vocab_size=300)) == 300
