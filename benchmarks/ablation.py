@@ -177,12 +177,15 @@ def welch_t(a: list[float], b: list[float]) -> float:
 
 
 def row_cells(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...], digits: dict[str, int]) -> str:
-    """One Markdown table row's cells: mean ± sample std over seeds of each column (``–`` when absent)."""
+    """One Markdown table row's cells: mean ± sample std over seeds of each column (``–`` when absent; the value
+    alone where one seed has it: one value has no spread)."""
     cells = []
     for key, _ in columns:
-        m, s = mean_std([r.get(key, float("nan")) for r in rows])  # results of older runs lack some keys
+        values = [r.get(key, float("nan")) for r in rows]  # results of older runs lack some keys
+        m, s = mean_std(values)
         d = digits.get(key, 2 if key.endswith("loss") else 1)
-        cells.append("–" if math.isnan(m) else f"{m:.{d}f} ± {s:.{d}f}")
+        single = sum(not math.isnan(v) for v in values) == 1
+        cells.append("–" if math.isnan(m) else f"{m:.{d}f}" if single else f"{m:.{d}f} ± {s:.{d}f}")
     return " | ".join(cells)
 
 

@@ -194,7 +194,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         *[row_settings(args, row) for row in ROWS],
         "",
         f"Extra overrides of the pretrained rows: {' '.join(f'`{o}`' for o in args.pretrained_set) or 'none'}. "
-        f"Seeds {seeds}; mean ± sample std over seeds. Chance: R@1 {first['chance_r1']:.1f}%. The held-out match "
+        f"Seeds {seeds}; mean ± sample std over seeds (the value alone for a row of one seed). Chance: R@1 "
+        f"{first['chance_r1']:.1f}%. The held-out match "
         "loss is VTM's (ALPRO) or ITM's (ALBEF) on the test pairs with hard negatives; its label prior is the loss "
         "of a head that knows only the share of positives. Wall times are this machine's 2 cores, "
         f"`OMP_NUM_THREADS={first.get('threads') or 'unset'}`. "
@@ -204,7 +205,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         "|---|" + "---|" * (len(COLUMNS) + 1),
         *rows,
         "",
-        "Wall seconds per stage (mean ± std over seeds):",
+        "Wall seconds per stage (mean ± std over seeds; the value alone for one seed):",
         "",
         "| row | " + " | ".join(stages) + " |",
         "|---|" + "---|" * len(stages),
