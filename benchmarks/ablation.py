@@ -222,9 +222,15 @@ def load_units(root: str) -> list[dict[str, Any]]:
     return [json.loads(storage.read_text(u)) for u in storage.list_files(f"{root}/results", suffix=".json")]
 
 
+def row_tag(row: str) -> str:
+    """``row`` as a file or directory name: runs of anything but letters and digits become one ``_``."""
+    return re.sub(r"[^A-Za-z0-9]+", "_", row).strip("_")
+
+
 def save_unit(root: str, result: dict[str, Any]) -> None:
-    tag = re.sub(r"[^A-Za-z0-9]+", "_", str(result["row"])).strip("_")
-    storage.write_text(f"{root}/results/seed{result['seed']}-{tag}.json", json.dumps(result) + "\n")
+    storage.write_text(
+        f"{root}/results/seed{result['seed']}-{row_tag(str(result['row']))}.json", json.dumps(result) + "\n"
+    )
 
 
 def ablation_parser(doc: str, out: str, report: str, rows: list[str]) -> argparse.ArgumentParser:

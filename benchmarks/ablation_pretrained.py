@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -41,6 +40,7 @@ from ablation import (
     done,
     finite,
     row_cells,
+    row_tag,
     run_units,
     write_report,
 )
@@ -52,8 +52,9 @@ from vlp.config import Config, load_config
 # the video tower still starts random. Chosen once, not tuned.
 PRETRAINED = ["model.preset=small-pretrained", "pretrain.lr=0.0003", "retrieval.lr=0.0002", "qa.lr=0.0002",
               "pretrain.cpu_bf16=true", "retrieval.cpu_bf16=true", "qa.cpu_bf16=true"]  # fmt: skip
-# Steps that fit the main job's 10 minutes (the data steps, the index and the report included) at this model's
-# measured speed here: prompter 0.6 s, pre-training 2.9 s, retrieval 1.2 s, QA 0.8 s a step (batch 32, bf16).
+# Steps sized to the main job's 10 minutes, leaving about 2 for the data steps, the index and the report (the whole
+# DAG with them was not timed), at this model's speed here: prompter 0.6 s, pre-training 2.0-2.3 s, retrieval 1.2 s,
+# QA 0.8 s a step (batch 32, bf16).
 BUDGET = ["pretrain.max_steps=80", "retrieval.max_steps=100", "qa.max_steps=75"]
 ROWS: dict[str, list[str]] = {"tiny": [], "small-pretrained": PRETRAINED,
                               "small-pretrained, 10 min": PRETRAINED + BUDGET}  # fmt: skip
@@ -83,7 +84,7 @@ def unit(args: argparse.Namespace, uris: dict[str, str], seed: int, row: str, ro
     from vlp.steps.pretrain import build_prompt_bank, pretrain, pretrain_prompter
 
     cfg = settings(args, seed, row)
-    base = f"{root}/seed{seed}/{re.sub(r'[^A-Za-z0-9]+', '_', row).strip('_')}"
+    base = f"{root}/seed{seed}/{row_tag(row)}"
     out = {k: f"{base}/{k}" for k in ("prompter", "bank", "pretrained", "zs", "ret", "ret_eval", "qa", "qa_eval")}
     seconds: dict[str, float] = {}
 
