@@ -18,6 +18,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from vlp.serve.auth import OPEN_PATHS
+
 ROOT = Path(__file__).resolve().parents[1]
 CHART = ROOT / "helm" / "vlp"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -776,8 +778,27 @@ def test_serving_is_off_by_default_and_needs_an_index(render: Callable[..., Docs
     assert proc.returncode != 0 and "serving.index is required" in proc.stderr, proc.stderr
     for bad in ("serving.index=/local/index", "serving.deploymentMode=Fast", "serving.port=80",
                 "serving.name=Search_1", "serving.minReplicas=3"):  # fmt: skip
-        proc = _template(helm, "--set", "serving.enabled=true", "--set", "serving.index=s3://b/i", "--set", bad)
+        proc = _template(helm, "--set", "serving.enabled=true", "--set", "serving.index=s3://b/i", "--set",
+                         "serving.auth.secretName=t", "--set", bad)  # fmt: skip
         assert proc.returncode != 0 and bad.split("=")[0].split(".")[-1] in proc.stderr, (bad, proc.stderr)
+
+
+def test_the_server_needs_a_token_from_a_secret_unless_auth_is_turned_off(
+    render: Callable[..., Docs], helm: str
+) -> None:
+    proc = _template(helm, "--set", "serving.enabled=true", "--set", "serving.index=s3://b/i")
+    assert proc.returncode != 0 and "serving.auth.secretName is required" in proc.stderr, proc.stderr
+    (container,) = _one(render("serving"), "InferenceService")["spec"]["predictor"]["containers"]
+    token = _env(container)["VLP_SERVE_TOKEN"]
+    assert token == {"name": "VLP_SERVE_TOKEN", "valueFrom": {"secretKeyRef": {"name": "vlp-serve-token",
+                                                                                "key": "token"}}}  # fmt: skip
+    assert all("VLP_SERVE_TOKEN" not in arg for arg in container["args"])  # never a command-line value
+    assert container["readinessProbe"]["httpGet"]["path"] in OPEN_PATHS  # the probes need no token
+    assert container["livenessProbe"]["httpGet"]["path"] in OPEN_PATHS
+    assert container["startupProbe"]["httpGet"]["path"] in OPEN_PATHS
+    docs = render("serving", "--set", "serving.auth.enabled=false")
+    (container,) = _one(docs, "InferenceService")["spec"]["predictor"]["containers"]
+    assert "VLP_SERVE_TOKEN" not in _env(container)
 
 
 def test_the_inferenceservice_runs_vlp_serve_on_the_index_with_the_hardened_pod(render: Callable[..., Docs]) -> None:
@@ -818,7 +839,7 @@ def test_a_search_only_server_passes_no_qa_model_and_keeps_the_cluster_default_m
     from vlp.cli import build_parser
 
     docs = render("default", "--set", "serving.enabled=true", "--set", "serving.index=s3://vlp/index",
-                  "--set", "serving.deploymentMode=")  # fmt: skip
+                  "--set", "serving.deploymentMode=", "--set", "serving.auth.enabled=false")  # fmt: skip
     isvc = _one(docs, "InferenceService")
     assert "annotations" not in isvc["metadata"]
     args = build_parser().parse_args(isvc["spec"]["predictor"]["containers"][0]["args"])
@@ -867,7 +888,7 @@ def test_the_serving_pods_take_requests_on_their_port_and_reach_only_dns_and_the
     assert ingress["from"] == [{"podSelector": {}}, *_values("serving")["networkPolicy"]["servingIngressFrom"]]
     assert [p["port"] for p in ingress["ports"]] == [8080, 8012, 8013, 9090]  # Knative: the queue-proxy's ports too
     assert _egress_ports(policy) == {53, 8333}
-    standard = _one(render("default", "--set", "serving.enabled=true", "--set", "serving.index=s3://vlp/index"),
-                    "NetworkPolicy", "serving")  # fmt: skip
+    standard = _one(render("default", "--set", "serving.enabled=true", "--set", "serving.index=s3://vlp/index",
+                           "--set", "serving.auth.secretName=t"), "NetworkPolicy", "serving")  # fmt: skip
     assert [p["port"] for p in standard["spec"]["ingress"][0]["ports"]] == [8080]
     assert _egress_ports(standard) == {53, 443}

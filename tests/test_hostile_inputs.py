@@ -7,6 +7,7 @@ large to train on, a still image under a video name, and a dataset edited after 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from vlp.data import manifest
 from vlp.data.frames import FramesConfig, FrameStore, extract
 from vlp.data.ingest import IngestConfig, ingest
 
+ROOT = Path(__file__).resolve().parents[1]
 CFG = IngestConfig(workers=1, progress=False, split="train")
 NUL = "bad\x00name"
 
@@ -259,6 +261,34 @@ def test_a_png_renamed_mp4_is_a_reject_and_a_png_is_a_still_image(tmp_path, clip
     assert summary["videos"]["rejected"] == 2
 
 
+def _frames(n: int) -> list[Image.Image]:
+    return [Image.fromarray(np.full((24, 32, 3), 40 * i, np.uint8)) for i in range(n)]
+
+
+def test_a_video_has_two_frames_and_a_duration_whatever_the_container(tmp_path, clip_bytes):
+    """A one-frame GIF or h264 mp4 is not a video; an animated GIF is; an animated WebP under a video name (which
+    ffmpeg reads as one picture) is refused as what it is, not as a still image."""
+    one, five = _frames(1), _frames(5)
+    one[0].save(tmp_path / "one_gif.mp4", format="GIF")
+    five[0].save(tmp_path / "anim_gif.mp4", format="GIF", save_all=True, append_images=five[1:], duration=100)
+    five[0].save(tmp_path / "anim_webp.mp4", format="WEBP", save_all=True, append_images=five[1:], duration=100)
+    write_mp4(tmp_path / "one_h264.mp4", num_frames=1)
+    put(tmp_path / "good.mp4", clip_bytes)
+    names = ["good", "one_gif", "anim_gif", "anim_webp", "one_h264"]
+    ann = put(tmp_path / "ann.json", json.dumps([{"video": f"{n}.mp4", "caption": "c"} for n in names]))
+
+    summary = ingest(str(ann), str(tmp_path / "out"), CFG)
+
+    got = {v["video_id"]: (v["media"], v["num_frames"]) for v in accepted(tmp_path / "out")}
+    assert got == {"good": ("video", 24), "anim_gif": ("video", 5)}
+    found, rule = rejects(tmp_path / "out"), "a video has at least 2 frames and a positive duration"
+    assert found["one_gif"].startswith("not a video: a GIF image, 1 frame and ") and rule in found["one_gif"]
+    assert found["one_h264"].startswith("not a video: a h264 stream in ffmpeg's mov,mp4") and rule in found["one_h264"]
+    assert found["anim_webp"].startswith("not a video: an animated WEBP image of 5 frames under a video name")
+    assert "still image" not in found["anim_webp"]
+    assert summary["videos"]["rejected"] == 3 and lost(summary) == 0
+
+
 # --------------------------------------------------------------------------- later steps re-check manifest paths
 
 
@@ -349,3 +379,88 @@ def test_an_s3_key_with_a_nul_byte_is_a_reject_not_a_request(tmp_path, clip_byte
 def rejects_s3(out: str) -> dict[str, str]:
     rows = storage.read_parquet(storage.join(out, manifest.REJECTS)).to_pylist()
     return {r["record_id"]: r["reason"] for r in rows if r["kind"] == "video"}
+
+
+# --------------------------------------------------------------------------- text that is not text
+
+
+@pytest.mark.parametrize("command", ["search", "answer"])
+def test_arguments_that_are_not_utf8_are_refused_in_one_line(tmp_path, command):
+    """Real argv bytes (not UTF-8) through a real process: exit 2 and one line, before anything is loaded."""
+    import subprocess
+    import sys
+
+    where = str(tmp_path).encode()
+    args = {"search": [b"search", b"--index", where, b"a \xff star"],
+            "answer": [b"answer", b"--model", where, b"clip.mp4", b"what \xc3\x28 is it?"]}  # fmt: skip
+    done = subprocess.run([sys.executable.encode(), b"-m", b"vlp.cli", *args[command]], capture_output=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})  # fmt: skip
+    where = {"search": "query is not valid UTF-8: the byte 0xff at character 2", "answer":
+             "question is not valid UTF-8: the byte 0xc3 at character 5"}[command]  # fmt: skip
+    assert (done.returncode, done.stderr.decode()) == (2, f"vlp {command}: error: the argument {where} is not text\n")
+    assert done.stdout == b""
+
+
+def test_the_cli_takes_the_servers_length_limit_from_one_config_value(tmp_path, capsys):
+    for argv, said in [
+        (["search", "--index", str(tmp_path), "six ch", "index.max_text_chars=5"],
+         "the query is 6 characters long; at most 5 are taken (index.max_text_chars)"),
+        (["answer", "--model", str(tmp_path), "clip.mp4", "x" * 1001],
+         "the question is 1001 characters long; at most 1000 are taken (index.max_text_chars)"),
+        (["search", "--index", str(tmp_path), "   "], "the query is empty: give the text to search for"),
+        (["search", "--index", str(tmp_path), "star", "retrieval.split=\udcff"],
+         "the argument overrides is not valid UTF-8: the byte 0xff at character 16 is not text"),
+    ]:  # fmt: skip
+        assert cli.main(argv) == 2
+        assert capsys.readouterr().err == f"vlp {argv[0]}: error: {said}\n"
+
+
+def test_text_problem_names_each_class():
+    from vlp.text import TextError, checked_text, text_problem
+
+    assert text_problem("caf\u00e9 \u6620\u50cf \U0001f3ac") is None  # any script, emoji included
+    assert text_problem("a\udc80") == "is not valid UTF-8: the byte 0x80 at character 1 is not text"
+    assert text_problem("\ud83c") == "is not valid UTF-8: a lone surrogate U+D83C at character 0"
+    assert text_problem(b"bytes") == "is a bytes, not text"
+    assert text_problem("abcd", 3) == "is 4 characters long; at most 3 are taken (index.max_text_chars)"
+    assert text_problem("abc", 3) is None and text_problem("x" * 5000, 0) is None
+    with pytest.raises(TextError, match="the question is empty: give the question to answer"):
+        checked_text("\t \n", "question")
+    assert checked_text(" a star ") == " a star "
+
+
+# --------------------------------------------------------------------------- links out of a store
+
+
+def test_a_checkpoint_with_a_link_is_refused_before_anything_is_restored(tmp_path):
+    import torch
+
+    from vlp.train.checkpoint import MODEL_FILE, load_checkpoint, save_checkpoint
+
+    torch.manual_seed(0)
+    saved = torch.nn.Linear(3, 2)
+    where = save_checkpoint(str(tmp_path / "run"), 1, saved, None, None)
+    fresh = torch.nn.Linear(3, 2)
+    before = fresh.weight.detach().clone()
+    weights = Path(where) / MODEL_FILE
+    weights.rename(tmp_path / "outside.safetensors")
+    weights.symlink_to(tmp_path / "outside.safetensors")  # the same bytes, through a link
+    with pytest.raises(storage.LinkError, match=f"the checkpoint {where} holds a symbolic link, {MODEL_FILE} -> "):
+        load_checkpoint(where, fresh, restore_rng=False)
+    assert torch.equal(fresh.weight, before)
+    weights.unlink()
+    (tmp_path / "outside.safetensors").rename(weights)
+    load_checkpoint(where, fresh, restore_rng=False)
+    assert torch.equal(fresh.weight, saved.weight)
+
+
+def test_refuse_links_passes_a_linked_root_and_s3(tmp_path):
+    (tmp_path / "store" / "a").mkdir(parents=True)
+    (tmp_path / "store" / "a" / "f.parquet").write_bytes(b"x")
+    (tmp_path / "alias").symlink_to(tmp_path / "store")  # the caller's own argument may be a link
+    storage.refuse_links(str(tmp_path / "alias"), "frames store")
+    storage.refuse_links(str(tmp_path / "missing"), "frames store")
+    storage.refuse_links("s3://bucket/prefix", "frames store")  # no links on S3: nothing to list
+    (tmp_path / "store" / "a" / "g.parquet").symlink_to(tmp_path / "store" / "a" / "f.parquet")  # inside, still
+    with pytest.raises(storage.LinkError, match=r"a/g\.parquet -> "):
+        storage.refuse_links(str(tmp_path / "store"), "frames store")

@@ -415,3 +415,44 @@ def test_object_store_options_follow_the_storage_section_then_the_environment(mo
         }  # fmt: skip
     finally:
         storage.configure(storage.StorageConfig())
+
+
+def _link_out(inside: Path, outside: Path) -> Path:
+    """Move the file ``inside`` to ``outside`` and leave a symbolic link to it in its place."""
+    shutil.move(inside, outside)
+    inside.symlink_to(outside)
+    return inside
+
+
+def test_a_link_in_a_frames_store_an_index_or_a_model_directory_is_refused(world, models, test_index, tmp_path,
+                                                                          capsys):  # fmt: skip
+    """A file of a store replaced by a symbolic link (to a real file of the same kind, outside): every reader
+    refuses it in one line, naming the link, instead of reading through it."""
+    frames, index, model = tmp_path / "frames", tmp_path / "index", tmp_path / "model"
+    shutil.copytree(world["frames"], frames)
+    shutil.copytree(test_index["ts2net"], index)
+    shutil.copytree(models["alpro"], model)
+    shard = _link_out(sorted((frames / "shards").iterdir())[0], tmp_path / "elsewhere.parquet")
+    args = ["--config", str(TINY), *FULL]
+    assert (
+        main(["index", "--model", models["alpro"], "--frames", str(frames), "--out", str(tmp_path / "i"), *args]) == 2
+    )
+    said = f"the frames store {frames} holds a symbolic link, shards/{shard.name} -> {tmp_path}/elsewhere.parquet"
+    assert capsys.readouterr().err == f"vlp index: error: {said}: vlp never writes one there, so it is refused " \
+                                      "(replace it with the file itself)\n"  # fmt: skip
+    assert not (tmp_path / "i").exists()
+    data = sorted((index / "clips.lance" / "data").iterdir())[0]
+    _link_out(data, tmp_path / data.name)
+    assert main(["search", "--index", str(index), "--config", str(TINY), "a star", *FULL]) == 2
+    assert capsys.readouterr().err.startswith(f"vlp search: error: the index {index} holds a symbolic link, "
+                                              f"clips.lance/data/{data.name} -> ")  # fmt: skip
+    weights = next(model.rglob("*.safetensors"))
+    _link_out(weights, tmp_path / "weights.safetensors")
+    with pytest.raises(storage.LinkError, match=f"the model directory {model} holds a symbolic link, "):
+        directory.describe(str(model))
+    (model / "tokenizer").rename(tmp_path / "tokenizer")
+    (model / "tokenizer").symlink_to(tmp_path / "tokenizer")  # a directory linked in: refused as well
+    weights.unlink()
+    shutil.copy(tmp_path / "weights.safetensors", weights)
+    with pytest.raises(storage.LinkError, match=r"holds a symbolic link, tokenizer -> "):
+        directory.describe(str(model))

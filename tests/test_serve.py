@@ -6,6 +6,7 @@ the same routes and a small answerer defined here (answers computed from the que
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import math
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # re-ranking stops at the third candidate, so hits past it have no score (null / NaN on the wire)
 OVERRIDES = ["retrieval.rerank_k=3", "index.candidates=64", "retrieval.num_workers=0"]
 NAME = "vlp-search"
+LIMIT = "at most 1000 are taken (index.max_text_chars)"
 LISTENING = re.compile(r"vlp serve: listening on (http://127\.0\.0\.1:\d+)")
 
 
@@ -62,11 +64,18 @@ def index(tiny_world, tmp_path_factory) -> str:
     return build_index(tiny_world, tmp_path_factory.mktemp("serve"))
 
 
-class Server:
-    """``vlp serve`` in a subprocess, its log in a file; :attr:`url` once it listens."""
+TOKEN = "test-token-0123456789abcdef"  # the module's server requires it (VLP_SERVE_TOKEN)
 
-    def __init__(self, log: Path, *args: str, sigint: Any = signal.SIG_DFL) -> None:
+
+class Server:
+    """``vlp serve`` in a subprocess, its log in a file; :attr:`url` once it listens. ``token``: its
+    ``VLP_SERVE_TOKEN`` (None: unset)."""
+
+    def __init__(self, log: Path, *args: str, sigint: Any = signal.SIG_DFL, token: str | None = None) -> None:
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([str(ROOT / "src"), str(ROOT)]))
+        env.pop("VLP_SERVE_TOKEN", None)
+        if token is not None:
+            env["VLP_SERVE_TOKEN"] = token
         self.log = log
         with open(log, "wb") as fh:
             cmd = [sys.executable, "-m", "vlp.cli", "serve", *args, "--config", str(TINY), *OVERRIDES]
@@ -98,7 +107,7 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(index, tmp_path_factory) -> Iterator[Server]:
-    srv = Server(tmp_path_factory.mktemp("serve_log") / "serve.log", "--index", index, "--port", "0")
+    srv = Server(tmp_path_factory.mktemp("serve_log") / "serve.log", "--index", index, "--port", "0", token=TOKEN)
     srv.wait_listening()
     yield srv
     if srv.proc.poll() is None:
@@ -106,10 +115,13 @@ def server(index, tmp_path_factory) -> Iterator[Server]:
         srv.proc.wait(10)
 
 
-def call(url: str, body: Any = None) -> tuple[int, Any, bytes]:
-    """``(status, headers, body)`` of a GET, or of a POST of the JSON ``body``."""
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+def call(url: str, body: Any = None, auth: str | None = f"Bearer {TOKEN}", raw: bytes | None = None,
+         method: str | None = None) -> tuple[int, Any, bytes]:  # fmt: skip
+    """``(status, headers, body)`` of a GET, or of a POST of the JSON ``body`` (or of the bytes ``raw``), with the
+    ``Authorization`` header ``auth`` (None: none)."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
+    headers = {"Content-Type": "application/json"} | ({"Authorization": auth} if auth else {})
+    request = urllib.request.Request(url, data=data, headers=headers, method=method)
     try:
         with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, response.headers, response.read()
@@ -117,8 +129,8 @@ def call(url: str, body: Any = None) -> tuple[int, Any, bytes]:
         return exc.code, exc.headers, exc.read()
 
 
-def get_json(url: str, body: Any = None) -> tuple[int, Any]:
-    status, headers, raw = call(url, body)
+def get_json(url: str, body: Any = None, **kwargs: Any) -> tuple[int, Any]:
+    status, headers, raw = call(url, body, **kwargs)
     assert headers.get("Content-Type", "").startswith("application/json"), (status, raw[:200])
     return status, json.loads(raw)
 
@@ -236,7 +248,7 @@ def test_bad_requests_get_a_4xx_and_one_line(server):
             "query k: Input should be a valid integer, unable to parse string as an integer",
         ),
         (search + "k=3", 422, "query q: Field required"),
-        (search + "q=" + "a" * 1001, 400, "the query is 1001 characters long; at most 1000 are taken"),
+        (search + "q=" + "a" * 1001, 400, f"the query is 1001 characters long; {LIMIT}"),
         (f"{url}/api/clips/no-such-clip/thumbnail.jpg", 404, "no clip 'no-such-clip' in the index"),
     ]
     for target, status, message in cases:
@@ -273,6 +285,101 @@ def test_bad_requests_get_a_4xx_and_one_line(server):
     log = server.text()
     assert "GET /api/search: 400 k must be an integer in 1..1000, got 0" in log  # logged server-side
     assert "Internal Server Error" not in log and " 500 " not in log
+
+
+def test_text_that_is_not_text_and_requests_that_are_not_http_get_one_line(server):
+    """Lone surrogates in JSON strings (what a non-UTF-8 byte becomes), bodies that are not UTF-8 or not JSON, a
+    request line over uvicorn's limits, an unknown route: 4xx and ``{"error": ...}`` each, never a 500."""
+    url, infer = server.url, f"{server.url}/v2/models/{NAME}/infer"
+    byte = "the query is not valid UTF-8: the byte 0x80 at character 2 is not text"
+    assert get_json(infer, v2(["a \udc80 star"])) == (400, {"error": byte})
+    status, got = get_json(f"{url}/v1/models/{NAME}:predict", {"instances": [{"text": "a \udc80 star"}]})
+    assert status == 400 and "surrogate" in got["error"], got  # KServe's JSON parser (orjson) refuses it first
+    assert get_json(f"{url}/api/search?q=" + urllib.parse.quote("a \ud800", errors="surrogatepass"))[0] == 200
+    for raw in (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\xff"]}]}', b"{not json"):
+        for target in (infer, f"{url}/v1/models/{NAME}:predict", f"{url}/api/answer"):
+            status, headers, body = call(target, raw=raw)
+            assert 400 <= status < 500 and headers["Content-Type"] == "application/json", (target, raw, body)
+            assert list(json.loads(body)) == ["error"] and "\n" not in json.loads(body)["error"], (target, body)
+    status, got = get_json(f"{url}/api/search?q=" + "a" * (1 << 20))
+    assert status == 400 and got["error"].startswith("not a valid HTTP request"), got
+    assert get_json(f"{url}/no/such/route") == (404, {"error": "Not Found"})
+    assert get_json(f"{url}/api/search?q=star", raw=b"{}") == (405, {"error": "Method Not Allowed"})
+    assert get_json(f"{url}/api/search?q=a+star&k=2")[0] == 200  # still serving
+    log = server.text()
+    assert "Traceback" not in log and " 500 " not in log and "TypeError" not in log
+
+
+@pytest.mark.parametrize("shape", [[-1], [], [1, 1], [0], [2]], ids=str)
+def test_oip_inputs_are_checked_against_the_declared_metadata(server, shape):
+    infer = f"{server.url}/v2/models/{NAME}/infer"
+    status, meta = get_json(f"{server.url}/v2/models/{NAME}")
+    assert status == 200 and meta["inputs"] == [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+    body = v2(["a star"])
+    body["inputs"][0]["shape"] = shape
+    status, got = get_json(infer, body)
+    assert status in (400, 422) and list(got) == ["error"], got
+    if shape == [2]:
+        assert got == {"error": 'the input "text" does not hold as many texts as its shape [2] says'}
+    elif status == 400:
+        assert got["error"] == f'the input "text" must have shape [n], n >= 1 (one query each); got {shape}'
+    two = v2(["a star"])
+    two["inputs"].append({"name": "text", "datatype": "BYTES", "shape": [1], "data": ["a square"]})
+    said = "expected one input tensor, \"text\" (BYTES, shape [n]); got 2: ['text', 'text']"
+    assert get_json(infer, two) == (400, {"error": said})
+
+
+def basic(user: str, password: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+
+
+def test_without_the_token_only_the_health_probes_answer(server):
+    url = server.url
+    for path in ("/healthz", "/v2/health/live", "/v2/health/ready"):
+        assert call(url + path, auth=None)[0] == 200, path
+    wrong = [None, "Bearer wrong-token-0123456789", "Bearer", basic("user", "wrong"), basic("", TOKEN[:-1]),
+             "Basic !!not-base64", f"Token {TOKEN}", TOKEN]  # fmt: skip
+    routes = [("/api/search?q=star", None), ("/", None), (f"/v2/models/{NAME}/infer", v2(["star"])),
+              (f"/v1/models/{NAME}:predict", {"instances": [{"text": "star"}]}), ("/openapi.json", None),
+              (f"/v2/models/{NAME}", None), ("/metrics", None), ("/api/answer", {"video_id": "v", "question": "q"}),
+              (f"/v2/repository/models/{NAME}/unload", {})]  # fmt: skip
+    for path, body in routes:
+        for auth in wrong:
+            status, headers, raw = call(url + path, body, auth=auth)
+            assert status == 401 and headers["WWW-Authenticate"].startswith('Basic realm="vlp serve"'), (path, auth)
+            assert json.loads(raw)["error"].endswith("send the token of VLP_SERVE_TOKEN as 'Authorization: Bearer "
+                                                     "<token>' or as basic auth's password"), raw  # fmt: skip
+    assert get_json(f"{url}/api/search?q=star&k=2", auth=basic("anyone", TOKEN))[0] == 200
+    assert call(url + "/", auth=basic("", TOKEN))[0] == 200  # the page, as a browser asks for it
+    assert "401 no credential" in server.text() and TOKEN not in server.text()
+
+
+def test_no_route_takes_the_model_offline(server):
+    """KServe's model-repository routes are not mounted: unload (and load) are 404, and the model keeps serving."""
+    url = server.url
+    for action in ("unload", "load"):
+        assert get_json(f"{url}/v2/repository/models/{NAME}/{action}", {}) == (404, {"error": "Not Found"})
+    assert get_json(f"{url}/v2/models/{NAME}/ready") == (200, {"name": NAME, "ready": True})
+    assert get_json(f"{url}/healthz")[0] == 200
+    status, got = get_json(f"{url}/v2/models/{NAME}/infer", v2(["a star"], 2))
+    assert status == 200 and got["outputs"][0]["shape"] == [1, 2]
+
+
+def test_a_token_is_taken_from_the_environment_and_checked():
+    from vlp.serve.auth import presented, token_from
+
+    assert token_from({}) is None
+    assert token_from({"VLP_SERVE_TOKEN": TOKEN}) == TOKEN
+    for bad, reason in [("", "set but empty"), ("short", "holds 5 characters: a token needs at least 16"),
+                        ("a token with spaces", "not printable ASCII"),
+                        ("t\u00f6ken-0123456789abcdef", "ASCII")]:  # fmt: skip
+        with pytest.raises(ValueError, match=reason) as err:
+            token_from({"VLP_SERVE_TOKEN": bad})
+        assert not bad or bad not in str(err.value)
+    assert presented(b"Bearer abc") == b"abc" and presented(b"bearer  abc ") == b"abc"
+    assert presented(basic("u", "p:q").encode()) == b"p:q"  # a password may hold a colon; the user name may not
+    assert presented(b"Basic " + base64.b64encode(b"no-colon")) is None
+    assert presented(b"Digest abc") is None and presented(b"Bearer") is None
 
 
 def test_the_openapi_spec_covers_the_routes(server):
@@ -333,13 +440,17 @@ def test_the_answer_route_asks_the_answerer_it_is_given(index):
         for body, status, message in [
             ({"video_id": "nope", "question": "why?"}, 404, "the QA model has no clip 'nope'"),
             ({"video_id": clip, "question": " ? "}, 400, "the question has no words"),
-            ({"video_id": clip, "question": ""}, 400, "the question is empty"),
+            ({"video_id": clip, "question": ""}, 400, "the question is empty: give the question to answer"),
             ({"video_id": clip, "question": "why?", "k": 0}, 400, "k must be an integer in 1..1000, got 0"),
-            ({"video_id": clip, "question": "q" * 1001}, 400,
-             "the question is 1001 characters long; at most 1000 are taken"),
+            ({"video_id": clip, "question": "q" * 1001}, 400, f"the question is 1001 characters long; {LIMIT}"),
+            ({"video_id": clip, "question": "why \udc80?"}, 400,
+             "the question is not valid UTF-8: the byte 0x80 at character 4 is not text"),
+            ({"video_id": clip, "question": "\ud800"}, 400,
+             "the question is not valid UTF-8: a lone surrogate U+D800 at character 0"),
             ({"question": "why?"}, 422, "body video_id: Field required"),
         ]:  # fmt: skip
-            got = client.post("/api/answer", json=body)
+            # as ASCII JSON: a lone surrogate is spelled "\\udc80", as a client that escapes it sends it
+            got = client.post("/api/answer", content=json.dumps(body), headers={"Content-Type": "application/json"})
             assert (got.status_code, got.json()) == (status, {"error": message}), body
         assert client.get("/healthz").json() == {"status": "ok", "model": NAME, "qa_model": True, "clips": 20,
                                                  "family": "alpro", "kind": "alpro_retrieval"}  # fmt: skip

@@ -447,6 +447,10 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    invalid = _invalid_argument(args)
+    if invalid:  # bytes that are not UTF-8 (sys.argv holds them as lone surrogates): refused before anything runs
+        print(f"vlp {args.command}: error: {invalid}", file=sys.stderr)
+        return 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -477,6 +481,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     print(json.dumps(summary, indent=2, sort_keys=True, default=str))
     return 0
+
+
+def _invalid_argument(args: argparse.Namespace) -> str | None:
+    """What is wrong with the first argument that is not valid UTF-8 text (:func:`vlp.text.invalid_utf8`), or None."""
+    from vlp.text import invalid_utf8
+
+    for name, value in vars(args).items():
+        for item in value if isinstance(value, list) else [value]:
+            problem = invalid_utf8(item) if isinstance(item, str) else None
+            if problem:
+                return f"the argument {name} {problem}"
+    return None
 
 
 def _signal_exception(signum: int) -> KeyboardInterrupt:

@@ -301,7 +301,7 @@ RANGES: dict[str, dict[str, Range]] = {
     "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
     "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},
     "index": {"max_token_floats": at_least(0, " (0 = never store tokens)"), "ann_min_rows": COUNT,
-              "ann_rebuild_share": SHARE, "candidates": COUNT},
+              "ann_rebuild_share": SHARE, "candidates": COUNT, "max_text_chars": COUNT},
 }  # fmt: skip
 
 

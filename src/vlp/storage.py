@@ -481,6 +481,42 @@ def is_below(directory: str | os.PathLike[str], path: str | os.PathLike[str]) ->
     return target != base and os.path.commonpath([base, target]) == base
 
 
+class LinkError(ValueError):
+    """A store or model directory holds a symbolic link: what vlp wrote there is never one, so a link is something
+    put in afterwards that could lead reads anywhere on the machine."""
+
+
+def refuse_links(root: str | os.PathLike[str], what: str) -> None:
+    """Refuse a local ``root`` (a frames store, an index, a model directory, a checkpoint) that holds a symbolic link
+    anywhere below it, to a file or a directory, whether it points inside or out: vlp's steps never write one, so a
+    link is a file replaced after the fact, and reading through it would read whatever it names. ``root`` itself may
+    be a link (it is the caller's own argument). A root that does not exist passes (the caller says what is missing).
+    On S3 there are no links: a key is read as itself, and readers take only the key names their writer makes.
+
+    Raises:
+        LinkError: naming ``what``, the link (relative to ``root``) and where it points.
+    """
+    root = str(root)
+    if is_s3(root):
+        return
+    pending = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            if entry.is_symlink():
+                where = os.path.relpath(entry.path, root)
+                raise LinkError(
+                    f"the {what} {root} holds a symbolic link, {where} -> {os.readlink(entry.path)}: vlp never "
+                    f"writes one there, so it is refused (replace it with the file itself)"
+                )
+            if entry.is_dir(follow_symlinks=False):
+                pending.append(entry.path)
+
+
 def local_path_under(directory: str | os.PathLike[str], relative: str) -> str:
     """``directory/relative`` for a key-derived relative path, refusing one that climbs out (``..``, absolute).
 

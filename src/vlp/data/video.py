@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+MIN_VIDEO_FRAMES = 2  # fewer decoded frames is a still image, whatever the container says
 
 
 class VideoError(RuntimeError):
@@ -93,8 +94,10 @@ def probe(path: str) -> VideoInfo:
     """Measure a video (or still image) and prove it decodes: first and last frame are decoded.
 
     What a file is comes from its bytes, not its name: a file named as a video must be a video container
-    (a PNG renamed ``.mp4`` is refused, see :func:`container_problem`); a file with an image suffix
-    (:data:`IMAGE_SUFFIXES`) must be an image Pillow decodes, and is a *still image*: one frame, no fps.
+    (a PNG renamed ``.mp4`` is refused, see :func:`container_problem`) and decode to at least
+    :data:`MIN_VIDEO_FRAMES` frames over a positive duration, whatever the container (a one-frame GIF or mp4 is
+    refused; an animated GIF is a video); a file with an image suffix (:data:`IMAGE_SUFFIXES`) must be an image Pillow
+    decodes, and is a *still image*: one frame, no fps.
     """
     if not os.path.exists(path):
         raise VideoError(f"missing file: {path}")
@@ -106,14 +109,45 @@ def probe(path: str) -> VideoInfo:
     if problem:
         raise VideoError(problem)
     try:
-        return _probe_decord(path)
+        info = _probe_decord(path)
     except Exception as decord_exc:  # decord raises its own DECORDError and RuntimeError
         try:
-            return _probe_pyav(path)
+            info = _probe_pyav(path)
         except Exception as av_exc:
             raise VideoError(
                 f"not decodable: decord: {short_reason(decord_exc)}; pyav: {short_reason(av_exc)}"
             ) from av_exc
+    if info.num_frames < MIN_VIDEO_FRAMES or not info.duration_s > 0:
+        frames = f"{info.num_frames} frame{'s' if info.num_frames != 1 else ''}"
+        raise VideoError(
+            f"not a video: {what_it_is(path)}, {frames} and {info.duration_s:g} s; a video has at least "
+            f"{MIN_VIDEO_FRAMES} frames and a positive duration (a still image needs an image suffix {IMAGE_SUFFIXES})"
+        )
+    return info
+
+
+def what_it_is(path: str) -> str:
+    """What the file at ``path`` is by its bytes, for a reject reason: ``a GIF image``, ``an animated WebP image``,
+    ``an h264 stream in ffmpeg's mov,mp4,m4a,3gp,3g2,mj2 container``, or ``a file neither Pillow nor ffmpeg reads``."""
+    try:
+        from PIL import Image
+
+        with Image.open(path) as img:  # identifies by magic bytes, whatever the name; reads the header only
+            kind, frames = img.format or "unknown", int(getattr(img, "n_frames", 1))
+        if frames > 1:
+            return f"an animated {kind} image of {frames} frames"
+        return f"{'an' if kind[:1] in 'AEIOU' else 'a'} {kind} image"
+    except Exception:  # Pillow does not know it: ask ffmpeg
+        pass
+    try:
+        import av
+
+        with av.open(path) as container:
+            codecs = [s.codec_context.name for s in container.streams.video]
+            where = f"ffmpeg's {container.format.name} container"
+    except Exception:
+        return "a file neither Pillow nor ffmpeg reads"
+    return f"a {codecs[0]} stream in {where}" if codecs else f"no video stream in {where}"
 
 
 def container_problem(path: str) -> str | None:
@@ -130,6 +164,12 @@ def container_problem(path: str) -> str | None:
         return None
     if any(n in _IMAGE_DEMUXERS or n.endswith(_IMAGE_DEMUXER_SUFFIX) for n in names):
         codec = codecs[0] if codecs else "no codec"
+        what = what_it_is(path)
+        if what.startswith("an animated "):  # ffmpeg's image demuxers read one picture of it, not its animation
+            return (
+                f"not a video: {what} under a video name (read by ffmpeg's {container.format.name} demuxer as one "
+                "still picture); convert it to a video container (mp4, webm) to use its frames"
+            )
         return (
             f"not a video: a still image ({codec}, read by ffmpeg's {container.format.name} demuxer) under a video "
             f"name; give it an image suffix {IMAGE_SUFFIXES} to use it as a one-frame clip"

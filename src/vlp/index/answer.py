@@ -54,6 +54,7 @@ from vlp import storage
 from vlp.config import Config
 from vlp.data.video_text import VideoTextDataset
 from vlp.index.query import MAX_K
+from vlp.text import checked_text
 
 log = logging.getLogger("vlp")
 
@@ -243,12 +244,12 @@ class Answerer:
         ``(T, 3, H, W)`` clip ``video``, most probable first (ties in vocabulary order).
 
         Raises:
-            ValueError: an empty question, or ``k`` outside ``1..MAX_K``.
+            ValueError: a question that is empty, not valid UTF-8 or over ``index.max_text_chars`` characters
+                (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
         from vlp.steps.evaluate import answer_probabilities, question_tokens
 
-        if not question.strip():
-            raise ValueError("the question is empty: give the question to answer")
+        checked_text(question, "question", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")
         enc = question_tokens(self.tok, [question], self.length)
@@ -263,13 +264,13 @@ class Answerer:
 
     def answer(self, clip: str, question: str, k: int = 5) -> list[Answer]:
         """:meth:`answer_clip` of :meth:`clip`; the question is checked before the clip is read."""
-        if not question.strip():
-            raise ValueError("the question is empty: give the question to answer")
+        checked_text(question, "question", self.cfg.index.max_text_chars)
         return self.answer_clip(self.clip(clip), question, k)
 
 
 def answer(
     model: str, clip: str, question: str, k: int, cfg: Config, frames: str = "", index: str = ""
 ) -> list[Answer]:
-    """:meth:`Answerer.answer` once (the model loaded for this question alone)."""
+    """:meth:`Answerer.answer` once (the model loaded for this question alone; the question checked before it is)."""
+    checked_text(question, "question", cfg.index.max_text_chars)
     return Answerer(model, cfg, frames=frames, index=index).answer(clip, question, k)

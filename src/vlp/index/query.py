@@ -19,6 +19,7 @@ import torch
 
 from vlp.config import Config
 from vlp.index.store import ClipIndex, fingerprint, precision_of
+from vlp.text import checked_text
 
 MAX_K = 1000
 
@@ -78,14 +79,14 @@ class Searcher:
         """The ``k`` best clips for ``query``, best first.
 
         Raises:
-            ValueError: an empty query, or ``k`` outside ``1..MAX_K``.
+            ValueError: a query that is empty, not valid UTF-8 or over ``index.max_text_chars`` characters
+                (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
         from vlp.eval.retrieval import topk_rerank
         from vlp.models.family import Encoded, pair_scorer_of
         from vlp.steps.encode import encode_texts, pair_scorer
 
-        if not query.strip():
-            raise ValueError("the query is empty: give the text to search for")
+        checked_text(query, "query", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")
         rc, fam, net, precision = self.cfg.retrieval, self.fam, self.net, self.precision
@@ -127,5 +128,6 @@ class Searcher:
 
 
 def search(index: str, query: str, k: int, cfg: Config) -> list[Hit]:
-    """:meth:`Searcher.search` once (the model loaded for this query alone)."""
+    """:meth:`Searcher.search` once (the model loaded for this query alone; the query checked before it is)."""
+    checked_text(query, "query", cfg.index.max_text_chars)
     return Searcher(index, cfg).search(query, k)

@@ -195,6 +195,7 @@ class ClipIndex:
         if not cls.exists(uri):
             raise FileNotFoundError(f"{uri} holds no clip index: make one with `vlp index --model M --frames F "
                                     f"--out {uri}`")  # fmt: skip
+        storage.refuse_links(uri, "index")
         return cls._of(uri, _connect(uri).open_table(TABLE))
 
     @classmethod

@@ -145,6 +145,7 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
         ValueError: an unknown format or kind, a kind not in ``kinds``, or no checkpoint (the step that wrote
             it did not finish).
         ManifestError: the checkpoint path leaves the directory.
+        LinkError: the directory holds a symbolic link (:func:`vlp.storage.refuse_links`).
     """
     from vlp.data import manifest
     from vlp.models import family as families
@@ -154,6 +155,7 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
         raise FileNotFoundError(
             f"{doc_uri} does not exist: pass the output of `vlp pretrain`, `vlp finetune-*` or `vlp import-checkpoint`"
         )
+    storage.refuse_links(uri, "model directory")
     doc = json.loads(storage.read_text(doc_uri))
     if doc.get("format", FORMAT) != FORMAT:
         raise ValueError(f"{doc_uri}: model directory format {doc.get('format')!r}; this vlp reads format {FORMAT}")

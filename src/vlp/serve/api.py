@@ -4,13 +4,16 @@
 ``GET /api/clips/{video_id}/thumbnail.jpg``, ``GET /api/clips/{video_id}/frames/{slot}.jpg``, ``POST /api/answer``,
 ``GET /healthz``, and ``GET /``: a page that searches, shows a hit's frames and asks about it (``page.html``, no
 assets from elsewhere) (docs/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server
-logs that line: a blank or over-long query or question (400), ``k`` outside 1..1000 (400), a parameter or body field
-of the wrong type or missing (422, for KServe's routes too), an unknown clip or frame (404), ``/api/answer`` without
-a QA model (404), and a request body over :data:`MAX_BODY` bytes (413, on every route).
+logs that line: a blank or over-long query or question, or one that is not valid UTF-8 (400), ``k`` outside 1..1000
+(400), a parameter or body field of the wrong type or missing (422, for KServe's routes too), an unknown clip or
+frame (404), an unknown route (404) or method (405), ``/api/answer`` without a QA model (404), a request body over
+:data:`MAX_BODY` bytes (413, on every route), a missing or wrong token where the server has one (401,
+:mod:`vlp.serve.auth`), and a request uvicorn cannot parse (400, :class:`vlp.serve.server.OneLineErrors`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -20,15 +23,19 @@ from fastapi import APIRouter, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vlp.index.query import MAX_K
-from vlp.serve.model import DEFAULT_K, MAX_QUERY_CHARS, Answerer, SearchModel, check_text
+from vlp.serve.auth import RequireToken
+from vlp.serve.model import DEFAULT_K, Answerer, SearchModel
+from vlp.text import MAX_TEXT_CHARS, checked_text
 
 log = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024  # bytes of a request body
 PAGE = Path(__file__).with_name("page.html")
 DEFAULT_ANSWERS = 5
+_AT_MOST = f"at most index.max_text_chars characters ({MAX_TEXT_CHARS} by default)"
 
 
 class ApiError(Exception):
@@ -58,7 +65,7 @@ class SearchOut(BaseModel):
 
 class AnswerIn(BaseModel):
     video_id: str = Field(description="the clip's id, as a search hit names it")
-    question: str = Field(description=f"the question, at most {MAX_QUERY_CHARS} characters")
+    question: str = Field(description=f"the question, {_AT_MOST}")
     k: int = Field(DEFAULT_ANSWERS, description=f"answers to return, 1..{MAX_K}")
 
 
@@ -91,10 +98,11 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     return {code: {"model": Error} for code in codes}
 
 
-def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = None) -> None:
+def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = None, token: str | None = None) -> None:
     """Add the JSON API to ``app`` (KServe's app in ``vlp serve``; any FastAPI app works): its routes searching
-    through ``model`` and answering through ``answerer`` (none: ``POST /api/answer`` is 404), the body size limit
-    and the one-line error responses."""
+    through ``model`` and answering through ``answerer`` (none: ``POST /api/answer`` is 404), the body size limit,
+    the one-line error responses and, with a ``token``, authentication of every route but the health probes
+    (:mod:`vlp.serve.auth`)."""
     router = APIRouter(tags=["vlp"])
 
     @router.get("/healthz", response_model=Health, responses=_errors(503))
@@ -153,7 +161,7 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
 
     @router.get("/api/search", response_model=SearchOut, responses=_errors(400, 422))
     async def search(
-        q: str = Query(description=f"the text to search for, at most {MAX_QUERY_CHARS} characters"),
+        q: str = Query(description=f"the text to search for, {_AT_MOST}"),
         k: int = Query(DEFAULT_K, description=f"hits to return, 1..{MAX_K}"),
     ) -> Any:
         """The ``k`` clips that best match ``q``, best first, as ``vlp search`` ranks them."""
@@ -185,7 +193,7 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
         if answerer is None:
             raise ApiError(404, "no QA model loaded: start vlp serve with --qa-model")
         try:
-            check_text(body.question, "question")
+            checked_text(body.question, "question", model.cfg.index.max_text_chars)
             if not 1 <= body.k <= MAX_K:
                 raise ValueError(f"k must be an integer in 1..{MAX_K}, got {body.k}")
             answers = await model.run(answerer.answer, body.video_id, body.question, body.k)
@@ -198,7 +206,10 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
     app.include_router(router)
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_middleware(BodyLimit, limit=MAX_BODY)
+    if token is not None:  # outside the body limit: a request without the token is refused before its body is read
+        app.add_middleware(RequireToken, token=token)
 
 
 def log_client_errors_in_one_line(app: FastAPI) -> None:
@@ -236,6 +247,16 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     place = " ".join(str(part) for part in first.get("loc", ()))
     more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
     return _respond(request, 422, f"{place}: {first.get('msg')}{more}" if place else f"{first.get('msg')}{more}")
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (no such route: 404, a method it does not take: 405, a body that is not JSON where
+    KServe reads one) as one line, ``{"error": ...}`` like every other refusal, not ``{"detail": ...}``."""
+    assert isinstance(exc, StarletteHTTPException)
+    detail = exc.detail if isinstance(exc.detail, str) else json.dumps(exc.detail, default=str)
+    response = _respond(request, exc.status_code, " ".join(detail.split()))
+    response.headers.update(exc.headers or {})
+    return response
 
 
 class BodyLimit:

@@ -23,11 +23,12 @@ import numpy as np
 from vlp.config import Config
 from vlp.index.query import Hit, Searcher
 from vlp.serve.sdk import InferOutput, InferRequest, InferResponse, InvalidInput, Model
+from vlp.text import checked_text
 
 NAME = "vlp-search"
 DEFAULT_K = 10
-MAX_QUERY_CHARS = 1000  # a query, or a question, longer than this is refused
 MAX_QUERIES = 64  # texts in one inference request
+INPUT = {"name": "text", "datatype": "BYTES", "shape": [-1]}  # the one v2 input tensor, as the metadata declares it
 
 T = TypeVar("T")
 
@@ -41,20 +42,6 @@ class Answerer(Protocol):
     """
 
     def answer(self, video_id: str, question: str, k: int) -> list[dict[str, Any]]: ...
-
-
-def check_text(text: str, what: str = "query") -> str:
-    """``text`` if it is at most :data:`MAX_QUERY_CHARS` characters and not blank.
-
-    Raises:
-        ValueError: naming ``what`` (``query`` or ``question``) and the limit.
-    """
-    if not text.strip():  # a query's message is Searcher.search's own
-        hint = ": give the text to search for" if what == "query" else ""
-        raise ValueError(f"the {what} is empty{hint}")
-    if len(text) > MAX_QUERY_CHARS:
-        raise ValueError(f"the {what} is {len(text)} characters long; at most {MAX_QUERY_CHARS} are taken")
-    return text
 
 
 class SearchModel(Model):
@@ -75,7 +62,7 @@ class SearchModel(Model):
         return self.ready
 
     def get_input_types(self) -> list[dict[str, Any]]:
-        return [{"name": "text", "datatype": "BYTES", "shape": [-1]}]
+        return [dict(INPUT)]
 
     def get_output_types(self) -> list[dict[str, Any]]:
         return [
@@ -97,14 +84,15 @@ class SearchModel(Model):
         """The hits of each query, as :meth:`Searcher.search` ranks them.
 
         Raises:
-            ValueError: a query that is empty or too long, too many queries, or ``k`` outside 1..1000.
+            ValueError: a query that is empty, not valid UTF-8 or too long (:func:`vlp.text.checked_text`), too many
+                queries, or ``k`` outside 1..1000.
         """
         if self.searcher is None:
             raise RuntimeError("the model is not loaded: call load() first")
         if not queries or len(queries) > MAX_QUERIES:
             raise ValueError(f"expected 1..{MAX_QUERIES} texts, got {len(queries)}")
         for query in queries:
-            check_text(query)
+            checked_text(query, "query", self.cfg.index.max_text_chars)
         searcher = self.searcher
         return await self.run(lambda: [searcher.search(q, k) for q in queries])
 
@@ -132,16 +120,25 @@ class SearchModel(Model):
 
 
 def _v2_queries(request: Any) -> tuple[list[str], int]:
-    """The query texts and ``k`` of a v2 request."""
-    text = next((i for i in request.inputs if i.name == "text"), None)
-    if text is None:
+    """The query texts and ``k`` of a v2 request, its inputs checked against what the model's metadata declares
+    (:data:`INPUT`: one tensor ``text``, ``BYTES``, of rank 1 and at least one element)."""
+    names = [i.name for i in request.inputs]
+    if "text" not in names:
         raise ValueError('expected an input tensor "text" (BYTES, shape [n]: one query each)')
-    if text.datatype != "BYTES":
+    if names != ["text"]:
+        raise ValueError(f'expected one input tensor, "text" (BYTES, shape [n]); got {len(names)}: {names}')
+    text = request.inputs[0]
+    if text.datatype != INPUT["datatype"]:
         raise ValueError(f'the input "text" must be BYTES, got {text.datatype}')
+    shape = list(text.shape)
+    if len(shape) != 1 or isinstance(shape[0], bool) or not isinstance(shape[0], int) or shape[0] < 1:
+        raise ValueError(f'the input "text" must have shape [n], n >= 1 (one query each); got {shape}')
     try:
         values = text.as_numpy().reshape(-1).tolist()
     except ValueError:
         raise ValueError(f'the input "text" does not hold as many texts as its shape {text.shape} says') from None
+    if len(values) != shape[0]:
+        raise ValueError(f'the input "text" does not hold as many texts as its shape {text.shape} says')
     queries = []
     for value in values:
         if isinstance(value, bytes):

@@ -13,17 +13,27 @@ instead (:func:`vlp.serve.api.log_client_errors_in_one_line`).
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import logging
+import os
 import signal
 import socket
 from typing import Any
 
+from starlette.responses import JSONResponse
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
 from vlp.config import Config
 from vlp.serve.api import add_routes, log_client_errors_in_one_line
+from vlp.serve.auth import TOKEN_ENV, token_from
 from vlp.serve.model import NAME, Answerer, SearchModel
 from vlp.serve.sdk import FASTAPI_APP_IMPORT_STRING, ModelServer, RESTServer, app
 
 log = logging.getLogger(__name__)
+
+
+REPOSITORY_ROUTES = "/v2/repository/"  # KServe's model-repository extension: load and unload a model by name
 
 
 class _RESTServer(RESTServer):
@@ -32,6 +42,40 @@ class _RESTServer(RESTServer):
     def _add_exception_handlers(self, app: Any) -> None:
         super()._add_exception_handlers(app)
         log_client_errors_in_one_line(app)
+
+
+class NoModelRepository:
+    """ASGI middleware: KServe's model-repository routes (``/v2/repository/...``) answer 404, as a route that does
+    not exist does.
+
+    ``POST /v2/repository/models/{name}/unload`` takes the model out of the registry, after which every inference
+    route is 404 and ``/load`` cannot bring a custom model like this one back (it reloads from a model directory
+    KServe manages, which ``vlp serve`` has none of): its only use to a caller is to take the server offline. KServe
+    mounts the routes whenever it mounts the v2 protocol, so they are closed here, in front of them; a new index is
+    served by restarting (a rollout of the InferenceService)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith(REPOSITORY_ROUTES):
+            log.warning("%s %s: 404 not served (no model-repository routes)", scope.get("method"), scope.get("path"))
+            await JSONResponse({"error": "Not Found"}, status_code=404)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class OneLineErrors(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    """uvicorn's HTTP protocol, answering a request it cannot parse (a request line or header over its limits,
+    bytes that are not HTTP) as every refusal of ``vlp serve`` is answered: 400 and ``{"error": ...}``, not
+    plain text."""
+
+    def send_400_response(self, msg: str) -> None:
+        body = json.dumps({"error": f"not a valid HTTP request: {msg}"}).encode()
+        log.warning("request: 400 not a valid HTTP request: %s", msg)
+        head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
+        self.transport.close()
 
 
 class IndexAnswerer:
@@ -92,9 +136,11 @@ def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", 
     only if the HTTP server stops on its own, which its startup failing does.
 
     Raises:
-        ValueError: the address cannot be bound, or the model or index is refused (:class:`Searcher`'s errors).
+        ValueError: the address cannot be bound, ``VLP_SERVE_TOKEN`` is not a usable token, or the model or index
+            is refused (:class:`Searcher`'s errors).
         FileNotFoundError: there is no index at ``index``.
     """
+    token = token_from(os.environ)
     sock = listen(host, port)
     try:
         model = SearchModel(index, cfg, NAME)
@@ -103,9 +149,14 @@ def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", 
         bound = sock.getsockname()[1]
         server = ModelServer(http_port=bound, enable_grpc=False)
         server.register_model(model)
-        add_routes(app, model, answerer)
+        app.add_middleware(NoModelRepository)  # inside the token check that add_routes adds
+        add_routes(app, model, answerer, token=token)
         rest = _RESTServer(FASTAPI_APP_IMPORT_STRING, server.dataplane, server.model_repository_extension, bound)
         rest.config.host = host  # uvicorn serves the socket bound above; this is what its log says
+        rest.config.http = OneLineErrors
+        if token is None and not ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
+            log.warning("vlp serve: %s is unset: anyone who reaches %s can search%s (docs/serve.md: Access)",
+                        TOKEN_ENV, host, " and ask" if answerer else "")  # fmt: skip
         url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
         log.info("vlp serve: listening on %s (model %s; %s/v2/models/%s/infer, %s/api/search?q=...)", url, NAME,
                  url, NAME, url)  # fmt: skip

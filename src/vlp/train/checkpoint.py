@@ -487,7 +487,9 @@ def load_checkpoint(
     Raises:
         DamagedCheckpointError: a file of ``uri`` is missing, truncated or unreadable (nothing was restored).
         CheckpointError: if ``uri`` is not a complete checkpoint or does not fit the objects.
+        LinkError: ``uri`` holds a symbolic link (:func:`vlp.storage.refuse_links`).
     """
+    storage.refuse_links(uri, "checkpoint")
     state = read_state(uri)
     # read and check every file before anything is restored: a damaged file leaves the objects untouched
     weights, _ = _read_safetensors(storage.join(uri, MODEL_FILE))

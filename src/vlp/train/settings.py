@@ -373,3 +373,5 @@ class IndexConfig:
     # it builds the ANN index again over every row (0 = always rebuild)
     ann_rebuild_share: float = 0.25
     candidates: int = 50  # clips the first stage hands the exact stage (at least -k of them)
+    # the longest query or question `vlp search`, `vlp answer` and `vlp serve` take, in characters (vlp.text)
+    max_text_chars: int = 1000

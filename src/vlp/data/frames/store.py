@@ -50,6 +50,7 @@ class FrameStore:
 
     def __init__(self, out: str, cache_shards: int = 2, cache_footers: int = 1024) -> None:
         self.out = out
+        storage.refuse_links(out, "frames store")
         uri = storage.join(out, INDEX)
         if not storage.exists(uri):
             raise FileNotFoundError(f"{uri} does not exist: run `vlp extract-frames --out {out}` first")
