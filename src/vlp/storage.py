@@ -560,10 +560,10 @@ def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) 
         if not os.path.exists(uri):
             raise FileNotFoundError(f"no such file: {uri}")
         if columns is None:  # read through read_bytes: counted in read_stats(), as on S3
-            return pq.read_table(pa.BufferReader(read_bytes(uri)))
+            return pq.read_table(pa.BufferReader(_arrow_owned(read_bytes(uri))))
         return pq.read_table(uri, columns=columns)
     if columns is None:
-        return pq.read_table(io.BytesIO(read_bytes(uri)))
+        return pq.read_table(pa.BufferReader(_arrow_owned(read_bytes(uri))))
     footer = parquet_footer(uri)
     names = footer.metadata.schema.to_arrow_schema().names
     missing = [c for c in columns if c not in names]
@@ -571,6 +571,21 @@ def read_parquet(uri: str | os.PathLike[str], columns: list[str] | None = None) 
         raise pa.ArrowInvalid(f"{uri}: no column(s) {missing}; it has {names}")
     table = read_row_groups(uri, list(range(footer.metadata.num_row_groups)), columns, footer)
     return table.replace_schema_metadata(footer.metadata.schema.to_arrow_schema().metadata)
+
+
+def _arrow_owned(data: bytes) -> pa.Buffer:
+    """``data`` copied into memory that Arrow allocated (no Python object behind it).
+
+    ``pq.read_table`` decodes on Arrow's thread pools, and a task there may drop its reference to the input buffer
+    after the read has returned. Were that buffer a Python ``bytes`` (``pa.BufferReader(bytes)``, ``io.BytesIO``), the
+    pool thread would take the GIL to release it; when that happens while the interpreter is finalizing (a command
+    that fails right after a read and exits), Python ends the thread inside Arrow's C++ destructor and the process
+    aborts ("terminate called without an active exception", exit 134) after printing its error. Memory Arrow owns is
+    released without the GIL.
+    """
+    buffer = pa.allocate_buffer(len(data))
+    memoryview(buffer).cast("B")[:] = data  # type: ignore[index]
+    return buffer
 
 
 def read_parquet_metadata(uri: str | os.PathLike[str]) -> dict[bytes, bytes]:
@@ -633,8 +648,10 @@ def read_row_groups(
         segments: list[tuple[int, bytes]] = []
         for start, end in _coalesce(spans):
             segments.append((start, read_range(uri, start, end - start)))
+        # on this thread: the file object is Python's, which a task left on Arrow's pools could outlive the read
+        # holding (see _arrow_owned); a clip's row group is small, and loaders read clips in worker processes
         with pq.ParquetFile(_Segments(uri, footer.size, segments), metadata=meta, pre_buffer=False) as pf:
-            return pf.read_row_groups(row_groups, columns=columns)
+            return pf.read_row_groups(row_groups, columns=columns, use_threads=False)
     except (FileNotFoundError, StorageError):
         raise
     except (pa.ArrowException, OSError, IndexError, KeyError) as exc:

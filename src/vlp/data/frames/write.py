@@ -110,7 +110,7 @@ def merge_parts(dataset: str, parts: Sequence[str], out: str, cfg: FramesConfig)
 
     Raises:
         ValueError: the parts are not one complete set (a part missing or twice, another count), were made
-            with other settings, or lack a planned shard (made from another dataset).
+            with other settings, lack a planned shard (made from another dataset), or lack a shard they list.
     """
     _validate(cfg)
     plans = _plan_shards(manifest.read(dataset, manifest.VIDEOS, manifest.VIDEO_SCHEMA), dataset, cfg)
@@ -132,7 +132,13 @@ def merge_parts(dataset: str, parts: Sequence[str], out: str, cfg: FramesConfig)
     copied = 0
     for plan in plans:
         if os.path.basename(plan.name) not in present:
-            storage.copy(storage.join(owner[plan.name], plan.name), storage.join(out, plan.name))
+            try:
+                storage.copy(storage.join(owner[plan.name], plan.name), storage.join(out, plan.name))
+            except FileNotFoundError:
+                raise ValueError(
+                    f"the part {owner[plan.name]} lacks {plan.name}, which its {PART} lists: the part was damaged "
+                    "after it ran; run that part again"
+                ) from None
             copied += 1
     return {**extract(dataset, out, cfg), "parts": len(found), "shards_copied": copied}  # every shard is present
 
