@@ -35,6 +35,17 @@ S3 faults              503s and connection resets on video reads: retried, nothi
                        the step naming the file, with no dataset written
 kill -9 + resume       a training process SIGKILLed after its 2nd checkpoint; the rerun ends bit-identical, and
                        ``metrics.jsonl`` holds each step once
+serve: credentials     ``vlp serve`` with ``VLP_SERVE_TOKEN``: 11 routes x 10 missing, wrong, malformed or misplaced
+                       credentials are 401 (one line); the model-repository routes (5 path variants) are 404 with the
+                       token; the probes stay open; the model still answers afterwards
+text that is not text  lone surrogates in v2 / v1 / JSON-API bodies, non-UTF-8 or non-JSON bodies, a 1 MB query;
+                       non-UTF-8 ``vlp search`` / ``vlp answer`` / ``vlp index`` arguments and overrides, a config file
+                       that is not UTF-8 or escapes a surrogate: 4xx ``{"error"}`` or exit 2, one line each
+links out of a store   a shard, a frames index, an index data or version file, model weights, ``model.json``, a
+                       tokenizer directory, a checkpoint file replaced by a symbolic link (out, or inside): refused
+a video is a video     a one-frame GIF, PNG, h264 mp4 and VP9 WebM and an animated WebP under video names: rejects
+                       naming what the file is; an animated GIF is kept
+refusals exit 2        200 runs each (two at a time) of the two error paths that aborted with 134 after their line
 =====================  =====================================================================================
 
 A case "crashes" when it raises where the design says it must not, "hangs" when it runs past its limit (it is
@@ -47,6 +58,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import shutil
@@ -56,12 +68,13 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from conftest import png_header, put, write_mp4  # noqa: E402
@@ -639,6 +652,307 @@ def kill_and_resume(tmp: Path) -> Outcome:
     return Outcome(1, int(same and doubled == 0), 6 - len(set(steps)) + doubled)
 
 
+def _tiny_index(tmp: Path) -> dict[str, str]:
+    """The tiny synthetic world ingested and frame-extracted, a random-init ALPRO retrieval model (tiny sizes) and the
+    index of its clips: ``{"dataset", "frames", "model", "index"}``."""
+    from vlp.config import load_config
+    from vlp.index.build import index_clips
+    from vlp.models import directory, family
+    from vlp.models.tokenizer import train_wordpiece
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+    from vlp.train.checkpoint import save_model_weights
+    from vlp.train.settings import ModelConfig, RetrievalConfig
+
+    cfg = load_config(TINY, ["retrieval.num_workers=0"])
+    uris = {name: str(tmp / name) for name in ("raw", "dataset", "frames", "model", "index")}
+    synth(uris["raw"], cfg)
+    ingest_step(uris["raw"], uris["dataset"], cfg)
+    extract_frames(uris["dataset"], uris["frames"], cfg)
+    rows = manifest.read(uris["dataset"], manifest.CAPTIONS, manifest.CAPTION_SCHEMA).to_pylist()
+    tok = train_wordpiece([r["caption"] for r in rows if r["split"] == "train"], vocab_size=300)
+    fam = family.get("alpro")
+    section = ModelConfig(family="alpro", preset="tiny", img_size=32, num_frames=2, max_len=24, embed_dim=16)
+    mcfg = fam.prepare(fam.task_config(fam.config(section, len(tok), 4), "retrieval",
+                                       RetrievalConfig(num_frames=2, max_len=24)), 2, 4)  # fmt: skip
+    torch.manual_seed(0)
+    weights = save_model_weights(str(tmp / "model" / "weights"), fam.build(fam.kinds.retrieval, mcfg))
+    directory.save(uris["model"], kind=fam.kinds.retrieval, config=mcfg, checkpoint=weights, tokenizer=tok, steps=0)
+    index_clips(uris["model"], uris["frames"], uris["index"], cfg)
+    return uris
+
+
+def _http(url: str, body: bytes | None = None, auth: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Content-Type": "application/json"} | ({"Authorization": auth} if auth else {})
+    request = urllib.request.Request(url, data=body, headers=headers, method="POST" if body is not None else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+def _one_line_error(raw: bytes) -> bool:
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(doc, dict) and list(doc) == ["error"] and "\n" not in str(doc["error"])
+
+
+@contextlib.contextmanager
+def _serving(tmp: Path, uris: dict[str, str], token: str | None) -> Iterator[str]:
+    """``vlp serve`` over the index in a subprocess (``VLP_SERVE_TOKEN`` = ``token``), its base URL while inside."""
+    import re
+
+    env = {k: v for k, v in os.environ.items() if k != "VLP_SERVE_TOKEN"} | {"OMP_NUM_THREADS": "1"}
+    env |= {"VLP_SERVE_TOKEN": token} if token else {}
+    log = tmp / "serve.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([sys.executable, "-m", "vlp.cli", "serve", "--index", uris["index"], "--port", "0",
+                                 "--config", str(TINY), "retrieval.num_workers=0"], stdout=fh, stderr=subprocess.STDOUT,
+                                env=env)  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (found := re.search(r"listening on (http://127\.0\.0\.1:\d+)", log.read_text(errors="replace"))):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vlp serve did not start:\n{log.read_text(errors='replace')[-2000:]}")
+            time.sleep(0.2)
+        yield found[1]
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+def serve_access(tmp: Path) -> Outcome:
+    """``vlp serve`` with ``VLP_SERVE_TOKEN``: every route but the probes refuses a missing, wrong, malformed or
+    misplaced credential (401, one line); KServe's model-repository routes (unload, load; path variants: a trailing
+    slash, percent-encoding, a doubled slash) neither unload nor answer 200, with or without the token; afterwards the
+    model still answers."""
+    import base64
+
+    uris, token = _tiny_index(tmp), "battery-token-0123456789abcdef"
+    outcome = Outcome()
+    routes = ["/api/search?q=star", "/", "/openapi.json", "/metrics", "/v2/models/vlp-search", "/api/clips/x",
+              "/v2/models/vlp-search/infer", "/v1/models/vlp-search:predict", "/api/answer",
+              "/v2/repository/models/vlp-search/unload", "/v2/repository/models/vlp-search/load"]  # fmt: skip
+    wrong = [None, "Bearer nope-0123456789abcdef", "Bearer ", f"Bearer {token}x", f"bearer{token}",
+             "Basic " + base64.b64encode(f"user:{token[:-1]}".encode()).decode(), "Basic %%%", f"Digest {token}",
+             token]  # fmt: skip
+    posts = {"/v2/models/vlp-search/infer", "/v1/models/vlp-search:predict", "/api/answer"}
+    with _serving(tmp, uris, token) as url:
+        for route in routes:
+            body = b"{}" if route in posts or "repository" in route else None
+            for auth in wrong:
+                status, headers, raw = _http(url + route, body, auth)
+                outcome.tried += 1
+                outcome.handled += int(status == 401 and _one_line_error(raw) and "WWW-Authenticate" in headers)
+            outcome.tried += 1  # the token in the query string instead of the header
+            status, _, _ = _http(url + route + ("&" if "?" in route else "?") + f"token={token}", body)
+            outcome.handled += int(status == 401)
+        good = f"Bearer {token}"
+        for path in ("/v2/repository/models/vlp-search/unload", "/v2/repository/models/vlp-search/unload/",
+                     "/v2/repository/models/vlp-search/%75nload", "//v2/repository/models/vlp-search/unload",
+                     "/v2/repository/models/vlp-search/load", "/v2/repository/index"):  # fmt: skip
+            status, _, raw = _http(url + path, b"{}", good)
+            outcome.tried += 1
+            outcome.handled += int(status in (404, 405) and _one_line_error(raw))
+        for probe in ("/healthz", "/v2/health/live", "/v2/health/ready"):
+            outcome.tried += 1
+            outcome.handled += int(_http(url + probe)[0] == 200)
+        status, _, raw = _http(url + "/api/search?q=a+red+star&k=3", None, good)
+        outcome.tried += 1
+        outcome.handled += int(status == 200 and len(json.loads(raw)["hits"]) == 3)
+    return outcome
+
+
+def text_not_text(tmp: Path) -> Outcome:
+    """Text that is not valid UTF-8 wherever it enters: lone surrogates in JSON (v2, v1, the JSON API), bodies that
+    are not UTF-8 or not JSON, a 1 MB query string, a query over ``index.max_text_chars``; non-UTF-8 bytes in
+    ``vlp search`` / ``vlp answer`` arguments and overrides, a config file that is not UTF-8 or escapes a surrogate.
+    Each is a 4xx with one ``{"error": ...}`` line, or exit 2 with one line; never a 500 or a traceback."""
+    uris = _tiny_index(tmp)
+    outcome = Outcome()
+    with _serving(tmp, uris, None) as url:
+        infer, v1 = f"{url}/v2/models/vlp-search/infer", f"{url}/v1/models/vlp-search:predict"
+        bodies = []
+        for text in ("\udc80", "a \ud800 star", "\udfff", "ok \udcff\udcfe"):
+            v2 = {"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": [text]}]}
+            bodies += [(infer, json.dumps(v2).encode()), (v1, json.dumps({"instances": [{"text": text}]}).encode())]
+            bodies.append((f"{url}/api/answer", json.dumps({"video_id": "x", "question": text}).encode()))
+        for raw in (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\xff\xfe"]}]}',
+                    b"{not json", b"\x00\x01", b'{"instances": [{"text": "\xc3\x28"}]}'):  # fmt: skip
+            bodies += [(infer, raw), (v1, raw), (f"{url}/api/answer", raw)]
+        for target, body in bodies:
+            status, _, raw = _http(target, body)
+            outcome.tried += 1
+            outcome.handled += int(400 <= status < 500 and _one_line_error(raw))
+        for query in ("a" * 1001, "a" * (1 << 20), "%FF%FE"):
+            status, _, raw = _http(f"{url}/api/search?q={query}")
+            outcome.tried += 1
+            refused = 400 <= status < 500 and _one_line_error(raw)
+            outcome.handled += int(refused or (query == "%FF%FE" and status == 200))  # read as U+FFFD: text
+        log = (tmp / "serve.log").read_text(errors="replace")
+        outcome.tried += 1
+        outcome.handled += int("Traceback" not in log and " 500 " not in log)
+    (tmp / "latin1.yaml").write_bytes(b"frames:\n  size: 32  # caf\xe9\n")
+    (tmp / "escaped.yaml").write_text('retrieval:\n  split: "\\udc80"\n')
+    index, model = uris["index"].encode(), uris["model"].encode()
+    argvs = [[b"search", b"--index", index, b"a \xff star"], [b"search", b"--index", index, b"\xc3\x28"],
+             [b"search", b"--index", index, b"star", b"retrieval.split=\xff"],
+             [b"search", b"--index", index, b"x" * 1001], [b"search", b"--index", index, b"   "],
+             [b"answer", b"--model", model, b"--index", index, b"synth-000000", b"what \xe9?"],
+             [b"answer", b"--model", model, b"--index", index, b"synth-000000", b"q" * 5000],
+             [b"search", b"--index", index, b"--config", str(tmp / "latin1.yaml").encode(), b"star"],
+             [b"search", b"--index", index, b"--config", str(tmp / "escaped.yaml").encode(), b"star"],
+             [b"index", b"--model", model, b"--frames", uris["frames"].encode(), b"--out", b"\xff"]]  # fmt: skip
+    for argv in argvs:
+        done = subprocess.run([sys.executable.encode(), b"-m", b"vlp.cli", *argv], capture_output=True, timeout=300)
+        lines = done.stderr.decode(errors="replace").strip().splitlines()
+        outcome.tried += 1
+        outcome.handled += int(done.returncode == 2 and len(lines) == 1 and ": error: " in lines[0])
+    return outcome
+
+
+def links_out_of_a_store(tmp: Path) -> Outcome:
+    """A file of a frames store, an index, a model directory or a checkpoint replaced by a symbolic link to a real
+    file of the same kind outside (and a directory linked in, and a link pointing inside): each reader refuses it in
+    one line naming the link, through the CLI where a command reads it (exit 2)."""
+    from vlp.train.checkpoint import MODEL_FILE, load_checkpoint, save_checkpoint
+
+    uris = _tiny_index(tmp)
+    outcome = Outcome()
+
+    def relink(path: Path, target: Path) -> None:
+        shutil.move(path, target)
+        path.symlink_to(target)
+
+    def refused(argv: list[str], what: str) -> int:
+        code, err = _cli([*argv, "--config", str(TINY)] if argv[0] != "search" else argv)
+        lines = [line for line in err.splitlines() if " INFO " not in line and " WARNING " not in line]
+        return int(code == 2 and len(lines) == 1 and f"the {what} " in lines[0] and "symbolic link" in lines[0])
+
+    cases: list[tuple[str, str, Callable[[Path], Path], Callable[[Path], list[str]]]] = [
+        ("frames store", "frames", lambda d: next((d / "shards").iterdir()),
+         lambda d: ["index", "--model", uris["model"], "--frames", str(d), "--out", str(tmp / "new-index")]),
+        ("frames store", "frames", lambda d: d / "index.parquet",
+         lambda d: ["index", "--model", uris["model"], "--frames", str(d), "--out", str(tmp / "new-index2")]),
+        ("index", "index", lambda d: next((d / "clips.lance" / "data").iterdir()),
+         lambda d: ["search", "--index", str(d), "--config", str(TINY), "a star"]),
+        ("index", "index", lambda d: next((d / "clips.lance" / "_versions").iterdir()),
+         lambda d: ["search", "--index", str(d), "--config", str(TINY), "a star"]),
+        ("model directory", "model", lambda d: next(d.rglob("*.safetensors")),
+         lambda d: ["index", "--model", str(d), "--frames", uris["frames"], "--out", str(tmp / "new-index3")]),
+        ("model directory", "model", lambda d: d / "model.json",
+         lambda d: ["index", "--model", str(d), "--frames", uris["frames"], "--out", str(tmp / "new-index4")]),
+        ("model directory", "model", lambda d: d / "tokenizer",
+         lambda d: ["index", "--model", str(d), "--frames", uris["frames"], "--out", str(tmp / "new-index5")]),
+    ]  # fmt: skip
+    for i, (what, name, pick, argv) in enumerate(cases):
+        copy = tmp / f"{name}-{i}"
+        shutil.copytree(uris[name], copy)
+        picked = pick(copy)
+        relink(picked, tmp / f"outside-{i}-{picked.name}")
+        outcome.tried += 1
+        outcome.handled += refused(argv(copy), what)
+    inside = tmp / "frames-inside"
+    shutil.copytree(uris["frames"], inside)
+    shard = next((inside / "shards").iterdir())
+    shutil.copy(shard, inside / "spare.parquet")
+    shard.unlink()
+    shard.symlink_to(inside / "spare.parquet")  # a link that stays inside the store is refused as well
+    outcome.tried += 1
+    outcome.handled += refused(["index", "--model", uris["model"], "--frames", str(inside), "--out",
+                                str(tmp / "new-index6")], "frames store")  # fmt: skip
+    torch.manual_seed(0)
+    where = save_checkpoint(str(tmp / "run"), 1, torch.nn.Linear(3, 2), None, None)
+    relink(Path(where) / MODEL_FILE, tmp / "outside-weights.safetensors")
+    fresh = torch.nn.Linear(3, 2)
+    before = fresh.weight.detach().clone()
+    outcome.tried += 1
+    try:
+        load_checkpoint(where, fresh, restore_rng=False)
+    except storage.LinkError:
+        outcome.handled += int(torch.equal(fresh.weight, before))
+    return outcome
+
+
+def video_is_a_video(tmp: Path) -> Outcome:
+    """Files that decode to fewer than two frames, or to none over time, under a video name (a one-frame GIF, APNG,
+    h264 mp4 and WebM; an animated WebP that ffmpeg reads as one picture): rejects whose reason names what the file
+    is; an animated GIF and the good mp4 are kept."""
+    import av
+    from PIL import Image
+
+    frames = [Image.fromarray(np.full((24, 32, 3), 40 * i, np.uint8)) for i in range(5)]
+    frames[0].save(tmp / "one-gif.mp4", format="GIF")
+    frames[0].save(tmp / "one-apng.mp4", format="PNG", save_all=True, append_images=[], duration=100)
+    frames[0].save(tmp / "anim-webp.mp4", format="WEBP", save_all=True, append_images=frames[1:], duration=100)
+    frames[0].save(tmp / "anim-gif.mp4", format="GIF", save_all=True, append_images=frames[1:], duration=100)
+    write_mp4(tmp / "one-h264.mp4", num_frames=1)
+    write_mp4(tmp / "good.mp4")
+    with av.open(str(tmp / "one-vp9.webm"), "w") as container:
+        stream = container.add_stream("libvpx-vp9", rate=12)
+        stream.width, stream.height, stream.pix_fmt = 32, 24, "yuv420p"
+        for packet in [*stream.encode(av.VideoFrame.from_ndarray(np.zeros((24, 32, 3), np.uint8), format="rgb24")),
+                       *stream.encode()]:  # fmt: skip
+            container.mux(packet)
+    bad = {"one-gif": "a GIF image", "one-apng": "a still image (png", "one-h264": "a h264 stream",
+           "anim-webp": "an animated WEBP image of 5 frames", "one-vp9": "a vp9 stream"}  # fmt: skip
+    names = ["good.mp4", "anim-gif.mp4", *[f"{b}.webm" if b == "one-vp9" else f"{b}.mp4" for b in bad]]
+    summary = ingest(str(_annotations(tmp, names)), str(tmp / "out"), _cfg(tmp, workers=1))
+    rejects = _rejects(tmp / "out")
+    kept = summary["videos"]["accepted"] == 2
+    handled = sum(rejects.get(b, "").startswith(f"not a video: {what}") for b, what in bad.items())
+    return Outcome(len(bad), handled if kept else 0, _lost(summary))
+
+
+def exit_codes(tmp: Path, runs: int = 200) -> Outcome:
+    """The two error paths that used to abort after their error line (exit 134): ``extract-frames --merge`` with a
+    part that lost a shard, and a FrameStore refusing an index that names a file outside its shards; each run
+    ``runs`` times, two processes at a time, counted by exit code (stderr names any other code)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow as pa
+
+    from vlp.data.frames import FramesConfig, extract_part
+
+    for n in "abc":
+        write_mp4(tmp / "raw" / f"{n}.mp4", num_frames=6)
+    ingest(str(_annotations(tmp / "raw", ["a.mp4", "b.mp4", "c.mp4"])), str(tmp / "ds"), _cfg(tmp / "raw", workers=1))
+    fcfg = FramesConfig(num_frames=2, size=32, progress=False, workers=1, videos_per_shard=1)
+    parts = [str(tmp / f"part{i}") for i in range(2)]
+    for i, part in enumerate(parts):
+        extract_part(str(tmp / "ds"), part, fcfg, i, 2)
+    next(Path(parts[0], "shards").iterdir()).unlink()
+    store = tmp / "store"
+    store.mkdir()
+    storage.write_parquet(str(store / "index.parquet"), pa.table({"video_id": ["a"], "shard": ["../../etc/passwd"],
+                          "num_stored": [2], "num_frames": [6], "fps": [12.0]}))  # fmt: skip
+    merge = [sys.executable, "-m", "vlp.cli", "extract-frames", "--dataset", str(tmp / "ds"), "--out",
+             str(tmp / "merged"), "--merge", parts[0], "--merge", parts[1], "frames.num_frames=2", "frames.size=32",
+             "frames.workers=1", "frames.videos_per_shard=1", "frames.progress=false"]  # fmt: skip
+    child = (
+        "import sys\nfrom vlp.data.frames import FrameStore\ntry:\n    FrameStore(sys.argv[1])\n"
+        "except ValueError as e:\n    print(e, file=sys.stderr)\n    sys.exit(2)"
+    )
+    refuse = [sys.executable, "-c", child, str(store)]
+    outcome = Outcome()
+    for name, cmd in (("extract-frames --merge", merge), ("FrameStore refusing its index", refuse)):
+        with ThreadPoolExecutor(2) as pool:
+            done = pool.map(functools.partial(subprocess.run, capture_output=True, timeout=120), [cmd] * runs)
+            codes = [proc.returncode for proc in done]
+        counts = {c: codes.count(c) for c in sorted(set(codes))}
+        print(f"  {name}: {runs} runs, exit codes {counts}", file=sys.stderr, flush=True)
+        outcome.tried += runs
+        outcome.handled += codes.count(2)
+    return outcome
+
+
 CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("corrupt media", corrupt_media, 120),
     ("hostile paths", hostile_paths, 60),
@@ -658,6 +972,11 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("secret in the config parameter", secret_in_config, 60),
     ("S3 5xx / resets / outage", s3_faults, 300),
     ("kill -9 + resume", kill_and_resume, 600),
+    ("serve: credentials and the model-repository routes", serve_access, 600),
+    ("text that is not text (HTTP, CLI, configs)", text_not_text, 900),
+    ("links out of a store", links_out_of_a_store, 600),
+    ("a video is a video (>= 2 frames, a duration)", video_is_a_video, 120),
+    ("refusals exit 2 (200 runs of each path)", exit_codes, 900),
 ]
 
 

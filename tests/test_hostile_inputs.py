@@ -464,3 +464,16 @@ def test_refuse_links_passes_a_linked_root_and_s3(tmp_path):
     (tmp_path / "store" / "a" / "g.parquet").symlink_to(tmp_path / "store" / "a" / "f.parquet")  # inside, still
     with pytest.raises(storage.LinkError, match=r"a/g\.parquet -> "):
         storage.refuse_links(str(tmp_path / "store"), "frames store")
+
+
+def test_a_config_that_is_not_text_is_refused_naming_the_file_or_the_key(tmp_path):
+    from vlp.config import ConfigError, load_config
+
+    (tmp_path / "latin1.yaml").write_bytes(b"frames:\n  size: 32  # caf\xe9\n")
+    with pytest.raises(ConfigError, match=r"latin1\.yaml: not UTF-8 text: the byte 0xe9 at offset 25$"):
+        load_config(tmp_path / "latin1.yaml")
+    (tmp_path / "escaped.yaml").write_text('retrieval:\n  split: "\\udc80"\n')  # a YAML escape: a lone surrogate
+    with pytest.raises(ConfigError, match=r"^retrieval\.split: the value is not valid UTF-8: the byte 0x80 at "):
+        load_config(tmp_path / "escaped.yaml")
+    with pytest.raises(ConfigError, match=r"^override qa\.split: the text is not valid UTF-8: a lone surrogate U\+D80"):
+        load_config(None, ["qa.split=a\ud800"])

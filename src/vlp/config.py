@@ -30,6 +30,7 @@ from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
 from vlp.storage import StorageConfig
+from vlp.text import invalid_utf8
 from vlp.tracking import TrackingConfig
 from vlp.train.settings import IndexConfig, ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
 
@@ -73,16 +74,38 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
         section, _, name = key.partition(".")
         _forget_other_names(data, section, [name])
         _set_dotted(data, key, value)
+    _check_text(data)
     cfg = from_dict(Config, data)
     validate(cfg)
     return cfg
+
+
+def _check_text(node: Any, where: str = "") -> None:
+    """Every key and string value of a loaded config is valid text (:func:`vlp.text.invalid_utf8`): a YAML escape such
+    as ``"\\udc80"`` or an override from a non-UTF-8 command line would otherwise reach a path, a log line or a file
+    name as a string no encoder takes."""
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            name = f"{where}.{key}" if where else str(key)
+            if isinstance(key, str) and (problem := invalid_utf8(key)):
+                raise ConfigError(f"the config key {name!r} {problem}")
+            _check_text(value, name)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_text(value, f"{where}[{i}]")
+    elif isinstance(node, str) and (problem := invalid_utf8(node)):
+        raise ConfigError(f"{where}: the value {problem}")
 
 
 def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not Path(path).is_file():
         what = "is a directory" if Path(path).is_dir() else "does not exist"
         raise ConfigError(f"config file {path} {what}: --config takes a YAML file, e.g. configs/default.yaml")
-    text = Path(path).read_text(encoding="utf-8")
+    data = Path(path).read_bytes()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: the byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
     try:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -122,10 +145,13 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not sep or not key:
         raise ConfigError(f"override {item!r} is not of the form section.key=value")
+    problem = invalid_utf8(item)
+    if problem:
+        raise ConfigError(f"override {key}: the text {problem}")
     try:
         value = yaml.safe_load(raw) if raw.strip() else ""
     except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {exc}") from exc
+        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {' '.join(str(exc).split())}") from exc
     return key, value
 
 
