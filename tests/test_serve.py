@@ -391,6 +391,7 @@ def test_the_openapi_spec_covers_the_routes(server):
                          ("/api/answer", "post"), ("/healthz", "get"), ("/v2/models/{model_name}/infer", "post"),
                          ("/v2/models/{model_name}/ready", "get")]:  # fmt: skip
         assert method in paths.get(path, {}), path
+    assert not [path for path in paths if path.startswith("/v2/repository")]  # not served: not in the spec either
     search = paths["/api/search"]["get"]
     assert {p["name"] for p in search["parameters"]} == {"q", "k"}
     assert {"200", "400", "422"} <= set(search["responses"])

@@ -299,6 +299,7 @@ def test_videos_without_frames_are_counted_and_left_out(inputs, tmp_path, caplog
     with caplog.at_level("WARNING", logger="vlp"), pytest.raises(AssertionError, match="model loaded"):
         main(_argv(step, inputs, tmp_path, frames=str(frames)))
     assert f"1 of {len(test_videos)} test videos of {inputs['dataset']} have no frames in {frames}" in caplog.text
+    assert f"says why): {test_videos[0]!r}; their captions are left out" in caplog.text  # named, not only counted
 
 
 def test_inputs_on_s3_are_checked_the_same_way(inputs, tmp_path, s3_bucket, s3_env, capsys, no_model_load):

@@ -8,7 +8,10 @@ address (``0.0.0.0``), opens a gRPC port unless told not to and installs signal 
 listening socket is bound first (a port in use is refused before the model loads), no gRPC server runs, and
 uvicorn's graceful shutdown on SIGINT/SIGTERM hands the signal back to the CLI, which exits 130 or 143. KServe's
 handlers of a bad inference request and an unknown model log a traceback each; the REST server here logs one line
-instead (:func:`vlp.serve.api.log_client_errors_in_one_line`).
+instead (:func:`vlp.serve.api.log_client_errors_in_one_line`). With ``VLP_SERVE_TOKEN`` set, every route but the
+health probes needs it (:mod:`vlp.serve.auth`); KServe's model-repository routes, which could only take the model
+offline, are closed (:class:`NoModelRepository`); a request uvicorn cannot parse gets the same one-line JSON refusal
+as every other (:class:`OneLineErrors`).
 """
 
 from __future__ import annotations
@@ -37,7 +40,19 @@ REPOSITORY_ROUTES = "/v2/repository/"  # KServe's model-repository extension: lo
 
 
 class _RESTServer(RESTServer):
-    """KServe's REST server, its client errors logged in one line."""
+    """KServe's REST server, its client errors logged in one line, its OpenAPI spec without the model-repository
+    routes (:class:`NoModelRepository` closes them)."""
+
+    def _register_endpoints(self, app: Any) -> None:
+        super()._register_endpoints(app)
+        spec_of = app.openapi
+
+        def spec() -> dict[str, Any]:
+            found = spec_of()  # built once and cached by FastAPI: filtering it again changes nothing
+            found["paths"] = {p: v for p, v in found["paths"].items() if not p.startswith(REPOSITORY_ROUTES)}
+            return found
+
+        app.openapi = spec
 
     def _add_exception_handlers(self, app: Any) -> None:
         super()._add_exception_handlers(app)

@@ -217,8 +217,11 @@ def _usable_pairs(dataset: str, store: Any, table: str, split: str, setting: str
             f"{store.out}); {check}{extract}"
         )
     if len(covered) < len(videos):
-        log.warning("%d of %d %s videos of %s have no frames in %s (rejected by extract-frames?): their %s are left "
-                    "out", len(videos) - len(covered), len(videos), split, dataset, store.out, texts)  # fmt: skip
+        without = sorted(set(videos) - set(covered))
+        named = ", ".join(repr(v) for v in without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+        log.warning("%d of %d %s videos of %s have no frames in %s (rejected by extract-frames? its rejects.parquet "
+                    "says why): %s; their %s are left out", len(without), len(videos), split, dataset, store.out,
+                    named, texts)  # fmt: skip
     usable = int(pc.sum(pc.is_in(ids, value_set=pa.array(covered, ids.type))).as_py())
     log.info("inputs: %d %s %s of %d videos with frames", usable, split, pairs, len(covered))
     return usable
