@@ -750,7 +750,8 @@ def serve_access(tmp: Path) -> Outcome:
             for auth in wrong:
                 status, headers, raw = _http(url + route, body, auth)
                 outcome.tried += 1
-                outcome.handled += int(status == 401 and _one_line_error(raw) and "WWW-Authenticate" in headers)
+                challenged = "www-authenticate" in {k.lower() for k in headers}
+                outcome.handled += int(status == 401 and _one_line_error(raw) and challenged)
             outcome.tried += 1  # the token in the query string instead of the header
             status, _, _ = _http(url + route + ("&" if "?" in route else "?") + f"token={token}", body)
             outcome.handled += int(status == 401)
