@@ -11,6 +11,7 @@ import pyarrow as pa
 
 from vlp import storage
 from vlp.data import manifest
+from vlp.text import invalid_utf8
 
 FORMATS = ("synth", "alpro", "lavis", "webvid", "msrvtt")
 STAGE = "ingest"
@@ -111,11 +112,9 @@ def _reject_row(kind: str, record_id: str, path: str, reason: str) -> dict[str, 
 
 
 def _bad_utf8(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return True
-    return False
+    """Whether ``text`` holds bytes that were not UTF-8 (lone surrogates): the text gate's test
+    (:func:`vlp.text.invalid_utf8`)."""
+    return invalid_utf8(text) is not None
 
 
 def _safe(text: Any) -> str:
