@@ -120,14 +120,41 @@ def test_still_image_stores_one_frame_and_the_loader_repeats_it(dataset, tmp_pat
     assert np.abs(clip.astype(int) - 77).max() <= 3 and all((clip[i] == clip[0]).all() for i in range(4))
 
 
-@pytest.mark.parametrize(("resize", "shape"), [("stretch", (24, 24)), ("short_side_crop", (24, 24))])
-def test_resize_modes_give_size_x_size_frames(dataset, tmp_path, resize, shape):
-    out = str(tmp_path / "frames")
-    extract(dataset, out, FramesConfig(num_frames=2, size=24, resize=resize, progress=False, workers=1))
-    store = FrameStore(out)
-    for vid in store.video_ids:
-        assert store.load(vid).shape[1:3] == shape
-        assert set(store.rows(vid).column("width").to_pylist()) == {24}
+def write_banded_mp4(path: Path, num_frames: int = 6, size: tuple[int, int] = (64, 32)) -> Path:
+    """A real h264 mp4 whose frames have a white band over their left fifth (black elsewhere): stretching keeps the
+    band, a centre crop of the short side loses it."""
+    width, height = size
+    img = np.zeros((height, width, 3), np.uint8)
+    img[:, : width // 5] = 255
+    with av.open(str(path), "w") as container:
+        stream = container.add_stream("h264", rate=12)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for _ in range(num_frames):
+            for packet in stream.encode(av.VideoFrame.from_ndarray(img, format="rgb24")):
+                container.mux(packet)
+        for packet in stream.encode():
+            container.mux(packet)
+    return path
+
+
+def test_each_resize_mode_stores_what_encode_frame_makes_of_the_decoded_frame(tmp_path):
+    """The stored JPEGs are exactly ``encode_frame`` of the decoded source frames in the configured mode (so the mode
+    reaches the encoder), and the two modes store different pixels of a frame whose sides differ."""
+    src = write_banded_mp4(tmp_path / "band.mp4")
+    dataset = write_videos(str(tmp_path / "ds"), [video_row("band", str(src))])
+    loaded = {}
+    for resize in ("stretch", "short_side_crop"):
+        out = str(tmp_path / resize)
+        extract(dataset, out, FramesConfig(num_frames=2, size=24, resize=resize, progress=False, workers=1))
+        store = FrameStore(out)
+        rows = store.rows("band").to_pylist()
+        decoded = read_sparse(str(src), [r["frame_index"] for r in rows])
+        for row, frame in zip(rows, decoded, strict=True):
+            jpeg, width, height = encode_frame(frame, 24, resize, FramesConfig().jpeg_quality)
+            assert row["jpeg"] == jpeg and (row["width"], row["height"]) == (width, height) == (24, 24)
+        loaded[resize] = store.load("band")  # (2, 24, 24, 3)
+    assert loaded["stretch"][:, :, :3].mean() > 200  # the band, squeezed to the left 4-5 columns
+    assert loaded["short_side_crop"][:, :, :3].mean() < 30  # cropped away with the left of the frame
 
 
 def test_stretch_keeps_the_whole_frame_and_crop_drops_the_sides():

@@ -8,6 +8,7 @@ import itertools
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -303,18 +304,37 @@ def test_every_parameter_gets_a_gradient(tokenizer, grad_checkpointing: bool) ->
     assert torch.isfinite(loss)
 
 
+def _counting(forward: Any, counts: list[int], i: int) -> Any:
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        counts[i] += 1
+        return forward(*args, **kwargs)
+
+    return counted
+
+
 def test_gradient_checkpointing_gives_same_gradients(tokenizer) -> None:
-    grads = []
+    """Same gradients with and without checkpointing, and checkpointing really happens: with it each layer's forward
+    runs again during the backward pass (recomputing what was not kept), without it once."""
+    grads, calls = [], []
     for gc in (False, True):
         torch.manual_seed(3)
         text, fusion, head = build_text_model(TextConfig.tiny(vocab_size=len(tokenizer), grad_checkpointing=gc))
+        layers = [*text.layers, *fusion.layers]
+        counted = [0] * len(layers)
+        for i, layer in enumerate(layers):  # count calls of forward itself (transformers' layers skip module hooks)
+            layer.forward = _counting(layer.forward, counted, i)
         ids, mask = _batch(tokenizer, TEXTS)
         torch.manual_seed(4)  # same dropout masks in both runs (checkpoint restores the RNG on recompute)
         t = text(ids, mask)
         f = fusion(t.tokens, t.attention_mask)
+        forward_only = list(counted)
         head(f.text).logsumexp(-1).mean().backward()
         grads.append(torch.cat([p.grad.flatten() for p in [*text.parameters(), *fusion.parameters()]]))
+        calls.append((forward_only, list(counted)))
     torch.testing.assert_close(grads[0], grads[1])
+    n = len(calls[0][0])
+    assert calls[0] == ([1] * n, [1] * n)  # no checkpointing: one forward per layer, nothing recomputed
+    assert calls[1] == ([1] * n, [2] * n)  # checkpointing: each layer recomputed once in the backward pass
 
 
 # --------------------------------------------------------------------------- head, configs
