@@ -127,8 +127,9 @@ def probe(path: str) -> VideoInfo:
 
 
 def what_it_is(path: str) -> str:
-    """What the file at ``path`` is by its bytes, for a reject reason: ``a GIF image``, ``an animated WebP image``,
-    ``an h264 stream in ffmpeg's mov,mp4,m4a,3gp,3g2,mj2 container``, or ``a file neither Pillow nor ffmpeg reads``."""
+    """What the file at ``path`` is by its bytes, for a reject reason: ``a GIF image``, ``an animated WEBP image of 5
+    frames`` (Pillow's format name), ``a h264 stream in ffmpeg's mov,mp4,m4a,3gp,3g2,mj2 container``, or ``a file
+    neither Pillow nor ffmpeg reads``."""
     try:
         from PIL import Image
 
