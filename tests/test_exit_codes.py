@@ -85,7 +85,7 @@ def test_the_cli_error_paths_that_aborted_exit_2_with_one_line_every_time(tmp_pa
     index = pa.table({"video_id": ["a"], "shard": ["../../etc/passwd"], "num_stored": [2], "num_frames": [6],
                       "fps": [12.0]})  # fmt: skip
     pq.write_table(index, store / "index.parquet")
-    refuse = [sys.executable, "-c", f"import sys; from vlp.cli import main; from vlp.data.frames import FrameStore\n"
+    refuse = [sys.executable, "-c", f"import sys; from vlp.data.frames import FrameStore\n"
               f"try:\n    FrameStore({str(store)!r})\nexcept ValueError as e:\n    print(e, file=sys.stderr); "
               f"sys.exit(2)"]  # fmt: skip
     done = run_many([merge] * 8 + [refuse] * 8)

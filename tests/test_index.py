@@ -123,13 +123,26 @@ def evaluate_row(world: dict[str, str], model: str, query: str, cfg: Config) -> 
 
 
 @pytest.mark.parametrize("name", ["alpro", "ts2net", "albef"])
-def test_search_scores_and_ranks_a_query_as_evaluate_retrieval_does(name, world, models, test_index):
+def test_search_scores_and_ranks_a_query_as_evaluate_retrieval_does(name, world, models, test_index, monkeypatch):
     cfg = config()
     searcher = Searcher(test_index[name], cfg)
+    opened: list[str] = []  # frames stores opened (ALPRO's index keeps no tokens: its candidates are read again)
+    real_init = FrameStore.__init__
+    monkeypatch.setattr(
+        FrameStore, "__init__", lambda self, out, *a, **k: opened.append(out) or real_init(self, out, *a, **k)
+    )
+    by_search = []
+
+    def search(query: str, k: int) -> list:
+        before = len(opened)
+        hits = searcher.search(query, k=k)
+        by_search.append(len(opened) - before)
+        return hits
+
     assert (family.pair_scorer_of(searcher.fam, searcher.net) is None) is (name == "ts2net")
     for query in (captions(world["dataset"])[0], "a red star moving left over sand"):
         want = evaluate_row(world, models[name], query, cfg)
-        hits = searcher.search(query, k=len(want))
+        hits = search(query, len(want))
         assert [h.rank for h in hits] == list(range(1, len(want) + 1))
         assert sorted(h.video_id for h in hits) == sorted(want)
         for h in hits:
@@ -137,7 +150,8 @@ def test_search_scores_and_ranks_a_query_as_evaluate_retrieval_does(name, world,
             assert h.similarity == pytest.approx(want[h.video_id][1], abs=1e-5)
         ranked = sorted(want, key=lambda v: -want[v][0])
         assert [h.video_id for h in hits] == ranked
-        assert searcher.search(query, k=2) == hits[:2]
+        assert search(query, 2) == hits[:2]
+    assert sum(by_search) == (name == "alpro")  # the frames store is opened once for all queries, not once a query
 
 
 def test_the_ranking_matches_evaluate_retrievals_own_top5(world, models, test_index, tmp_path):

@@ -31,6 +31,7 @@ from typing import Any
 
 from vlp import __version__
 from vlp.models import family as families
+from vlp.text import invalid_utf8
 
 EPILOG = (
     "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
@@ -485,8 +486,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _invalid_argument(args: argparse.Namespace) -> str | None:
     """What is wrong with the first argument that is not valid UTF-8 text (:func:`vlp.text.invalid_utf8`), or None."""
-    from vlp.text import invalid_utf8
-
     for name, value in vars(args).items():
         for item in value if isinstance(value, list) else [value]:
             problem = invalid_utf8(item) if isinstance(item, str) else None

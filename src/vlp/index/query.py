@@ -73,6 +73,7 @@ class Searcher:
         self.length = text_length(cfg.retrieval, self.info.config)
         # the index's precision, not this config's: a query scores as evaluate-retrieval scored the index's clips
         self.precision = precision_of(built.sampling)
+        self._clips: Any = None  # the index's frames store, read as the index read it (:meth:`_tokens`)
 
     @torch.no_grad()
     def search(self, query: str, k: int = 10) -> list[Hit]:
@@ -121,7 +122,9 @@ class Searcher:
         from vlp.steps.encode import encode_clips
 
         built = self.index.info
-        data = StoreClips(FrameStore(built.frames, cache_shards=64), built.sampling, self.info.config)
+        if self._clips is None:  # opened once: its index read and its check for links are not repeated per query
+            self._clips = StoreClips(FrameStore(built.frames, cache_shards=64), built.sampling, self.info.config)
+        data = self._clips
         here = replace(self.cfg, retrieval=replace(self.cfg.retrieval, num_workers=0, eval_precision=self.precision))
         enc = encode_clips(self.fam, self.net, data, ids, self.cfg.retrieval.eval_batch_size, here)
         return enc.tokens
