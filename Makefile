@@ -16,7 +16,7 @@ N ?=
 SEED ?= 0
 SYNTH_ARGS := --seed $(SEED) $(if $(N),--num-videos $(N))
 
-.PHONY: help install browser test test-fast test-s3 lint format data pretrain finetune ablation ablation-albef ablation-ts2net bench clean
+.PHONY: help install browser test test-fast test-module mutation test-s3 lint format data pretrain finetune ablation ablation-albef ablation-ts2net bench clean
 
 # Image names (one place for the Makefile and the KFP components) and the per-area target files.
 include docker/image.env
@@ -50,6 +50,12 @@ ifeq ($(filter $(TEST_S3),moto rgw),)
 $(error TEST_S3=$(TEST_S3): use TEST_S3=moto (the default) or TEST_S3=rgw)
 endif
 RGW_DIR ?= /tmp/vlp-rgw
+# Test workers (pytest-xdist) and torch threads per worker. Whole files go to a worker (module fixtures such as the
+# main job run once), the longest first (tests/conftest.py LONGEST_FIRST); one thread each keeps two workers off
+# each other's cores. TEST_JOBS=0 runs the tests in one process.
+TEST_JOBS ?= 2
+TEST_THREADS ?= 1
+XDIST := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test (TEST_S3=rgw: against Ceph RGW)
 	@set -euo pipefail; \
 	if [ "$(TEST_S3)" = rgw ]; then \
@@ -58,10 +64,26 @@ test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart 
 	  test -n "$$endpoint" || { echo "make test TEST_S3=rgw: scripts/s3-server.sh printed no endpoint" >&2; exit 1; }; \
 	  export VLP_TEST_S3_ENDPOINT=$$endpoint; \
 	fi; \
-	$(PY) -m pytest -q --ignore=tests/test_chart.py --ignore=tests/test_docker.py
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) --ignore=tests/test_chart.py --ignore=tests/test_docker.py
 
 test-fast: $(STAMP) ## Run the tests not marked slow
-	$(PY) -m pytest -q -m "not slow"
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) -m "not slow"
+
+# The tests that touch one module (scripts/testmap.py: every test file whose imports reach it), e.g.
+# make test-module M=src/vlp/eval/qa.py   (or M=vlp.eval.qa; several: M="vlp.losses vlp.eval.qa"; FAST=1 skips slow)
+M ?=
+FAST ?= 0
+test-module: $(STAMP) ## Run the tests that touch module M (M=src/vlp/eval/qa.py; FAST=1: not the slow ones)
+	@test -n "$(M)" || { echo "make test-module: name a module, e.g. M=src/vlp/eval/qa.py" >&2; exit 2; }
+	@files=$$($(PY) scripts/testmap.py $(M)) || exit $$?; \
+	test -n "$$files" || { echo "make test-module: no test file touches $(M)" >&2; exit 1; }; \
+	echo "make test-module: $$(echo $$files | wc -w) test files touch $(M)"; \
+	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) $(if $(filter 1,$(FAST)),-m "not slow") $$files
+
+MUTATION_ARGS ?=
+mutation: $(STAMP) ## Mutation testing (mutmut) of the modules where a silent error costs most -> docs/mutation.md (hours; not in CI)
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[mutation]'
+	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 test-s3: $(STAMP) ## Rerun only the S3 tests against a real Ceph RGW (scripts/s3-server.sh installs + starts it)
 	@set -euo pipefail; \
@@ -70,13 +92,13 @@ test-s3: $(STAMP) ## Rerun only the S3 tests against a real Ceph RGW (scripts/s3
 	VLP_TEST_S3_ENDPOINT=$$AWS_ENDPOINT_URL $(PY) -m pytest -q -m s3
 
 lint: $(STAMP) ## ruff check + format check, then mypy (the files [tool.mypy] in pyproject.toml names)
-	$(VENV)/bin/ruff check src tests benchmarks components pipelines
-	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines
+	$(VENV)/bin/ruff check src tests benchmarks components pipelines scripts
+	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines scripts
 	$(VENV)/bin/mypy
 
 format: $(STAMP) ## Apply ruff fixes and formatting
-	$(VENV)/bin/ruff check --fix src tests benchmarks components pipelines
-	$(VENV)/bin/ruff format src tests benchmarks components pipelines
+	$(VENV)/bin/ruff check --fix src tests benchmarks components pipelines scripts
+	$(VENV)/bin/ruff format src tests benchmarks components pipelines scripts
 
 data: $(STAMP) ## Main job: synth -> ingest -> extract-frames -> mine-entities into OUT (local dir or s3://)
 	$(VENV)/bin/vlp data synth --out $(OUT)/raw $(SYNTH_ARGS) --config $(CONFIG)
