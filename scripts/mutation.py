@@ -200,12 +200,12 @@ def report(tests: list[str], statuses: dict[str, str], elapsed: float | None) ->
                     stale.append(key)
                 survivors.setdefault(name, []).append((key, f"{status}\n{change}"))
         caught = counts["killed"] + counts["timeout"] + counts["segfault"]
-        scored = len(mine) - eq
+        unrun = counts["not checked"] + counts["check was interrupted by user"]
+        scored = len(mine) - eq - unrun
+        score = f"{caught / scored:.1%}" if scored else "-"
         rows.append(
-            f"| `{name}` | {len(mine)} | {counts['killed']} | {counts['timeout'] + counts['segfault']} | {eq} "
-            f"| {len(survivors.get(name, []))} | {caught / scored:.1%} |"
-            if scored
-            else "| - |"
+            f"| `{name}` | {len(mine)} | {unrun} | {counts['killed']} | {counts['timeout'] + counts['segfault']} "
+            f"| {eq} | {len(survivors.get(name, []))} | {score} |"
         )
     lines = [
         MARKER,
@@ -218,12 +218,12 @@ def report(tests: list[str], statuses: dict[str, str], elapsed: float | None) ->
         + ", ".join(Path(t).name for t in tests)
         + ".",
         "",
-        "| module | mutants | killed | timeout | equivalent | survived | score |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| module | mutants | not run | killed | timeout | equivalent | survived | score |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        "Score: (killed + timeout) / (mutants - equivalent). *survived* counts mutants no test failed on and"
-        " no-test mutants (a function no selected test calls).",
+        "Score: (killed + timeout) / (mutants - not run - equivalent). *survived* counts the mutants no test failed"
+        " on and those of functions no selected test calls; *not run*: an interrupted run had not reached them.",
     ]
     if stale:
         lines += [

@@ -456,6 +456,56 @@ def test_answer_losses_by_hand():
     assert got == pytest.approx(0.6 * -math.log(0.5) + 0.4 * kl)
 
 
+def _answer_loss_by_loops(logits, ids, mask, teacher, alpha, form):
+    """answer_lm_loss written out: per answer, per real target token t >= 1, (1 - a) CE + a (KL or CE)."""
+    per_answer = []
+    for n in range(ids.shape[0]):
+        total = 0.0
+        for t in range(1, ids.shape[1]):
+            if not mask[n, t]:
+                continue
+            logp = torch.log_softmax(logits[n, t - 1].double(), dim=-1)
+            hard = -float(logp[ids[n, t]])
+            soft = 0.0
+            if teacher is not None:
+                q = torch.softmax(teacher[n, t - 1].double(), dim=-1)
+                soft = -float((q * logp).sum()) + (float((q * q.log()).sum()) if form == "paper" else 0.0)
+            total += (1 - alpha) * hard + alpha * soft
+        per_answer.append(total)
+    return sum(per_answer) / len(per_answer)
+
+
+@pytest.mark.parametrize("form", ["paper", "code"])
+def test_answer_lm_loss_matches_a_loop_over_answers_and_tokens(form):
+    """Three answers of different lengths (the mean is over answers, each the sum over its own real tokens),
+    teacher weights 0, 0.4 and 1; without a teacher, or without an alpha, it is the plain loss."""
+    g = torch.Generator().manual_seed(0)
+    logits, teacher = torch.randn(3, 5, 7, generator=g), torch.randn(3, 5, 7, generator=g)
+    ids = torch.randint(1, 7, (3, 5), generator=g)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 0, 0, 0]])
+    plain = _answer_loss_by_loops(logits, ids, mask, None, 0.0, form)
+    assert float(distill.answer_lm_loss(logits, ids, mask, form=form)) == pytest.approx(plain, rel=1e-5)
+    assert float(distill.answer_lm_loss(logits, ids, mask, teacher, form=form)) == pytest.approx(plain, rel=1e-5)
+    assert float(distill.answer_lm_loss(logits, ids, mask, None, 0.4, form=form)) == pytest.approx(plain, rel=1e-5)
+    for alpha in (0.4, 1.0):
+        want = _answer_loss_by_loops(logits, ids, mask, teacher, alpha, form)
+        got = float(distill.answer_lm_loss(logits, ids, mask, teacher, alpha, form=form))
+        assert got == pytest.approx(want, rel=1e-5), alpha
+    lengths = [
+        float(distill.answer_log_likelihood(logits[i : i + 1], ids[i : i + 1], mask[i : i + 1])) for i in range(3)
+    ]
+    assert distill.answer_log_likelihood(logits, ids, mask).tolist() == pytest.approx(lengths, rel=1e-6)
+
+
+def test_answer_losses_refuse_shapes_that_disagree():
+    logits, ids = torch.zeros(2, 4, 5), torch.ones(2, 4, dtype=torch.long)
+    message = r"^logits \(2, 4, 5\), ids \(2, 4\), mask \(2, 3\) disagree$"
+    with pytest.raises(ValueError, match=message):  # the mask alone is off
+        distill.answer_lm_loss(logits, ids, torch.ones(2, 3))
+    with pytest.raises(ValueError, match=r"^logits \(2, 4, 5\), ids \(2, 3\), mask \(2, 3\) disagree$"):
+        distill.answer_log_likelihood(logits, ids[:, :3], torch.ones(2, 3))
+
+
 def test_ranking_keeps_the_first_token_top_k_and_scores_them_as_albef(tok):
     from vlp.models.albef.model import AlbefQA
 

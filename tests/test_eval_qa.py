@@ -63,6 +63,16 @@ def test_answer_type_map_majority_then_alphabetical() -> None:
     mapping = answer_type_map(["one", "One", "one", "two", "two"], ["count", "count", "what", "what", "count"])
     # "one": count 2 vs what 1 -> count; "two": count 1 vs what 1 -> tie -> alphabetical "count"
     assert mapping == {"one": "count", "two": "count"}
+    # the majority wins over the alphabet: "one" is a "what" answer twice and a "count" once
+    assert answer_type_map(["one", "one", "ONE"], ["what", "count", "what"]) == {"one": "what"}
+    with pytest.raises(ValueError, match="shorter"):  # one type per answer, or nothing
+        answer_type_map(["one", "two"], ["count"])
+
+
+def test_confusion_counts_repeats() -> None:
+    m = qa_metrics(["red", "red", "blue"], ["red", "blue", "blue"], ["color"] * 3, vocab=["red", "blue"])
+    assert m["confusion"] == {"color": {"color": 3}}  # three color questions, each predicted a color answer
+    assert m["acc_color"] == pytest.approx(2 / 3)
 
 
 def test_explicit_type_map_is_used_for_predictions() -> None:
@@ -71,9 +81,10 @@ def test_explicit_type_map_is_used_for_predictions() -> None:
 
 
 def test_input_errors() -> None:
+    """Each error names what is wrong, word for word (what a user reads)."""
     with pytest.raises(ValueError, match="one entry per question"):
         qa_metrics(["a"], ["a", "b"], ["x", "x"], ["a"])
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match="^no questions to evaluate: the QA split is empty$"):
         qa_metrics([], [], [], ["a"])
     with pytest.raises(ValueError, match="collide"):
         qa_metrics(["a"], ["a"], ["in_vocab"], ["a"])
@@ -87,5 +98,11 @@ def test_baselines_chance_and_majority() -> None:
     out = qa_baselines(gold, ["red", "blue", "green"], "red")
     assert out == {"chance_accuracy": 3 / 4 / 3, "majority_accuracy": 2 / 4}
     assert qa_baselines(gold, ["red", "blue"], "zebra")["majority_accuracy"] == 0.0  # a guess it cannot make
-    with pytest.raises(ValueError, match="no answers"):
+    with pytest.raises(ValueError, match="^no answers to take the majority of$"):
         majority_answer([])
+    with pytest.raises(ValueError, match="^no answers to take the majority of$"):
+        majority_answer(["", "  "])  # blank answers are no answers
+    message = "^baselines need at least one gold answer and a non-empty vocabulary$"
+    for gold, vocab in (([], ["red"]), (["red"], [])):
+        with pytest.raises(ValueError, match=message):
+            qa_baselines(gold, vocab, "red")

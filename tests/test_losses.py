@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -353,6 +354,82 @@ def test_pem_box_fallbacks_and_single_box() -> None:
         sample_pem_boxes(2, 4, 4, ratio_dist="gauss")
 
 
+def _nearest_sizes_by_loops(grid_h: int, grid_w: int, area: tuple, ratio: tuple) -> set[tuple[int, int]]:
+    """Every [h, w] on the grid inside both ranges; if none is, the ones nearest to them (the distance of the
+    area share to its range plus that of log(h / w) to log of the ratio range, ties within 1e-9)."""
+    sizes = [(h, w) for h in range(1, grid_h + 1) for w in range(1, grid_w + 1)]
+    eps = 1e-9
+
+    def inside(h: int, w: int) -> bool:
+        frac, aspect = h * w / (grid_h * grid_w), h / w
+        return area[0] - eps <= frac <= area[1] + eps and ratio[0] - eps <= aspect <= ratio[1] + eps
+
+    valid = {s for s in sizes if inside(*s)}
+    if valid:
+        return valid
+
+    def gap(h: int, w: int) -> float:
+        frac, log_aspect = h * w / (grid_h * grid_w), math.log(h / w)
+        lo, hi = math.log(ratio[0]), math.log(ratio[1])
+        return max(area[0] - frac, 0) + max(frac - area[1], 0) + max(lo - log_aspect, 0) + max(log_aspect - hi, 0)
+
+    best = min(gap(*s) for s in sizes)
+    return {s for s in sizes if gap(*s) <= best + eps}
+
+
+@pytest.mark.parametrize(
+    ("grid", "area", "ratio"),
+    [
+        ((4, 6), (0.3, 0.5), (0.3, 1 / 0.3)),  # sizes in range: all of them are options
+        ((3, 5), (0.95, 1.0), (2.0, 3.0)),  # only the whole grid has the area, at the wrong aspect
+        ((5, 3), (0.05, 0.1), (0.2, 0.3)),  # small and wide on a tall grid: nothing fits
+        ((2, 7), (0.5, 0.6), (1.5, 2.0)),  # tall boxes on a wide, short grid
+        ((1, 1), (0.3, 0.5), (0.3, 1 / 0.3)),  # the whole frame is the only size
+    ],
+)
+def test_pem_fallback_sizes_are_the_nearest_grid_sizes(grid: tuple, area: tuple, ratio: tuple) -> None:
+    from vlp.losses.entity import _fallback_sizes
+
+    got = _fallback_sizes(*grid, area, ratio)
+    assert got.dtype == torch.int64 and got.ndim == 2 and got.shape[1] == 2
+    assert set(map(tuple, got.tolist())) == _nearest_sizes_by_loops(*grid, area, ratio)
+    assert got.shape[0] == len(_nearest_sizes_by_loops(*grid, area, ratio))  # each size once
+
+
+def test_pem_box_ranges_are_checked_at_their_bounds() -> None:
+    """The ranges' ends are allowed (a box of exactly the area or ratio bound, one size only), one step past is
+    refused with a message that names the range."""
+    gen = torch.Generator().manual_seed(0)
+    for area, ratio in [((0.25, 0.25), (1.0, 1.0)), ((0.25, 1.0), (0.5, 2.0))]:  # lo == hi (2x2 only); hi == 1
+        boxes = sample_pem_boxes(4, 4, 4, area=area, ratio=ratio, generator=gen).boxes
+        frac, aspect = boxes[:, 2] * boxes[:, 3] / 16, boxes[:, 2] / boxes[:, 3]
+        assert bool(((frac >= area[0]) & (frac <= area[1]) & (aspect >= ratio[0]) & (aspect <= ratio[1])).all())
+    area_msg = r"^area must satisfy 0 < lo <= hi <= 1 \(fractions of the frame\), got "
+    for area in [(0.0, 0.5), (0.5, 0.4), (0.3, 1.01)]:
+        with pytest.raises(ValueError, match=area_msg + re.escape(str(area)) + "$"):
+            sample_pem_boxes(2, 4, 4, area=area)
+    for ratio in [(0.0, 1.0), (2.0, 1.0)]:
+        with pytest.raises(ValueError, match=r"^ratio \(height / width\) must satisfy 0 < lo <= hi, got "):
+            sample_pem_boxes(2, 4, 4, ratio=ratio)
+    for grid in [(0, 4), (4, 0)]:
+        with pytest.raises(ValueError, match=f"^grid must be at least 1x1, got {grid[0]}x{grid[1]}$"):
+            sample_pem_boxes(2, *grid)
+
+
+def test_pem_valid_sizes_include_both_ends_of_each_range() -> None:
+    from vlp.losses.entity import _valid_sizes
+
+    h, w = torch.tensor([2, 2, 4, 1, 4, 3]), torch.tensor([2, 4, 2, 4, 1, 3])
+    # on 4x4 with area [0.25, 0.5] and ratio [0.5, 2]: 2x2 is the lowest area, 2x4 the highest area and lowest
+    # ratio, 4x2 the highest ratio; 1x4 (ratio 0.25), 4x1 (ratio 4) and 3x3 (area 0.5625) are outside
+    assert _valid_sizes(h, w, 4, 4, (0.25, 0.5), (0.5, 2.0)).tolist() == [True, True, True, False, False, False]
+    # one column wide: h / w is h (2x1 on a 2x1 grid has ratio 2, inside [1.5, 2])
+    assert _valid_sizes(torch.tensor([2, 1]), torch.tensor([1, 1]), 2, 1, (0.5, 1.0), (1.5, 2.0)).tolist() == [
+        True,
+        False,
+    ]
+
+
 def test_box_token_mask_row_major() -> None:
     mask = box_token_mask(torch.tensor([[1, 2, 2, 1]]), 3, 4)
     expected = torch.zeros(3, 4, dtype=torch.bool)
@@ -394,6 +471,17 @@ def test_crop_frames_both_modes() -> None:
     assert got.shape == (2, 3, 3, 5, 7)
     with pytest.raises(ValueError, match="mode"):
         crop_frames(frames, boxes, mode="blur")
+    # double frames stay double in both modes, and give the same crops
+    for mode in ("resize", "zero_outside"):
+        wide = crop_frames(frames.double(), boxes, mode=mode, size=(5, 7) if mode == "resize" else None)
+        assert wide.dtype == torch.float64
+        narrow = crop_frames(frames, boxes, mode=mode, size=(5, 7) if mode == "resize" else None)
+        torch.testing.assert_close(wide, narrow.double(), atol=1e-3, rtol=1e-5)
+    message = r"^expected frames \(B, T, C, H, W\) and boxes \(B, 4\), got \(2, 3, 3, 32, 48\), \(2, 3\)$"
+    with pytest.raises(ValueError, match=message):  # the boxes alone are wrong
+        crop_frames(frames, boxes[:, :3])
+    with pytest.raises(ValueError, match=r"got \(3, 3, 32, 48\), \(2, 4\)$"):  # the frames alone
+        crop_frames(frames[0], boxes)
 
 
 def test_pseudo_labels_hand_value_and_no_grad() -> None:
