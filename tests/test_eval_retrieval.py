@@ -335,3 +335,34 @@ def test_rescoring_uses_the_other_queries_as_computed_by_hand():
     assert dual["rsum"] == pytest.approx(sum(dual[f"{d}_r{k}"] for d in ("t2v", "v2t") for k in (1, 5, 10)))
     with pytest.raises(ValueError, match="rescore must be one of"):
         rescore(sim, "qb_norm")
+    torch.testing.assert_close(rescore(sim, "inverted_softmax"), torch.softmax(100 * sim.double(), 0).float())
+    assert torch.equal(rescore(sim, "dual_softmax", 0.5), rescore(sim, "dual_softmax", 0.5))  # any scale > 0
+    with pytest.raises(ValueError, match=r"with scale > 0, got 'dual_softmax' / 0\.0$"):
+        rescore(sim, "dual_softmax", 0.0)
+
+
+def test_rescored_metrics_rank_each_direction_on_its_own_normalisation():
+    """Text -> video ranks the matrix normalised over the texts, video -> text over the videos, both at the given
+    scale (default 100); ``rescored`` says whether a rule was applied. The matrices are ones where the scale or
+    the direction changes a figure (found by a search over small integer grids)."""
+    from vlp.eval.retrieval import rescore, rescored_metrics
+
+    text_video = torch.tensor([0, 1, 2, 0, 1, 2])
+    sim = torch.tensor([[2, 23, 69], [58, 80, 93], [45, 24, 18], [74, 21, 70], [75, 81, 46], [9, 33, 77]]) / 100
+    default = rescored_metrics(sim, text_video, "inverted_softmax")
+    assert default == rescored_metrics(sim, text_video, "inverted_softmax", 100.0)
+    assert default["t2v_r1"] != rescored_metrics(sim, text_video, "inverted_softmax", 101.0)["t2v_r1"]
+    sim = torch.tensor([[94, 33, 26], [19, 91, 54], [24, 41, 69], [69, 49, 80], [81, 12, 63], [60, 95, 85]]) / 100
+    for scale in (10.0, 100.0):
+        got = rescored_metrics(sim, text_video, "dual_softmax", scale)
+        t2v = retrieval_metrics(rescore(sim, "dual_softmax", scale, dim=0), text_video)
+        v2t = retrieval_metrics(rescore(sim, "dual_softmax", scale, dim=1), text_video)
+        assert {k: v for k, v in got.items() if k.startswith("t2v_")} == {k: t2v[k] for k in t2v if k[:4] == "t2v_"}
+        assert {k: v for k, v in got.items() if k.startswith("v2t_")} == {k: v2t[k] for k in v2t if k[:4] == "v2t_"}
+        assert got["rescored"] == 1.0
+    at_10, at_100 = (rescored_metrics(sim, text_video, "dual_softmax", s) for s in (10.0, 100.0))
+    assert at_10["v2t_r1"] != at_100["v2t_r1"]  # the scale reaches the video -> text direction too
+    over_texts = retrieval_metrics(rescore(sim, "dual_softmax", 10.0, dim=0), text_video)
+    assert over_texts["v2t_r1"] != at_10["v2t_r1"]  # and that direction normalises over the videos
+    plain = rescored_metrics(sim, text_video, "none")
+    assert plain["rescored"] == 0.0 and plain["t2v_r1"] == retrieval_metrics(sim, text_video)["t2v_r1"]

@@ -738,3 +738,54 @@ def test_backbone_lr_mult_slows_the_backbone_beside_new_modules_and_composes_wit
         assert lrs["clip.bias"] == pytest.approx(lrs["clip.weight"])
     decay = {names[id(p)]: g["weight_decay"] for g in opt.param_groups for p in g["params"]}
     assert decay["clip.weight"] > 0 and decay["clip.bias"] == 0
+
+
+@pytest.mark.parametrize(
+    ("uri", "step"),
+    [("runs/a/step-000123", 123), ("runs/a/step-000123/", 123), ("s3://b/run/ckpt/step-7", 7), ("step-0", 0)],
+)
+def test_checkpoint_step_reads_the_directory_name(uri: str, step: int) -> None:
+    from vlp.train.checkpoint import checkpoint_step
+
+    assert checkpoint_step(uri) == step
+
+
+@pytest.mark.parametrize(
+    "uri", ["runs/step-000123/model", "runs/a/step-", "runs/a/step-12x", "runs/step-12X", "step-000123/x/"]
+)
+def test_checkpoint_step_refuses_any_other_name(uri: str) -> None:
+    from vlp.train.checkpoint import checkpoint_step
+
+    message = rf"^{re.escape(uri)} is not a checkpoint directory \(expected a name like step-000123\)$"
+    with pytest.raises(CheckpointError, match=message):
+        checkpoint_step(uri)
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_pruning_deletes_every_file_of_an_old_checkpoint_state_first(
+    where: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep_last=1 leaves the newest checkpoint whole and nothing of the others, on disk and in a bucket; each old
+    one loses its state.json before any other file (a reader that lists checkpoints stops counting it at once)."""
+    from vlp.train import checkpoint
+
+    root = request.getfixturevalue("s3_bucket") + "/ckpt" if where == "s3" else str(tmp_path / "ckpt")
+    model = nn.Linear(3, 2)
+    for step in (1, 2, 3):
+        save_checkpoint(root, step, model, None, None)
+    deleted: list[str] = []
+    real_delete = storage.delete
+    monkeypatch.setattr(storage, "delete", lambda uri: (deleted.append(uri), real_delete(uri))[1])
+    gone = checkpoint.prune_checkpoints(root, keep_last=1)
+    assert sorted(gone) == [checkpoint.checkpoint_dir(root, 1), checkpoint.checkpoint_dir(root, 2)]
+    assert {f.rsplit("/", 2)[-2] for f in storage.list_files(root)} == {"step-000003"}
+    for ckpt in gone:
+        mine = [f for f in deleted if f.startswith(ckpt + "/")]
+        assert mine and mine[0].endswith("/" + STATE_FILE) and len(mine) >= 3  # model, rng, state
+    if where == "local":
+        assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000003"]
+    assert [s for s, _ in list_checkpoints(root)] == [3]
+    # the weights read back are the model's
+    weights = checkpoint.read_model_weights(checkpoint.checkpoint_dir(root, 3))
+    assert weights.keys() == model.state_dict().keys()
+    assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
