@@ -582,3 +582,112 @@ def test_vtc_with_same_clip_positives_is_albefs_soft_target() -> None:
     assert not torch.allclose(vtc_loss(v, t, 0.1, positives=same), vtc_loss(v, t, 0.1))
     with pytest.raises(ValueError, match="own pair"):
         vtc_loss(v, t, 0.1, positives=torch.zeros(4, 4, dtype=torch.bool))
+
+
+# ------------------------------------------------------------------- PEM: exact draws, bounds, defaults
+
+
+def _draw_sizes_by_hand(batch, grid_h, grid_w, area, ratio, dist, tries, gen):
+    """The size draw written out with the same generator calls: ``tries`` candidates (area share, ratio) per
+    clip, the first valid one kept; a clip with none takes a uniform pick among the nearest sizes."""
+    n = grid_h * grid_w
+    a = area[0] + (area[1] - area[0]) * torch.rand(batch, tries, generator=gen, dtype=torch.float64)
+    u = torch.rand(batch, tries, generator=gen, dtype=torch.float64)
+    lo, hi = ratio
+    r = lo + (hi - lo) * u if dist == "uniform" else torch.exp(math.log(lo) + (math.log(hi) - math.log(lo)) * u)
+    out, missing = [], []
+    for i in range(batch):
+        for k in range(tries):
+            h, w = (
+                round(math.sqrt(a[i, k].item() * n * r[i, k].item())),
+                round(math.sqrt(a[i, k].item() * n / r[i, k].item())),
+            )
+            frac, aspect = h * w / n, h / max(w, 1)
+            if (
+                1 <= h <= grid_h
+                and 1 <= w <= grid_w
+                and area[0] - 1e-9 <= frac <= area[1] + 1e-9
+                and lo - 1e-9 <= aspect <= hi + 1e-9
+            ):
+                out.append((h, w))
+                break
+        else:
+            out.append(None)
+            missing.append(i)
+    if missing:
+        options = sorted(_nearest_sizes_by_loops(grid_h, grid_w, area, ratio))
+        pick = torch.randint(len(options), (len(missing),), generator=gen)
+        for i, p in zip(missing, pick.tolist(), strict=True):
+            out[i] = options[p]
+    return out
+
+
+@pytest.mark.parametrize("dist", ["uniform", "log_uniform"])
+@pytest.mark.parametrize(("grid", "tries"), [((14, 14), 3), ((4, 6), 1), ((2, 2), 1)])
+def test_pem_box_sizes_are_the_documented_draws(dist: str, grid: tuple, tries: int) -> None:
+    """Seeded, the sizes are exactly the first valid candidate of each clip's draws, or a pick among the nearest
+    sizes (the fallback) from the same generator: the ratio law, the bounds and the pick are all pinned."""
+    from vlp.losses.entity import _draw_sizes
+
+    area, ratio = (0.3, 0.5), (0.3, 1 / 0.3)
+    got = _draw_sizes(300, *grid, area, ratio, dist, tries, torch.Generator().manual_seed(5))
+    want = _draw_sizes_by_hand(300, *grid, area, ratio, dist, tries, torch.Generator().manual_seed(5))
+    assert list(map(tuple, got.tolist())) == want
+
+
+def test_pem_boxes_are_reproducible_and_the_single_box_is_the_first_of_a_batch() -> None:
+    for kwargs in ({}, {"area": (0.2, 0.4), "ratio": (0.5, 2.0), "ratio_dist": "log_uniform", "max_tries": 5}):
+        one = sample_pem_box(14, 14, generator=torch.Generator().manual_seed(11), **kwargs)
+        first = sample_pem_boxes(
+            1, 14, 14, max_tries=kwargs.pop("max_tries", 64), generator=torch.Generator().manual_seed(11), **kwargs
+        )
+        assert tuple(first.boxes[0].tolist()) == (one.top, one.left, one.height, one.width)
+    a, b = (sample_pem_boxes(500, 2, 2, max_tries=1, generator=torch.Generator().manual_seed(0)) for _ in range(2))
+    assert torch.equal(a.boxes, b.boxes)  # the fallback's pick draws from the generator too
+    out = sample_pem_boxes(3, 14, 14, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(out.pixel_boxes, out.boxes * 16)  # the default patch size is 16 pixels
+    assert Box(2, 3, 4, 5).to_pixels(16) == Box(32, 48, 64, 80)
+    for batch, tries in ((0, 4), (4, 0)):
+        with pytest.raises(ValueError, match=f"^batch_size and max_tries must be >= 1, got {batch} and {tries}$"):
+            sample_pem_boxes(batch, 4, 4, max_tries=tries)
+
+
+def test_pem_keep_mask_threshold_is_inclusive_in_both_rules() -> None:
+    pseudo = torch.tensor([[0.25, 0.75], [0.75, 0.25], [0.5, 0.5]])
+    assert pem_keep_mask(pseudo, threshold=0.75).tolist() == [True, True, False]  # default rule: the paper's
+    assert pem_keep_mask(pseudo, "official_code", threshold=1.0).tolist() == [True, False, False]  # argmax >= 1
+    with pytest.raises(ValueError, match="rule must be 'paper' or 'official_code', got 'code'"):
+        pem_keep_mask(pseudo, "code")
+
+
+def test_pem_loss_refuses_shapes_that_disagree_and_a_one_token_box_pools_that_token() -> None:
+    logits, pseudo = torch.zeros(2, 3), torch.full((2, 3), 1 / 3)
+    for bad in [
+        (torch.zeros(2, 4), pseudo, torch.ones(2, dtype=torch.bool)),
+        (logits, pseudo, torch.ones(3, dtype=torch.bool)),
+    ]:
+        shapes = ", ".join(str(tuple(t.shape)) for t in bad)
+        with pytest.raises(ValueError, match=re.escape(f"expected logits/pseudo (B, M) and keep (B,), got {shapes}")):
+            pem_loss(*bad)
+    tokens = torch.arange(12.0).reshape(1, 4, 3)
+    mask = torch.tensor([[False, False, True, False]])
+    assert pool_box_tokens(tokens, mask).tolist() == [[6.0, 7.0, 8.0]]
+
+
+def test_mlm_loss_of_one_masked_token_and_its_shape_error() -> None:
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 1, 2] = math.log(3.0)  # p(2) = 3/6 at the one masked position
+    labels = torch.tensor([[IGNORE_INDEX, 2, IGNORE_INDEX]])
+    assert float(mlm_loss(logits, labels)) == pytest.approx(-math.log(0.5))
+    message = re.escape("logits (B, L, V) (1, 3, 4) do not match labels (B, L) (1, 2)")
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        mlm_loss(logits, labels[:, :2])
+
+
+def test_mean_pool_scores_are_cosines() -> None:
+    from vlp.losses.frames import mean_pool_scores
+
+    text = F.normalize(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), dim=-1)
+    frames = torch.tensor([[[3.0, 0.0], [3.0, 0.0]], [[0.0, 4.0], [2.0, 2.0]]])  # clip means (3, 0) and (1, 3)
+    want = torch.tensor([[1.0, 1 / math.sqrt(10)], [0.0, 3 / math.sqrt(10)]])
+    torch.testing.assert_close(mean_pool_scores(text, frames), want)
