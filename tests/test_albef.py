@@ -158,6 +158,11 @@ def test_mlm_distillation_by_hand():
         0.6 * hard + 0.4 * soft_ce
     )
     assert float(distill.mlm_distill_loss(logits, labels, None, 0.4)) == pytest.approx(hard)
+    assert float(distill.mlm_distill_loss(logits, labels, teacher, 1.0)) == pytest.approx(kl)  # the teacher alone
+    nothing = torch.full_like(labels, -100)  # no masked token: zero, still on the graph
+    leaf = logits.clone().requires_grad_(True)
+    zero = distill.mlm_distill_loss(leaf, nothing, teacher, 0.4)
+    assert float(zero.detach()) == 0.0 and zero.requires_grad
 
 
 # --------------------------------------------------------------------------- the model

@@ -789,3 +789,65 @@ def test_pruning_deletes_every_file_of_an_old_checkpoint_state_first(
     weights = checkpoint.read_model_weights(checkpoint.checkpoint_dir(root, 3))
     assert weights.keys() == model.state_dict().keys()
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
+
+
+def test_rng_state_round_trips_through_its_file_in_every_format(tmp_path: Path) -> None:
+    """A state written and read back is the state (NumPy's keys as uint32, the CUDA states in order); files of the
+    older layout (one metadata entry per library) read the same; a file without them is named as damaged."""
+    import json
+
+    from safetensors.torch import save as st_save
+
+    from vlp.train import checkpoint
+
+    state = capture_rng_state()
+    state.torch_cuda = [torch.arange(4, dtype=torch.uint8), torch.arange(4, 8, dtype=torch.uint8)]
+    uri = str(tmp_path / "rng.safetensors")
+    storage.write_bytes(uri, checkpoint._encode_rng(state))
+    back = checkpoint._decode_rng(uri)
+    assert back.python == state.python and back.numpy[0] == state.numpy[0] and back.numpy[2:] == state.numpy[2:]
+    assert back.numpy[1].dtype == np.uint32 and np.array_equal(back.numpy[1], state.numpy[1])
+    assert torch.equal(back.torch_cpu, state.torch_cpu)
+    assert [t.tolist() for t in back.torch_cuda] == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    generators = json.loads(safe_open_metadata(uri)["generators"])
+    old = str(tmp_path / "old.safetensors")  # the layout before one metadata entry
+    meta = {k: json.dumps(v) for k, v in generators.items()}
+    storage.write_bytes(old, st_save({"torch_cpu": state.torch_cpu}, metadata=meta))
+    again = checkpoint._decode_rng(old)
+    assert again.python == state.python and np.array_equal(again.numpy[1], state.numpy[1]) and again.torch_cuda == []
+    damaged = str(tmp_path / "damaged.safetensors")
+    storage.write_bytes(damaged, st_save({"torch_cpu": state.torch_cpu}, metadata={"python": meta["python"]}))
+    message = rf"^{re.escape(damaged)}: no readable Python/NumPy generator state \(KeyError\('numpy'\)\)$"
+    with pytest.raises(checkpoint.DamagedCheckpointError, match=message):
+        checkpoint._decode_rng(damaged)
+
+
+def safe_open_metadata(uri: str) -> dict[str, str]:
+    from safetensors import safe_open
+
+    with safe_open(uri, framework="pt") as fh:
+        return fh.metadata()
+
+
+def test_restoring_a_cuda_rng_state_without_cuda_warns_at_the_caller() -> None:
+    from vlp.train.checkpoint import restore_rng_state
+
+    state = capture_rng_state()
+    state.torch_cuda = [torch.zeros(16, dtype=torch.uint8)]
+    message = "^the checkpoint holds a CUDA RNG state but CUDA is not available; not restored$"
+    with pytest.warns(UserWarning, match=message) as caught:
+        restore_rng_state(state)
+    assert caught[0].filename == __file__  # stacklevel: the line that restored, not the library's
+
+
+def test_a_rank_the_checkpoint_lacks_resumes_with_rank_0s_rng_and_says_so(tmp_path: Path) -> None:
+    model = nn.Linear(2, 2)
+    torch.manual_seed(123)
+    uri = save_checkpoint(str(tmp_path), 1, model, None, None, world_size=1)
+    expected = torch.rand(3)  # what rank 0's generator gives next after the save
+    torch.manual_seed(0)
+    message = re.escape(f"{uri} was written by 1 rank(s); rank 1 resumes with rank 0's RNG")
+    with pytest.warns(UserWarning, match=f"^{message}$") as caught:
+        load_checkpoint(uri, nn.Linear(2, 2), rank=1)
+    assert caught[0].filename == __file__  # stacklevel: the caller of load_checkpoint
+    assert torch.equal(torch.rand(3), expected)
