@@ -851,3 +851,67 @@ def test_a_rank_the_checkpoint_lacks_resumes_with_rank_0s_rng_and_says_so(tmp_pa
         load_checkpoint(uri, nn.Linear(2, 2), rank=1)
     assert caught[0].filename == __file__  # stacklevel: the caller of load_checkpoint
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_load_checkpoint_states_what_it_cannot_restore_and_returns_where_it_read(tmp_path: Path) -> None:
+    """Errors name the checkpoint and what does not fit, word for word; a checkpoint of an older layout without
+    has_optimizer is taken to hold one; restore_rng=False leaves the generators alone; the result names the
+    checkpoint and its world size; rank 0 (the default) restores without a warning."""
+    import json
+    import warnings
+
+    from vlp.train import checkpoint
+
+    model = nn.Linear(3, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.ones(1, 3)).sum().backward()
+    opt.step()
+    uri = save_checkpoint(str(tmp_path / "a"), 4, model, opt, None, world_size=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load_checkpoint(uri, nn.Linear(3, 2), torch.optim.SGD(nn.Linear(3, 2).parameters(), lr=0.1))
+    assert (loaded.uri, loaded.step, loaded.world_size) == (uri, 4, 1)
+
+    target = nn.Linear(3, 2)  # (its initialisation draws from the generator)
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    load_checkpoint(uri, target, restore_rng=False)
+    assert torch.equal(torch.get_rng_state(), before)
+
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(uri)}: weights do not fit the model: "):
+        load_checkpoint(uri, nn.Linear(4, 2))
+    two_groups = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias]}], lr=0.1)
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(uri)}: optimiser state does not fit: "):
+        load_checkpoint(uri, nn.Linear(3, 2), two_groups)
+
+    bare = save_checkpoint(str(tmp_path / "b"), 1, model, None, None)
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(bare)} holds no optimiser state$"):
+        load_checkpoint(bare, nn.Linear(3, 2), torch.optim.SGD(nn.Linear(3, 2).parameters(), lr=0.1))
+    state_file = Path(uri) / STATE_FILE
+    state = json.loads(state_file.read_text())
+    del state["has_optimizer"]  # the layout before the flag: the optimiser file is there, and is read
+    state_file.write_text(json.dumps(state))
+    fresh = nn.Linear(3, 2)
+    fresh_opt = torch.optim.SGD(fresh.parameters(), lr=0.1, momentum=0.9)
+    load_checkpoint(uri, fresh, fresh_opt)
+    assert torch.equal(fresh_opt.state[fresh.weight]["momentum_buffer"], opt.state[model.weight]["momentum_buffer"])
+
+    state["format"] = "vlp-checkpoint-0"
+    state_file.write_text(json.dumps(state))
+    message = f"{uri}: unknown checkpoint format 'vlp-checkpoint-0', expected {checkpoint.FORMAT!r}"
+    with pytest.raises(CheckpointError, match=f"^{re.escape(message)}$"):
+        load_checkpoint(uri, nn.Linear(3, 2))
+
+
+def test_an_optimiser_file_without_its_structure_is_named_as_damaged(tmp_path: Path) -> None:
+    from safetensors.torch import save as st_save
+
+    from vlp.train import checkpoint
+
+    uri = str(tmp_path / OPTIM_FILE)
+    storage.write_bytes(uri, st_save({"x": torch.zeros(1)}, metadata={"other": "1"}))
+    with pytest.raises(
+        checkpoint.DamagedCheckpointError,
+        match=rf"^{re.escape(uri)}: no readable optimiser structure \(KeyError\('structure'\)\)$",
+    ):
+        checkpoint._decode_optimizer(uri)
