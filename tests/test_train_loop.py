@@ -915,3 +915,36 @@ def test_an_optimiser_file_without_its_structure_is_named_as_damaged(tmp_path: P
         match=rf"^{re.escape(uri)}: no readable optimiser structure \(KeyError\('structure'\)\)$",
     ):
         checkpoint._decode_optimizer(uri)
+
+
+def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: Path) -> None:
+    from vlp.train.checkpoint import load_pretrained_weights
+
+    uri = save_checkpoint(str(tmp_path), 1, nn.Sequential(*[nn.Linear(2, 2) for _ in range(9)]), None, None)
+
+    def error(model: nn.Module) -> str:
+        with pytest.raises(CheckpointError) as caught:
+            load_pretrained_weights(uri, model)
+        return str(caught.value)
+
+    def names(first: int, last: int) -> list[str]:
+        return [f"{i}.{p}" for i in range(first, last) for p in ("weight", "bias")]
+
+    # 4 more layers: 8 missing, all listed; 5 more: 10 missing, the first 8 then "..."
+    assert error(nn.Sequential(*[nn.Linear(2, 2) for _ in range(13)])) == (
+        f"{uri}: weights do not fit the model: missing {names(9, 13)}, shape mismatches []"
+    )
+    assert error(nn.Sequential(*[nn.Linear(2, 2) for _ in range(14)])) == (
+        f"{uri}: weights do not fit the model: missing {names(9, 13)}..., shape mismatches []"
+    )
+    nine = nn.Sequential(*[nn.Linear(2, 2) for _ in range(13)], nn.Linear(2, 2, bias=False))  # 9 missing
+    assert error(nine).endswith(f"missing {names(9, 13)}..., shape mismatches []")
+    mismatches = [
+        f"{i}.{p}: {(2, 2) if p == 'weight' else (2,)} vs {(3, 3) if p == 'weight' else (3,)}"
+        for i in range(4)
+        for p in ("weight", "bias")
+    ]
+    assert error(nn.Sequential(*[nn.Linear(3, 3) for _ in range(9)])) == (
+        f"{uri}: weights do not fit the model: missing [], shape mismatches {mismatches}"
+    )
+    assert load_pretrained_weights(uri, nn.Sequential(*[nn.Linear(2, 2) for _ in range(8)])) == ["8.bias", "8.weight"]
