@@ -288,8 +288,15 @@ def test_chance_levels_are_what_random_rankings_score():
             mean[key] = mean.get(key, 0.0) + value / trials
     for key in ("t2v_r1", "t2v_r5", "t2v_r10", "v2t_r1", "v2t_r5", "v2t_r10", "t2v_meanr", "v2t_meanr"):
         assert mean[key] == pytest.approx(chance[f"chance_{key}"], rel=0.08, abs=0.4), key
-    with pytest.raises(ValueError, match="empty"):
-        chance_metrics(torch.zeros(0, dtype=torch.long), 3)
+    message = "^no texts or no videos: chance is undefined for an empty evaluation set$"
+    for texts, videos in ((torch.zeros(0, dtype=torch.long), 3), (torch.zeros(2, dtype=torch.long), 0)):
+        with pytest.raises(ValueError, match=message):
+            chance_metrics(texts, videos)
+    single = chance_metrics(torch.zeros(3, dtype=torch.long), 1)  # one clip: every ranking finds it first
+    assert single["chance_t2v_r1"] == 100.0 and single["chance_v2t_r1"] == 100.0
+    # a clip without captions still counts: its best caption is never found, and (T + 1) / 1 is its mean rank
+    gap = chance_metrics(torch.tensor([0, 0, 1]), 3)
+    assert gap["chance_v2t_meanr"] == pytest.approx(((3 + 1) / 3 + (3 + 1) / 2 + (3 + 1) / 1) / 3)
 
 
 def test_heldout_vtm_scores_each_text_with_its_hardest_negatives():

@@ -948,3 +948,17 @@ def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: P
         f"{uri}: weights do not fit the model: missing [], shape mismatches {mismatches}"
     )
     assert load_pretrained_weights(uri, nn.Sequential(*[nn.Linear(2, 2) for _ in range(8)])) == ["8.bias", "8.weight"]
+
+
+def test_a_state_entry_that_is_not_a_tensor_is_named(tmp_path: Path) -> None:
+    from vlp.train.checkpoint import save_model_weights
+
+    class WithExtra(nn.Linear):
+        def get_extra_state(self) -> dict:
+            return {"note": 1}
+
+        def set_extra_state(self, state: dict) -> None:
+            pass
+
+    with pytest.raises(CheckpointError, match=r"^model: entry '_extra_state' is a dict, not a tensor$"):
+        save_model_weights(str(tmp_path), WithExtra(2, 2))
