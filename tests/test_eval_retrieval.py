@@ -143,8 +143,19 @@ def test_rank_input_errors() -> None:
         ranks_t2v(torch.zeros(3, 2), _idx([0, 1]))
     with pytest.raises(ValueError, match="outside"):
         ranks_t2v(torch.zeros(2, 2), _idx([0, 2]))
-    with pytest.raises(ValueError, match="empty"):
+    with pytest.raises(ValueError, match=r"^no ranks to summarise: the evaluation set is empty$"):
         retrieval.rank_summary(torch.zeros(0, dtype=torch.long), "t2v")
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32])
+def test_video_indices_of_any_integer_dtype_rank_alike(dtype):
+    """Narrow integer indices (a uint8 column from parquet) rank as int64 ones do, in both directions."""
+    from vlp.eval.retrieval import ranks_v2t
+
+    scores = torch.rand(6, 3, generator=torch.Generator().manual_seed(2))
+    text_video = _idx([0, 1, 2, 0, 1, 2])
+    assert torch.equal(ranks_t2v(scores, text_video.to(dtype)), ranks_t2v(scores, text_video))
+    assert torch.equal(ranks_v2t(scores, text_video.to(dtype)), ranks_v2t(scores, text_video))
 
 
 # ---------------------------------------------------------------- top-k re-ranking
