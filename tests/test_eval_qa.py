@@ -84,7 +84,7 @@ def test_input_errors() -> None:
     """Each error names what is wrong, word for word (what a user reads)."""
     with pytest.raises(ValueError, match="one entry per question"):
         qa_metrics(["a"], ["a", "b"], ["x", "x"], ["a"])
-    with pytest.raises(ValueError, match="^no questions to evaluate: the QA split is empty$"):
+    with pytest.raises(ValueError, match=r"^no questions to evaluate: the QA split is empty$"):
         qa_metrics([], [], [], ["a"])
     with pytest.raises(ValueError, match="collide"):
         qa_metrics(["a"], ["a"], ["in_vocab"], ["a"])
@@ -98,9 +98,9 @@ def test_baselines_chance_and_majority() -> None:
     out = qa_baselines(gold, ["red", "blue", "green"], "red")
     assert out == {"chance_accuracy": 3 / 4 / 3, "majority_accuracy": 2 / 4}
     assert qa_baselines(gold, ["red", "blue"], "zebra")["majority_accuracy"] == 0.0  # a guess it cannot make
-    with pytest.raises(ValueError, match="^no answers to take the majority of$"):
+    with pytest.raises(ValueError, match=r"^no answers to take the majority of$"):
         majority_answer([])
-    with pytest.raises(ValueError, match="^no answers to take the majority of$"):
+    with pytest.raises(ValueError, match=r"^no answers to take the majority of$"):
         majority_answer(["", "  "])  # blank answers are no answers
     message = "^baselines need at least one gold answer and a non-empty vocabulary$"
     for gold, vocab in (([], ["red"]), (["red"], [])):
