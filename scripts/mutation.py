@@ -16,6 +16,7 @@ bound on what ``make test`` catches.
     python scripts/mutation.py --only losses eval.qa   # some targets (the report then shows only those)
     python scripts/mutation.py --resume                # go on with an interrupted run (mutmut keeps each result)
     python scripts/mutation.py --report-only           # rewrite the report from the last run
+    python scripts/mutation.py --names FILE            # only the mutants FILE names (e.g. the last survivors)
 """
 
 from __future__ import annotations
@@ -128,14 +129,14 @@ def prepare(targets: list[str], wide: bool) -> list[str]:
     return tests
 
 
-def run(max_children: int) -> int:
+def run(max_children: int, names: list[str] = ()) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TERM": "dumb"}
     log = WORK / "mutmut.log"
     mutmut = Path(sys.executable).with_name("mutmut")
     print(f"mutation: mutmut run in {WORK} (log: {log})", flush=True)
     with open(log, "wb") as fh:
         proc = subprocess.run(
-            [str(mutmut), "run", "--max-children", str(max_children)],
+            [str(mutmut), "run", "--max-children", str(max_children), *names],
             cwd=WORK,
             env=env,
             stdout=fh,
@@ -252,6 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the last run")
     parser.add_argument("--wide", action="store_true", help="every test file whose imports reach a target")
     parser.add_argument("--resume", action="store_true", help="go on with the last run (its mutants and tests)")
+    parser.add_argument("--names", type=Path, help="run only the mutants named in this file (one per line)")
+    parser.add_argument("--save", type=Path, help="also write every mutant's status to this JSON file")
     args = parser.parse_args(argv)
     targets = args.only or list(TARGETS)
     elapsed = None
@@ -262,14 +265,18 @@ def main(argv: list[str] | None = None) -> int:
         (WORK / "tests.json").write_text(json.dumps(tests))
     if not args.report_only:
         start = dt.datetime.now()
-        rc = run(args.max_children)
+        names = args.names.read_text().split() if args.names else []
+        rc = run(args.max_children, names)
         elapsed = (dt.datetime.now() - start).total_seconds()
         if rc != 0:
             print(f"mutation: mutmut exited {rc}; see {WORK / 'mutmut.log'}", file=sys.stderr)
             return rc
         if args.resume:
             elapsed = None  # the time of the runs before this one is not known here
-    write_report(report(tests, results(), elapsed))
+    statuses = results()
+    if args.save:
+        args.save.write_text(json.dumps(statuses, indent=0, sort_keys=True))
+    write_report(report(tests, statuses, elapsed))
     return 0
 
 

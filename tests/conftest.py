@@ -175,6 +175,7 @@ def mp4_factory(tmp_path: Path):
 # one worker idle while the other finishes it. The main job's file alone is about 40% of the suite.
 LONGEST_FIRST = (
     "test_pipeline_local.py",  # 478 s: the main job and the other families' DAGs
+    "test_pipeline_s3.py",  # the whole DAG on Ceph RGW (`make test TEST_S3=rgw`, CI); skipped on moto
     "test_pretrain_steps.py",  # 77 s
     "test_pipeline_cache.py",  # 76 s
     "test_tracking_outage.py",  # 52 s
