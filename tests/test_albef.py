@@ -143,6 +143,11 @@ def test_the_paper_and_code_forms_differ_by_the_teacher_entropy_with_the_same_gr
     # by hand: -sum(mix * log_softmax(student)) averaged over rows, mix = 0.4 q + 0.6 one-hot
     mix = 0.4 * q + 0.6 * positives.float()
     assert values["code"] == pytest.approx(float(-(mix * student.detach().log_softmax(1)).sum(1).mean()), rel=1e-6)
+    default = float(distill.itc_distill_loss(student, student, teacher, teacher, positives, 0.4).detach())
+    assert default == values["paper"]  # the logged value is the paper's unless asked
+    message = r"^the four logit grids must have one shape, got \(3, 5\) and others$"
+    with pytest.raises(ValueError, match=message):  # the teacher's grid alone is off
+        distill.itc_distill_loss(student, student, teacher[:, :4], teacher, positives, 0.4)
 
 
 def test_mlm_distillation_by_hand():

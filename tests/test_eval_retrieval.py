@@ -134,6 +134,17 @@ def test_v2t_matches_a_loop_reference_on_random_tied_scores(chunk: int, monkeypa
     assert ranks_v2t(scores, text_video).tolist() == _v2t_reference(scores, text_video)
 
 
+def test_rank_input_errors_word_for_word() -> None:
+    message = r"^scores must be a \(T, V\) matrix \(row = text, column = video\), got \(3,\)$"
+    with pytest.raises(ValueError, match=message):
+        ranks_t2v(torch.zeros(3), _idx([0, 1, 2]))
+    for dtype in (torch.bool, torch.float32):
+        with pytest.raises(ValueError, match=rf"^text_video must hold integer video indices, got dtype {dtype}$"):
+            ranks_t2v(torch.zeros(2, 2), torch.tensor([0, 1]).to(dtype))
+    with pytest.raises(ValueError, match=r"^scores contain NaN; use -inf for pairs that were not scored$"):
+        ranks_t2v(_t([[float("nan"), 0.0]]), _idx([0]))
+
+
 def test_rank_input_errors() -> None:
     with pytest.raises(ValueError, match="no caption"):
         ranks_v2t(torch.zeros(2, 3), _idx([0, 1]))
