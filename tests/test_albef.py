@@ -126,6 +126,13 @@ def test_itc_targets_mix_the_teacher_and_the_truth():
         distill.itc_targets(torch.zeros(1, 2), torch.zeros(1, 2, dtype=torch.bool), 0.4)
 
 
+def test_soft_cross_entropy_is_over_the_last_dimension_for_any_leading_shape():
+    gen = torch.Generator().manual_seed(1)
+    logits, targets = torch.randn(2, 3, 4, generator=gen), torch.rand(2, 3, 4, generator=gen).softmax(-1)
+    rows = [-(targets[i, j] * logits[i, j].log_softmax(0)).sum() for i in range(2) for j in range(3)]
+    assert float(distill.soft_cross_entropy(logits, targets)) == pytest.approx(float(sum(rows) / 6), rel=1e-6)
+
+
 def test_the_paper_and_code_forms_differ_by_the_teacher_entropy_with_the_same_gradient():
     gen = torch.Generator().manual_seed(0)
     student = torch.randn(3, 5, generator=gen, requires_grad=True)

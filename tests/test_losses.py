@@ -291,6 +291,27 @@ def test_mask_tokens_special_mask_and_random_exclusion() -> None:
         mask_tokens(ids, vocab_size=10, mask_token_id=4, mask_frac=0.9, random_frac=0.2)
     with pytest.raises(ValueError, match=r"\(B, L\)"):
         mask_tokens(ids[0], vocab_size=10, mask_token_id=4)
+    # seeded, the excluding draw is reproducible too; a 0/1 integer special mask is a mask like a bool one
+    again, _ = mask_tokens(ids, random_excludes_special=True, generator=torch.Generator().manual_seed(2), **kw)
+    assert torch.equal(again, excl)
+    as_bool = mask_tokens(
+        ids, vocab_size=10, mask_token_id=4, special_mask=pad_mask, prob=0.5, generator=torch.Generator().manual_seed(3)
+    )
+    as_int = mask_tokens(
+        ids,
+        vocab_size=10,
+        mask_token_id=4,
+        special_mask=pad_mask.long(),
+        prob=0.5,
+        generator=torch.Generator().manual_seed(3),
+    )
+    assert all(torch.equal(a, b) for a, b in zip(as_bool, as_int, strict=True))
+    message = re.escape("special_mask must match input_ids (400, 30), got (400, 29)")
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        mask_tokens(ids, vocab_size=10, mask_token_id=4, special_mask=pad_mask[:, 1:])
+    for bad in ({"prob": 1.5}, {"mask_frac": -0.1}, {"random_frac": -0.1}):  # each one alone is refused
+        with pytest.raises(ValueError, match="with sum <= 1"):
+            mask_tokens(ids, vocab_size=10, mask_token_id=4, **bad)
 
 
 def test_mlm_loss_value_and_empty_selection() -> None:
