@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import testmap
 
 ROOT = testmap.ROOT
-WORK = ROOT / ".cache" / "mutation"
+WORK = Path(os.environ.get("VLP_MUTATION_WORK", ROOT / ".cache" / "mutation"))  # mutmut's working copy
 REPORT = ROOT / "docs" / "mutation.md"
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.toml"
 MARKER = "<!-- Everything below is written by scripts/mutation.py; edit above this line. -->"
