@@ -605,3 +605,17 @@ def test_a_storage_outage_that_lasts_fails_the_step_and_names_the_file(tmp_path,
         with pytest.raises(storage.StorageError, match=r"failed on 1 file\(s\) after 3 attempts .*good01.mp4.*rerun"):
             ingest(storage.join(s3_bucket, "raw"), str(tmp_path / "out"), cfg)
     assert not (tmp_path / "out" / manifest.VIDEOS).exists(), "no dataset that silently lacks the video"
+
+
+def test_duration_bounds_are_inclusive_and_only_apply_to_probed_videos():
+    from vlp.data.ingest.validate import _duration_problem
+
+    cfg = IngestConfig(workers=1, progress=False, min_duration_s=2.0, max_duration_s=4.0)
+    for seconds in (2.0, 3.0, 4.0):  # both bounds belong to the range
+        assert _duration_problem("video", {"duration_s": seconds}, cfg) is None
+    assert _duration_problem("video", {"duration_s": 1.5}, cfg) == "too short: 1.500 s < ingest.min_duration_s=2.0"
+    assert _duration_problem("video", {"duration_s": 4.5}, cfg) == "too long: 4.500 s > ingest.max_duration_s=4.0"
+    assert _duration_problem("video", None, cfg) is None  # not probed (a reject already)
+    assert _duration_problem("image", {"duration_s": 0.0}, cfg) is None  # a still image has no duration
+    unbounded = IngestConfig(workers=1, progress=False, min_duration_s=0.0, max_duration_s=0.0)
+    assert _duration_problem("video", {"duration_s": 1e6}, unbounded) is None  # max 0: no upper bound

@@ -309,6 +309,12 @@ def test_mask_tokens_special_mask_and_random_exclusion() -> None:
     message = re.escape("special_mask must match input_ids (400, 30), got (400, 29)")
     with pytest.raises(ValueError, match=f"^{message}$"):
         mask_tokens(ids, vocab_size=10, mask_token_id=4, special_mask=pad_mask[:, 1:])
+    for edge in ({"prob": 0.0}, {"random_frac": 0.0}, {"mask_frac": 0.0, "random_frac": 1.0}):  # allowed ends
+        mask_tokens(ids, vocab_size=10, mask_token_id=4, **edge)
+    none, labels = mask_tokens(ids, vocab_size=10, mask_token_id=4, prob=0.0)
+    assert torch.equal(none, ids) and (labels == IGNORE_INDEX).all()
+    narrow, _ = mask_tokens(ids.int(), vocab_size=10, mask_token_id=4, prob=1.0, mask_frac=0.0, random_frac=1.0)
+    assert narrow.dtype == torch.int32  # random replacements keep the ids' dtype
     for bad in ({"prob": 1.5}, {"mask_frac": -0.1}, {"random_frac": -0.1}):  # each one alone is refused
         with pytest.raises(ValueError, match="with sum <= 1"):
             mask_tokens(ids, vocab_size=10, mask_token_id=4, **bad)
@@ -693,6 +699,18 @@ def test_pem_loss_refuses_shapes_that_disagree_and_a_one_token_box_pools_that_to
     tokens = torch.arange(12.0).reshape(1, 4, 3)
     mask = torch.tensor([[False, False, True, False]])
     assert pool_box_tokens(tokens, mask).tolist() == [[6.0, 7.0, 8.0]]
+
+
+def test_vtm_shapes_are_checked_with_their_messages() -> None:
+    with pytest.raises(ValueError, match=r"^batch_size must be >= 1, got 0$"):
+        vtm_labels(0)
+    for bad in (torch.zeros(6, 3), torch.zeros(6)):  # two columns, and a matrix
+        with pytest.raises(
+            ValueError, match=rf"^VTM logits must be \(3B, 2\), got {re.escape(str(tuple(bad.shape)))}$"
+        ):
+            vtm_loss(bad)
+    with pytest.raises(ValueError, match=r"^VTM logits need 3B rows \(B positives \+ 2B negatives\), got 7$"):
+        vtm_loss(torch.zeros(7, 2))
 
 
 def test_mlm_loss_of_one_masked_token_and_its_shape_error() -> None:
