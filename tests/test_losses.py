@@ -730,3 +730,14 @@ def test_mean_pool_scores_are_cosines() -> None:
     frames = torch.tensor([[[3.0, 0.0], [3.0, 0.0]], [[0.0, 4.0], [2.0, 2.0]]])  # clip means (3, 0) and (1, 3)
     want = torch.tensor([[1.0, 1 / math.sqrt(10)], [0.0, 3 / math.sqrt(10)]])
     torch.testing.assert_close(mean_pool_scores(text, frames), want)
+
+
+def test_hard_negative_exclusions_are_per_row_and_a_row_left_empty_keeps_every_other_item() -> None:
+    sim = torch.zeros(3, 3)  # equal similarities: the weights are uniform over what a row may draw
+    exclude = torch.tensor([[False, True, True], [False, False, False], [True, False, False]])
+    # row 0 excludes both others: it falls back to them; row 1 excludes nothing; row 2 excludes item 0
+    want = torch.tensor([[0.0, 0.5, 0.5], [0.5, 0.0, 0.5], [0.0, 1.0, 0.0]])
+    torch.testing.assert_close(hard_negative_weights(sim, exclude=exclude), want)
+    torch.testing.assert_close(hard_negative_weights(sim, exclude=exclude.long()), want)  # 0/1 works as bool
+    with pytest.raises(ValueError, match=r"^exclude must be \(3, 3\), got \(3, 2\)$"):
+        hard_negative_weights(sim, exclude=exclude[:, :2])
