@@ -81,3 +81,17 @@ def test_mutants_are_scored_against_their_target() -> None:
         assert files and all((ROOT / f).is_file() for f in files)
     selected = mutation.selected_tests(["data.sampling"])
     assert "tests/test_sampling.py" in selected and not set(selected) & set(mutation.EXCLUDED_TESTS)
+
+
+def test_every_equivalent_mutant_has_its_change_and_reason() -> None:
+    """scripts/mutation_equivalent.toml parses (a mutant listed twice does not), and each entry names a mutant of
+    a target with the diff it was judged on and why no test can tell it from the code."""
+    mutation = load("mutation")
+    entries = mutation.load_equivalent()
+    assert entries
+    for name, entry in entries.items():
+        assert mutation.target_of(name) in mutation.TARGETS
+        assert set(entry) == {"change", "why"}, name
+        lines = entry["change"].strip().splitlines()
+        assert any(x.startswith("-") for x in lines) and any(x.startswith("+") for x in lines), name
+        assert len(entry["why"]) > 20, name
