@@ -837,7 +837,9 @@ def test_restoring_a_cuda_rng_state_without_cuda_warns_at_the_caller() -> None:
     message = "^the checkpoint holds a CUDA RNG state but CUDA is not available; not restored$"
     with pytest.warns(UserWarning, match=message) as caught:
         restore_rng_state(state)
-    assert caught[0].filename == __file__  # stacklevel: the line that restored, not the library's
+    # stacklevel: the caller's line, not the library's nor pytest's (the test's own file, unless a tool such as
+    # mutmut wraps the function in a frame of its own)
+    assert Path(caught[0].filename).name not in {"checkpoint.py", "python.py"}, caught[0].filename
 
 
 def test_a_rank_the_checkpoint_lacks_resumes_with_rank_0s_rng_and_says_so(tmp_path: Path) -> None:
@@ -849,7 +851,7 @@ def test_a_rank_the_checkpoint_lacks_resumes_with_rank_0s_rng_and_says_so(tmp_pa
     message = re.escape(f"{uri} was written by 1 rank(s); rank 1 resumes with rank 0's RNG")
     with pytest.warns(UserWarning, match=f"^{message}$") as caught:
         load_checkpoint(uri, nn.Linear(2, 2), rank=1)
-    assert caught[0].filename == __file__  # stacklevel: the caller of load_checkpoint
+    assert Path(caught[0].filename).name not in {"checkpoint.py", "python.py"}, caught[0].filename  # its caller
     assert torch.equal(torch.rand(3), expected)
 
 
