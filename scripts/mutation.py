@@ -191,7 +191,7 @@ def report(tests: list[str], statuses: dict[str, str], elapsed: float | None) ->
         counts = Counter(mine.values())
         eq = 0
         for key, status in sorted(mine.items()):
-            if status in ("survived", "no tests", "suspicious"):
+            if status in ("survived", "no tests", "suspicious", "segfault"):  # a kill by a signal proves nothing
                 change = diff(key)
                 entry = equivalent.get(key)
                 if entry is not None and entry.get("change", "").strip() == change.strip():
@@ -200,12 +200,12 @@ def report(tests: list[str], statuses: dict[str, str], elapsed: float | None) ->
                 if entry is not None:
                     stale.append(key)
                 survivors.setdefault(name, []).append((key, f"{status}\n{change}"))
-        caught = counts["killed"] + counts["timeout"] + counts["segfault"]
+        caught = counts["killed"] + counts["timeout"]
         unrun = counts["not checked"] + counts["check was interrupted by user"]
         scored = len(mine) - eq - unrun
         score = f"{caught / scored:.1%}" if scored else "-"
         rows.append(
-            f"| `{name}` | {len(mine)} | {unrun} | {counts['killed']} | {counts['timeout'] + counts['segfault']} "
+            f"| `{name}` | {len(mine)} | {unrun} | {counts['killed']} | {counts['timeout']} "
             f"| {eq} | {len(survivors.get(name, []))} | {score} |"
         )
     lines = [
@@ -224,7 +224,8 @@ def report(tests: list[str], statuses: dict[str, str], elapsed: float | None) ->
         *rows,
         "",
         "Score: (killed + timeout) / (mutants - not run - equivalent). *survived* counts the mutants no test failed"
-        " on and those of functions no selected test calls; *not run*: an interrupted run had not reached them.",
+        " on, those of functions no selected test calls, and those whose run a signal ended (SIGKILL or SIGSEGV:"
+        " inconclusive); *not run*: an interrupted run had not reached them.",
     ]
     if stale:
         lines += [
