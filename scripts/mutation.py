@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tomllib
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -106,7 +107,7 @@ def _toml_list(values: list[str]) -> str:
 
 
 def prepare(targets: list[str], wide: bool) -> list[str]:
-    """A fresh scratch copy under .cache/mutation with the mutmut and pytest settings for ``targets``."""
+    """A fresh scratch copy in :data:`WORK` with the mutmut and pytest settings for ``targets``."""
     if WORK.exists():
         shutil.rmtree(WORK)
     WORK.mkdir(parents=True)
@@ -129,7 +130,7 @@ def prepare(targets: list[str], wide: bool) -> list[str]:
     return tests
 
 
-def run(max_children: int, names: list[str] = ()) -> int:
+def run(max_children: int, names: Sequence[str] = ()) -> int:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TERM": "dumb"}
     log = WORK / "mutmut.log"
     mutmut = Path(sys.executable).with_name("mutmut")
@@ -149,7 +150,6 @@ def run(max_children: int, names: list[str] = ()) -> int:
 
 def results() -> dict[str, str]:
     """mutant name -> mutmut's status, from the .meta files of the last run."""
-    sys.path.insert(0, str(Path(sys.executable).parent))
     from mutmut.stats import status_by_exit_code
 
     statuses: dict[str, str] = {}
