@@ -56,6 +56,7 @@ RGW_DIR ?= /tmp/vlp-rgw
 TEST_JOBS ?= 2
 TEST_THREADS ?= 1
 XDIST := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
+PYTEST = OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST)
 test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test (TEST_S3=rgw: against Ceph RGW)
 	@set -euo pipefail; \
 	if [ "$(TEST_S3)" = rgw ]; then \
@@ -64,10 +65,10 @@ test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart 
 	  test -n "$$endpoint" || { echo "make test TEST_S3=rgw: scripts/s3-server.sh printed no endpoint" >&2; exit 1; }; \
 	  export VLP_TEST_S3_ENDPOINT=$$endpoint; \
 	fi; \
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) --ignore=tests/test_chart.py --ignore=tests/test_docker.py
+	$(PYTEST) --ignore=tests/test_chart.py --ignore=tests/test_docker.py
 
 test-fast: $(STAMP) ## Run the tests not marked slow
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) -m "not slow"
+	$(PYTEST) -m "not slow"
 
 # The tests that touch one module (scripts/testmap.py: every test file whose imports reach it), e.g.
 # make test-module M=src/vlp/eval/qa.py   (or M=vlp.eval.qa; several: M="vlp.losses vlp.eval.qa"; FAST=1 skips slow)
@@ -78,7 +79,7 @@ test-module: $(STAMP) ## Run the tests that touch module M (M=src/vlp/eval/qa.py
 	@files=$$($(PY) scripts/testmap.py $(M)) || exit $$?; \
 	test -n "$$files" || { echo "make test-module: no test file touches $(M)" >&2; exit 1; }; \
 	echo "make test-module: $$(echo $$files | wc -w) test files touch $(M)"; \
-	OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST) $(if $(filter 1,$(FAST)),-m "not slow") $$files
+	$(PYTEST) $(if $(filter 1,$(FAST)),-m "not slow") $$files
 
 MUTATION_ARGS ?=
 mutation: $(STAMP) ## Mutation testing (mutmut) of the modules where a silent error costs most -> docs/mutation.md (hours; not in CI)
