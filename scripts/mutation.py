@@ -17,6 +17,7 @@ bound on what ``make test`` catches.
     python scripts/mutation.py --resume                # go on with an interrupted run (mutmut keeps each result)
     python scripts/mutation.py --report-only           # rewrite the report from the last run
     python scripts/mutation.py --names FILE            # only the mutants FILE names (e.g. the last survivors)
+    python scripts/mutation.py --names FILE --base OLD.json  # ... scored together with an earlier run (--save)
 """
 
 from __future__ import annotations
@@ -159,6 +160,12 @@ def results() -> dict[str, str]:
     return statuses
 
 
+def merged(base: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    """An earlier run's statuses, with those of the mutants a later run reached replaced by the later result."""
+    unrun = ("not checked", "check was interrupted by user")
+    return {**base, **{k: v for k, v in new.items() if v not in unrun or k not in base}}
+
+
 def diff(mutant: str) -> str:
     """The changed lines of a mutant (``-`` original, ``+`` mutant), from ``mutmut show``."""
     out = subprocess.run(
@@ -256,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="go on with the last run (its mutants and tests)")
     parser.add_argument("--names", type=Path, help="run only the mutants named in this file (one per line)")
     parser.add_argument("--save", type=Path, help="also write every mutant's status to this JSON file")
+    parser.add_argument(
+        "--base", type=Path, help="statuses of an earlier run (its --save file): what this run ran replaces theirs"
+    )
     args = parser.parse_args(argv)
     targets = args.only or list(TARGETS)
     elapsed = None
@@ -275,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.resume:
             elapsed = None  # the time of the runs before this one is not known here
     statuses = results()
+    if args.base:
+        statuses = merged(json.loads(args.base.read_text()), statuses)
     if args.save:
         args.save.write_text(json.dumps(statuses, indent=0, sort_keys=True))
     write_report(report(tests, statuses, elapsed))

@@ -108,8 +108,11 @@ def test_a_training_forward_scores_against_the_queue_then_enqueues(tok):
 def test_alpha_ramps_linearly_over_the_first_steps():
     assert [distill.alpha_at(s, 0.4, 4) for s in range(6)] == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4, 0.4])
     assert distill.alpha_at(0, 0.4, 0) == 0.4
-    with pytest.raises(ValueError):
-        distill.alpha_at(-1, 0.4, 4)
+    assert distill.alpha_at(2, 0.0, 4) == 0.0 and distill.alpha_at(2, 1.0, 4) == 0.5  # both ends of [0, 1] allowed
+    for step, alpha, ramp in [(-1, 0.4, 4), (0, 0.4, -1), (0, -0.1, 4), (0, 1.01, 4), (0, 1.5, 0)]:
+        message = rf"^need step >= 0, ramp_steps >= 0 and alpha in \[0, 1\], got {step}, {ramp}, {alpha}$"
+        with pytest.raises(ValueError, match=message):
+            distill.alpha_at(step, alpha, ramp)
     cfg = FAMILY.prepare(AlbefConfig.tiny(vocab_size=10, queue_size=8, alpha_ramp_steps=-1), 7, 4)
     assert cfg.alpha_ramp_steps == 7  # -1 = one epoch of batches
     with pytest.raises(ValueError, match="prepare"):

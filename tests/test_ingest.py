@@ -619,3 +619,38 @@ def test_duration_bounds_are_inclusive_and_only_apply_to_probed_videos():
     assert _duration_problem("image", {"duration_s": 0.0}, cfg) is None  # a still image has no duration
     unbounded = IngestConfig(workers=1, progress=False, min_duration_s=0.0, max_duration_s=0.0)
     assert _duration_problem("video", {"duration_s": 1e6}, unbounded) is None  # max 0: no upper bound
+
+
+def test_each_video_row_problem_has_its_own_exact_reason(tmp_path, clip_bytes):
+    """One row per problem a video row can have, each reason checked whole: what a user reads in rejects.parquet."""
+    for name in ("a.mp4", "b.mp4", "c.mp4", "d.mp4", "pic.jpg"):
+        put(tmp_path / "src" / name, clip_bytes)
+    row = {"split": "train", "media": "video", "source": "synth"}
+    videos = [
+        row | {"video_id": "three", "path": "a.mp4"},  # one id, three files: each row names the others
+        row | {"video_id": "three", "path": "b.mp4"},
+        row | {"video_id": "three", "path": "c.mp4"},
+        row | {"video_id": "", "path": "d.mp4"},
+        row | {"video_id": "nopath", "path": ""},
+        row | {"video_id": "split", "path": "d.mp4", "split": "holdout"},
+        row | {"video_id": "media", "path": "d.mp4", "media": "audio"},
+        row | {"video_id": "notimage", "path": "d.mp4", "media": "image"},
+        row | {"video_id": "image", "path": "pic.jpg"},
+    ]
+    write_raw(tmp_path / "src", videos, [])
+
+    ingest(str(tmp_path / "src"), str(tmp_path / "out"), CFG)
+
+    reasons = [r["reason"] for r in read(tmp_path / "out", manifest.REJECTS) if r["kind"] == "video"]
+    src = tmp_path / "src"
+    assert reasons == [
+        f"duplicate video_id: 'three' also names {str(src / 'b.mp4')!r} and 1 other file(s)",
+        f"duplicate video_id: 'three' also names {str(src / 'a.mp4')!r} and 1 other file(s)",
+        f"duplicate video_id: 'three' also names {str(src / 'a.mp4')!r} and 1 other file(s)",
+        "malformed record: empty video_id",
+        "malformed record: empty path",
+        "unknown split: 'holdout' (expected one of train, val, test)",
+        "unknown media: 'audio' (expected one of video, image)",
+        "media mismatch: media is 'image' but d.mp4 has no image suffix ('.jpg', '.jpeg', '.png', '.bmp', '.webp')",
+        "media mismatch: media is 'video' but pic.jpg is an image file",
+    ]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -412,6 +413,9 @@ def _nearest_sizes_by_loops(grid_h: int, grid_w: int, area: tuple, ratio: tuple)
         ((5, 3), (0.05, 0.1), (0.2, 0.3)),  # small and wide on a tall grid: nothing fits
         ((2, 7), (0.5, 0.6), (1.5, 2.0)),  # tall boxes on a wide, short grid
         ((1, 1), (0.3, 0.5), (0.3, 1 / 0.3)),  # the whole frame is the only size
+        # two sizes, each outside one range: the nearer wins, the area's gap and the ratio's added (1x1 here)
+        ((1, 2), (0.3, 0.81), (0.16, 0.88)),  # 1x1: ratio 1 over 0.88; 1x2: area 1 over 0.81
+        ((2, 1), (0.25, 0.75), (1.07, 2.07)),  # 1x1: ratio 1 under 1.07; 2x1: area 1 over 0.75
     ],
 )
 def test_pem_fallback_sizes_are_the_nearest_grid_sizes(grid: tuple, area: tuple, ratio: tuple) -> None:
@@ -504,6 +508,16 @@ def test_crop_frames_both_modes() -> None:
         assert wide.dtype == torch.float64
         narrow = crop_frames(frames, boxes, mode=mode, size=(5, 7) if mode == "resize" else None)
         torch.testing.assert_close(wide, narrow.double(), atol=1e-3, rtol=1e-5)
+    # in double precision the whole computation is double: equal to F.interpolate of the crop far below float32's
+    # resolution, and grid_sample is told its corner convention (no warning about the default)
+    odd = torch.tensor([[3, 5, 13, 29], [1, 2, 30, 45]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = crop_frames(frames.double() * 1.001, odd, size=(11, 17))
+    for i, (t0, l0, bh, bw) in enumerate(odd.tolist()):
+        crop = frames[i, :, :, t0 : t0 + bh, l0 : l0 + bw].double() * 1.001
+        ref = F.interpolate(crop, size=(11, 17), mode="bilinear", align_corners=False)
+        torch.testing.assert_close(got[i], ref, atol=1e-9, rtol=1e-12)
     message = r"^expected frames \(B, T, C, H, W\) and boxes \(B, 4\), got \(2, 3, 3, 32, 48\), \(2, 3\)$"
     with pytest.raises(ValueError, match=message):  # the boxes alone are wrong
         crop_frames(frames, boxes[:, :3])

@@ -95,3 +95,18 @@ def test_every_equivalent_mutant_has_its_change_and_reason() -> None:
         lines = entry["change"].strip().splitlines()
         assert any(x.startswith("-") for x in lines) and any(x.startswith("+") for x in lines), name
         assert len(entry["why"]) > 20, name
+
+
+def test_a_later_run_of_some_mutants_replaces_only_their_results() -> None:
+    """--base: an earlier run's statuses, overridden by the mutants a --names run reached; the ones it did not run
+    ('not checked' there) keep their earlier result, and a mutant new in the later run is added."""
+    mutation = load("mutation")
+    base = {"a": "survived", "b": "killed", "c": "not checked", "d": "segfault"}
+    later = {"a": "killed", "b": "not checked", "c": "survived", "d": "not checked", "e": "not checked"}
+    assert mutation.merged(base, later) == {
+        "a": "killed",
+        "b": "killed",
+        "c": "survived",
+        "d": "segfault",
+        "e": "not checked",
+    }

@@ -922,7 +922,8 @@ def test_an_optimiser_file_without_its_structure_is_named_as_damaged(tmp_path: P
 def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: Path) -> None:
     from vlp.train.checkpoint import load_pretrained_weights
 
-    uri = save_checkpoint(str(tmp_path), 1, nn.Sequential(*[nn.Linear(2, 2) for _ in range(9)]), None, None)
+    saved = nn.Sequential(*[nn.Linear(2, 2) for _ in range(9)])
+    uri = save_checkpoint(str(tmp_path), 1, saved, None, None)
 
     def error(model: nn.Module) -> str:
         with pytest.raises(CheckpointError) as caught:
@@ -949,7 +950,9 @@ def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: P
     assert error(nn.Sequential(*[nn.Linear(3, 3) for _ in range(9)])) == (
         f"{uri}: weights do not fit the model: missing [], shape mismatches {mismatches}"
     )
-    assert load_pretrained_weights(uri, nn.Sequential(*[nn.Linear(2, 2) for _ in range(8)])) == ["8.bias", "8.weight"]
+    eight = nn.Sequential(*[nn.Linear(2, 2) for _ in range(8)])
+    assert load_pretrained_weights(uri, eight) == ["8.bias", "8.weight"]
+    assert all(torch.equal(value, saved.state_dict()[name]) for name, value in eight.state_dict().items())
 
 
 def test_a_state_entry_that_is_not_a_tensor_is_named(tmp_path: Path) -> None:
