@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from vlp.eval.qa import answer_type_map, build_answer_vocab, qa_metrics
@@ -16,8 +18,16 @@ def test_vocab_most_frequent_first_ties_alphabetical_and_normalised() -> None:
 
 
 def test_vocab_size_must_be_positive() -> None:
-    with pytest.raises(ValueError, match=">= 1"):
-        build_answer_vocab(["a"], size=0)
+    for size in (0, -1, True, 2.0, "3"):  # a bool is an int to Python, not a size
+        message = rf"^answer vocabulary size must be an int >= 1, got {re.escape(repr(size))}$"
+        with pytest.raises(ValueError, match=message):
+            build_answer_vocab(["a"], size=size)
+
+
+def test_vocab_keeps_the_released_codes_1500_by_default() -> None:
+    answers = [f"a{i:04d}" for i in range(1600)] + ["a1599"]  # one answer twice: it comes first
+    vocab = build_answer_vocab(answers)
+    assert len(vocab) == 1500 and vocab[:2] == ["a1599", "a0000"] and vocab[-1] == "a1498"
 
 
 def test_accuracy_counts_oov_answers_as_wrong() -> None:

@@ -148,6 +148,12 @@ def test_rank_input_errors_word_for_word() -> None:
 def test_rank_input_errors() -> None:
     with pytest.raises(ValueError, match="no caption"):
         ranks_v2t(torch.zeros(2, 3), _idx([0, 1]))
+    message = (
+        r"^12 video\(s\) have no caption, so video->text retrieval is undefined for them \(first indices: "
+        r"\[1, 2, 3, 4, 5, 6, 7, 8, 9, 10\]\); drop those columns or add their captions$"
+    )
+    with pytest.raises(ValueError, match=message):  # videos 1 to 12 of 14 have none: the first ten are named
+        ranks_v2t(torch.zeros(2, 14), _idx([0, 13]))
     with pytest.raises(ValueError, match="NaN"):
         ranks_t2v(_t([[float("nan"), 0.0]]), _idx([0]))
     with pytest.raises(ValueError, match="one video index per score row"):
@@ -319,6 +325,10 @@ def test_chance_levels_are_what_random_rankings_score():
     # a clip without captions still counts: its best caption is never found, and (T + 1) / 1 is its mean rank
     gap = chance_metrics(torch.tensor([0, 0, 1]), 3)
     assert gap["chance_v2t_meanr"] == pytest.approx(((3 + 1) / 3 + (3 + 1) / 2 + (3 + 1) / 1) / 3)
+    # video->text MdR: per clip, the least k with P(best rank > k) <= 1/2, then the median over clips. One caption
+    # among T: its rank is uniform on 1..T, so k = T/2 for even T; three of four: P(rank > 1) = 1/4, k = 1
+    assert one["chance_v2t_medr"] == 50.0 and chance_metrics(torch.tensor([0, 1]), 2)["chance_v2t_medr"] == 1.0
+    assert chance_metrics(torch.tensor([0, 0, 0, 1]), 2)["chance_v2t_medr"] == 1.5  # clips: 1 (3 of 4) and 2 (1 of 4)
 
 
 def test_heldout_vtm_scores_each_text_with_its_hardest_negatives():
