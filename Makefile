@@ -92,9 +92,10 @@ test-s3: $(STAMP) ## Rerun only the S3 tests against a real Ceph RGW (scripts/s3
 	trap 'scripts/s3-server.sh stop $(RGW_DIR) >&2' EXIT; \
 	VLP_TEST_S3_ENDPOINT=$$AWS_ENDPOINT_URL $(PY) -m pytest -q -m s3
 
-lint: $(STAMP) ## ruff check + format check, then mypy (the files [tool.mypy] in pyproject.toml names)
+lint: $(STAMP) ## ruff check + format check, the layer rule (import-linter, ARCHITECTURE.md), then mypy
 	$(VENV)/bin/ruff check src tests benchmarks components pipelines scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines scripts
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
 format: $(STAMP) ## Apply ruff fixes and formatting

@@ -137,9 +137,10 @@ def main() -> None:
     load = None
     if args.dataset and args.frames_dir:
         from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+        from vlp.models.family import randaug_ops
 
         data = VideoTextDataset(args.frames_dir, args.dataset, num_frames=args.frames, mode="rand",
-                                augment=ClipRandAugment(), size=size)  # fmt: skip
+                                augment=ClipRandAugment(randaug_ops("", "alpro")), size=size)  # fmt: skip
         order = iter(torch.randperm(len(data)).tolist() * 100)
 
         def load() -> None:

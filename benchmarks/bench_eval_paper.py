@@ -36,8 +36,8 @@ from vlp.eval.retrieval import topk_rerank
 from vlp.models import family
 from vlp.models.alpro.model import Alpro, AlproFamily
 from vlp.models.tokenizer import train_wordpiece
+from vlp.settings import RetrievalConfig
 from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
-from vlp.train.settings import RetrievalConfig
 
 
 def main() -> None:

@@ -195,10 +195,11 @@ def synthetic_world(root: Path, videos: int) -> tuple[str, str]:
 
 def _video_batches(dataset: str, frames: str, num_frames: int, batch: int, workers: int) -> Any:
     from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+    from vlp.models.family import randaug_ops
     from vlp.train.loop import ResumableSampler, SamplerBatches
 
     data = VideoTextDataset(frames, dataset, split="train", num_frames=num_frames, mode="rand",
-                            augment=ClipRandAugment(), size=224)  # fmt: skip
+                            augment=ClipRandAugment(randaug_ops("", "alpro")), size=224)  # fmt: skip
 
     def fetch(indices: Any) -> Any:
         data.set_epoch(indices.epoch)

@@ -86,7 +86,7 @@ def text_inputs(preset: str, batch: int, text_len: int, words: int) -> tuple[obj
 
 def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
     from vlp.models.alpro.model import Alpro, AlproFamily, alpro_step
-    from vlp.train.settings import RetrievalConfig
+    from vlp.settings import RetrievalConfig
 
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
     # paper: bert-base-uncased's 30,522 word rows, as the reference has (AdamW updates them; no FLOP reads them)

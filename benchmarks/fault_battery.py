@@ -659,11 +659,11 @@ def _tiny_index(tmp: Path) -> dict[str, str]:
     from vlp.index.build import index_clips
     from vlp.models import directory, family
     from vlp.models.tokenizer import train_wordpiece
+    from vlp.settings import ModelConfig, RetrievalConfig
     from vlp.steps.extract_frames import extract_frames
     from vlp.steps.ingest import ingest as ingest_step
     from vlp.steps.synth import synth
     from vlp.train.checkpoint import save_model_weights
-    from vlp.train.settings import ModelConfig, RetrievalConfig
 
     cfg = load_config(TINY, ["retrieval.num_workers=0"])
     uris = {name: str(tmp / name) for name in ("raw", "dataset", "frames", "model", "index")}

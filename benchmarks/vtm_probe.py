@@ -78,13 +78,13 @@ from vlp.eval import retrieval
 from vlp.models.alpro.model import Alpro, DualEncoder, alpro_losses, alpro_step, vtm_logits
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
+from vlp.settings import ModelConfig
 from vlp.steps.extract_frames import extract_frames
 from vlp.steps.ingest import ingest
 from vlp.steps.pretrain import model_config
 from vlp.steps.synth import synth
 from vlp.train.checkpoint import load_model_weights, save_model_weights
 from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
-from vlp.train.settings import ModelConfig
 
 PRIOR_1_2 = -(1 / 3 * math.log(1 / 3) + 2 / 3 * math.log(2 / 3))  # 0.6365: entropy of the 1:2 labels
 LN2 = math.log(2)

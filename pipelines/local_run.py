@@ -34,7 +34,7 @@ from typing import Any
 
 from pipelines import config as pipeline_config
 from pipelines import index, local_talk, pretrain, retrieval
-from vlp.train.settings import DEFAULT_FAMILY
+from vlp.models.family import DEFAULT_FAMILY
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 EXPERIMENT = "vlp-local"

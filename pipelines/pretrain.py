@@ -18,8 +18,7 @@ from components import data, evaluation, reporting, training
 from components.index import index_clips
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
-from vlp.models.family import FamilySpec, specs
-from vlp.train.settings import DEFAULT_FAMILY
+from vlp.models.family import DEFAULT_FAMILY, FamilySpec, specs
 
 NAME = "vlp-pretrain"
 

@@ -15,8 +15,7 @@ from components import data, evaluation, reporting, training
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
 from pipelines.pretrain import clip_index
-from vlp.models.family import specs
-from vlp.train.settings import DEFAULT_FAMILY
+from vlp.models.family import DEFAULT_FAMILY, specs
 
 NAME = "vlp-retrieval"
 

@@ -21,7 +21,7 @@ from vlp.models.albef.model import FAMILY, Albef, AlbefConfig, AlbefOutput, albe
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
-from vlp.train.settings import ModelConfig
+from vlp.settings import ModelConfig
 
 CAPTIONS = ["a red circle moves left", "a blue square bounces", "a green star drifts", "a yellow cube spins"]
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"

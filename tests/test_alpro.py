@@ -177,7 +177,7 @@ def test_same_clip_rules_and_negative_mode_reach_the_losses(tokenizer, batch, mo
 def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_weights_is_refused():
     from vlp.models.albef import model as albef
     from vlp.models.alpro import model as alpro
-    from vlp.train.settings import ModelConfig
+    from vlp.settings import ModelConfig
 
     section = ModelConfig(preset="paper")  # vit_base_patch16_224.orig_in21k + bert-base-uncased (nothing loaded)
     section.video_init_revision, section.text_init_revision = "v1", "0" * 40
@@ -197,7 +197,7 @@ def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_wei
 def test_the_prompters_crop_size_and_precision_reach_pem(tokenizer, batch, monkeypatch):
     from vlp.models.alpro import model as alpro
     from vlp.models.alpro.spec import AlproSettings
-    from vlp.train.settings import ModelConfig
+    from vlp.settings import ModelConfig
 
     seen = []
     real = DualEncoder.encode_video

@@ -22,10 +22,10 @@ from vlp.index.answer import Answerer, ClipError
 from vlp.index.build import index_clips
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
+from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 from vlp.steps.evaluate import answer_probabilities, evaluate_qa, question_tokens
 from vlp.steps.finetune import task_data
 from vlp.train.checkpoint import save_model_weights
-from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 OVERRIDES = ["qa.num_workers=0", "retrieval.num_workers=0"]  # loaders on this thread

@@ -273,9 +273,9 @@ def test_sampling_more_frames_than_extract_frames_stores_fails_naming_both_keys(
 
 
 def test_the_training_schedule_is_declared_once_and_reaches_the_loop_as_is(caplog):
+    from vlp.settings import LoopSettings, OptimSettings, TrainingSchedule
     from vlp.train.loop import TrainConfig
     from vlp.train.optim import OptimConfig
-    from vlp.train.settings import LoopSettings, OptimSettings, TrainingSchedule
 
     overrides = ["retrieval.keep_last=5", "retrieval.grad_checkpointing=true", "retrieval.max_steps=7"]
     overrides.append("qa.betas=[0.8, 0.9]")
@@ -320,7 +320,7 @@ def _write(path: Path, data: dict) -> Path:
 
 
 def test_an_old_vocabulary_retrieval_section_loads_as_the_new_one_with_a_warning_naming_each_new_key(tmp_path, caplog):
-    from vlp.train.settings import RetrievalConfig
+    from vlp.settings import RetrievalConfig
 
     new_file = _write(tmp_path / "new.yaml", {"retrieval": NEW_RETRIEVAL})
     with caplog.at_level("WARNING", logger="vlp"):

@@ -15,7 +15,7 @@ from vlp.models import family
 from vlp.models.alpro.model import FAMILY, Alpro, AlproConfig, AlproOutput, alpro_losses, alpro_step
 from vlp.models.family import Encoded, Kinds, PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
-from vlp.train.settings import ModelConfig, RetrievalConfig
+from vlp.settings import ModelConfig, RetrievalConfig
 
 REPO = Path(__file__).resolve().parents[1]
 CAPTIONS = ["a red circle moves left", "a blue square bounces", "a green star drifts", "a yellow cube spins"]
@@ -320,3 +320,18 @@ def test_a_family_cannot_take_another_familys_randaug_preset_name():
     with pytest.raises(ValueError, match=r"RandAugment presets \['albef_code'\] are another family's"):
         family.register(taken)
     assert "copycat" not in family.names()
+
+
+def test_a_family_named_like_a_shared_model_key_is_refused_when_a_model_section_is_built():
+    """``model.preset`` is a shared key, so a family called ``preset`` would make ``model.preset`` mean two things:
+    the registry takes it (it knows nothing of the sections), the ``model`` section refuses it, naming the key."""
+    from vlp.settings import ModelConfig
+
+    clash = family.FamilySpec(name="preset", title="Clash", paper="-", settings=dict, load="x:y", pretrains=False)
+    family.register(clash)
+    try:
+        with pytest.raises(ValueError, match=r"^a family cannot be called 'preset': model\.preset is a shared key$"):
+            ModelConfig()
+    finally:
+        family.unregister("preset")
+    assert ModelConfig().family == family.DEFAULT_FAMILY

@@ -31,11 +31,11 @@ from vlp.index.query import Searcher
 from vlp.index.store import TABLE, ClipIndex
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
+from vlp.settings import ModelConfig, RetrievalConfig
 from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
 from vlp.steps.evaluate import evaluate_retrieval
 from vlp.steps.finetune import retrieval_data, text_length
 from vlp.train.checkpoint import save_model_weights
-from vlp.train.settings import ModelConfig, RetrievalConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

@@ -202,8 +202,8 @@ def test_model_json_config_round_trip(preset):
     import dataclasses
 
     from vlp.models.alpro.model import AlproConfig
+    from vlp.settings import ModelConfig
     from vlp.steps.pretrain import model_config
-    from vlp.train.settings import ModelConfig
 
     cfg = model_config(ModelConfig(preset=preset, img_size=224), 30522, 1000, ["vtc", "pem", "mlm", "vtm"])
     doc = json.loads(json.dumps(dataclasses.asdict(cfg)))
@@ -324,9 +324,9 @@ def test_kill_9_then_rerun_ends_where_the_uninterrupted_run_ends(tiny_world, tmp
 
 
 def test_the_paper_preset_starts_from_its_named_weights_and_their_tokenizer():
+    from vlp.settings import ModelConfig
     from vlp.steps.common import resolved_inits, tokenizer_source
     from vlp.steps.pretrain import model_config
-    from vlp.train.settings import ModelConfig
 
     paper = ModelConfig(preset="paper", img_size=224)
     assert resolved_inits(paper) == ("vit_base_patch16_224.orig_in21k", "bert-base-uncased")

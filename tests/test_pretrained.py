@@ -88,8 +88,8 @@ def test_the_small_pretrained_preset_starts_from_minilm(family: str, minilm: Pat
     from safetensors.torch import load_file
 
     from vlp.models.family import get
+    from vlp.settings import ModelConfig
     from vlp.steps.common import tokenizer_source
-    from vlp.train.settings import ModelConfig
 
     section = ModelConfig(family=family, preset="small-pretrained", img_size=32, max_len=32)
     assert tokenizer_source(section) == str(minilm)  # the weights' own tokenizer, from the installed copy
@@ -119,7 +119,7 @@ def test_the_small_pretrained_preset_starts_from_minilm(family: str, minilm: Pat
 
 def test_ts2net_has_no_small_pretrained_preset() -> None:
     from vlp.models.family import get
-    from vlp.train.settings import ModelConfig
+    from vlp.settings import ModelConfig
 
     with pytest.raises(ValueError, match="not offered by this family"):
         get("ts2net").config(ModelConfig(family="ts2net", preset="small-pretrained"), vocab_size=30522)
@@ -158,8 +158,8 @@ def test_a_run_from_the_preset_records_the_weights_it_started_from(tiny_world, m
 
 
 def test_the_steps_plan_the_vocabulary_of_the_tokenizer_they_will_use() -> None:
+    from vlp.settings import ModelConfig
     from vlp.steps.common import planned_vocab_size
-    from vlp.train.settings import ModelConfig
 
     assert planned_vocab_size(ModelConfig(preset="small-pretrained", vocab_size=300)) == 30522  # MiniLM's own
     assert planned_vocab_size(ModelConfig(preset="tiny", vocab_size=300)) == 300  # WordPiece on the captions

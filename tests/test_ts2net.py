@@ -232,7 +232,7 @@ def test_the_aggregators_layernorm_eps_is_a_config_value_and_an_old_model_json_k
     from dataclasses import asdict
 
     from vlp.config import ConfigError, load_config
-    from vlp.train.settings import ModelConfig
+    from vlp.settings import ModelConfig
 
     def eps(model: TS2Net) -> set[float]:
         return {m.eps for m in model.aggregator.modules() if isinstance(m, torch.nn.LayerNorm)}
@@ -468,7 +468,7 @@ def test_clip_by_hub_name_loads_the_revision_asked_for_and_records_its_commit(mo
     from hub_cache import add_snapshot, commit_sha, offline_hub
     from vlp.models.tokenizer import PretrainedUnavailableError, upstream_of
     from vlp.models.ts2net.model import FAMILY
-    from vlp.train.settings import ModelConfig
+    from vlp.settings import ModelConfig
 
     cache = offline_hub(monkeypatch, tmp_path)
     cfg = TS2NetConfig.tiny(vocab_size=50)

@@ -10,6 +10,9 @@ import torch
 from PIL import Image
 
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
+from vlp.models.alpro.spec import RANDAUG
+
+ALPRO_OPS = dict(RANDAUG)["alpro"]  # the default family's RandAugment ops
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +51,7 @@ def test_stills_repeat_into_static_clips(train_set):
 def test_augmentation_is_the_same_on_every_frame_and_restores_global_rng():
     rng = np.random.default_rng(0)
     frame = Image.fromarray(rng.integers(0, 256, (32, 32, 3), dtype=np.uint8))
-    aug = ClipRandAugment(num_ops=2, magnitude=9)
+    aug = ClipRandAugment(ALPRO_OPS, num_ops=2, magnitude=9)
     random.seed(123)
     np.random.seed(123)
     expected_py, expected_np = random.random(), np.random.rand()
@@ -64,7 +67,7 @@ def test_augmentation_is_the_same_on_every_frame_and_restores_global_rng():
 
 
 def test_augmented_dataset_is_deterministic(tiny_world):
-    kw = dict(num_frames=4, mode="rand", augment=ClipRandAugment(), seed=3)
+    kw = dict(num_frames=4, mode="rand", augment=ClipRandAugment(ALPRO_OPS), seed=3)
     a = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
     b = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], **kw)
     plain = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=4, mode="rand", seed=3)
@@ -135,6 +138,9 @@ def test_randaug_op_lists_are_timm_ops():
     for name, ops in presets.items():
         ClipRandAugment(ops=ops)  # timm refuses an unknown op name
         assert ops, name
+    assert presets["alpro"] == ALPRO_OPS
+    with pytest.raises(ValueError, match=r"^RandAugment needs at least one op$"):
+        ClipRandAugment(ops=())
 
 
 def test_albefs_caption_cleaning(tiny_world):
@@ -217,12 +223,12 @@ def test_training_batches_draw_new_frames_each_epoch_with_and_without_workers(ti
     """The steps' batches set the dataset's epoch, in whichever process builds them: an item's frames and
     augmentation change from one epoch to the next, and are the same with loader workers as without."""
     from vlp.data.video_text import collate_video_text
+    from vlp.settings import PretrainConfig
     from vlp.steps.common import training_batches
-    from vlp.train.settings import PretrainConfig
 
     def epochs(workers: int) -> list[dict[int, torch.Tensor]]:
         data = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=2, mode="rand",
-                                augment=ClipRandAugment())  # fmt: skip
+                                augment=ClipRandAugment(ALPRO_OPS))  # fmt: skip
 
         def fetch(indices):
             return collate_video_text([data[i] for i in indices])

@@ -14,13 +14,10 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
+from typing import Any, get_type_hints
 
 import yaml
 
@@ -29,16 +26,14 @@ from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
+from vlp.registry import names, randaug_presets
+from vlp.schema import ConfigError as ConfigError  # the loader's public names: vlp.config.ConfigError, ...
+from vlp.schema import from_dict as from_dict
+from vlp.schema import to_dict as to_dict
+from vlp.settings import IndexConfig, ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
 from vlp.storage import StorageConfig
 from vlp.text import invalid_utf8
 from vlp.tracking import TrackingConfig
-from vlp.train.settings import IndexConfig, ModelConfig, PretrainConfig, QAConfig, RetrievalConfig
-
-T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A config file or override is invalid; the message names the key."""
 
 
 @dataclass
@@ -191,102 +186,6 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-def from_dict(cls: type[T], data: Mapping[str, Any] | None, prefix: str = "") -> T:
-    """Build dataclass ``cls`` from a mapping, checking keys and types recursively."""
-    if data is None:
-        data = {}
-    if not isinstance(data, Mapping):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping, got {type(data).__name__}")
-    load = getattr(cls, "__config_load__", None)
-    if load is not None:  # a section that loads parts of itself (ModelConfig: its family sections)
-        data = load(data, prefix or "config")
-    hints = get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        where = f" in section {prefix!r}" if prefix else ""
-        raise ConfigError(f"unknown config key {_join(prefix, unknown[0])!r}{where}; valid keys: {sorted(names)}")
-    kwargs = {name: _coerce(hints[name], value, _join(prefix, name)) for name, value in data.items()}
-    return cls(**kwargs)
-
-
-def to_dict(obj: Any) -> dict[str, Any]:
-    """Plain-dict view of a config dataclass (for logging and saving next to outputs), laid out as a config file:
-    ``from_dict(type(obj), to_dict(obj))`` rebuilds everything a step reads (the ``model`` section keeps the
-    section of its own family only, :meth:`vlp.train.settings.ModelConfig.__config_dump__`)."""
-    data = {f.name: _plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    dump = getattr(obj, "__config_dump__", None)
-    return dump(data) if dump is not None else data
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return to_dict(value)
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-def _coerce(tp: Any, value: Any, key: str) -> Any:
-    origin = get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        return from_dict(tp, value, key)
-    if origin in (typing.Union, types.UnionType):
-        args = get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        for arg in (a for a in args if a is not type(None)):
-            try:
-                return _coerce(arg, value, key)
-            except ConfigError:
-                continue
-        raise ConfigError(f"{key}: {value!r} does not match {tp}")
-    if origin is Literal:
-        if value not in get_args(tp):
-            raise ConfigError(f"{key}: {value!r} is not one of {list(get_args(tp))}")
-        return value
-    if origin in (list, tuple):
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{key}: expected a list, got {type(value).__name__} {value!r}")
-        args = get_args(tp)
-        if origin is tuple and args and args[-1] is not Ellipsis:
-            if len(args) != len(value):
-                raise ConfigError(f"{key}: expected {len(args)} items, got {len(value)}")
-            return tuple(_coerce(a, v, f"{key}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
-        item_tp = args[0] if args else Any
-        items = [_coerce(item_tp, v, f"{key}[{i}]") for i, v in enumerate(value)]
-        return tuple(items) if origin is tuple else items
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise ConfigError(f"{key}: expected a mapping, got {type(value).__name__}")
-        return dict(value)
-    if tp is Any:
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{key}: expected true/false, got {type(value).__name__} {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{key}: expected a number, got {type(value).__name__} {value!r}")
-        return float(value)
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{key}: expected an integer, got {type(value).__name__} {value!r}")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{key}: expected a string, got {type(value).__name__} {value!r}")
-        return value
-    raise ConfigError(f"{key}: unsupported config type {tp}")
-
-
 # --------------------------------------------------------------------------- value ranges
 
 _BETAS = (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values in [0, 1)"
@@ -366,8 +265,6 @@ def validate(cfg: Config) -> None:
         for key, (ok, what) in {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}.items()
         if not ok(value := getattr(section, key))
     ]
-    from vlp.models.family import names, randaug_presets
-
     if cfg.model.family not in cfg.model.families:
         problems.append(f"model.family={cfg.model.family!r} is not a registered family; choose one of {list(names())}")
     presets = randaug_presets()

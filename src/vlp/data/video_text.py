@@ -53,15 +53,14 @@ class ClipRandAugment:
     Args:
         num_ops: ops per clip (ALPRO: N=2).
         magnitude: op strength 0-10 (ALPRO: M=5).
-        ops: timm RandAugment op names (:func:`vlp.models.family.randaug_ops`); None = the default family's.
+        ops: timm RandAugment op names: a family's list (:func:`vlp.models.family.randaug_ops`).
     """
 
-    def __init__(self, num_ops: int = 2, magnitude: int = 5, ops: Sequence[str] | None = None) -> None:
+    def __init__(self, ops: Sequence[str], num_ops: int = 2, magnitude: int = 5) -> None:
         from timm.data.auto_augment import rand_augment_transform
 
-        from vlp.models.family import randaug_ops
-
-        ops = randaug_ops("", "") if ops is None else ops
+        if not ops:
+            raise ValueError("RandAugment needs at least one op")
         if num_ops < 1 or not 0 <= magnitude <= 10:
             raise ValueError(f"RandAugment needs num_ops >= 1 and magnitude in 0..10, got {num_ops}, {magnitude}")
         self.transform = rand_augment_transform(f"rand-m{magnitude}-n{num_ops}", transforms=list(ops))

@@ -29,6 +29,7 @@ from vlp.data.video_text import (
     normalize_answer,
 )
 from vlp.models import directory
+from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
     ModelInput,
     StepResult,
@@ -43,7 +44,6 @@ from vlp.steps.common import (
     train_summary,
     training_batches,
 )
-from vlp.train.settings import FinetuneConfig
 
 log = logging.getLogger("vlp")
 

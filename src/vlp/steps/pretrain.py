@@ -22,6 +22,7 @@ from vlp.config import Config
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.models import directory
+from vlp.settings import ModelConfig
 from vlp.steps.common import (
     ModelInput,
     StepResult,
@@ -36,7 +37,6 @@ from vlp.steps.common import (
     train_summary,
     training_batches,
 )
-from vlp.train.settings import ModelConfig
 
 log = logging.getLogger("vlp")
 

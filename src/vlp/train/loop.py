@@ -69,6 +69,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, Dataset
 
 from vlp import storage
+from vlp.settings import LoopSettings
 from vlp.train import distributed
 from vlp.train.checkpoint import (
     STATE_FILE,
@@ -82,7 +83,6 @@ from vlp.train.checkpoint import (
     save_rank_rng,
 )
 from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
-from vlp.train.settings import LoopSettings
 
 StepFn = Callable[[nn.Module, Any], Mapping[str, Tensor | float]]
 
@@ -711,7 +711,7 @@ class JsonlMetricsLogger:
 
 @dataclass
 class TrainConfig(LoopSettings):
-    """How long to train, how often to log and checkpoint (:class:`vlp.train.settings.LoopSettings`, a config
+    """How long to train, how often to log and checkpoint (:class:`vlp.settings.LoopSettings`, a config
     section's part), where to write and what the run is called."""
 
     out_dir: str = ""  # local path or s3:// URI; checkpoints go to <out_dir>/checkpoints

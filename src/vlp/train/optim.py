@@ -55,7 +55,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-from vlp.train.settings import OptimSettings
+from vlp.settings import OptimSettings
 
 # the ``adamw`` config value -> torch.optim.AdamW's arguments that pick its kernels
 ADAMW_KERNELS: dict[str, dict[str, bool]] = {"foreach": {"foreach": True}, "fused": {"fused": True},
@@ -73,7 +73,7 @@ _NORM_TYPES: tuple[type[nn.Module], ...] = (
 
 @dataclass
 class OptimConfig(OptimSettings):
-    """The optimiser settings of a config section (:class:`vlp.train.settings.OptimSettings`: AdamW, the schedule,
+    """The optimiser settings of a config section (:class:`vlp.settings.OptimSettings`: AdamW, the schedule,
     clipping; defaults: the ALPRO pre-training config) and the parts that are not config values: which update
     index the schedule reads, and which parameters the no-decay and lr-factor groups take."""
 

@@ -56,13 +56,12 @@ from vlp.models.family import (
     generator_on,
     init_revisions,
     preset_weights,
-    qa_section,
-    retrieval_section,
     rgb,
 )
 from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
 from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
+from vlp.settings import qa_section, retrieval_section
 
 log = logging.getLogger("vlp")
 LOSS_TERMS = ("itc", "mlm", "itm")
@@ -563,7 +562,7 @@ PRESET_WEIGHTS = {
     "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased"),
 }
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
+    from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 _VIT_FIELDS = {f.name for f in fields(FrameViTConfig)}
 
@@ -581,7 +580,7 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
         return preset_weights(model, PRESET_WEIGHTS)
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
-        """The ALBEF config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
+        """The ALBEF config of a ``model`` config section (:class:`vlp.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
         own: AlbefSettings = model.families[self.name]

@@ -52,14 +52,14 @@ from vlp.models.family import (
     generator_on,
     init_revisions,
     preset_weights,
-    retrieval_section,
     rgb,
 )
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
+from vlp.settings import retrieval_section
 
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
+    from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
 
@@ -505,7 +505,7 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
         return preset_weights(model, PRESET_WEIGHTS)
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlproConfig:
-        """The ALPRO config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`; ALPRO's own
+        """The ALPRO config of a ``model`` config section (:class:`vlp.settings.ModelConfig`; ALPRO's own
         keys from ``model.alpro``, :class:`vlp.models.alpro.spec.AlproSettings`)."""
         own: AlproSettings = model.families[self.name]
         video_init, text_init = preset_weights(model, PRESET_WEIGHTS)

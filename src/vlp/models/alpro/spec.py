@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-from vlp.models.family import FamilySpec
 from vlp.ranges import Range, at_least
-from vlp.train.settings import VTMSettings
+from vlp.registry import FamilySpec
+from vlp.settings import VTMSettings
 
 
 @dataclass

@@ -51,14 +51,14 @@ from vlp.models.family import (
     Task,
     init_revisions,
     preset_weights,
-    retrieval_section,
 )
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.ts2net.spec import TS2NetSettings
+from vlp.settings import retrieval_section
 
 if TYPE_CHECKING:
-    from vlp.train.settings import ModelConfig, QAConfig, RetrievalConfig
+    from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 log = logging.getLogger("vlp")
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -461,7 +461,7 @@ class TS2NetFamily:
         return preset_weights(model, presets)
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> TS2NetConfig:
-        """The TS2-Net config of a ``model`` config section (:class:`vlp.train.settings.ModelConfig`)."""
+        """The TS2-Net config of a ``model`` config section (:class:`vlp.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("TS2-Net has no prompt-entity head (PEM is ALPRO's)")
         own: TS2NetSettings = model.families[self.name]

@@ -1,7 +1,8 @@
-"""Config sections of the training steps (``model``, ``pretrain``): plain dataclasses, no torch import.
+"""Config sections of the model and the training steps (``model``, ``pretrain``, ``retrieval``, ``qa``, ``index``).
 
-They live apart from the code that uses them so that :mod:`vlp.config` can compose them without
-importing torch for the data steps.
+Plain dataclasses, no torch import: :mod:`vlp.config` composes them with the data sections, the models read the
+``model`` section, the training code its schedule. They sit below the models (ARCHITECTURE.md) and read only the
+family registry (each family's ``model.<name>`` section) and :mod:`vlp.schema`.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from vlp.ranges import SHARE, Range
+from vlp.registry import DEFAULT_FAMILY, spec, specs
+from vlp.schema import ConfigError, from_dict
 
 log = logging.getLogger("vlp")
-DEFAULT_FAMILY = "alpro"  # model.family when a config does not say (its pre-training DAG is vlp-pretrain)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class ModelConfig:
     before family sections), still loads into each section that has it, with a warning naming the new key.
     """
 
-    family: str = DEFAULT_FAMILY  # a registered family (vlp.models.family.names()): alpro, albef, ts2net
+    family: str = DEFAULT_FAMILY  # a registered family (vlp.registry.names()): alpro, albef, ts2net
     # tiny: width 64 (tests); small: width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384,
     # installed from PyPI, vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
     preset: Literal["tiny", "small", "small-pretrained", "paper"] = "tiny"
@@ -80,8 +82,6 @@ class ModelConfig:
     def own(self) -> Any:
         """The section of :attr:`family` (its ``spec``'s settings dataclass)."""
         if self.family not in self.families:
-            from vlp.models.family import spec
-
             spec(self.family)  # an unknown family: the error lists the known ones
         return self.families[self.family]
 
@@ -89,9 +89,6 @@ class ModelConfig:
     def __config_load__(cls, data: Mapping[str, Any], prefix: str) -> dict[str, Any]:
         """``data`` (a ``model`` mapping) with each ``model.<family>`` mapping loaded into ``families``, and flat
         family keys (the old layout) moved into every family section that has them, with a warning."""
-        from vlp.config import ConfigError, from_dict
-        from vlp.models.family import specs
-
         known = specs()
         if "families" in data:
             raise ConfigError(f"{prefix}.families is not a key: a family's keys go under {prefix}.<family>, e.g. "
@@ -127,9 +124,11 @@ class ModelConfig:
 
 def family_sections(given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` sections completed with the defaults of every registered family that it lacks."""
-    from vlp.models.family import specs
-
-    return {name: given[name] if name in given else one.settings() for name, one in specs().items()} | dict(given)
+    known = specs()
+    shared = sorted(set(known) & {f.name for f in fields(ModelConfig)})
+    if shared:  # a family registered under a shared key: model.<name> would mean two things
+        raise ValueError(f"a family cannot be called {shared[0]!r}: model.{shared[0]} is a shared key")
+    return {name: given[name] if name in given else one.settings() for name, one in known.items()} | dict(given)
 
 
 @dataclass
@@ -198,7 +197,7 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
     sample_mode: Literal["rand", "uniform", "headtail"] = "rand"  # temporal sampler of a training clip
     randaug: bool = True  # temporally consistent RandAugment(2, 5)
     # its op list: "" = the model family's own (ALPRO's; ALBEF's paper's), or a preset any family lists by name
-    # (alpro, albef_paper, albef_code: vlp.models.family.randaug_presets)
+    # (alpro, albef_paper, albef_code: vlp.registry.randaug_presets)
     randaug_ops: str = ""
     crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
@@ -210,8 +209,6 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
         warning: ``alpro_code_weight_decay: true`` is ``weight_decay: 0``."""
         data = dict(data)
         if "alpro_code_weight_decay" in data:
-            from vlp.config import ConfigError
-
             old = data.pop("alpro_code_weight_decay")
             if old is True:
                 if data.get("weight_decay", 0) not in (0, 0.0):
@@ -313,7 +310,6 @@ class RetrievalConfig(FinetuneConfig):
         Raises:
             ConfigError: an old key and its new key both given, with different values (naming both).
         """
-        from vlp.config import ConfigError
 
         data = dict(data)
         for key, values in cls.OLD_VALUES.items():
@@ -375,3 +371,17 @@ class IndexConfig:
     candidates: int = 50  # clips the first stage hands the exact stage (at least -k of them)
     # the longest query or question `vlp search`, `vlp answer` and `vlp serve` take, in characters (vlp.text)
     max_text_chars: int = 1000
+
+
+def retrieval_section(section: RetrievalConfig | QAConfig) -> RetrievalConfig:
+    """``section`` as the ``retrieval`` section ``task_config`` reads for retrieval (a TypeError otherwise: a bug)."""
+    if not isinstance(section, RetrievalConfig):
+        raise TypeError(f"retrieval fine-tuning reads the retrieval section, got {type(section).__name__}")
+    return section
+
+
+def qa_section(section: RetrievalConfig | QAConfig) -> QAConfig:
+    """``section`` as the ``qa`` section ``task_config`` reads for QA (a TypeError otherwise: a bug)."""
+    if not isinstance(section, QAConfig):
+        raise TypeError(f"QA fine-tuning reads the qa section, got {type(section).__name__}")
+    return section

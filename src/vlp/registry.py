@@ -1,0 +1,188 @@
+"""The family registry: a family's name -> its :class:`FamilySpec`, found without importing any model code.
+
+A family (ALPRO, ALBEF, TS2-Net) is a package ``vlp.models.<name>`` whose ``spec`` module (no torch import) holds its
+:class:`FamilySpec`; :func:`specs` finds every such package on first use (importing only the ``spec`` modules). A
+family defined elsewhere (a test, a user's package) joins with :func:`register`. The CLI's choices, the config's
+``model.<family>`` sections and checks, the compiled pre-training DAGs, ``import-checkpoint --family auto`` and the
+docs table all read it; :func:`get` imports a family's code (:class:`vlp.models.family.Family`) when a step needs it.
+
+This module imports nothing of vlp (the spec modules are imported by name, on first use), so the configuration can
+read it below the models; :mod:`vlp.models.family`, the contract a family meets, re-exports it for family authors.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from vlp.models.family import Family, PretrainHook
+
+Task = Literal["retrieval", "qa"]
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """What the registry knows of a family without importing it (no torch).
+
+    Attributes:
+        name: ``model.family``'s value and the name of its config section, ``model.<name>``.
+        title: how the docs and the CLI's help write it.
+        paper: where it was published (the docs table).
+        settings: the dataclass of its ``model.<name>`` section (every key with a default; an optional class
+            attribute ``RANGES`` maps keys to :mod:`vlp.ranges` ranges that :func:`vlp.config.validate` checks).
+        load: ``"module:attribute"`` of its :class:`vlp.models.family.Family` object (imported on first use), or a
+            function returning it.
+        pretrains: whether ``vlp pretrain`` trains it, and so whether it has a compiled pre-training DAG
+            (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval`` starts it from named weights).
+        pretrain_inputs: what ``vlp pretrain`` reads besides the dataset and the frames, which its DAG makes
+            first: ``("prompter", "bank")`` = a frozen prompter and its prompt bank of mined entities (ALPRO's PEM).
+        importer: the module that maps its released checkpoints (:class:`vlp.models.importing.Importer`);
+            ``""`` = ``vlp import-checkpoint`` does not read this family's files.
+        pretraining: the module that opens its ``pretrain_inputs`` (:class:`vlp.models.family.PretrainHook`);
+            required with them.
+        randaug: its RandAugment op lists, ``(preset name, timm op names)``, its default first; a training section's
+            ``randaug_ops`` names one (any family's), or is ``""`` for the model's family's default.
+        tasks: the fine-tuning tasks it has models for (``"retrieval"``, ``"qa"``), which its pre-training DAG
+            fine-tunes and evaluates; ``"qa"`` exactly when its family object answers questions (the contract test
+            holds the two together).
+    """
+
+    name: str
+    title: str
+    paper: str
+    settings: type
+    load: str | Callable[[], Family]
+    pretrains: bool
+    pretrain_inputs: tuple[str, ...] = ()
+    importer: str = ""
+    pretraining: str = ""
+    randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    tasks: tuple[Task, ...] = ("retrieval", "qa")
+
+    def __post_init__(self) -> None:
+        if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
+            raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
+        if self.pretrain_inputs and not self.pretrains:
+            raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+        if "retrieval" not in self.tasks or set(self.tasks) - {"retrieval", "qa"}:
+            raise ValueError(f"{self.name}: tasks are retrieval and optionally qa, got {self.tasks}")
+        if bool(self.pretrain_inputs) != bool(self.pretraining):
+            raise ValueError(f"{self.name}: pretrain_inputs and a pretraining hook go together")
+
+    def load_pretraining(self) -> PretrainHook | None:
+        """Its pre-training hook module (imports torch), or None when its pre-training reads only the pairs."""
+        return importlib.import_module(self.pretraining) if self.pretraining else None
+
+    def load_importer(self) -> Any:
+        """Its importer module (imports torch), or None when it has none."""
+        return importlib.import_module(self.importer) if self.importer else None
+
+    def family(self) -> Family:
+        if callable(self.load):
+            return self.load()
+        module, _, attribute = self.load.partition(":")
+        return getattr(importlib.import_module(module), attribute)
+
+
+PRETRAIN_INPUTS = ("prompter", "bank")  # what a pre-training DAG can make before `vlp pretrain`
+DEFAULT_FAMILY = "alpro"  # model.family when a config does not say (its pre-training DAG is vlp-pretrain)
+_registered: dict[str, FamilySpec] = {}
+_found = False
+
+
+def _find() -> None:
+    """Register every package under ``vlp.models`` that has a ``spec`` module (once)."""
+    global _found
+    if _found:
+        return
+    models = importlib.import_module("vlp.models")  # by name, as the spec modules: the registry sits below them
+
+    for info in sorted(pkgutil.iter_modules(models.__path__), key=lambda m: m.name):
+        if info.ispkg and (Path(info.module_finder.path) / info.name / "spec.py").is_file():  # type: ignore[union-attr]
+            spec = importlib.import_module(f"vlp.models.{info.name}.spec").SPEC
+            _registered.setdefault(spec.name, spec)
+    _found = True
+
+
+def register(spec: FamilySpec) -> FamilySpec:
+    """Add a family to the registry (a package outside ``vlp.models``, a test); a taken name is an error."""
+    _find()
+    if not re.fullmatch(r"[a-z][a-z0-9_]*", spec.name):
+        raise ValueError(f"a family name is lower case letters, digits and _, got {spec.name!r}")
+    if spec.name in _registered and _registered[spec.name] is not spec:
+        raise ValueError(f"a model family named {spec.name!r} is already registered")
+    taken = randaug_presets().keys() & {name for name, _ in spec.randaug}
+    if taken and _registered.get(spec.name) is not spec:
+        raise ValueError(f"{spec.name}: RandAugment presets {sorted(taken)} are another family's")
+    _registered[spec.name] = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove a family :func:`register` added (tests clean up with it)."""
+    _registered.pop(name, None)
+
+
+def specs() -> dict[str, FamilySpec]:
+    """Every registered family's spec, by name (the built-in ones in name order, then registered ones)."""
+    _find()
+    return dict(_registered)
+
+
+def names() -> tuple[str, ...]:
+    """The registered families' names (the CLI's choices)."""
+    return tuple(specs())
+
+
+def spec(name: str) -> FamilySpec:
+    """The spec of the family called ``name``; an unknown name is an error that lists the known ones."""
+    known = specs()
+    if name not in known:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(known)}")
+    return known[name]
+
+
+def families() -> dict[str, Family]:
+    """Every registered family, by name (each imported on first use)."""
+    return {name: one.family() for name, one in specs().items()}
+
+
+def get(name: str) -> Family:
+    """The family called ``name``; an unknown name is an error that lists the known ones."""
+    return spec(name).family()
+
+
+def of_kind(kind: str) -> Family:
+    """The family that has models of ``kind``."""
+    for family in families().values():
+        if kind in family.kinds.all():
+            return family
+    known = sorted(k for f in families().values() for k in f.kinds.all())
+    raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")
+
+
+def randaug_presets() -> dict[str, tuple[str, ...]]:
+    """Every registered family's RandAugment op lists (timm op names), by preset name."""
+    return {name: ops for one in specs().values() for name, ops in one.randaug}
+
+
+def randaug_ops(preset: str, family: str) -> tuple[str, ...]:
+    """The op list a training section's ``randaug_ops`` names: ``preset`` (any family's), or for ``""`` the
+    default of ``family`` (its spec's first list; the default family's for a family that lists none)."""
+    if preset:
+        known = randaug_presets()
+        if preset not in known:
+            raise ValueError(
+                f'unknown RandAugment preset {preset!r}; choose one of {sorted(known)} or "" (the family\'s)'
+            )
+        return known[preset]
+    for name in (family or DEFAULT_FAMILY, DEFAULT_FAMILY):
+        if spec(name).randaug:
+            return spec(name).randaug[0][1]
+    raise ValueError(f"neither {family!r} nor {DEFAULT_FAMILY!r} lists a RandAugment preset")
