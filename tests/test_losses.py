@@ -110,8 +110,9 @@ def test_clamp_temperature_in_place_and_still_learnable() -> None:
         out = clamp_temperature(temp)
         assert out is temp and temp.requires_grad
         assert temp.item() == pytest.approx(expected)
-    with pytest.raises(ValueError, match=r"bounds must satisfy lo < hi, got lo=0.5, hi=0.1"):
-        clamp_temperature(torch.tensor(0.1), 0.5, 0.1)
+    for lo, hi in [(0.5, 0.1), (0.2, 0.2)]:  # equal bounds are refused too: a temperature that cannot learn
+        with pytest.raises(ValueError, match=rf"^temperature bounds must satisfy lo < hi, got lo={lo}, hi={hi}$"):
+            clamp_temperature(torch.tensor(0.1), lo, hi)
 
 
 # ----------------------------------------------------------------------------------------------- VTM

@@ -919,6 +919,27 @@ def test_an_optimiser_file_without_its_structure_is_named_as_damaged(tmp_path: P
         checkpoint._decode_optimizer(uri)
 
 
+def test_optimiser_state_values_that_are_not_tensors_round_trip_and_exotic_ones_are_named(tmp_path: Path) -> None:
+    """An optimiser may keep plain numbers beside its tensors (LBFGS: ``func_evals``, ``n_iter``): they come back
+    as they were. A value JSON cannot hold is refused before anything is written, naming the optimiser state."""
+    from vlp.train import checkpoint
+
+    state = {
+        "state": {0: {"n_iter": 3, "prev_loss": 0.25, "d": torch.arange(3.0)}, 1: {"flag": True}},
+        "param_groups": [{"lr": 0.1, "betas": (0.9, 0.98), "params": [0, 1]}],
+    }
+    uri = str(tmp_path / OPTIM_FILE)
+    storage.write_bytes(uri, checkpoint._encode_optimizer(state))
+    back = checkpoint._decode_optimizer(uri)
+    assert (
+        back["state"][0]["n_iter"] == 3 and back["state"][0]["prev_loss"] == 0.25 and back["state"][1] == {"flag": True}
+    )
+    assert torch.equal(back["state"][0]["d"], torch.arange(3.0)) and back["param_groups"] == state["param_groups"]
+    state["state"][1]["flag"] = {1, 2}
+    with pytest.raises(CheckpointError, match=r"^optimizer state: cannot store a set as JSON \(\{1, 2\}\)$"):
+        checkpoint._encode_optimizer(state)
+
+
 def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: Path) -> None:
     from vlp.train.checkpoint import load_pretrained_weights
 
