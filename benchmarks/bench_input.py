@@ -129,7 +129,7 @@ def _read(stores: list[Any], order: list[str], batch: int = 8) -> tuple[int, int
 
 def bench_bytes(args: argparse.Namespace) -> None:
     from vlp.data.frames import FrameStore
-    from vlp.train.loop import ShardOrderSampler
+    from vlp.data.loader import ShardOrderSampler
 
     root = args.root
     own_uri = storage.join(root, "own.json")
@@ -194,9 +194,9 @@ def synthetic_world(root: Path, videos: int) -> tuple[str, str]:
 
 
 def _video_batches(dataset: str, frames: str, num_frames: int, batch: int, workers: int) -> Any:
+    from vlp.data.loader import ResumableSampler, SamplerBatches
     from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text
     from vlp.models.family import randaug_ops
-    from vlp.train.loop import ResumableSampler, SamplerBatches
 
     data = VideoTextDataset(frames, dataset, split="train", num_frames=num_frames, mode="rand",
                             augment=ClipRandAugment(randaug_ops("", "alpro")), size=224)  # fmt: skip

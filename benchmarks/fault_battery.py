@@ -412,8 +412,9 @@ def config_out_of_range(tmp: Path) -> Outcome:
 
 
 def truncated_checkpoints(tmp: Path) -> Outcome:
+    from vlp.data.loader import ResumableSampler, SamplerBatches
     from vlp.train.checkpoint import MODEL_FILE, OPTIM_FILE, STATE_FILE
-    from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
+    from vlp.train.loop import TrainConfig, train
 
     def run(out: Path, stop_at: int | None) -> torch.nn.Module:
         torch.manual_seed(0)
@@ -456,9 +457,9 @@ def truncated_checkpoints(tmp: Path) -> Outcome:
 def mlflow_killed(tmp: Path) -> Outcome:
     from vlp import tracking
     from vlp.config import load_config
+    from vlp.data.loader import ResumableSampler, SamplerBatches
     from vlp.models.tokenizer import train_wordpiece
     from vlp.steps.common import train_model
-    from vlp.train.loop import ResumableSampler, SamplerBatches
 
     server = MlflowServer(tmp)
     server.start()
@@ -494,9 +495,9 @@ def mlflow_down_at_the_end(tmp: Path) -> Outcome:
     (twice) must leave the run FINISHED with each of the 12 steps once. lost = steps missing + steps doubled."""
     from vlp import tracking
     from vlp.config import load_config
+    from vlp.data.loader import ResumableSampler, SamplerBatches
     from vlp.models.tokenizer import train_wordpiece
     from vlp.steps.common import run_step, train_model, train_summary
-    from vlp.train.loop import ResumableSampler, SamplerBatches
 
     server = MlflowServer(tmp)
     server.start()

@@ -375,7 +375,7 @@ def _ddp_worker(rank: int, port: int, out_dir: str) -> None:
 
     from safetensors.torch import save_file
 
-    from vlp.train import distributed
+    from vlp import distributed
 
     torch.set_num_threads(1)
     faulthandler.dump_traceback_later(240, exit=True)

@@ -22,15 +22,8 @@ import pytest
 import torch
 from torch import Tensor, nn
 
-from vlp.train.loop import (
-    BLOCK_NAME,
-    COMPILE_RECOMPILE_LIMIT,
-    ResumableSampler,
-    SamplerBatches,
-    TrainConfig,
-    compile_blocks,
-    train,
-)
+from vlp.data.loader import ResumableSampler, SamplerBatches
+from vlp.train.loop import BLOCK_NAME, COMPILE_RECOMPILE_LIMIT, TrainConfig, compile_blocks, train
 from vlp.train.optim import OptimConfig
 
 sys.path.insert(0, str(Path(__file__).parent))

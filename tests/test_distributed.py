@@ -1,6 +1,6 @@
 """Distributed helpers: single-process fallbacks, and a real two-process gloo run of the gathered VTC loss.
 
-The relation checked (see ``vlp.train.distributed``): with ``W`` ranks each holding ``B`` rows of a
+The relation checked (see ``vlp.distributed``): with ``W`` ranks each holding ``B`` rows of a
 ``W * B`` batch, rank ``r``'s VTC loss is the mean of the one-process per-row losses of its rows, so
 the mean over ranks equals the one-process loss; the gradient reaching each rank's local features
 is ``W`` times the one-process gradient of those rows (the gather's backward sums over ranks); and
@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from vlp import distributed
 from vlp.losses.contrastive import vtc_logits, vtc_loss
-from vlp.train import distributed
 
 WORLD = 2
 BATCH = 6  # global batch, BATCH // WORLD rows per rank

@@ -25,12 +25,13 @@ import pytest
 import torch
 
 from vlp.data.entities import ENTITIES_PARQUET, entities_table
+from vlp.data.loader import ResumableSampler, SamplerBatches
 from vlp.models import directory, family
 from vlp.models.family import Encoded, PretrainBatch, PretrainExtras, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, RetrievalConfig
 from vlp.train.checkpoint import save_model_weights
-from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, enable_grad_checkpointing, train
+from vlp.train.loop import TrainConfig, enable_grad_checkpointing, train
 from vlp.train.optim import OptimConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -318,14 +318,14 @@ def test_loader_workers_index_quietly_and_a_search_encodes_its_candidates_on_its
     assert "fork support is experimental" not in done.stderr  # LanceDB's warning, from each worker
 
     # ALPRO's index stores no tokens: a search encodes its candidates again, with no loader workers to fork
-    import vlp.train.loop
+    import vlp.data.loader
 
     def no_workers(*args: Any, **kwargs: Any) -> Any:
         raise AssertionError("a search started loader workers")
 
     query = captions(world["dataset"])[1]
     want = Searcher(test_index["alpro"], config()).search(query, k=4)
-    monkeypatch.setattr(vlp.train.loop, "DataLoader", no_workers)
+    monkeypatch.setattr(vlp.data.loader, "DataLoader", no_workers)
     assert Searcher(test_index["alpro"], workers).search(query, k=4) == want
 
 

@@ -1,4 +1,4 @@
-"""Loader workers with an exact position, and the shard-order sampler (vlp.train.loop)."""
+"""Loader workers with an exact position, and the shard-order sampler (vlp.data.loader)."""
 
 from __future__ import annotations
 
@@ -23,16 +23,15 @@ import torch
 from torch import Tensor, nn
 
 from test_train_loop import OPT, TinyMLP, ce_step, cfg_for, make_data
-from vlp.train.loop import (
+from vlp.data.loader import (
     BatchIndices,
     ResumableSampler,
     SamplerBatches,
     ShardOrderSampler,
-    TrainingInterrupted,
     _quiet_when_the_trainer_hangs_up,
     pin,
-    train,
 )
+from vlp.train.loop import TrainingInterrupted, train
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # conftest: one torch thread for the module
 
@@ -411,7 +410,7 @@ def test_worker_settings_are_checked() -> None:
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="Linux: /dev/shm is where workers share")
 def test_workers_without_writable_shared_memory_fail_saying_what_to_set(monkeypatch, tmp_path) -> None:
-    import vlp.train.loop as loop
+    import vlp.data.loader as loop
 
     monkeypatch.setattr(loop, "SHARED_MEMORY", str(tmp_path / "absent"))  # what a pod with a read-only /dev has
     sampler = ResumableSampler(4, rank=0, world_size=1)

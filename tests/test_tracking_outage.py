@@ -20,9 +20,9 @@ from torch import nn
 from faulty_servers import MlflowServer
 from vlp import tracking
 from vlp.config import load_config
+from vlp.data.loader import ResumableSampler, SamplerBatches
 from vlp.models.tokenizer import train_wordpiece
 from vlp.steps.common import run_step, train_model, train_summary
-from vlp.train.loop import ResumableSampler, SamplerBatches
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 STEPS = 12

@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from vlp import storage
-from vlp.train import distributed
+from vlp import distributed, storage
+from vlp.data.loader import ResumableSampler, SamplerBatches
 from vlp.train.checkpoint import (
     MODEL_FILE,
     OPTIM_FILE,
@@ -34,7 +34,7 @@ from vlp.train.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from vlp.train.loop import ResumableSampler, SamplerBatches, TrainConfig, train
+from vlp.train.loop import TrainConfig, train
 from vlp.train.optim import (
     OptimConfig,
     build_optimizer,

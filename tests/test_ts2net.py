@@ -319,7 +319,7 @@ def _cfg() -> TS2NetConfig:
 
 
 def _worker(rank: int, port: int, out_dir: str) -> None:
-    from vlp.train import distributed
+    from vlp import distributed
 
     torch.set_num_threads(1)
     faulthandler.dump_traceback_later(120, exit=True)

@@ -181,7 +181,7 @@ def damaged_copy(tiny_world: dict, tmp_path, victims: int) -> tuple[str, list[st
 
 
 def test_a_damaged_clip_is_skipped_counted_and_replaced_by_the_next_pair(tiny_world, tmp_path, caplog):
-    from vlp.train.loop import BatchIndices, ResumableSampler, SamplerBatches
+    from vlp.data.loader import BatchIndices, ResumableSampler, SamplerBatches
 
     frames, (bad,) = damaged_copy(tiny_world, tmp_path, 1)
     data = VideoTextDataset(frames, tiny_world["dataset"], num_frames=2, mode="uniform", max_bad_share=0.5)
@@ -222,9 +222,9 @@ def test_more_damaged_clips_than_allowed_fail_naming_the_shards(tiny_world, tmp_
 def test_training_batches_draw_new_frames_each_epoch_with_and_without_workers(tiny_world):
     """The steps' batches set the dataset's epoch, in whichever process builds them: an item's frames and
     augmentation change from one epoch to the next, and are the same with loader workers as without."""
+    from vlp.data.loader import training_batches
     from vlp.data.video_text import collate_video_text
     from vlp.settings import PretrainConfig
-    from vlp.steps.common import training_batches
 
     def epochs(workers: int) -> list[dict[int, torch.Tensor]]:
         data = VideoTextDataset(tiny_world["frames"], tiny_world["dataset"], num_frames=2, mode="rand",

@@ -184,8 +184,9 @@ class Answerer:
     def __init__(self, model: str, cfg: Config, frames: str = "", index: str = "") -> None:
         from vlp.config import check_sampled_frames, validate
         from vlp.data.frames import FrameStore
+        from vlp.distributed import device
         from vlp.models import family
-        from vlp.steps.common import ModelInput, StepInputError, check_inputs, device
+        from vlp.steps.common import ModelInput, StepInputError, check_inputs
         from vlp.steps.evaluate import qa_kinds
         from vlp.steps.finetune import text_length
 

@@ -11,8 +11,9 @@ import torch
 
 from vlp.config import Config, check_sampled_frames
 from vlp.data.video_text import VideoTextDataset
+from vlp.distributed import device
 from vlp.index.store import ClipIndex, IndexInfo, check_compatible, fingerprint, sampling
-from vlp.steps.common import ModelInput, StepInputError, StepResult, check_inputs, device, run_step
+from vlp.steps.common import ModelInput, StepInputError, StepResult, check_inputs, run_step
 
 log = logging.getLogger("vlp")
 CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every chunk it added

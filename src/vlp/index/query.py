@@ -53,8 +53,8 @@ class Searcher:
     def __init__(self, index: str, cfg: Config, model: str = "") -> None:
         from vlp import storage
         from vlp.config import validate
+        from vlp.distributed import device
         from vlp.models import directory
-        from vlp.steps.common import device
         from vlp.steps.evaluate import retrieval_kinds
         from vlp.steps.finetune import text_length
 

@@ -1,13 +1,13 @@
 """Video-text contrastive loss (VTC, ALPRO eq. 1-3) and the temperature clamp.
 
 The loss is *given* the gather function (open_clip style) instead of calling collectives
-itself: pass ``vlp.train.distributed.all_gather_with_grad`` and ``rank=distributed.rank()`` for
+itself: pass ``vlp.distributed.all_gather_with_grad`` and ``rank=distributed.rank()`` for
 negatives from every rank, or leave the defaults for a one-process batch.
 
 Each rank scores its ``B`` local videos against the ``W * B`` gathered texts (and its local
 texts against the gathered videos), as the ALPRO code does; the positive of local row ``i`` sits
 at column ``rank * B + i``. The returned value is the mean over local rows, so the mean over
-ranks equals the one-process loss on the concatenated batch (see ``vlp.train.distributed`` for
+ranks equals the one-process loss on the concatenated batch (see ``vlp.distributed`` for
 the matching gradient relation).
 """
 

@@ -79,7 +79,7 @@ def frame_contrastive_loss(
         logit_scale: the log of the inverse temperature (0-d, trainable); the logits are ``exp(logit_scale) *
             score``.
         score: ``(text, frames) -> (Q, V)`` (:func:`score_fn`).
-        gather: concatenates over ranks with gradient (``vlp.train.distributed.all_gather_with_grad``).
+        gather: concatenates over ranks with gradient (``vlp.distributed.all_gather_with_grad``).
         rank: this process's rank; its positives sit at ``rank * B + arange(B)``.
     """
     _check(text, frames)

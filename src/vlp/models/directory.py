@@ -183,8 +183,8 @@ def load(uri: str, kinds: tuple[str, ...] | None = None, device: Any = None) -> 
 
 def save_tokenizer_once(tokenizer: Any, out: str) -> None:
     """Save ``tokenizer`` as ``<out>/tokenizer`` unless one is there already (rank 0 only)."""
+    from vlp import distributed
     from vlp.models.tokenizer import save_tokenizer
-    from vlp.train import distributed
 
     target = storage.join(out, TOKENIZER_DIR)
     if distributed.rank() == 0 and not storage.exists(storage.join(target, "tokenizer.json")):
@@ -218,8 +218,8 @@ def save(
         RuntimeError: there is no checkpoint (training finished without one).
         ValueError: the checkpoint is outside ``out``, or answers are missing for a QA kind.
     """
+    from vlp import distributed
     from vlp.models import family as families
-    from vlp.train import distributed
 
     family = families.of_kind(kind)
     if distributed.rank() != 0:

@@ -287,9 +287,9 @@ def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
         PretrainedUnavailableError: a named tokenizer is neither local nor reachable (the message says how to
             provide it).
     """
+    from vlp import distributed
     from vlp.models import directory
     from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
-    from vlp.train import distributed
 
     saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
     if storage.exists(storage.join(saved, "tokenizer.json")):
@@ -346,9 +346,9 @@ def train_model(
     finished step, continues the run an earlier call opened, sends it what it lacks of ``metrics.jsonl`` and
     ends it with this call's status, so an outage that outlasted the step is made good by the rerun.
     """
+    from vlp import distributed
     from vlp.models.tokenizer import tokenizer_digest
     from vlp.tracking import MlflowLogger, MultiLogger
-    from vlp.train import distributed
     from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
     from vlp.train.optim import OptimConfig
 
@@ -391,74 +391,3 @@ def train_summary(result: Any) -> dict[str, Any]:
         "skipped": result.resumed_from is not None and result.start_step == result.step,
         **({"tracking": result.tracking} if result.tracking else {}),
     }
-
-
-def device() -> Any:
-    """``cuda:<local rank>`` when a GPU is visible (torchrun sets the rank), else the CPU."""
-    import torch
-
-    from vlp.train import distributed
-
-    return torch.device("cuda", distributed.local_rank()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-# --------------------------------------------------------------------------- loaders
-
-
-def training_batches(
-    section: Any,
-    data: Any,
-    fetch: Callable[[Any], Any],
-    batch_size: int,
-    *,
-    groups: Any = None,
-    group_fraction: float = 1.0,
-    group_epochs: int = 0,
-) -> Any:
-    """Resumable training batches of ``fetch(indices)`` over ``data``'s pairs, with the loader settings of a
-    training ``section`` (``pretrain``, ``retrieval``, ``qa``): the epoch order (``order``, ``shuffle_buffer``;
-    ``groups`` for grouped batches, global order only), ``num_workers`` loader processes with ``prefetch``
-    batches each, and pinned memory on CUDA. ``data``'s epoch is set to the batch's before ``fetch`` runs (in
-    whichever process runs it), and ``fetch`` must build every item from its index and that epoch alone, so that
-    the batches are the same with any number of workers."""
-    from vlp.train.loop import ResumableSampler, ShardOrderSampler
-
-    def fetch_epoch(indices: Any) -> Any:  # each epoch draws new frames and augmentations, in whichever process
-        data.set_epoch(indices.epoch)
-        return fetch(indices)
-
-    if section.order == "shards":
-        if groups is not None:
-            raise ValueError("grouped batches (pretrain.group_by) need pretrain.order=global")
-        shards = data.store.shard_of([video_id for video_id, _ in data.pairs])
-        sampler: Any = ShardOrderSampler(shards, seed=section.seed, shuffle_buffer=section.shuffle_buffer)
-    else:
-        sampler = ResumableSampler(
-            len(data), seed=section.seed, groups=groups, group_batch=batch_size if groups is not None else 0,
-            group_fraction=group_fraction, group_epochs=group_epochs,
-        )  # fmt: skip
-    return _loader(sampler, fetch_epoch, batch_size, section, drop_last=True)
-
-
-def ordered_batches(count: int, build: Callable[[Any], Any], batch_size: int, section: Any) -> Any:
-    """``build(indices)`` for consecutive chunks of ``range(count)``, in order (the last one short), built by the
-    ``section``'s loader workers ahead of the caller: the evaluation loops. Iterate it once."""
-    from vlp.train.loop import ResumableSampler
-
-    sampler = ResumableSampler(count, shuffle=False, rank=0, world_size=1)
-    batches = _loader(sampler, build, batch_size, section, drop_last=False)
-    try:
-        yield from batches
-    finally:
-        batches.close()
-
-
-def _loader(sampler: Any, fetch: Callable[[Any], Any], batch_size: int, section: Any, *, drop_last: bool) -> Any:
-    from vlp.train.loop import SamplerBatches
-
-    if section.num_workers > 0:  # the tokenizers' thread pool does not survive a fork: keep it single-threaded
-        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    return SamplerBatches(
-        sampler, fetch, batch_size, drop_last=drop_last, num_workers=section.num_workers, prefetch=section.prefetch,
-        pin_memory=device().type == "cuda",
-    )  # fmt: skip

@@ -13,7 +13,8 @@ from typing import Any, Literal
 import torch
 
 from vlp.config import Config
-from vlp.steps.common import device, ordered_batches
+from vlp.data.loader import ordered_batches
+from vlp.distributed import device
 
 Precision = Literal["fp32", "bf16"]
 

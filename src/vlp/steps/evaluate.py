@@ -25,8 +25,10 @@ import torch
 from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
+from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoQADataset
-from vlp.steps.common import ModelInput, StepResult, check_inputs, device, ordered_batches, run_step
+from vlp.distributed import device
+from vlp.steps.common import ModelInput, StepResult, check_inputs, run_step
 from vlp.steps.encode import Precision, autocast
 from vlp.steps.encode import encode_clips as _encode_clips
 from vlp.steps.encode import encode_texts as _encode_texts

@@ -21,6 +21,7 @@ import torch
 from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.frames import FrameStore
+from vlp.data.loader import training_batches
 from vlp.data.video_text import (
     ClipRandAugment,
     VideoQADataset,
@@ -28,13 +29,13 @@ from vlp.data.video_text import (
     collate_video_text,
     normalize_answer,
 )
+from vlp.distributed import device
 from vlp.models import directory
 from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
     ModelInput,
     StepResult,
     check_inputs,
-    device,
     family_of,
     planned_vocab_size,
     run_step,
@@ -42,7 +43,6 @@ from vlp.steps.common import (
     step_tokenizer,
     train_model,
     train_summary,
-    training_batches,
 )
 
 log = logging.getLogger("vlp")
@@ -72,7 +72,7 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
     """``section`` with ``max_steps`` set from ``epochs`` when it is 0 (per-process items, drop-last batches)."""
     if section.max_steps > 0:
         return section
-    from vlp.train import distributed
+    from vlp import distributed
 
     per_rank = num_items // distributed.world_size()
     updates_per_epoch = max(1, per_rank // section.batch_size // section.grad_accum)
@@ -136,7 +136,7 @@ def retrieval_data(
 
 def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
     """Resumable training batches of ``fetch`` over ``data`` (the batch cut to the pairs a rank has)."""
-    from vlp.train import distributed
+    from vlp import distributed
 
     per_rank = -(-len(data) // distributed.world_size())
     return training_batches(section, data, fetch, min(section.batch_size, per_rank))
@@ -144,7 +144,7 @@ def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
 
 def _epoch_shape(batches: Any) -> tuple[int, int]:
     """(batches per epoch on this rank, global batch) of resumable batches: what ``family.prepare`` needs."""
-    from vlp.train import distributed
+    from vlp import distributed
 
     return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
 
@@ -171,8 +171,8 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
     """
 
     def work() -> StepResult:
+        from vlp import distributed
         from vlp.models.family import PretrainBatch, StepContext, TextVocab
-        from vlp.train import distributed
 
         distributed.init_from_env()
         models = [ModelInput("--pretrained", pretrained, starts)] if pretrained else []
@@ -251,10 +251,10 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
     (:func:`vlp.models.family.qa_of`) is refused before a model is loaded or anything is written."""
 
     def work() -> StepResult:
+        from vlp import distributed
         from vlp.eval.qa import build_answer_vocab
         from vlp.models import family
         from vlp.models.family import StepContext, TextVocab
-        from vlp.train import distributed
 
         distributed.init_from_env()
         start_model = ModelInput("--pretrained", pretrained, starts, needs=family.qa_of)  # a family with QA only

@@ -20,14 +20,15 @@ import torch
 
 from vlp.config import Config
 from vlp.data.frames import FrameStore
+from vlp.data.loader import training_batches
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
+from vlp.distributed import device
 from vlp.models import directory
 from vlp.settings import ModelConfig
 from vlp.steps.common import (
     ModelInput,
     StepResult,
     check_inputs,
-    device,
     family_of,
     planned_vocab_size,
     run_step,
@@ -35,7 +36,6 @@ from vlp.steps.common import (
     step_tokenizer,
     train_model,
     train_summary,
-    training_batches,
 )
 
 log = logging.getLogger("vlp")
@@ -76,7 +76,7 @@ def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -
 
 def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
     """``(clips per batch, batches per epoch)`` on this rank: the batch is cut to the items a rank has."""
-    from vlp.train.loop import ResumableSampler
+    from vlp.data.loader import ResumableSampler
 
     items = len(ResumableSampler(len(data), seed=cfg.pretrain.seed))  # items per rank per epoch
     batch = min(cfg.pretrain.batch_size, items)
@@ -87,7 +87,7 @@ def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore,
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
     checked by the family (its config built once with :func:`planned_vocab_size`) and ``pretrain.group_by`` against
     the pairs, so that a setting that cannot work fails before anything is written."""
-    from vlp.train import distributed
+    from vlp import distributed
 
     dry = model_config(cfg.model, planned_vocab_size(cfg.model), 0, terms, fam)
     data = _dataset(cfg, dataset, frames, dry)  # the pixel statistics do not depend on the vocabulary
@@ -125,8 +125,8 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
     """Train the prompter: a video-text dual encoder with VTC only (ALPRO §3.2.2)."""
 
     def work() -> StepResult:
+        from vlp import distributed
         from vlp.models.family import StepContext
-        from vlp.train import distributed
 
         distributed.init_from_env()
         fam = family_of(cfg.model)
@@ -171,8 +171,8 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
     a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
 
     def work() -> StepResult:
+        from vlp import distributed
         from vlp.models.family import PretrainExtras, StepContext, TextVocab, spec
-        from vlp.train import distributed
 
         distributed.init_from_env()
         one = spec(cfg.model.family)

@@ -208,3 +208,9 @@ def cleanup() -> None:
     """Destroy the process group if there is one (safe to call twice)."""
     if is_dist():
         dist.destroy_process_group()
+
+
+def device() -> torch.device:
+    """``cuda:<local rank>`` when a GPU is visible (torchrun sets the rank), else the CPU: where this process
+    trains, evaluates and encodes."""
+    return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
