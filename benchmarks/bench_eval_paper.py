@@ -3,9 +3,9 @@
 What ``evaluate-retrieval`` runs, without its data loading: the paper-size ALPRO retrieval model (TimeSformer-B/16 at
 224 px over ``--frames`` frames, BERT-base split 6 + 6, random weights, no download: the builder of
 ``bench_mfu.py``) in eval mode; ``--videos`` random clips with one caption each, every caption ``--text-len``
-tokens; then the step's own functions: :func:`vlp.steps.encode.encode_clips` and ``encode_texts`` (the encode
+tokens; then the step's own functions: :func:`vlp.inference.encode_clips` and ``encode_texts`` (the encode
 part), the family's ``similarity``, and for each ``k`` of ``--ks`` :func:`vlp.eval.retrieval.topk_rerank` with
-:func:`vlp.steps.encode.pair_scorer` (the re-rank part), which fuses the union of both directions' top-k pairs,
+:func:`vlp.inference.pair_scorer` (the re-rank part), which fuses the union of both directions' top-k pairs,
 each pair once, ``--eval-batch`` pairs per forward, scored ``match_plus_sim`` (LAVIS's rule). ``--precision bf16``
 sets ``retrieval.eval_precision=bf16``. Encoding is timed after one untimed pass, each k's re-ranking after one
 untimed call (the reference's first ``compute_sim_matrix`` call is untimed too).
@@ -33,11 +33,11 @@ import bench_alpro_step
 from bench_mfu import captions
 from vlp.config import Config
 from vlp.eval.retrieval import topk_rerank
+from vlp.inference import encode_clips, encode_texts, pair_scorer
 from vlp.models import family
 from vlp.models.alpro.model import Alpro, AlproFamily
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import RetrievalConfig
-from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
 
 
 def main() -> None:

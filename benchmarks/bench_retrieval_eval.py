@@ -46,10 +46,11 @@ from vlp import storage
 from vlp.config import Config, load_config
 from vlp.data import manifest
 from vlp.eval import retrieval
+from vlp.inference import text_length
 from vlp.models import directory
 from vlp.steps import evaluate
 from vlp.steps.extract_frames import extract_frames
-from vlp.steps.finetune import retrieval_data, text_length
+from vlp.steps.finetune import retrieval_data
 from vlp.steps.ingest import ingest
 from vlp.steps.synth import synth
 

@@ -20,10 +20,11 @@ from vlp.data.video_text import VideoQADataset, normalize_answer
 from vlp.eval.qa import build_answer_vocab
 from vlp.index.answer import Answerer, ClipError
 from vlp.index.build import index_clips
+from vlp.inference import answer_probabilities, question_tokens
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
-from vlp.steps.evaluate import answer_probabilities, evaluate_qa, question_tokens
+from vlp.steps.evaluate import evaluate_qa
 from vlp.steps.finetune import task_data
 from vlp.train.checkpoint import save_model_weights
 

@@ -211,7 +211,7 @@ def test_the_tiny_alpro_model_compiles_and_trains_to_the_eager_losses(tmp_path: 
     assert far == []
 
     # evaluation: the encoders and the fused pass of evaluate-retrieval, compiled (no-grad graphs) and eager
-    from vlp.steps.encode import encode_texts, pair_scorer
+    from vlp.inference import encode_texts, pair_scorer
 
     _, model = build("alpro", "retrieval", tok)
     model.eval()

@@ -320,12 +320,12 @@ def check_precision_and_kernels(name: str, role: str, tok: Any, root: Path, step
 
 
 def check_eval_precision(name: str, role: str, tok: Any) -> None:
-    """``eval_precision: bf16`` through the evaluation's own encoders (:mod:`vlp.steps.encode`): every clip and text
+    """``eval_precision: bf16`` through the evaluation's own encoders (:mod:`vlp.inference`): every clip and text
     feature, similarity and match probability of the fused pass stays within :data:`EVAL_BF16_ATOL` of fp32's on the
     same weights, comes back as fp32, and each forward's output (clips, texts, fused pass) differs from fp32's bits
     (autocast ran there)."""
     from vlp.config import Config
-    from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
+    from vlp.inference import encode_clips, encode_texts, pair_scorer
 
     fam = family.get(name)
     _, model = build(name, role, tok)

@@ -159,10 +159,11 @@ def test_qa_model_reloads_and_predicts_what_the_trained_model_predicts(pretraine
 
     import vlp.steps.finetune as finetune_module
     from vlp.data.video_text import VideoQADataset
+    from vlp.inference import text_length
     from vlp.models.alpro.model import FAMILY
     from vlp.models.tokenizer import load_tokenizer
     from vlp.steps.evaluate import _predict_qa
-    from vlp.steps.finetune import task_data, text_length
+    from vlp.steps.finetune import task_data
 
     trained = {}
     real_train = finetune_module.train_model

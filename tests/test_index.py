@@ -29,12 +29,12 @@ from vlp.eval.retrieval import topk_rerank
 from vlp.index.build import index_clips
 from vlp.index.query import Searcher
 from vlp.index.store import TABLE, ClipIndex
+from vlp.inference import encode_clips, encode_texts, pair_scorer, text_length
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, RetrievalConfig
-from vlp.steps.encode import encode_clips, encode_texts, pair_scorer
 from vlp.steps.evaluate import evaluate_retrieval
-from vlp.steps.finetune import retrieval_data, text_length
+from vlp.steps.finetune import retrieval_data
 from vlp.train.checkpoint import save_model_weights
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -109,3 +109,10 @@ def test_every_vlp_module_is_in_a_layer(graph: grimp.ImportGraph) -> None:
     placed = {name.strip() for layer in contract["layers"] for name in layer.split("|")}
     top = {".".join(m.split(".")[:2]) for m in graph.modules if m != "vlp"}
     assert sorted(top - placed) == []
+
+
+def test_serving_reaches_no_step(graph: grimp.ImportGraph) -> None:
+    """``vlp search``, ``answer`` and ``serve`` run the model as the evaluation steps do (:mod:`vlp.inference`) but
+    import no step, not even through another module: the serving image need not carry the training code."""
+    for serving in ("vlp.serve", "vlp.index.query", "vlp.index.answer", "vlp.index.store", "vlp.index.pyfunc"):
+        assert not graph.chain_exists(importer=serving, imported="vlp.steps", as_packages=True), serving

@@ -21,7 +21,7 @@ feature size, the token shape, the clip sampling (``retrieval.num_frames``, ``ev
 precision the clips were encoded in (``retrieval.eval_precision``). Rows encoded by another model, from other
 frames, sampled otherwise or in another precision do not compare with these, so adding them is refused
 (:func:`vlp.index.store.check_compatible`); a search encodes its query in the index's precision. The clips are
-encoded exactly as ``evaluate-retrieval`` encodes them (:mod:`vlp.steps.encode`), so a search scores a query as
+encoded exactly as ``evaluate-retrieval`` encodes them (:mod:`vlp.inference`), so a search scores a query as
 that step does.
 
 From ``index.ann_min_rows`` rows on, ``vlp index`` also builds an approximate nearest-neighbour index on

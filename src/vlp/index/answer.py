@@ -23,7 +23,7 @@ draws nothing.
 What the probability is
 -----------------------
 An answer's probability is the softmax over the model's answer vocabulary of the family's ``qa_logits``, computed
-by the function ``evaluate-qa`` predicts with (:func:`vlp.steps.evaluate.answer_probabilities`), in the same
+by the function ``evaluate-qa`` predicts with (:func:`vlp.inference.answer_probabilities`), in the same
 ``qa.eval_precision``: the first answer is the evaluation's prediction for that clip and question, its probability
 the evaluation's ``confidence``.
 
@@ -185,10 +185,9 @@ class Answerer:
         from vlp.config import check_sampled_frames, validate
         from vlp.data.frames import FrameStore
         from vlp.distributed import device
+        from vlp.inference import qa_kinds, text_length
+        from vlp.inputs import ModelInput, StepInputError, check_inputs
         from vlp.models import family
-        from vlp.steps.common import ModelInput, StepInputError, check_inputs
-        from vlp.steps.evaluate import qa_kinds
-        from vlp.steps.finetune import text_length
 
         if frames and index:
             raise ValueError("give --frames or --index, not both: an index names its frames store")
@@ -248,7 +247,7 @@ class Answerer:
             ValueError: a question that is empty, not valid UTF-8 or over ``index.max_text_chars`` characters
                 (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
-        from vlp.steps.evaluate import answer_probabilities, question_tokens
+        from vlp.inference import answer_probabilities, question_tokens
 
         checked_text(question, "question", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:

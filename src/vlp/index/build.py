@@ -7,13 +7,12 @@ import logging
 import warnings
 from typing import Any
 
-import torch
-
 from vlp.config import Config, check_sampled_frames
-from vlp.data.video_text import VideoTextDataset
 from vlp.distributed import device
 from vlp.index.store import ClipIndex, IndexInfo, check_compatible, fingerprint, sampling
-from vlp.steps.common import ModelInput, StepInputError, StepResult, check_inputs, run_step
+from vlp.inference import StoreClips
+from vlp.inputs import ModelInput, StepInputError, check_inputs
+from vlp.steps.common import StepResult, run_step
 
 log = logging.getLogger("vlp")
 CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every chunk it added
@@ -21,26 +20,6 @@ CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every
 # in the child, and the risk it names (a lock held mid-operation at fork time) does not arise here: every LanceDB
 # call is synchronous and has returned before the loader forks, and the workers only read frames.
 FORKED = "lancedb fork support is experimental"
-
-
-class StoreClips(VideoTextDataset):
-    """Every clip of a frames store, without a dataset, read as ``evaluate-retrieval`` reads a split's clips:
-    :meth:`VideoTextDataset.clip` with the eval sampler of the ``retrieval`` section and no augmentation, at the
-    model's frame size and pixel normalisation.
-
-    Without the dataset's ``media`` column a still image is sampled as a one-frame clip, which the sampler
-    stretches over every slot: the same frames the dataset's image rule repeats (:mod:`vlp.data.sampling`).
-    """
-
-    def __init__(self, store: Any, sample: dict[str, Any], model_cfg: Any) -> None:
-        self.store, self.media = store, {}
-        self.pairs = [(video_id, "") for video_id in store.video_ids]
-        self.num_frames, self.mode, self.seed = sample["num_frames"], sample["eval_mode"], sample["seed"]
-        self.augment, self.crop_scale, self.hflip, self.caption_clean = None, (), False, False
-        self.size = model_cfg.video.img_size
-        self.mean = torch.tensor(model_cfg.pixel_mean, dtype=torch.float32).view(1, 3, 1, 1)
-        self.std = torch.tensor(model_cfg.pixel_std, dtype=torch.float32).view(1, 3, 1, 1)
-        self.epoch, self.max_bad_share = 0, 0.0
 
 
 def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: str) -> tuple[Any, list[str]]:
@@ -88,8 +67,7 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
     """
 
     def work() -> StepResult:
-        from vlp.steps.encode import encode_clips, thumbnail
-        from vlp.steps.evaluate import retrieval_kinds
+        from vlp.inference import encode_clips, retrieval_kinds, thumbnail
 
         if split and not dataset:
             raise StepInputError(f"--split {split} picks the clips of a dataset's split: pass --dataset too")

@@ -183,8 +183,8 @@ def save(path: str, index: str, cfg: Any, model: str = "") -> str:
         ValueError: ``model`` holds other weights than the index was built with.
     """
     from vlp.index.store import ClipIndex, fingerprint
+    from vlp.inference import retrieval_kinds
     from vlp.models import directory
-    from vlp.steps.evaluate import retrieval_kinds
     from vlp.tracking import local_dir
 
     built = ClipIndex.open(index).info
@@ -207,8 +207,8 @@ def save_qa(path: str, model: str, cfg: Any, frames: str = "") -> str:
         FileExistsError: ``path`` exists.
         ValueError: ``model`` is not a QA model.
     """
+    from vlp.inference import qa_kinds
     from vlp.models import directory, family
-    from vlp.steps.evaluate import qa_kinds
 
     family.qa_of(directory.describe(model, qa_kinds()).family)
     card = {"kind": "qa", "model": model, "frames": frames}

@@ -54,9 +54,8 @@ class Searcher:
         from vlp import storage
         from vlp.config import validate
         from vlp.distributed import device
+        from vlp.inference import retrieval_kinds, text_length
         from vlp.models import directory
-        from vlp.steps.evaluate import retrieval_kinds
-        from vlp.steps.finetune import text_length
 
         validate(cfg)
         storage.configure(cfg.storage)
@@ -84,8 +83,8 @@ class Searcher:
                 (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
         from vlp.eval.retrieval import topk_rerank
+        from vlp.inference import encode_texts, pair_scorer
         from vlp.models.family import Encoded, pair_scorer_of
-        from vlp.steps.encode import encode_texts, pair_scorer
 
         checked_text(query, "query", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -118,8 +117,7 @@ class Searcher:
         if stored is not None:
             return torch.from_numpy(stored)
         from vlp.data.frames import FrameStore
-        from vlp.index.build import StoreClips
-        from vlp.steps.encode import encode_clips
+        from vlp.inference import StoreClips, encode_clips
 
         built = self.index.info
         if self._clips is None:  # opened once: its index read and its check for links are not repeated per query

@@ -28,32 +28,27 @@ from vlp.data import manifest
 from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoQADataset
 from vlp.distributed import device
-from vlp.steps.common import ModelInput, StepResult, check_inputs, run_step
-from vlp.steps.encode import Precision, autocast
-from vlp.steps.encode import encode_clips as _encode_clips
-from vlp.steps.encode import encode_texts as _encode_texts
-from vlp.steps.encode import pair_scorer as _pair_scorer
-from vlp.steps.encode import progress as _progress
-from vlp.steps.encode import thumbnail as _thumbnail
-from vlp.steps.finetune import retrieval_data, starts, task_data, text_length
+from vlp.inference import (
+    answer_probabilities,
+    qa_kinds,
+    question_tokens,
+    retrieval_kinds,
+    text_length,
+)
+from vlp.inference import encode_clips as _encode_clips
+from vlp.inference import encode_texts as _encode_texts
+from vlp.inference import pair_scorer as _pair_scorer
+from vlp.inference import progress as _progress
+from vlp.inference import thumbnail as _thumbnail
+from vlp.inputs import ModelInput, check_inputs
+from vlp.steps.common import StepResult, run_step
+from vlp.steps.finetune import retrieval_data, task_data
 
 if TYPE_CHECKING:
     from vlp.models.family import AnswersQuestions
 
 log = logging.getLogger("vlp")
 METRICS_FILE = "metrics.json"
-
-
-def retrieval_kinds() -> tuple[str, ...]:
-    """What retrieval evaluates: any family's pretrain output (zero-shot) or retrieval fine-tuned model."""
-    return starts()
-
-
-def qa_kinds() -> tuple[str, ...]:
-    """What QA evaluates: the QA fine-tuned model of any family that has one."""
-    from vlp.models import family
-
-    return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))
 
 
 def _write_outputs(out: str, metrics: dict[str, float], table: pa.Table, table_name: str, report: Callable) -> None:
@@ -246,31 +241,6 @@ def _norm(answer: str) -> str:
     from vlp.data.video_text import normalize_answer
 
     return normalize_answer(answer)
-
-
-def question_tokens(tok: Any, questions: list[str], length: int) -> dict[str, torch.Tensor]:
-    """``input_ids`` and ``attention_mask`` of ``questions`` as ``evaluate-qa`` feeds them to a model: padded (and
-    cut) to ``length`` tokens."""
-    return dict(tok(questions, padding="max_length", truncation=True, max_length=length, return_tensors="pt"))
-
-
-@torch.no_grad()
-def answer_probabilities(
-    fam: AnswersQuestions,
-    net: Any,
-    video: torch.Tensor,
-    input_ids: torch.Tensor,
-    attention_mask: torch.Tensor,
-    precision: Precision = "fp32",
-) -> torch.Tensor:
-    """``(B, A)``, on the CPU: the softmax over the model's answer vocabulary of the family's ``qa_logits`` for each
-    (clip, question) row, the forward run in ``precision`` and the softmax in fp32. ``evaluate-qa`` predicts a
-    question's most probable answer, with that probability as its ``confidence``; an answer whose logit is ``-inf``
-    (ALBEF: one its decoder did not rank) has probability 0."""
-    where = device()
-    with autocast(precision):
-        logits = fam.qa_logits(net, video.to(where), input_ids.to(where), attention_mask.to(where))
-    return logits.float().softmax(-1).cpu()
 
 
 @torch.no_grad()

@@ -30,12 +30,12 @@ from vlp.data.video_text import (
     normalize_answer,
 )
 from vlp.distributed import device
+from vlp.inference import starts, text_length
+from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory
 from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
-    ModelInput,
     StepResult,
-    check_inputs,
     family_of,
     planned_vocab_size,
     run_step,
@@ -46,26 +46,6 @@ from vlp.steps.common import (
 )
 
 log = logging.getLogger("vlp")
-
-
-def starts() -> tuple[str, ...]:
-    """What fine-tuning starts from: any family's pre-trained model, or a retrieval fine-tuned one (to continue,
-    or as QA's start). A QA model's classifier is tied to its answer vocabulary: it is evaluated, not fine-tuned."""
-    from vlp.models import family
-
-    return tuple(k for f in family.families().values() for k in (f.kinds.pretrained, f.kinds.retrieval))
-
-
-def text_length(section: FinetuneConfig, model_cfg: Any) -> int:
-    """The configured text length, capped by the model's position embeddings (with a warning)."""
-    if section.max_len > model_cfg.text.max_len:
-        log.warning(
-            "max_len=%d exceeds the model's %d text positions; texts are cut to %d tokens",
-            section.max_len,
-            model_cfg.text.max_len,
-            model_cfg.text.max_len,
-        )
-    return min(section.max_len, model_cfg.text.max_len)
 
 
 def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:

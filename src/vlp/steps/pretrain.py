@@ -23,12 +23,11 @@ from vlp.data.frames import FrameStore
 from vlp.data.loader import training_batches
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.distributed import device
+from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory
 from vlp.settings import ModelConfig
 from vlp.steps.common import (
-    ModelInput,
     StepResult,
-    check_inputs,
     family_of,
     planned_vocab_size,
     run_step,

@@ -80,7 +80,7 @@ def load(inputs: Mapping[str, str], terms: Sequence[str], device: Any) -> Pretra
 def build_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Any) -> dict[str, Any]:
     """Embed 12 video + 12 image templates x the top ``model.alpro.num_entities`` mined entities with the frozen
     prompter (``vlp build-prompt-bank``); the inputs are checked before the prompter is loaded."""
-    from vlp.steps.common import ModelInput, check_inputs
+    from vlp.inputs import ModelInput, check_inputs
 
     own = cfg.model.own()
     entities_uri = storage.join(entities_dir, ENTITIES_PARQUET)

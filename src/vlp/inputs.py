@@ -1,0 +1,201 @@
+"""A step's or a query's inputs, checked before anything expensive is loaded: the dataset, its split, the frames
+store, the model directories and other files (:func:`check_inputs`). A missing or unusable input is a
+:class:`StepInputError` whose one-line message names it and says what to do; the CLI prints it and exits 2.
+
+The steps and serving (``vlp index``, ``answer``) both check their inputs here, below the steps (ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from vlp import storage
+from vlp.data import manifest
+
+log = logging.getLogger("vlp")
+
+
+class StepInputError(ValueError):
+    """A step's input (dataset, split, frames, model directory) is missing or unusable. The message is one line
+    that names the input, what is missing and what to do; the CLI prints it and exits 2."""
+
+
+class ModelInput(NamedTuple):
+    """A model directory a step reads: the argument that names it (``--model``), its URI, and the kinds it may hold
+    (or a function that lists them: it imports every model family, which a data error need not wait for); with
+    ``needs``, what the step needs of the model's family, checked before its kind (e.g.
+    :func:`vlp.models.family.qa_of`: a family without a QA model is refused with a message that says so, not as
+    a model of another kind)."""
+
+    flag: str
+    uri: str
+    kinds: tuple[str, ...] | Callable[[], tuple[str, ...]]
+    needs: Callable[[Any], object] | None = None
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """What :func:`check_inputs` opened, for the step to use instead of opening it again.
+
+    Attributes:
+        store: the frames store (a :class:`vlp.data.frames.FrameStore`), or None when the step reads no frames.
+        models: the :class:`vlp.models.directory.ModelDir` of each :class:`ModelInput`, in order (no weights).
+        pairs: rows of the split whose clip has frames (captions or questions); 0 when no split was checked.
+    """
+
+    store: Any
+    models: tuple[Any, ...]
+    pairs: int
+
+
+_TEXTS = {manifest.CAPTIONS: ("captions", "caption pairs"), manifest.QA: ("questions", "question-answer pairs")}
+
+
+def check_inputs(
+    dataset: str = "",
+    frames: str = "",
+    *,
+    table: str = manifest.CAPTIONS,
+    split: str = "train",
+    setting: str = "",
+    models: Sequence[ModelInput] = (),
+    files: Sequence[tuple[str, str]] = (),
+) -> StepInputs:
+    """Check a step's inputs cheaply, before it loads a model or a tokenizer or builds anything expensive.
+
+    Stats first: the dataset has ``videos.parquet`` and ``table`` (``captions.parquet`` or ``qa.parquet``);
+    ``frames`` has ``index.parquet``; each model directory has ``model.json``; each ``(uri, remedy)`` of
+    ``files`` exists. Then small reads: the frame index and the ``video_id`` / ``split`` columns of ``table``
+    (``split`` must have at least one row whose clip has frames; clips without frames are counted and logged),
+    and last each ``model.json`` (a kind in its ``kinds``, and the weights it names exist). No frame is decoded
+    and no weight is read.
+
+    Args:
+        dataset: the ingested dataset directory ("" = the step reads none).
+        frames: the extract-frames output ("" = none).
+        table: the table of the step's pairs (``manifest.CAPTIONS`` or ``manifest.QA``).
+        split: the split the step reads.
+        setting: the config key that chose ``split`` (``retrieval.split``), named in the error; "" for training.
+        models: the model directories the step reads.
+        files: other files the step needs, each with what to do when it is missing.
+
+    Returns:
+        The opened frames store and model descriptions, for the step to reuse.
+
+    Raises:
+        StepInputError: an input is missing or has nothing the step can use; the message says which and what to do.
+        ValueError: a model directory holds another kind of model (:func:`vlp.models.directory.describe`).
+    """
+    if dataset:
+        _check_dataset(dataset, table)
+    if frames and not storage.exists(storage.join(frames, "index.parquet")):
+        raise StepInputError(
+            f"{storage.join(frames, 'index.parquet')} does not exist: run `vlp extract-frames --dataset {dataset} "
+            f"--out {frames}` first (--frames is its output)"
+        )
+    for arg in models:
+        _check_model_exists(arg)
+    for uri, remedy in files:
+        if not storage.exists(uri):
+            raise StepInputError(f"{uri} does not exist: {remedy}")
+    store, pairs = None, 0
+    if frames:
+        from vlp.data.frames import FrameStore
+
+        store = FrameStore(frames, cache_shards=64)  # what VideoTextDataset opens; the step hands this one on
+    if dataset and store is not None:
+        pairs = _usable_pairs(dataset, store, table, split, setting)
+    return StepInputs(store, tuple(_describe_model(arg) for arg in models), pairs)
+
+
+def _check_dataset(dataset: str, table: str) -> None:
+    if not storage.exists(dataset):
+        raise StepInputError(f"the dataset {dataset} (--dataset) does not exist: pass the output of `vlp ingest`")
+    for name in (manifest.VIDEOS, table):
+        if not storage.exists(storage.join(dataset, name)):
+            raise StepInputError(
+                f"the dataset {dataset} (--dataset) has no {name}: pass the output of `vlp ingest` (it writes "
+                f"{manifest.VIDEOS}, {manifest.CAPTIONS} and {manifest.QA})"
+            )
+
+
+def _kinds(arg: ModelInput) -> tuple[str, ...]:
+    return arg.kinds() if callable(arg.kinds) else arg.kinds
+
+
+def _check_model_exists(arg: ModelInput) -> None:
+    """Refuse a model directory that is not there or has no ``model.json`` (two stats)."""
+    from vlp.models import directory
+
+    what = ""
+    if not storage.exists(arg.uri):
+        what = "does not exist"
+    elif not storage.exists(storage.join(arg.uri, directory.MODEL_JSON)):
+        what = f"has no {directory.MODEL_JSON}, so it is not a finished model directory"
+    if what:
+        makers = dict.fromkeys(f"`{directory.made_by(k)}`" for k in _kinds(arg) if directory.made_by(k))
+        wanted = " or ".join(makers) or "a training step"
+        raise StepInputError(
+            f"{arg.flag} {arg.uri} {what}: pass the output of {wanted} (or of `vlp import-checkpoint`)"
+        )
+
+
+def _describe_model(arg: ModelInput) -> Any:
+    """The :class:`ModelDir` of ``arg`` (its ``model.json`` read and checked, the family's ``needs`` first) once
+    the weights it names exist."""
+    from vlp.models import directory
+    from vlp.train.checkpoint import MODEL_FILE
+
+    if arg.needs is not None:
+        arg.needs(directory.describe(arg.uri).family)
+    info = directory.describe(arg.uri, _kinds(arg))
+    if not storage.exists(storage.join(info.checkpoint, MODEL_FILE)):
+        raise StepInputError(
+            f"{arg.flag} {arg.uri}: {directory.MODEL_JSON} names the checkpoint {info.checkpoint}, which has no "
+            f"{MODEL_FILE}: copy the whole model directory"
+        )
+    return info
+
+
+def _usable_pairs(dataset: str, store: Any, table: str, split: str, setting: str) -> int:
+    """Rows of ``split`` in ``table`` whose clip is in ``store``; refuses a split without any."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    uri = storage.join(dataset, table)
+    try:
+        rows = storage.read_parquet(uri, columns=["video_id", "split"])  # not the texts: a fraction of the file
+    except pa.ArrowInvalid:
+        raise manifest.ManifestError(f"{uri} has no video_id or split column: re-run `vlp ingest`") from None
+    texts, pairs = _TEXTS.get(table, ("rows", "pairs"))
+    ids = rows.filter(pc.equal(rows["split"], split))["video_id"]
+    if len(ids) == 0:
+        counts = rows["split"].value_counts().to_pylist()
+        found = ", ".join(f"{c['values']} {c['counts']}" for c in counts) or "none at all"
+        fix = (
+            f"set {setting} to one of those"
+            if setting
+            else f"this step trains on the train split: ingest {texts} in it"
+        )
+        raise StepInputError(f"the {split} split of {dataset} has no {texts} (its {texts} by split: {found}); {fix}")
+    videos = pc.unique(ids).to_pylist()
+    covered = [v for v, row in zip(videos, store.positions(videos).tolist(), strict=True) if row >= 0]
+    extract = f"re-run `vlp extract-frames --dataset {dataset} --out {store.out}`"
+    if not covered:
+        check = f"check {setting} or " if setting else "are --frames from this dataset? "
+        raise StepInputError(
+            f"the {split} split of {dataset} has no {pairs} with frames (0 of {len(videos)} {split} videos are in "
+            f"{store.out}); {check}{extract}"
+        )
+    if len(covered) < len(videos):
+        without = sorted(set(videos) - set(covered))
+        named = ", ".join(repr(v) for v in without[:5]) + (f" and {len(without) - 5} more" if len(without) > 5 else "")
+        log.warning("%d of %d %s videos of %s have no frames in %s (rejected by extract-frames? its rejects.parquet "
+                    "says why): %s; their %s are left out", len(without), len(videos), split, dataset, store.out,
+                    named, texts)  # fmt: skip
+    usable = int(pc.sum(pc.is_in(ids, value_set=pa.array(covered, ids.type))).as_py())
+    log.info("inputs: %d %s %s of %d videos with frames", usable, split, pairs, len(covered))
+    return usable
