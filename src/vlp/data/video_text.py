@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 SUBSTITUTES = 8  # pairs tried after a damaged one before the item fails
 IMAGENET_INCEPTION_MEAN = (0.5, 0.5, 0.5)  # timm's ImageNet-21k ViT-B/16 (the paper's visual init)
 IMAGENET_INCEPTION_STD = (0.5, 0.5, 0.5)
+# OpenAI CLIP's pixel statistics: TS2-Net's CLIP towers; the released ALPRO and ALBEF configs normalise with them too
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 class ClipRandAugment:

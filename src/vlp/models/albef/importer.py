@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from vlp.models.alpro.importer import CLIP_MEAN, CLIP_STD
+from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.models.importing import (
     CheckpointFormatError,
     Imported,

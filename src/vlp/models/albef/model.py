@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
+from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import distill
 from vlp.models import pretrained
 from vlp.models.albef.spec import AlbefSettings
@@ -65,8 +66,6 @@ from vlp.settings import qa_section, retrieval_section
 
 log = logging.getLogger("vlp")
 LOSS_TERMS = ("itc", "mlm", "itm")
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)  # ALBEF's dataset normalisation (the paper states none)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
 @dataclass(frozen=True)
@@ -94,7 +93,7 @@ class AlbefConfig:
     same_video: Literal["negative", "positive"] = "negative"
     answer_len: int = 8  # QA: answer tokens incl. [CLS] / [SEP] (the answer list's token ids are model buffers)
     answer_topk: int = 128  # QA: candidates the decoder scores per question, by first-token probability (code)
-    pixel_mean: tuple[float, float, float] = CLIP_MEAN
+    pixel_mean: tuple[float, float, float] = CLIP_MEAN  # ALBEF's code normalises with CLIP's (the paper states none)
     pixel_std: tuple[float, float, float] = CLIP_STD
 
     def __post_init__(self) -> None:

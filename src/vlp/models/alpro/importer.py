@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.models.importing import (
     CheckpointFormatError,
     Imported,
@@ -40,9 +41,6 @@ from vlp.models.importing import (
 TOKENIZER = "bert-base-uncased"  # the released weights' (BERT-base's WordPiece)
 FORMATS = ("alpro", "lavis")
 KINDS = ("prompter", "alpro", "alpro_retrieval", "alpro_qa")
-# The released configs normalise pixels with CLIP's statistics (config_release/*.json: img_pixel_mean/std).
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 # Source keys with no place in a vlp model, and why (first match wins).
 _IGNORED = [
@@ -212,7 +210,7 @@ def infer_config(
         embed_dim=embed_dim,
         num_entities=entities,
         losses=losses,
-        pixel_mean=CLIP_MEAN,
+        pixel_mean=CLIP_MEAN,  # the released configs' (config_release/*.json: img_pixel_mean/std)
         pixel_std=CLIP_STD,
     )
 

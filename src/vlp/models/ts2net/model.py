@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import frames as frame_losses
 from vlp.models.family import (
     Encoded,
@@ -61,8 +62,6 @@ if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 log = logging.getLogger("vlp")
-CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
-CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
 # The aggregator's LayerNorm eps of a model.json written before ``aggregator_ln_eps`` existed: such a model was
 # trained and evaluated with transformers' CLIPEncoderLayer default, CLIP's 1e-5
