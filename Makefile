@@ -96,7 +96,7 @@ lint: $(STAMP) ## ruff check + format check, the layer rule (import-linter, ARCH
 	$(VENV)/bin/ruff check src tests benchmarks components pipelines scripts
 	$(VENV)/bin/ruff format --check src tests benchmarks components pipelines scripts
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy  # [tool.mypy] in pyproject.toml: src/vlp, components/, pipelines/
 
 format: $(STAMP) ## Apply ruff fixes and formatting
 	$(VENV)/bin/ruff check --fix src tests benchmarks components pipelines scripts

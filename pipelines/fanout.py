@@ -36,7 +36,9 @@ def parameters(cfg: PipelineConfig) -> Callable[[Callable[..., Any]], Callable[.
     def apply(fn: Callable[..., Any]) -> Callable[..., Any]:
         if not enabled(cfg):
             sig = inspect.signature(fn)
-            fn.__signature__ = sig.replace(parameters=[p for p in sig.parameters.values() if p.name != PARAMETER])
+            fn.__signature__ = sig.replace(  # type: ignore[attr-defined]  # what inspect.signature reads first
+                parameters=[p for p in sig.parameters.values() if p.name != PARAMETER]
+            )
         return fn
 
     return apply

@@ -185,7 +185,8 @@ def schedule(
 
 
 def _recurring_runs(client: Any, experiment_id: str, namespace: str) -> list[Any]:
-    runs, token = [], ""
+    runs: list[Any] = []
+    token = ""
     while True:
         page = client.list_recurring_runs(
             page_token=token, page_size=100, experiment_id=experiment_id, namespace=namespace

@@ -341,8 +341,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.command in ("evaluate-retrieval", "evaluate-qa"):
         from vlp.steps import evaluate
 
-        fn = evaluate.evaluate_retrieval if args.command == "evaluate-retrieval" else evaluate.evaluate_qa
-        return fn(args.dataset, args.frames, args.model, args.out, cfg)
+        evaluator = evaluate.evaluate_retrieval if args.command == "evaluate-retrieval" else evaluate.evaluate_qa
+        return evaluator(args.dataset, args.frames, args.model, args.out, cfg)
     if args.command == "index":
         from vlp.index.build import index_clips
 
@@ -431,7 +431,9 @@ def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
     """Say on stderr where ``command`` stopped and how to go on (rank 0 alone under torchrun); the exit code of the
     signal (128 + its number)."""
     loop = sys.modules.get("vlp.train.loop")  # not imported: nothing trained (and torch stays unimported)
-    training, seen = None, exc  # a second Ctrl-C while the first was handled hides the training's in __context__
+    training = None
+    # a second Ctrl-C while the first was handled hides the training's in __context__
+    seen: KeyboardInterrupt | None = exc
     while loop is not None and seen is not None and training is None:
         training = seen if isinstance(seen, loop.TrainingInterrupted) else None
         seen = seen.__context__ if isinstance(seen.__context__, KeyboardInterrupt) else None

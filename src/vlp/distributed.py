@@ -132,14 +132,14 @@ class _GatherWithGrad(torch.autograd.Function):
     """all_gather along dim 0 whose backward sums gradients over ranks and returns the local slice."""
 
     @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:  # (B, ...) -> (W * B, ...)
+    def forward(ctx: Any, x: Tensor) -> Tensor:  # (B, ...) -> (W * B, ...)
         ctx.batch = x.shape[0]
         parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
         dist.all_gather(parts, x.contiguous())
         return torch.cat(parts, dim=0)
 
     @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:  # (W * B, ...) -> (B, ...)
+    def backward(ctx: Any, grad: Tensor) -> Tensor:  # (W * B, ...) -> (B, ...)
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, op=dist.ReduceOp.SUM)
         start = dist.get_rank() * ctx.batch

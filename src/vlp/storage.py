@@ -584,7 +584,7 @@ def _arrow_owned(data: bytes) -> pa.Buffer:
     released without the GIL.
     """
     buffer = pa.allocate_buffer(len(data))
-    memoryview(buffer).cast("B")[:] = data  # type: ignore[index]
+    memoryview(buffer).cast("B")[:] = data
     return buffer
 
 

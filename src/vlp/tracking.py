@@ -598,34 +598,42 @@ class MlflowLogger:
         if metrics:
             self._pending.append(("metrics", (metrics, step, live)))
 
+    @property
+    def _run(self) -> str:
+        """The run's id: records are sent only once the run is reached, and so has one."""
+        if self.run_id is None:
+            raise TrackingError("no MLflow run to send to: the run was not reached")
+        return self.run_id
+
     def _send_next(self) -> int:
         """Send the first pending record (consecutive metrics as one batch); returns how many records went."""
         kind, payload = self._pending[0]
         if kind != "metrics":
             self._send(kind, payload)
             return 1
-        rows, size = [], 0
+        rows: list[Any] = []
+        size = 0
         for kind, payload in self._pending:
             if kind != "metrics" or (rows and size + len(payload[0]) > BATCH_METRICS):
                 break
             rows.append(payload)
             size += len(payload[0])
         if self._status in TERMINAL and any(live for *_, live in rows):  # training goes on in an ended run
-            client(self._cfg).update_run(self.run_id, status="RUNNING")
+            client(self._cfg).update_run(self._run, status="RUNNING")
             self._status = "RUNNING"
-        _log_rows(self._cfg, self.run_id, [(metrics, step) for metrics, step, _ in rows])
+        _log_rows(self._cfg, self._run, [(metrics, step) for metrics, step, _ in rows])
         self.sent += size
         return len(rows)
 
     def _send(self, kind: str, payload: Any) -> None:
         if kind == "params":
-            log_params(self._cfg, self.run_id, payload)
+            log_params(self._cfg, self._run, payload)
         elif kind == "tags":
-            set_tags(self._cfg, self.run_id, payload)
+            set_tags(self._cfg, self._run, payload)
         elif kind == "summary":
-            _log_step_summary(self._cfg, self.run_id, payload)
+            _log_step_summary(self._cfg, self._run, payload)
         elif payload != self._status:  # "end"; a run already in that status is left as it is
-            end_run(self._cfg, self.run_id, payload)
+            end_run(self._cfg, self._run, payload)
             self._status = payload
 
     def _flush(self, force: bool = False) -> None:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -126,7 +126,9 @@ def _fallback_sizes(grid_h: int, grid_w: int, area: tuple, ratio: tuple) -> Tens
     return torch.stack([hh[ok], ww[ok]], dim=1)
 
 
-def _draw_sizes(batch: int, grid_h: int, grid_w: int, area: tuple, ratio: tuple, ratio_dist: str, tries: int, gen):
+def _draw_sizes(
+    batch: int, grid_h: int, grid_w: int, area: tuple, ratio: tuple, ratio_dist: str, tries: int, gen: Any
+) -> Tensor:
     n = grid_h * grid_w
     a = area[0] + (area[1] - area[0]) * torch.rand(batch, tries, generator=gen, dtype=torch.float64)  # (B, K)
     u = torch.rand(batch, tries, generator=gen, dtype=torch.float64)  # (B, K)

@@ -25,7 +25,7 @@ from torch import Tensor
 from vlp.losses.contrastive import identity
 
 if TYPE_CHECKING:
-    from vlp.models.ts2net import TS2NetOutput
+    from vlp.models.ts2net.model import TS2NetOutput
 
 __all__ = ["frame_contrastive_loss", "frame_scores", "mean_pool_scores", "score_fn", "ts2net_losses"]
 

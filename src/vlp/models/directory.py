@@ -268,8 +268,8 @@ def upstream_lineage(config: Any, tokenizer: Any = None, pretrained: str = "") -
         records |= start.get("lineage", {}).get("upstream", {})
     for tower in ("video", "text"):
         part = getattr(config, tower, None)
-        if getattr(part, "init", ""):
-            records[tower] = upstream_of(part.init, getattr(part, "init_revision", ""))
+        if init := getattr(part, "init", ""):
+            records[tower] = upstream_of(init, getattr(part, "init_revision", ""))
     own = tokenizer_upstream(tokenizer) if tokenizer is not None else None
     if own:
         records["tokenizer"] = own

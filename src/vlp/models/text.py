@@ -127,7 +127,9 @@ class TextConfig:
 
     def to_bert_config(self) -> BertConfig:
         """The transformers ``BertConfig`` of the whole (unsplit) BERT these sizes describe."""
-        return BertConfig(
+        # attn_implementation is a keyword of PretrainedConfig, which BertConfig takes through **kwargs: its signature
+        # does not name it, hence the ignore
+        return BertConfig(  # type: ignore[call-arg]
             vocab_size=self.vocab_size,
             hidden_size=self.width,
             num_hidden_layers=self.text_layers + self.fusion_layers,
@@ -485,15 +487,15 @@ def read_bert_state_dict(
             return _read_recorded(source, path, "" if is_file else "model.safetensors")
     if looks_like_path(source):
         check_no_revision(source, revision)
-        path = Path(source).expanduser()
-        if path.is_dir():
+        local = Path(source).expanduser()
+        if local.is_dir():
             for fname in ("model.safetensors", "pytorch_model.bin"):
-                if (path / fname).is_file():
-                    return _read_recorded(source, str(path / fname), fname)
+                if (local / fname).is_file():
+                    return _read_recorded(source, str(local / fname), fname)
             raise FileNotFoundError(f"no BERT weights in {source!r}: expected model.safetensors or pytorch_model.bin")
-        if not path.is_file():
+        if not local.is_file():
             raise FileNotFoundError(f"no such BERT checkpoint: {source!r}")
-        return _read_recorded(source, str(path))
+        return _read_recorded(source, str(local))
     path, record = hub_download(source, ("model.safetensors", "pytorch_model.bin"), revision, what=what, remedy=remedy)
     remember_upstream(source, revision, record)
     return _read_file(path)

@@ -9,11 +9,15 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vlp import __version__, storage
 from vlp.config import Config, check_sampled_frames, to_dict, validate
 from vlp.data import manifest
+
+if TYPE_CHECKING:
+    from vlp.models.family import Family
+    from vlp.settings import ModelConfig
 
 StepResult = dict[str, Any]
 log = logging.getLogger("vlp")
@@ -43,11 +47,11 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
 # --------------------------------------------------------------------------- model family and tokenizer
 
 
-def family_of(model: Any) -> Any:
+def family_of(model: ModelConfig) -> Family:
     """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
-    from vlp.models import family
+    from vlp import registry
 
-    return family.get(model.family)
+    return registry.get(model.family)
 
 
 def resolved_inits(model: Any) -> tuple[str, str]:

@@ -72,9 +72,9 @@ def encode_frame(frame: np.ndarray, size: int, resize: str, quality: int) -> tup
         scale = size / min(w, h)
         nw, nh = max(size, round(w * scale)), max(size, round(h * scale))
         left, top = (nw - size) // 2, (nh - size) // 2
-        img = img.resize((nw, nh), Image.BILINEAR).crop((left, top, left + size, top + size))
+        img = img.resize((nw, nh), Image.Resampling.BILINEAR).crop((left, top, left + size, top + size))
     else:
-        img = img.resize((size, size), Image.BILINEAR)
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
     buf = io.BytesIO()
     img.save(buf, format="JPEG", quality=quality)
     return buf.getvalue(), img.width, img.height
@@ -148,7 +148,7 @@ def read_sparse(path: str, indices: Sequence[int]) -> np.ndarray:
         bad = [i for i in indices if not 0 <= i < len(meta)]
         if bad:
             raise video.VideoError(f"frame indices {bad[:5]} out of range for {len(meta)} frames")
-        pts = [p for p, _ in meta]
+        pts = [p for p, _ in meta if p is not None]  # all of them (checked above)
         send, wanted_pts = packet_plan(pts, [k for _, k in meta], indices)
         if packets is not None:
             got = _decode_planned(stream.codec_context, packets, send, wanted_pts)

@@ -207,7 +207,9 @@ def _write_shard(out: str, plan: _ShardPlan, results: list[_VideoResult], cfg: F
     :class:`~vlp.data.frames.FrameStore`), with the metadata in its footer; return the metadata and ``footer_bytes``."""
     import pyarrow.parquet as pq
 
-    videos, rejects, tables = [], [], []
+    videos: list[dict[str, Any]] = []
+    rejects: list[dict[str, Any]] = []
+    tables: list[Any] = []
     for task, res in zip(plan.tasks, results, strict=True):
         if res.reject:
             rejects.append({"video_id": task.video_id, "path": task.uri, "reason": res.reject})

@@ -245,8 +245,7 @@ def _read_json(source: str, cfg: IngestConfig, fmt: str, data: Any = None) -> _R
             else:
                 b.reject("video", f"videos[{i}]", "malformed record: no valid 'video_id'")
         for i, rec in enumerate(data["sentences"]):
-            if isinstance(rec, dict) and _clean(rec.get("video_id")):
-                vid = _clean(rec["video_id"])
+            if isinstance(rec, dict) and (vid := _clean(rec.get("video_id"))):
                 b.caption(vid, rec.get("caption"), video_split.get(vid), f"sentences[{i}]")
             else:
                 b.reject("caption", f"sentences[{i}]", "malformed record: no 'video_id'")

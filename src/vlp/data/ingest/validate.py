@@ -124,9 +124,10 @@ def _check_sizes(captions: list[dict[str, Any]], qa: list[dict[str, Any]], cfg: 
             if row["_reject"] is None and name in row and limits[name] and len(row[name]) > limits[name]:
                 size = f"{name} of {len(row[name])} characters"
                 row["_reject"] = f"text too long: {size} > ingest.max_{name}_chars={limits[name]}"
+    # the cleaning function when ingest.caption_clean is set (mypy takes None for its type: hence the ignore below)
     clean = None
     if cfg.caption_clean:
-        from vlp.data.video_text import clean_caption as clean
+        from vlp.data.video_text import clean_caption as clean  # type: ignore[assignment]
     per_video: Counter[str] = Counter()
     for row in captions:
         if row["_reject"] is not None:

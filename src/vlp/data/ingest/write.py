@@ -76,7 +76,7 @@ def ingest(source: str, out: str, cfg: IngestConfig, probes: Sequence[str] = ())
 
 def _reject_rows(raw: _Raw) -> list[dict[str, str]]:
     """Rejected videos, captions, QA (input order within each kind), then records that never became rows."""
-    first_path = {}
+    first_path: dict[str, str] = {}
     for row in raw.videos:
         first_path.setdefault(row["video_id"], row["path"])
     rows = [_reject_row("video", v["video_id"] or "", v["path"], v["_reject"]) for v in raw.videos if v["_reject"]]

@@ -45,7 +45,12 @@ def _join(parts: Sequence[str]) -> str:
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
 
 
-_VERBS = (("moves", "moving"), ("slides", "sliding"), ("drifts", "drifting"), ("glides", "gliding"))
+_VERBS: tuple[tuple[str, str], ...] = (
+    ("moves", "moving"),
+    ("slides", "sliding"),
+    ("drifts", "drifting"),
+    ("glides", "gliding"),
+)
 _VERBS += (("travels", "travelling"), ("is moving", "moving"), ("is heading", "heading"), ("floats", "floating"))
 _STILL_VERBS = (("sits", "rests", "lies", "is placed"), ("sit", "rest", "lie", "are placed", "appear"))  # (1, many)
 _OPENERS = ("", "a video of ", "a clip showing ", "footage of ", "we see ", "you can see ")

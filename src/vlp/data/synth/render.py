@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -27,7 +28,7 @@ def _value_noise(rng: np.random.Generator, n: int, cells_y: int, cells_x: int) -
 
 
 def _fractal(rng: np.random.Generator, n: int, cells: int, octaves: int = 3) -> np.ndarray:
-    out = sum(0.5**o * _value_noise(rng, n, cells * 2**o, cells * 2**o) for o in range(octaves))
+    out = cast(np.ndarray, sum(0.5**o * _value_noise(rng, n, cells * 2**o, cells * 2**o) for o in range(octaves)))
     return out / sum(0.5**o for o in range(octaves))
 
 

@@ -16,6 +16,7 @@ padded, so cross-attention sees all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -117,7 +118,7 @@ class AnswerDecoder(nn.Module):
         """Embeddings from the text encoder, layer ``i`` from fusion layer ``i`` (self-attention, cross-attention
         where the widths agree, feed-forward), the LM head's transform and bias from ``mlm`` (an MLM head's
         ``transform.*`` / ``bias`` tensors) when given."""
-        self.embeddings.load_state_dict(text.embeddings.state_dict())
+        self.embeddings.load_state_dict(cast(nn.Module, text.embeddings).state_dict())
         for mine, theirs in zip(self.layers, fusion.layers, strict=True):
             source = theirs.state_dict()
             target = mine.state_dict()

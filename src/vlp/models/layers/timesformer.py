@@ -121,13 +121,13 @@ class TimeSformerConfig:
         return self.img_size // self.patch_size
 
     @classmethod
-    def tiny(cls, **overrides: object) -> TimeSformerConfig:
+    def tiny(cls, **overrides: Any) -> TimeSformerConfig:
         """2 layers, width 64, 32 px frames in 8 px patches, 2 frames: seconds on a CPU (tests)."""
         base = cls(img_size=32, patch_size=8, num_frames=2, width=64, depth=2, heads=2, drop_path=0.0)
         return replace(base, **overrides)
 
     @classmethod
-    def paper(cls, **overrides: object) -> TimeSformerConfig:
+    def paper(cls, **overrides: Any) -> TimeSformerConfig:
         """ViT-B/16 at 224 px, 4 pre-training frames, drop path 0.1, ImageNet-21k init (ALPRO §3.4)."""
         base = cls(init="vit_base_patch16_224.orig_in21k")
         return replace(base, **overrides)
@@ -226,6 +226,7 @@ class TimeSformer(nn.Module):
                 trunc_normal_(m.weight, std=0.02)
                 nn.init.zeros_(m.bias)
         for blk in self.blocks:  # temporal branch starts as the identity
+            assert isinstance(blk, DividedSTBlock)
             nn.init.zeros_(blk.temporal_fc.weight)
             nn.init.zeros_(blk.temporal_fc.bias)
 
@@ -383,7 +384,7 @@ def _read_timm_weights(name: str, revision: str) -> dict[str, Tensor]:
     hub_id = name[len("hf-hub:") :] if hub_name else getattr(cfg, "hf_hub_id", None) or ""
     if hub_id:
         repo, _, pinned = hub_id.partition("@")
-        files = ("model.safetensors", "pytorch_model.bin")
+        files: tuple[str, ...] = ("model.safetensors", "pytorch_model.bin")
         files = (cfg.hf_hub_filename,) if cfg is not None and cfg.hf_hub_filename else files
         try:
             path, record = hub_download(repo, files, revision or pinned, what="timm weights", remedy=_TIMM_REMEDY)

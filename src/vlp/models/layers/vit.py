@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -80,12 +80,12 @@ class FrameViTConfig:
         return self.img_size // self.patch_size
 
     @classmethod
-    def tiny(cls, **overrides: object) -> FrameViTConfig:
+    def tiny(cls, **overrides: Any) -> FrameViTConfig:
         """2 layers, width 64, 32 px frames in 8 px patches, 2 frames: seconds on a CPU (tests)."""
         return replace(cls(img_size=32, patch_size=8, num_frames=2, width=64, depth=2, heads=2), **overrides)
 
     @classmethod
-    def paper(cls, **overrides: object) -> FrameViTConfig:
+    def paper(cls, **overrides: Any) -> FrameViTConfig:
         """ViT-B/16 from DeiT ImageNet-1k (ALBEF §3.1), at 224 px (ALBEF pre-trains at 256)."""
         return replace(cls(init="deit_base_patch16_224.fb_in1k"), **overrides)
 
@@ -161,7 +161,7 @@ class FrameViT(nn.Module):
         if self.time_embed is None:
             tokens = frames.mean(dim=1)  # (B, 1+N, C)
         else:
-            time = self.time_embed  # (1, T0, 1, C); another frame count interpolates it linearly over frames
+            time: Tensor = self.time_embed  # (1, T0, 1, C); another frame count interpolates it linearly over frames
             if time.shape[1] != t:
                 time = F.interpolate(time[:, :, 0].transpose(1, 2), size=t, mode="linear", align_corners=False)
                 time = time.transpose(1, 2)[:, :, None]  # (1, T, 1, C)

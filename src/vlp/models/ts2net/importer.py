@@ -158,7 +158,8 @@ def map_state_dict(state: Mapping[str, Tensor], target: Mapping[str, Tensor]) ->
     rules = _rules()
     report = ImportReport(format="ts2net", kind="ts2net_retrieval")
     out: dict[str, Tensor] = {}
-    unknown, shapes = [], []
+    unknown: list[str] = []
+    shapes: list[str] = []
     for key, value in state.items():
         if any(re.search(pattern, key) for pattern, _ in _IGNORED):
             report.unmapped[key] = next(why for pattern, why in _IGNORED if re.search(pattern, key))
