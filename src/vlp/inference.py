@@ -26,6 +26,8 @@ from vlp.config import Config
 from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoTextDataset
 from vlp.distributed import device
+from vlp.models import family
+from vlp.models.family import Encoded
 
 if TYPE_CHECKING:
     from vlp.models.family import AnswersQuestions
@@ -68,8 +70,6 @@ def encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: i
     forwards run in ``cfg.retrieval.eval_precision``."""
     import numpy as np
 
-    from vlp.models.family import Encoded
-
     def build(indices: Any) -> torch.Tensor:  # in a loader worker: each clip from its id and the seed alone
         return torch.stack([data.clip(video_ids[i], np.random.default_rng([data.seed, 0])) for i in indices])
 
@@ -88,8 +88,6 @@ def encode_texts(
     fam: Any, model: Any, tok: Any, texts: list[str], length: int, batch: int, precision: Precision = "fp32"
 ) -> Any:
     """The family's :class:`vlp.models.family.Encoded` of every text (on the CPU), encoded in ``precision``."""
-    from vlp.models.family import Encoded
-
     feats, tokens, masks, where = [], [], [], device()
     for i in range(0, len(texts), batch):
         enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
@@ -197,8 +195,6 @@ def answer_probabilities(
 def starts() -> tuple[str, ...]:
     """What fine-tuning starts from: any family's pre-trained model, or a retrieval fine-tuned one (to continue,
     or as QA's start). A QA model's classifier is tied to its answer vocabulary: it is evaluated, not fine-tuned."""
-    from vlp.models import family
-
     return tuple(k for f in family.families().values() for k in (f.kinds.pretrained, f.kinds.retrieval))
 
 
@@ -209,6 +205,4 @@ def retrieval_kinds() -> tuple[str, ...]:
 
 def qa_kinds() -> tuple[str, ...]:
     """What QA evaluates: the QA fine-tuned model of any family that has one."""
-    from vlp.models import family
-
     return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))

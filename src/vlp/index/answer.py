@@ -51,9 +51,20 @@ import numpy as np
 import torch
 
 from vlp import storage
-from vlp.config import Config
+from vlp.config import Config, check_sampled_frames, validate
+from vlp.data import video
+from vlp.data.frames import FrameStore
+from vlp.data.frames.decode import _extract_video
+from vlp.data.frames.plan import _VideoTask
+from vlp.data.ingest.probe import _probe_one
+from vlp.data.isolate import isolated_map
 from vlp.data.video_text import VideoTextDataset
+from vlp.distributed import device
 from vlp.index.query import MAX_K
+from vlp.index.store import ClipIndex
+from vlp.inference import answer_probabilities, qa_kinds, question_tokens, text_length
+from vlp.inputs import ModelInput, StepInputError, check_inputs
+from vlp.models import family
 from vlp.text import checked_text
 
 log = logging.getLogger("vlp")
@@ -120,8 +131,6 @@ class _Failed:
 def _isolated(fn: Callable[[Any], Any], item: Any, timeout_s: float) -> Any:
     """``fn(item)`` in a worker process (:func:`vlp.data.isolate.isolated_map`): a :class:`_Failed` when the worker
     crashed or ran past ``timeout_s`` (0: no limit)."""
-    from vlp.data.isolate import isolated_map
-
     [result] = isolated_map(fn, [item], workers=1, timeout_s=timeout_s, on_failure=lambda _, why: _Failed(why))
     return result
 
@@ -135,10 +144,6 @@ def stored_frames(uri: str, cfg: Config) -> list[bytes]:
             ran past its timeout; the message names the file.
         storage.StorageError: the object store failed (not the file).
     """
-    from vlp.data import video
-    from vlp.data.frames.decode import _extract_video
-    from vlp.data.frames.plan import _VideoTask
-    from vlp.data.ingest.probe import _probe_one
 
     def one_line(text: str) -> str:
         return " ".join(text.split())
@@ -182,12 +187,6 @@ class Answerer:
     """
 
     def __init__(self, model: str, cfg: Config, frames: str = "", index: str = "") -> None:
-        from vlp.config import check_sampled_frames, validate
-        from vlp.data.frames import FrameStore
-        from vlp.distributed import device
-        from vlp.inference import qa_kinds, text_length
-        from vlp.inputs import ModelInput, StepInputError, check_inputs
-        from vlp.models import family
 
         if frames and index:
             raise ValueError("give --frames or --index, not both: an index names its frames store")
@@ -205,8 +204,6 @@ class Answerer:
                 raise ValueError(f"--model {model}: {exc}; `vlp answer` takes a `vlp finetune-qa` output") from None
 
         if index:
-            from vlp.index.store import ClipIndex
-
             frames = ClipIndex.open(index).info.frames
             where = f"the frames store {frames} that the index {index} names"
         else:
@@ -247,8 +244,6 @@ class Answerer:
             ValueError: a question that is empty, not valid UTF-8 or over ``index.max_text_chars`` characters
                 (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
-        from vlp.inference import answer_probabilities, question_tokens
-
         checked_text(question, "question", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
             raise ValueError(f"k must be an integer in 1..{MAX_K}, got {k!r}")

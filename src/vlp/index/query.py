@@ -17,8 +17,15 @@ from typing import Any
 
 import torch
 
-from vlp.config import Config
+from vlp import storage
+from vlp.config import Config, validate
+from vlp.data.frames import FrameStore
+from vlp.distributed import device
+from vlp.eval.retrieval import topk_rerank
 from vlp.index.store import ClipIndex, fingerprint, precision_of
+from vlp.inference import StoreClips, encode_clips, encode_texts, pair_scorer, retrieval_kinds, text_length
+from vlp.models import directory
+from vlp.models.family import Encoded, pair_scorer_of
 from vlp.text import checked_text
 
 MAX_K = 1000
@@ -51,11 +58,6 @@ class Searcher:
     """
 
     def __init__(self, index: str, cfg: Config, model: str = "") -> None:
-        from vlp import storage
-        from vlp.config import validate
-        from vlp.distributed import device
-        from vlp.inference import retrieval_kinds, text_length
-        from vlp.models import directory
 
         validate(cfg)
         storage.configure(cfg.storage)
@@ -82,9 +84,6 @@ class Searcher:
             ValueError: a query that is empty, not valid UTF-8 or over ``index.max_text_chars`` characters
                 (:class:`vlp.text.TextError`), or ``k`` outside ``1..MAX_K``.
         """
-        from vlp.eval.retrieval import topk_rerank
-        from vlp.inference import encode_texts, pair_scorer
-        from vlp.models.family import Encoded, pair_scorer_of
 
         checked_text(query, "query", self.cfg.index.max_text_chars)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
@@ -116,8 +115,6 @@ class Searcher:
         server would fork itself, LanceDB's runtime and all, on every query."""
         if stored is not None:
             return torch.from_numpy(stored)
-        from vlp.data.frames import FrameStore
-        from vlp.inference import StoreClips, encode_clips
 
         built = self.index.info
         if self._clips is None:  # opened once: its index read and its check for links are not repeated per query

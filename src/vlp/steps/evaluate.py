@@ -26,8 +26,19 @@ from vlp import storage
 from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.loader import ordered_batches
-from vlp.data.video_text import VideoQADataset
+from vlp.data.video_text import VideoQADataset, normalize_answer
 from vlp.distributed import device
+from vlp.eval.qa import majority_answer, qa_baselines, qa_metrics
+from vlp.eval.report import qa_report, retrieval_report
+from vlp.eval.retrieval import (
+    chance_metrics,
+    heldout_vtm,
+    ranks_t2v,
+    rescore,
+    rescored_metrics,
+    retrieval_metrics,
+    topk_rerank,
+)
 from vlp.inference import (
     answer_probabilities,
     qa_kinds,
@@ -41,8 +52,10 @@ from vlp.inference import pair_scorer as _pair_scorer
 from vlp.inference import progress as _progress
 from vlp.inference import thumbnail as _thumbnail
 from vlp.inputs import ModelInput, check_inputs
+from vlp.models import family
 from vlp.steps.common import StepResult, run_step
 from vlp.steps.finetune import retrieval_data, task_data
+from vlp.train.loop import compile_blocks
 
 if TYPE_CHECKING:
     from vlp.models.family import AnswersQuestions
@@ -67,23 +80,11 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         rc = cfg.retrieval
         models = [ModelInput("--model", model, retrieval_kinds)]
         inputs = check_inputs(dataset, frames, split=rc.split, setting="retrieval.split", models=models)
-        from vlp.eval.report import retrieval_report
-        from vlp.eval.retrieval import (
-            chance_metrics,
-            heldout_vtm,
-            rescore,
-            rescored_metrics,
-            retrieval_metrics,
-            topk_rerank,
-        )
-        from vlp.models import family
 
         info = inputs.models[0]
         data = retrieval_data(cfg, dataset, inputs.store, info.config, rc.split, training=False)
         net, tok, fam = info.load(device()), info.tokenizer(), info.family
         if rc.compile:
-            from vlp.train.loop import compile_blocks
-
             compile_blocks(net, "evaluate-retrieval")
         video_ids = sorted({v for v, _ in data.pairs})
         position = {v: i for i, v in enumerate(video_ids)}
@@ -116,8 +117,6 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
         table, examples = _ranks_table(data, scores, text_video, video_ids, rc.report_examples)
 
         def report(tmp: str) -> list[str]:
-            from vlp.eval.retrieval import ranks_t2v
-
             return retrieval_report(metrics, ranks_t2v(scores, text_video), examples, tmp)
 
         _write_outputs(out, metrics, table, "ranks.parquet", report)
@@ -148,8 +147,6 @@ def evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Con
 
 def _ranks_table(data: Any, scores: Any, text_video: Any, video_ids: list[str], n_examples: int) -> tuple[Any, list]:
     """Per-text rank table, and the report's example queries with their top-5 clips (middle-frame thumbnails)."""
-    from vlp.eval.retrieval import ranks_t2v
-
     ranks = ranks_t2v(scores, text_video)
     top5 = scores.topk(min(5, scores.shape[1]), dim=1)
     table = pa.table(
@@ -174,21 +171,15 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
     fine-tuned model; a model of a family without a QA model is refused (:func:`vlp.models.family.qa_of`)."""
 
     def work() -> StepResult:
-        from vlp.models import family
-
         qc = cfg.qa
         models = [ModelInput("--model", model, qa_kinds, needs=family.qa_of)]
         inputs = check_inputs(dataset, frames, table=manifest.QA, split=qc.split, setting="qa.split", models=models)
-        from vlp.eval.qa import qa_baselines, qa_metrics
-        from vlp.eval.report import qa_report
 
         info = inputs.models[0]
         answers, model_cfg = info.answers(), info.config
         data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split, training=False)
         net, tok = info.load(device()), info.tokenizer()
         if qc.compile:
-            from vlp.train.loop import compile_blocks
-
             compile_blocks(net, "evaluate-qa")
         length = text_length(qc, model_cfg)
         preds, confidence = _predict_qa(family.qa_of(info.family), net, tok, data, length, qc.eval_batch_size, cfg)
@@ -228,8 +219,6 @@ def evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) ->
 def _majority(dataset: str, answers: list[str]) -> tuple[str, str]:
     """The majority-answer baseline's guess: the most frequent answer of the dataset's training questions, or,
     without any, the fine-tuning vocabulary's first (``finetune-qa`` orders it by training frequency)."""
-    from vlp.eval.qa import majority_answer
-
     qa = manifest.read(dataset, manifest.QA, manifest.QA_SCHEMA)
     train = [a for a, split in zip(qa["answer"].to_pylist(), qa["split"].to_pylist(), strict=True) if split == "train"]
     if train:
@@ -238,8 +227,6 @@ def _majority(dataset: str, answers: list[str]) -> tuple[str, str]:
 
 
 def _norm(answer: str) -> str:
-    from vlp.data.video_text import normalize_answer
-
     return normalize_answer(answer)
 
 

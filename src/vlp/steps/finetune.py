@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from vlp import distributed
 from vlp.config import Config
 from vlp.data import manifest
 from vlp.data.frames import FrameStore
@@ -30,9 +31,11 @@ from vlp.data.video_text import (
     normalize_answer,
 )
 from vlp.distributed import device
+from vlp.eval.qa import build_answer_vocab
 from vlp.inference import starts, text_length
 from vlp.inputs import ModelInput, check_inputs
-from vlp.models import directory
+from vlp.models import directory, family
+from vlp.models.family import PretrainBatch, StepContext, TextVocab, randaug_ops
 from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
     StepResult,
@@ -52,7 +55,6 @@ def with_max_steps(section: FinetuneConfig, num_items: int) -> FinetuneConfig:
     """``section`` with ``max_steps`` set from ``epochs`` when it is 0 (per-process items, drop-last batches)."""
     if section.max_steps > 0:
         return section
-    from vlp import distributed
 
     per_rank = num_items // distributed.world_size()
     updates_per_epoch = max(1, per_rank // section.batch_size // section.grad_accum)
@@ -75,8 +77,6 @@ def task_data(
     augmentation (``family``, the model's, picks the RandAugment ops when ``section.randaug_ops`` is ``""``); else
     the eval sampler, no augmentation and no bad clips allowed, whatever the split is called (an evaluation or an
     index of the train split reads it as evaluate-retrieval reads the test split)."""
-    from vlp.models.family import randaug_ops
-
     augment = ClipRandAugment(ops=randaug_ops(section.randaug_ops, family)) if section.randaug and training else None
     return cls(
         frames,
@@ -116,16 +116,12 @@ def retrieval_data(
 
 def _batches(data: Any, section: FinetuneConfig, fetch: Any) -> Any:
     """Resumable training batches of ``fetch`` over ``data`` (the batch cut to the pairs a rank has)."""
-    from vlp import distributed
-
     per_rank = -(-len(data) // distributed.world_size())
     return training_batches(section, data, fetch, min(section.batch_size, per_rank))
 
 
 def _epoch_shape(batches: Any) -> tuple[int, int]:
     """(batches per epoch on this rank, global batch) of resumable batches: what ``family.prepare`` needs."""
-    from vlp import distributed
-
     return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
 
 
@@ -151,8 +147,6 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
     """
 
     def work() -> StepResult:
-        from vlp import distributed
-        from vlp.models.family import PretrainBatch, StepContext, TextVocab
 
         distributed.init_from_env()
         models = [ModelInput("--pretrained", pretrained, starts)] if pretrained else []
@@ -231,10 +225,6 @@ def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Confi
     (:func:`vlp.models.family.qa_of`) is refused before a model is loaded or anything is written."""
 
     def work() -> StepResult:
-        from vlp import distributed
-        from vlp.eval.qa import build_answer_vocab
-        from vlp.models import family
-        from vlp.models.family import StepContext, TextVocab
 
         distributed.init_from_env()
         start_model = ModelInput("--pretrained", pretrained, starts, needs=family.qa_of)  # a family with QA only

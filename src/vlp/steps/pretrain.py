@@ -18,13 +18,15 @@ from typing import Any
 
 import torch
 
+from vlp import distributed
 from vlp.config import Config
 from vlp.data.frames import FrameStore
-from vlp.data.loader import training_batches
+from vlp.data.loader import ResumableSampler, training_batches
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
 from vlp.distributed import device
 from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory
+from vlp.models.family import PretrainBatch, PretrainExtras, StepContext, TextVocab, randaug_ops, spec
 from vlp.settings import ModelConfig
 from vlp.steps.common import (
     StepResult,
@@ -52,8 +54,6 @@ def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses:
 
 def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -> VideoTextDataset:
     """The training pairs, normalised with ``pixels``' (a model config's) ``pixel_mean`` / ``pixel_std``."""
-    from vlp.models.family import randaug_ops
-
     p = cfg.pretrain
     return VideoTextDataset(
         frames,
@@ -75,8 +75,6 @@ def _dataset(cfg: Config, dataset: str, frames: str | FrameStore, pixels: Any) -
 
 def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
     """``(clips per batch, batches per epoch)`` on this rank: the batch is cut to the items a rank has."""
-    from vlp.data.loader import ResumableSampler
-
     items = len(ResumableSampler(len(data), seed=cfg.pretrain.seed))  # items per rank per epoch
     batch = min(cfg.pretrain.batch_size, items)
     return batch, items // batch  # VideoTextDataset refuses a split without pairs: items >= 1
@@ -86,8 +84,6 @@ def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore,
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
     checked by the family (its config built once with :func:`planned_vocab_size`) and ``pretrain.group_by`` against
     the pairs, so that a setting that cannot work fails before anything is written."""
-    from vlp import distributed
-
     dry = model_config(cfg.model, planned_vocab_size(cfg.model), 0, terms, fam)
     data = _dataset(cfg, dataset, frames, dry)  # the pixel statistics do not depend on the vocabulary
     batch, per_epoch = _batch_shape(cfg, data)
@@ -99,7 +95,6 @@ def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore,
 
 def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) -> Any:
     """Resumable batches of :class:`PretrainBatch` over ``data``, the training pairs of ``dataset``."""
-    from vlp.models.family import PretrainBatch
 
     def fetch(indices: Any) -> PretrainBatch:
         items = collate_video_text([data[i] for i in indices])
@@ -124,8 +119,6 @@ def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepR
     """Train the prompter: a video-text dual encoder with VTC only (ALPRO §3.2.2)."""
 
     def work() -> StepResult:
-        from vlp import distributed
-        from vlp.models.family import StepContext
 
         distributed.init_from_env()
         fam = family_of(cfg.model)
@@ -154,8 +147,6 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
     hook from a prompter and the mined entities."""
 
     def work() -> StepResult:
-        from vlp.models.family import spec
-
         one = spec(cfg.model.family)
         hook = one.load_pretraining()
         if hook is None or "bank" not in one.pretrain_inputs:
@@ -170,8 +161,6 @@ def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: s
     a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
 
     def work() -> StepResult:
-        from vlp import distributed
-        from vlp.models.family import PretrainExtras, StepContext, TextVocab, spec
 
         distributed.init_from_env()
         one = spec(cfg.model.family)
