@@ -79,6 +79,7 @@ COPIED = [
     "benchmarks",
     "Makefile",
     "README.md",
+    "ARCHITECTURE.md",
 ]
 
 
