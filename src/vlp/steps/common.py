@@ -136,7 +136,7 @@ def seed_model_init(seed: int) -> None:
     The same on every rank (DDP also broadcasts rank 0's weights); :func:`vlp.train.loop.train` re-seeds
     with ``seed + rank`` for the training steps.
     """
-    from vlp.train.loop import seed_everything
+    from vlp.rng import seed_everything
 
     seed_everything(seed)
 

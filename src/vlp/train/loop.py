@@ -47,7 +47,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import random
 import re
 import resource
 import signal
@@ -59,12 +58,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from vlp import distributed, storage
 from vlp.data.loader import move_to_device
+from vlp.rng import seed_everything
 from vlp.settings import LoopSettings
 from vlp.train.checkpoint import (
     STATE_FILE,
@@ -203,13 +202,6 @@ class TrainResult:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's (CPU and CUDA) global generators."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def batch_size_of(batch: Any) -> int:

@@ -74,7 +74,7 @@ def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Importe
     """An ALBEF file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen); the
     fusion split is read from the cross-attention keys (``options.fusion_layers`` is not used)."""
     from vlp.models.albef.model import FAMILY
-    from vlp.train.loop import seed_everything
+    from vlp.rng import seed_everything
 
     fmt = detect_format(state) if options.fmt == "auto" else options.fmt
     kind = detect_kind(state) if options.kind == "auto" else options.kind

@@ -66,7 +66,7 @@ def recognizes(state: Mapping[str, Tensor]) -> bool:
 def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
     """An ALPRO file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen)."""
     from vlp.models.alpro.model import FAMILY
-    from vlp.train.loop import seed_everything
+    from vlp.rng import seed_everything
 
     fmt = detect_format(state) if options.fmt == "auto" else options.fmt
     kind = detect_kind(state) if options.kind == "auto" else options.kind
