@@ -159,7 +159,9 @@ def test_duplicates_splits_media_and_unknown_videos(tmp_path, clip_bytes):
     assert reasons[3].startswith("media mismatch: media is 'image'")
     assert reasons[4] == "duplicate video_id: the same file as row 4"
     caption_reasons = [r["reason"] for r in read(out, manifest.REJECTS) if r["kind"] == "caption"]
-    assert caption_reasons[0].startswith("video rejected: duplicate video_id: 'a' also names")
+    # the texts of an ambiguous id follow its first row (which names the other file), not a later one
+    first = str(tmp_path / "src" / "b.mp4")
+    assert caption_reasons[0] == f"video rejected: duplicate video_id: 'a' also names {first!r}"
     assert caption_reasons[1].startswith("video rejected: unknown split")
     assert caption_reasons[3].startswith("unknown video_id: 'zz'")
     assert caption_reasons[4] == "duplicate caption_id: 'a#0' appeared before"
@@ -168,22 +170,26 @@ def test_duplicates_splits_media_and_unknown_videos(tmp_path, clip_bytes):
 def test_invalid_utf8_in_a_parquet_caption_rejects_that_row_only(tmp_path, clip_bytes):
     src = make_raw_dir(tmp_path / "src", clip_bytes, 2, {})
     binary = pa.schema(
-        [f if f.name != "caption" else pa.field("caption", pa.binary()) for f in manifest.CAPTION_SCHEMA]
+        [pa.field(f.name, pa.binary()) if f.name in ("caption", "caption_id") else f for f in manifest.CAPTION_SCHEMA]
     )
     rows = [
-        {"video_id": "good00", "caption_id": "good00#0", "caption": b"caf\xe9 noir", "split": "train"},
-        {"video_id": "good00", "caption_id": "good00#1", "caption": "caf\u00e9 au lait".encode(), "split": "train"},
-        {"video_id": "good01", "caption_id": "good01#0", "caption": b"\xff\xfe", "split": "train"},
+        {"video_id": "good00", "caption_id": b"good00#0", "caption": b"caf\xe9 noir", "split": "train"},
+        {"video_id": "good00", "caption_id": b"good00#1", "caption": "caf\u00e9 au lait".encode(), "split": "train"},
+        {"video_id": "good01", "caption_id": b"good01#0", "caption": b"\xff\xfe", "split": "train"},
+        {"video_id": "good01", "caption_id": b"\xffid", "caption": b"\xfe", "split": "train"},  # two bad fields
+        # the id of a row rejected as not UTF-8 is not taken: a valid row may use it
+        {"video_id": "good00", "caption_id": b"good00#0", "caption": b"cafe noir", "split": "train"},
     ]
     storage.write_parquet(str(src / manifest.CAPTIONS), pa.Table.from_pylist(rows, schema=binary))
 
     summary = ingest(str(src), str(tmp_path / "out"), CFG)
 
-    assert [c["caption"] for c in read(tmp_path / "out", manifest.CAPTIONS)] == ["caf\u00e9 au lait"]
-    assert rejects_by_id(tmp_path / "out", "caption") == {
-        "good00#0": "invalid UTF-8: caption not valid UTF-8 text",
-        "good01#0": "invalid UTF-8: caption not valid UTF-8 text",
-    }
+    assert [c["caption"] for c in read(tmp_path / "out", manifest.CAPTIONS)] == ["caf\u00e9 au lait", "cafe noir"]
+    assert [r["reason"] for r in read(tmp_path / "out", manifest.REJECTS) if r["kind"] == "caption"] == [
+        "invalid UTF-8: caption not valid UTF-8 text",
+        "invalid UTF-8: caption not valid UTF-8 text",
+        "invalid UTF-8: caption_id, caption not valid UTF-8 text",
+    ]
     assert rejects_by_id(tmp_path / "out", "video") == {"good01": "no valid caption or QA"}
     assert_invariant(summary)
 
@@ -654,3 +660,65 @@ def test_each_video_row_problem_has_its_own_exact_reason(tmp_path, clip_bytes):
         "media mismatch: media is 'image' but d.mp4 has no image suffix ('.jpg', '.jpeg', '.png', '.bmp', '.webp')",
         "media mismatch: media is 'video' but pic.jpg is an image file",
     ]
+
+
+def test_text_checks_and_limits_give_each_row_its_own_reason(tmp_path, clip_bytes):
+    """Every text check and limit, at its bound and one past it, with later rows still checked after a reject."""
+    put(tmp_path / "src" / "a.mp4", clip_bytes)
+    row = {"split": "train", "media": "video", "source": "synth"}
+    videos = [row | {"video_id": "a", "path": "a.mp4"}]
+    texts = [
+        ("c0", "a", "0123456789", "train"),  # 10 characters: at the limit
+        ("c1", "a", "01234567890", "train"),  # 11
+        ("c2", "a", "x y z", "train"),  # 3 words: at the limit
+        ("c3", "a", "w x y z", "train"),  # 4
+        ("c4", "a", "more", "train"),  # a third valid caption of a: past max_captions_per_video
+        ("c5", "zz", "unknown", "train"),
+        ("", "a", "no id", "train"),
+        ("c7", "a", "holdout", "holdout"),
+        ("c8", "a", " ", "train"),
+    ]
+    captions = [{"caption_id": c, "video_id": v, "caption": t, "split": s} for c, v, t, s in texts]
+    qa = [
+        {"qa_id": "q0", "video_id": "a", "question": " ", "answer": "yes", "answer_type": "", "split": "train"},
+        {"qa_id": "q1", "video_id": "a", "question": "what?", "answer": "", "answer_type": "", "split": "train"},
+        {"qa_id": "q2", "video_id": "a", "question": "which?", "answer": "red", "answer_type": "", "split": "train"},
+    ]
+    write_raw(tmp_path / "src", videos, captions, qa)
+    cfg = IngestConfig(workers=1, progress=False, max_caption_chars=10, max_caption_words=3, max_captions_per_video=2)
+
+    ingest(str(tmp_path / "src"), str(tmp_path / "out"), cfg)
+
+    out = tmp_path / "out"
+    assert [c["caption_id"] for c in read(out, manifest.CAPTIONS)] == ["c0", "c2"]
+    assert [r["reason"] for r in read(out, manifest.REJECTS) if r["kind"] == "caption"] == [
+        "text too long: caption of 11 characters > ingest.max_caption_chars=10",
+        "text too long: caption of 4 words > ingest.max_caption_words=3",
+        "too many captions: 'a' has more than ingest.max_captions_per_video=2",
+        "unknown video_id: 'zz' is not in videos.parquet",
+        "malformed record: empty caption_id",
+        "unknown split: 'holdout' (expected one of train, val, test)",
+        "empty caption",
+    ]
+    assert [q["qa_id"] for q in read(out, manifest.QA)] == ["q2"]
+    assert rejects_by_id(out, "qa") == {"q0": "empty question", "q1": "empty answer"}
+
+
+def test_caption_clean_cuts_to_the_word_limit_and_rejects_what_it_empties(tmp_path, clip_bytes):
+    """ALBEF's cleaning at ingest: lower case, punctuation out, at most max_caption_words words; a caption it empties
+    is a reject, and the rows after it are still cleaned and counted."""
+    put(tmp_path / "src" / "a.mp4", clip_bytes)
+    videos = [{"video_id": "a", "path": "a.mp4", "split": "train", "media": "video", "source": "synth"}]
+    texts = ["!!!", "Hello, World! one two", "third"]
+    captions = [{"caption_id": f"c{i}", "video_id": "a", "caption": t, "split": "train"} for i, t in enumerate(texts)]
+    write_raw(tmp_path / "src", videos, captions)
+    cfg = IngestConfig(workers=1, progress=False, caption_clean=True, max_caption_words=3, max_captions_per_video=1)
+
+    ingest(str(tmp_path / "src"), str(tmp_path / "out"), cfg)
+
+    out = tmp_path / "out"
+    assert [(c["caption_id"], c["caption"]) for c in read(out, manifest.CAPTIONS)] == [("c1", "hello world one")]
+    assert rejects_by_id(out, "caption") == {
+        "c0": "empty caption: nothing left after ingest.caption_clean",
+        "c2": "too many captions: 'a' has more than ingest.max_captions_per_video=1",
+    }

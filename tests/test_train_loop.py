@@ -791,6 +791,25 @@ def test_pruning_deletes_every_file_of_an_old_checkpoint_state_first(
     assert all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
 
 
+def test_pruning_removes_incomplete_checkpoints_older_than_the_kept_ones_only(tmp_path: Path) -> None:
+    """A directory without state.json is a save that died (older than what is kept: deleted) or one being written
+    (newer than the oldest kept: left alone); keep_last below 1 is refused, naming it."""
+    from vlp.train import checkpoint
+
+    root = str(tmp_path / "ckpt")
+    model = nn.Linear(3, 2)
+    for step in (1, 2, 3, 4, 5):
+        save_checkpoint(root, step, model, None, None)
+    for step in (1, 4):  # died mid-save (step 1) and being written now (step 4)
+        storage.delete(storage.join(checkpoint.checkpoint_dir(root, step), STATE_FILE))
+    gone = checkpoint.prune_checkpoints(root, keep_last=2)  # keeps 3 and 5, the newest complete ones
+    assert gone == [checkpoint.checkpoint_dir(root, 1), checkpoint.checkpoint_dir(root, 2)]
+    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["step-000003", "step-000004", "step-000005"]
+    for keep in (0, -1):
+        with pytest.raises(ValueError, match=rf"^keep_last must be >= 1, got {keep}$"):
+            checkpoint.prune_checkpoints(root, keep_last=keep)
+
+
 def test_rng_state_round_trips_through_its_file_in_every_format(tmp_path: Path) -> None:
     """A state written and read back is the state (NumPy's keys as uint32, the CUDA states in order); files of the
     older layout (one metadata entry per library) read the same; a file without them is named as damaged."""
