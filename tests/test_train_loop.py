@@ -1007,3 +1007,42 @@ def test_a_state_entry_that_is_not_a_tensor_is_named(tmp_path: Path) -> None:
 
     with pytest.raises(CheckpointError, match=r"^model: entry '_extra_state' is a dict, not a tensor$"):
         save_model_weights(str(tmp_path), WithExtra(2, 2))
+
+
+def test_a_checkpoint_holds_the_given_generators_its_world_and_names_what_json_cannot_hold(tmp_path: Path) -> None:
+    """The RNG file holds the states handed in (not the ones current when saving), state.json says one rank by
+    default and is indented for a reader; a value that is not JSON (or a state entry that is not a tensor) is
+    refused naming the part it is in."""
+    from vlp.train import checkpoint
+
+    torch.manual_seed(1)
+    given = capture_rng_state()
+    torch.rand(5)  # the current state moves on
+    root = str(tmp_path / "ckpt")
+    uri = save_checkpoint(root, 1, nn.Linear(2, 2), None, None, rng_state=given)
+    assert torch.equal(checkpoint._decode_rng(storage.join(uri, checkpoint.rng_file(0))).torch_cpu, given.torch_cpu)
+    rank_uri = checkpoint.save_rank_rng(root, 1, 1, given)
+    assert torch.equal(checkpoint._decode_rng(rank_uri).torch_cpu, given.torch_cpu)
+    text = storage.read_text(storage.join(uri, STATE_FILE))
+    assert json.loads(text)["world_size"] == 1 and text.startswith('{\n "format": ')
+
+    class Scheduler:
+        def state_dict(self) -> dict:
+            return {"when": {1, 2}}
+
+    linear = nn.Linear(2, 2)
+    for kwargs, where in [
+        ({"scheduler": Scheduler()}, "scheduler state"),
+        ({"data_state": {"order": {3}}}, "data state"),
+        ({"extra": {"seen": {4}}}, "extra"),
+    ]:
+        args = {"scheduler": None} | kwargs
+        with pytest.raises(CheckpointError, match=rf"^{where}: cannot store a set as JSON "):
+            save_checkpoint(str(tmp_path / where.replace(" ", "_")), 1, linear, None, **args)
+
+    class WithExtra(nn.Linear):
+        def get_extra_state(self) -> dict:
+            return {"note": 1}
+
+    with pytest.raises(CheckpointError, match=r"^model: entry '_extra_state' is a dict, not a tensor$"):
+        save_checkpoint(str(tmp_path / "extra_state"), 1, WithExtra(2, 2), None, None)
