@@ -1046,3 +1046,29 @@ def test_a_checkpoint_holds_the_given_generators_its_world_and_names_what_json_c
 
     with pytest.raises(CheckpointError, match=r"^model: entry '_extra_state' is a dict, not a tensor$"):
         save_checkpoint(str(tmp_path / "extra_state"), 1, WithExtra(2, 2), None, None)
+
+
+def test_checkpoints_are_found_under_any_spelling_of_their_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The step directories right under the root, whatever else is there (a file before them, a stray file named like
+    a step, a deeper file, a file listed after state.json), with the root written with a trailing slash, ending in
+    an X, or as "." (storage lists the current directory's files without a prefix)."""
+    from vlp.train import checkpoint
+
+    root = tmp_path / "CKPT_X"
+    model = nn.Linear(2, 2)
+    for step in (1, 2):
+        save_checkpoint(str(root), step, model, None, None)
+    (root / "README.txt").write_text("notes")  # listed before the step directories
+    (root / "step-000003").write_text("not a directory")
+    (root / "step-000004" / "logs").mkdir(parents=True)
+    (root / "step-000004" / "logs" / "run.txt").write_text("deeper than a checkpoint's files")
+    (root / "step-000002" / "zz-notes.txt").write_text("listed after state.json")
+    for spelling in (str(root), str(root) + "/"):
+        assert [s for s, _ in list_checkpoints(spelling)] == [1, 2], spelling
+    monkeypatch.chdir(root)
+    assert checkpoint._scan(".") == {1: ("./step-000001", True), 2: ("./step-000002", True)}
+    message = r"^extra: dict keys must be strings to store as JSON, got \[0, 1, 2, 3, 4\]$"
+    with pytest.raises(CheckpointError, match=message):
+        save_checkpoint(str(tmp_path / "keys"), 1, model, None, None, extra={"table": {i: i for i in range(6)}})
+    with pytest.raises(CheckpointError, match=r"^extra: cannot store a set as JSON \(\{2\}\)$"):
+        save_checkpoint(str(tmp_path / "tuple"), 1, model, None, None, extra={"pair": (1, {2})})
