@@ -1048,7 +1048,7 @@ def test_a_checkpoint_holds_the_given_generators_its_world_and_names_what_json_c
         save_checkpoint(str(tmp_path / "extra_state"), 1, WithExtra(2, 2), None, None)
 
 
-def test_checkpoints_are_found_under_any_spelling_of_their_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_checkpoints_are_found_under_any_spelling_of_the_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step directories right under the root, whatever else is there (a file before them, a stray file named like
     a step, a deeper file, a file listed after state.json), with the root written with a trailing slash, ending in
     an X, or as "." (storage lists the current directory's files without a prefix)."""
