@@ -828,7 +828,10 @@ def test_rng_state_round_trips_through_its_file_in_every_format(tmp_path: Path) 
     assert back.numpy[1].dtype == np.uint32 and np.array_equal(back.numpy[1], state.numpy[1])
     assert torch.equal(back.torch_cpu, state.torch_cpu)
     assert [t.tolist() for t in back.torch_cuda] == [[0, 1, 2, 3], [4, 5, 6, 7]]
-    generators = json.loads(safe_open_metadata(uri)["generators"])
+    written = safe_open_metadata(uri)["generators"]
+    generators = json.loads(written)
+    # canonical JSON (sorted keys): the same states give the same bytes however the dict was built
+    assert written == json.dumps(generators, sort_keys=True) and list(generators) == ["numpy", "python"]
     old = str(tmp_path / "old.safetensors")  # the layout before one metadata entry
     meta = {k: json.dumps(v) for k, v in generators.items()}
     storage.write_bytes(old, st_save({"torch_cpu": state.torch_cpu}, metadata=meta))
