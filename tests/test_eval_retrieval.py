@@ -299,6 +299,14 @@ def test_rerank_validation() -> None:
         topk_rerank(torch.zeros(3), 2, scorer, 4)
     with pytest.raises(ValueError, match=r"\(P, 2\)"):
         topk_rerank(sim, 2, lambda t, v: torch.zeros(t.numel()), 4)
+    for width, rows in [(3, 0), (2, 1)]:  # a wrong width with the right row count, and the other way round
+        with pytest.raises(ValueError, match=r"^pair_scores must return VTM logits of shape \(P, 2\) = \(\d+, 2\)"):
+            topk_rerank(sim, 2, lambda t, v, w=width, r=rows: torch.zeros(t.numel() + r, w), 4)
+    for size in (True, 2.0):  # a bool is an int to Python, not a batch size
+        with pytest.raises(
+            ValueError, match=rf"^batch_size must be an int >= 1 \(pairs per scorer call\), got {size}$"
+        ):
+            topk_rerank(sim, 2, scorer, size)
 
 
 def test_chance_levels_are_what_random_rankings_score():
