@@ -24,6 +24,7 @@ import io
 import json
 import re
 import shlex
+import tomllib
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +83,15 @@ def make_targets() -> set[str]:
 def test_readme_is_a_five_minute_read():
     size = len(README.read_bytes())
     assert size < 8000, f"README.md is {size} bytes; move detail into docs/ (limit 8,000)"
+
+
+def test_the_architecture_page_is_a_map_not_a_manual():
+    """ARCHITECTURE.md names every top-level module of vlp that the layer rule places, in at most 6,000 characters."""
+    text = (README.parent / "ARCHITECTURE.md").read_text()
+    assert len(text) <= 6000, f"ARCHITECTURE.md is {len(text)} characters (limit 6,000)"
+    layers = tomllib.loads((README.parent / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"][0]
+    names = {name.strip() for layer in layers["layers"] for name in layer.split("|")}
+    assert sorted(n for n in names if f"`{n}`" not in text) == []
 
 
 def test_the_readme_names_every_docs_page():

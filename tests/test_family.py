@@ -322,16 +322,17 @@ def test_a_family_cannot_take_another_familys_randaug_preset_name():
     assert "copycat" not in family.names()
 
 
-def test_a_family_named_like_a_shared_model_key_is_refused_when_a_model_section_is_built():
+def test_a_family_named_like_a_shared_model_key_is_refused_at_once():
     """``model.preset`` is a shared key, so a family called ``preset`` would make ``model.preset`` mean two things:
-    the registry takes it (it knows nothing of the sections), the ``model`` section refuses it, naming the key."""
+    registering it fails on the spot. The registry's list of shared keys is the ``model`` section's fields."""
+    from dataclasses import fields
+
+    from vlp import registry
     from vlp.settings import ModelConfig
 
-    clash = family.FamilySpec(name="preset", title="Clash", paper="-", settings=dict, load="x:y", pretrains=False)
-    family.register(clash)
-    try:
-        with pytest.raises(ValueError, match=r"^a family cannot be called 'preset': model\.preset is a shared key$"):
-            ModelConfig()
-    finally:
-        family.unregister("preset")
-    assert ModelConfig().family == family.DEFAULT_FAMILY
+    assert {f.name for f in fields(ModelConfig)} == registry.SHARED_MODEL_KEYS
+    for name in ("preset", "families"):
+        clash = family.FamilySpec(name=name, title="Clash", paper="-", settings=dict, load="x:y", pretrains=False)
+        with pytest.raises(ValueError, match=rf"^a family cannot be called '{name}': model\.{name} is a shared key$"):
+            family.register(clash)
+        assert name not in family.names()

@@ -467,8 +467,10 @@ def test_the_gradient_check_catches_an_unreached_and_a_fed_frozen_parameter(tok,
 
 # --------------------------------------------------------------------------- shared code names no family
 
-SHARED = ["src/vlp/steps", "src/vlp/train", "src/vlp/eval", "src/vlp/data", "src/vlp/index", "src/vlp/cli.py",
-          "pipelines", "components"]  # fmt: skip
+SHARED = ["src/vlp/steps", "src/vlp/train", "src/vlp/eval", "src/vlp/data", "src/vlp/index", "src/vlp/serve",
+          "src/vlp/cli.py", "src/vlp/config.py", "src/vlp/settings.py", "src/vlp/schema.py", "src/vlp/registry.py",
+          "src/vlp/inference.py", "src/vlp/inputs.py", "src/vlp/distributed.py", "src/vlp/rng.py", "pipelines",
+          "components"]  # fmt: skip
 
 # Family names shared code must keep, each with why; an entry is (file, what the guard reports). The guard fails
 # on a leak not listed here, and on a listed one that is gone: delete its entry then, so the list only shrinks.

@@ -679,13 +679,22 @@ def test_text_checks_and_limits_give_each_row_its_own_reason(tmp_path, clip_byte
         ("c8", "a", " ", "train"),
     ]
     captions = [{"caption_id": c, "video_id": v, "caption": t, "split": s} for c, v, t, s in texts]
+    asked = [
+        ("q0", " ", "yes"),
+        ("q1", "what?", ""),
+        ("q2", "which is", "red"),  # a question of 8 characters and an answer of 3: both at their limits
+        ("q3", "which one", "red"),  # 9
+        ("q4", "which", "blue"),  # 4
+    ]
     qa = [
-        {"qa_id": "q0", "video_id": "a", "question": " ", "answer": "yes", "answer_type": "", "split": "train"},
-        {"qa_id": "q1", "video_id": "a", "question": "what?", "answer": "", "answer_type": "", "split": "train"},
-        {"qa_id": "q2", "video_id": "a", "question": "which?", "answer": "red", "answer_type": "", "split": "train"},
+        {"qa_id": q, "video_id": "a", "question": t, "answer": a, "answer_type": "", "split": "train"}
+        for q, t, a in asked
     ]
     write_raw(tmp_path / "src", videos, captions, qa)
-    cfg = IngestConfig(workers=1, progress=False, max_caption_chars=10, max_caption_words=3, max_captions_per_video=2)
+    cfg = IngestConfig(
+        workers=1, progress=False, max_caption_chars=10, max_caption_words=3, max_captions_per_video=2,
+        max_question_chars=8, max_answer_chars=3,
+    )  # fmt: skip
 
     ingest(str(tmp_path / "src"), str(tmp_path / "out"), cfg)
 
@@ -701,7 +710,12 @@ def test_text_checks_and_limits_give_each_row_its_own_reason(tmp_path, clip_byte
         "empty caption",
     ]
     assert [q["qa_id"] for q in read(out, manifest.QA)] == ["q2"]
-    assert rejects_by_id(out, "qa") == {"q0": "empty question", "q1": "empty answer"}
+    assert rejects_by_id(out, "qa") == {
+        "q0": "empty question",
+        "q1": "empty answer",
+        "q3": "text too long: question of 9 characters > ingest.max_question_chars=8",
+        "q4": "text too long: answer of 4 characters > ingest.max_answer_chars=3",
+    }
 
 
 def test_caption_clean_cuts_to_the_word_limit_and_rejects_what_it_empties(tmp_path, clip_bytes):

@@ -1,6 +1,6 @@
 """What answering a query needs, below the steps: the evaluation steps and serving (``vlp index``, ``search``,
 ``answer``, ``serve``) both run it, so a search scores a query exactly as ``evaluate-retrieval`` does and an answer
-is what ``evaluate-qa`` predicts, while serving imports neither the steps nor the training code (ARCHITECTURE.md).
+is what ``evaluate-qa`` predicts, while serving imports no step (ARCHITECTURE.md).
 
 - Encoding: clips sampled with the eval sampler and encoded by the family's ``encode_video``
   (:func:`encode_clips`; a frames store's clips without a dataset: :class:`StoreClips`), texts tokenised to a

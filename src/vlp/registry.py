@@ -92,6 +92,13 @@ class FamilySpec:
 
 PRETRAIN_INPUTS = ("prompter", "bank")  # what a pre-training DAG can make before `vlp pretrain`
 DEFAULT_FAMILY = "alpro"  # model.family when a config does not say (its pre-training DAG is vlp-pretrain)
+# The keys of the ``model`` section every family reads (vlp.settings.ModelConfig's fields, which a test holds equal):
+# a family of one of these names would make ``model.<name>`` mean two things.
+SHARED_MODEL_KEYS = frozenset({
+    "family", "preset", "img_size", "num_frames", "max_len", "vocab_size", "tokenizer", "video_init", "text_init",
+    "video_init_revision", "text_init_revision", "tokenizer_revision", "embed_dim", "losses", "pixel_mean",
+    "pixel_std", "families",
+})  # fmt: skip
 _registered: dict[str, FamilySpec] = {}
 _found = False
 
@@ -115,6 +122,8 @@ def register(spec: FamilySpec) -> FamilySpec:
     _find()
     if not re.fullmatch(r"[a-z][a-z0-9_]*", spec.name):
         raise ValueError(f"a family name is lower case letters, digits and _, got {spec.name!r}")
+    if spec.name in SHARED_MODEL_KEYS:
+        raise ValueError(f"a family cannot be called {spec.name!r}: model.{spec.name} is a shared key")
     if spec.name in _registered and _registered[spec.name] is not spec:
         raise ValueError(f"a model family named {spec.name!r} is already registered")
     taken = randaug_presets().keys() & {name for name, _ in spec.randaug}

@@ -124,11 +124,7 @@ class ModelConfig:
 
 def family_sections(given: Mapping[str, Any]) -> dict[str, Any]:
     """``given`` sections completed with the defaults of every registered family that it lacks."""
-    known = specs()
-    shared = sorted(set(known) & {f.name for f in fields(ModelConfig)})
-    if shared:  # a family registered under a shared key: model.<name> would mean two things
-        raise ValueError(f"a family cannot be called {shared[0]!r}: model.{shared[0]} is a shared key")
-    return {name: given[name] if name in given else one.settings() for name, one in known.items()} | dict(given)
+    return {name: given[name] if name in given else one.settings() for name, one in specs().items()} | dict(given)
 
 
 @dataclass

@@ -1,6 +1,7 @@
-"""What every step does around its work (storage set-up, timing, the summary file), the check of its inputs before
-it loads anything expensive, and what the training steps share: seeding, the device, the training loop with its
-loggers, the summary of a training run."""
+"""What every step does around its work (storage set-up, timing, the summary file), and what the training steps
+share: the model family and tokenizer, seeding a model's initialisation, the training loop with its loggers, the
+summary of a training run. The check of a step's inputs is :mod:`vlp.inputs`; the device is
+:func:`vlp.distributed.device`."""
 
 from __future__ import annotations
 

@@ -1,1 +1,2 @@
-"""Training machinery: loop, optimiser/schedule, checkpoints and the distributed helpers."""
+"""Training machinery: the loop, optimiser and schedule, checkpoints (the process group is :mod:`vlp.distributed`,
+the loaders :mod:`vlp.data.loader`)."""
