@@ -128,8 +128,21 @@ def prepare(targets: list[str], wide: bool) -> list[str]:
         f"source_paths = {_toml_list(sources)}\n"
         f"also_copy = {_toml_list([c for c in COPIED if (ROOT / c).exists()])}\n"
         f"pytest_add_cli_args_test_selection = {_toml_list([*tests, '-m', 'not slow and not gpu'])}\n"
+        + _importlinter_tables()  # the layer contracts, which tests read
     )
     return tests
+
+
+def _importlinter_tables() -> str:
+    """The ``[tool.importlinter]`` tables of the repository's pyproject.toml, as they are written there."""
+    lines, keep = (ROOT / "pyproject.toml").read_text().splitlines(), []
+    inside = False
+    for line in lines:
+        if line.startswith("["):
+            inside = line.strip("[] ").startswith("tool.importlinter")
+        if inside:
+            keep.append(line)
+    return "\n" + "\n".join(keep) + "\n"
 
 
 def run(max_children: int, names: Sequence[str] = ()) -> int:

@@ -110,3 +110,13 @@ def test_a_later_run_of_some_mutants_replaces_only_their_results() -> None:
         "d": "segfault",
         "e": "not checked",
     }
+
+
+def test_the_mutants_copy_gets_the_layer_contracts_some_tests_read() -> None:
+    """scripts/mutation.py writes its own pyproject.toml for the mutants' copy; the import-linter tables go into it
+    whole, as the repository's (tests/test_docs.py and tests/test_layers.py read them)."""
+    import tomllib
+
+    mutation = load("mutation")
+    mine = tomllib.loads(mutation._importlinter_tables())["tool"]["importlinter"]
+    assert mine == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
