@@ -23,12 +23,15 @@ bound on what ``make test`` catches.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import tomllib
 from collections import Counter
 from collections.abc import Sequence
@@ -150,17 +153,60 @@ def run(max_children: int, names: Sequence[str] = ()) -> int:
     log = WORK / "mutmut.log"
     mutmut = Path(sys.executable).with_name("mutmut")
     print(f"mutation: mutmut run in {WORK} (log: {log})", flush=True)
-    with open(log, "wb") as fh:
-        proc = subprocess.run(
-            [str(mutmut), "run", "--max-children", str(max_children), *names],
-            cwd=WORK,
-            env=env,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-        )
+    stop = threading.Event()
+    watchdog = threading.Thread(target=_kill_idle_mutants, args=(stop,), daemon=True)
+    watchdog.start()
+    try:
+        with open(log, "wb") as fh:
+            proc = subprocess.run(
+                [str(mutmut), "run", "--max-children", str(max_children), *names],
+                cwd=WORK,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+    finally:
+        stop.set()
     tail = log.read_bytes()[-3000:].decode(errors="replace").split("\r")[-1]
     print(tail.strip()[-600:])
     return proc.returncode
+
+
+IDLE_S = 120  # seconds a mutant's run may sit nearly idle (CPU under a quarter of its age) before it is killed
+
+
+def _cpu_and_age(pid: str) -> tuple[float, float]:
+    """(CPU seconds used, seconds since start) of process ``pid``, from /proc."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return (int(fields[11]) + int(fields[12])) / ticks, uptime - int(fields[19]) / ticks
+
+
+def idle_mutants() -> list[str]:
+    """The pids of mutant runs (``mutmut: <name>`` processes) older than IDLE_S that used under a quarter of their
+    age in CPU time: hung, e.g. on a lock a test's library held when mutmut forked (LanceDB warns of this)."""
+    idle = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if not (proc / "cmdline").read_bytes().startswith(b"mutmut: vlp."):
+                continue
+            cpu, age = _cpu_and_age(proc.name)
+        except OSError:  # gone meanwhile
+            continue
+        if age > IDLE_S and cpu < 0.25 * age:
+            idle.append(proc.name)
+    return idle
+
+
+def _kill_idle_mutants(stop: threading.Event) -> None:
+    """Kill hung mutant runs every 30 s until ``stop``: mutmut then records the signal, which the report counts as
+    inconclusive (a survivor), not as a kill; without this, a hung run would stall the whole run."""
+    while not stop.wait(30):
+        for pid in idle_mutants():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid), signal.SIGKILL)
+                print(f"mutation: killed mutant run {pid}: idle for over {IDLE_S} s", flush=True)
 
 
 def results() -> dict[str, str]:

@@ -120,3 +120,25 @@ def test_the_mutants_copy_gets_the_layer_contracts_some_tests_read() -> None:
     mutation = load("mutation")
     mine = tomllib.loads(mutation._importlinter_tables())["tool"]["importlinter"]
     assert mine == tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc (Linux)")
+def test_a_hung_mutant_run_is_found_and_a_busy_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watchdog of scripts/mutation.py picks the mutant runs (their process title is ``mutmut: <mutant>``)
+    that have sat nearly idle for IDLE_S, and leaves a working one alone."""
+    import subprocess
+    import time
+
+    mutation = load("mutation")
+    monkeypatch.setattr(mutation, "IDLE_S", 1.0)
+    hung = subprocess.Popen(["bash", "-c", 'exec -a "mutmut: vlp.fake.hung" sleep 30'])
+    busy = subprocess.Popen(["bash", "-c", 'exec -a "mutmut: vlp.fake.busy" python3 -c "while True: pass"'])
+    try:
+        time.sleep(2.5)
+        found = mutation.idle_mutants()
+        assert str(hung.pid) in found and str(busy.pid) not in found
+    finally:
+        hung.kill()
+        busy.kill()
+        hung.wait()
+        busy.wait()
