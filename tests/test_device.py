@@ -101,3 +101,17 @@ def test_the_cuda_generator_is_captured_only_when_cuda_is_in_use(monkeypatch: py
         monkeypatch.setattr(torch.cuda, "is_initialized", lambda i=initialised: i)
         captured = checkpoint.capture_rng_state().torch_cuda
         assert len(captured) == saved and all(torch.equal(t, state) for t in captured)
+
+
+@pytest.mark.gpu
+def test_masks_and_boxes_on_the_cpu_meet_tensors_on_a_gpu() -> None:
+    """A CPU mask or box list (as a loader gives them) used with GPU tensors: the result is the CPU result."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    gpu = torch.device("cuda")
+    crops = crop_frames(FRAMES.to(gpu), BOXES, size=(4, 4))
+    assert torch.allclose(crops.cpu(), crop_frames(FRAMES, BOXES, size=(4, 4)))
+    assert torch.allclose(hard_negative_weights(SIM.to(gpu), EXCLUDE).cpu(), hard_negative_weights(SIM, EXCLUDE))
+    gen = torch.Generator(gpu).manual_seed(4)
+    ids, labels = mask_tokens(IDS.to(gpu), vocab_size=50, mask_token_id=4, prob=0.5, generator=gen, special_mask=PAD)
+    assert ids.device.type == "cuda" and bool((labels.cpu()[PAD] == -100).all())
