@@ -54,6 +54,7 @@ TARGETS: dict[str, list[str]] = {
     "data.ingest.validate": ["src/vlp/data/ingest/validate.py"],
     "data.sampling": ["src/vlp/data/sampling.py"],
     "train.checkpoint": ["src/vlp/train/checkpoint.py"],
+    "weights": ["src/vlp/weights.py"],
     "index.query": ["src/vlp/index/query.py"],
 }
 # The module whose importers are a target's tests, where it is not the target itself: validate is reached through

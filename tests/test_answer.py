@@ -26,7 +26,7 @@ from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 from vlp.steps.evaluate import evaluate_qa
 from vlp.steps.finetune import task_data
-from vlp.train.checkpoint import save_model_weights
+from vlp.weights import save_model_weights
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
 OVERRIDES = ["qa.num_workers=0", "retrieval.num_workers=0"]  # loaders on this thread

@@ -30,9 +30,9 @@ from vlp.models import directory, family
 from vlp.models.family import Encoded, PretrainBatch, PretrainExtras, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, RetrievalConfig
-from vlp.train.checkpoint import save_model_weights
 from vlp.train.loop import TrainConfig, enable_grad_checkpointing, train
 from vlp.train.optim import OptimConfig
+from vlp.weights import save_model_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 CAPTIONS = [

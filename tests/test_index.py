@@ -35,7 +35,7 @@ from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, RetrievalConfig
 from vlp.steps.evaluate import evaluate_retrieval
 from vlp.steps.finetune import retrieval_data
-from vlp.train.checkpoint import save_model_weights
+from vlp.weights import save_model_weights
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"

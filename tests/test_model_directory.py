@@ -14,7 +14,7 @@ from vlp.data.manifest import PathEscapeError
 from vlp.models import directory
 from vlp.models.alpro.model import Alpro, AlproConfig, AlproQA, DualEncoder
 from vlp.models.tokenizer import train_wordpiece
-from vlp.train.checkpoint import save_model_weights
+from vlp.weights import save_model_weights
 
 CAPTIONS = ["a red circle moves left", "a blue square spins", "two green triangles bounce"]
 

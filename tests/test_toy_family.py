@@ -140,7 +140,7 @@ class ToyFamily:
         return config
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
-        from vlp.train.checkpoint import load_pretrained_weights
+        from vlp.weights import load_pretrained_weights
 
         return load_pretrained_weights(checkpoint, model)
 

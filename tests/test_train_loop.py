@@ -633,7 +633,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(
 
 
 def test_every_checkpoint_damaged_is_an_error_naming_the_files(tmp_path: Path) -> None:
-    from vlp.train.checkpoint import DamagedCheckpointError, load_model_weights
+    from vlp.weights import DamagedCheckpointError, load_model_weights
 
     model, optimizer, scheduler = _trained(tmp_path, steps=2)
     root = str(tmp_path / "checkpoints")  # where train(out_dir=tmp_path) looks
@@ -963,7 +963,7 @@ def test_optimiser_state_values_that_are_not_tensors_round_trip_and_exotic_ones_
 
 
 def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: Path) -> None:
-    from vlp.train.checkpoint import load_pretrained_weights
+    from vlp.weights import load_pretrained_weights
 
     saved = nn.Sequential(*[nn.Linear(2, 2) for _ in range(9)])
     uri = save_checkpoint(str(tmp_path), 1, saved, None, None)
@@ -999,7 +999,7 @@ def test_pretrained_weights_that_do_not_fit_are_listed_eight_at_most(tmp_path: P
 
 
 def test_a_state_entry_that_is_not_a_tensor_is_named(tmp_path: Path) -> None:
-    from vlp.train.checkpoint import save_model_weights
+    from vlp.weights import save_model_weights
 
     class WithExtra(nn.Linear):
         def get_extra_state(self) -> dict:
@@ -1054,7 +1054,8 @@ def test_a_checkpoint_holds_the_given_generators_its_world_and_names_what_json_c
 def test_checkpoints_are_found_under_any_spelling_of_the_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The step directories right under the root, whatever else is there (a file before them, a stray file named like
     a step, a deeper file, a file listed after state.json), with the root written with a trailing slash, ending in
-    an X, or as "." (storage lists the current directory's files without a prefix)."""
+    an X, with a doubled slash or a "." inside, as "./root", or as "." (storage lists the current directory's files
+    without a prefix)."""
     from vlp.train import checkpoint
 
     root = tmp_path / "CKPT_X"
@@ -1066,10 +1067,15 @@ def test_checkpoints_are_found_under_any_spelling_of_the_root(tmp_path: Path, mo
     (root / "step-000004" / "logs").mkdir(parents=True)
     (root / "step-000004" / "logs" / "run.txt").write_text("deeper than a checkpoint's files")
     (root / "step-000002" / "zz-notes.txt").write_text("listed after state.json")
-    for spelling in (str(root), str(root) + "/"):
+    doubled = str(tmp_path) + "//CKPT_X"  # pathlib lists it as .../CKPT_X: compared as a path, it is the same root
+    for spelling in (str(root), str(root) + "/", doubled, str(tmp_path / "." / "CKPT_X")):
         assert [s for s, _ in list_checkpoints(spelling)] == [1, 2], spelling
+    assert latest_checkpoint(doubled) == doubled + "/step-000002"
     monkeypatch.chdir(root)
     assert checkpoint._scan(".") == {1: ("./step-000001", True), 2: ("./step-000002", True)}
+    monkeypatch.chdir(tmp_path)  # a relative root spelled ./CKPT_X (resuming with --ckpt ./ckpt found nothing)
+    assert [s for s, _ in list_checkpoints("./CKPT_X")] == [1, 2]
+    assert checkpoint.prune_checkpoints("./CKPT_X//", keep_last=1) == ["./CKPT_X/step-000001"]
     message = r"^extra: dict keys must be strings to store as JSON, got \[0, 1, 2, 3, 4\]$"
     with pytest.raises(CheckpointError, match=message):
         save_checkpoint(str(tmp_path / "keys"), 1, model, None, None, extra={"table": {i: i for i in range(6)}})

@@ -147,7 +147,7 @@ def _describe_model(arg: ModelInput) -> Any:
     """The :class:`ModelDir` of ``arg`` (its ``model.json`` read and checked, the family's ``needs`` first) once
     the weights it names exist."""
     from vlp.models import directory
-    from vlp.train.checkpoint import MODEL_FILE
+    from vlp.weights import MODEL_FILE  # here: checking a step's inputs must not import torch
 
     if arg.needs is not None:
         arg.needs(directory.describe(arg.uri).family)

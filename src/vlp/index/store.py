@@ -84,7 +84,7 @@ def weights_sha256(uri: str) -> str:
 def fingerprint(info: Any) -> dict[str, str]:
     """What makes a model's vectors comparable with another's: its family, kind and the SHA-256 of its weights
     (``info`` is a :class:`vlp.models.directory.ModelDir`). A copy of a model directory has the same fingerprint."""
-    from vlp.train.checkpoint import MODEL_FILE
+    from vlp.weights import MODEL_FILE  # here: opening an index must not import torch
 
     sha = weights_sha256(storage.join(info.checkpoint, MODEL_FILE))
     return {"family": info.family.name, "kind": info.kind, "weights_sha256": sha}

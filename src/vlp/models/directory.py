@@ -117,7 +117,7 @@ class ModelDir:
 
     def load(self, device: Any = None) -> Any:
         """The module with its weights, in eval mode, on ``device`` (default: where it was built)."""
-        from vlp.train.checkpoint import load_model_weights
+        from vlp.weights import load_model_weights  # here: reading model.json alone must not import torch
 
         module = self.build()
         load_model_weights(self.checkpoint, module)

@@ -19,6 +19,7 @@ from vlp.models import directory
 from vlp.models.family import specs
 from vlp.models.importing import CheckpointFormatError, Imported, ImportOptions
 from vlp.steps.common import StepResult, run_step
+from vlp.weights import save_model_weights
 
 log = logging.getLogger("vlp")
 REPORT_FILE = "import_report.json"
@@ -116,7 +117,6 @@ def _write(source: str, out: str, sha: str, mapped: Imported, source_tok: str) -
     """Save ``mapped`` with its tokenizer (``source_tok``) as a model directory at ``out``, and the import report
     beside it."""
     from vlp.models.tokenizer import load_tokenizer
-    from vlp.train.checkpoint import save_model_weights
 
     tok = load_tokenizer(source_tok)
     directory.check_vocab(tok, mapped.config, repr(source_tok))

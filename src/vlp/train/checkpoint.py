@@ -28,33 +28,62 @@ import json
 import random
 import re
 import shutil
-import struct
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import Tensor, nn
 
 from vlp import storage
+from vlp.weights import (  # the weights file is shared with model directories; re-exported for the loop's callers
+    MODEL_FILE,
+    CheckpointError,
+    DamagedCheckpointError,
+    load_model_weights,
+    load_pretrained_weights,
+    read_model_weights,
+    read_safetensors,
+    save_model_weights,
+    tensors_for_safetensors,
+    unwrap,
+)
+
+__all__ = [
+    "FORMAT",
+    "MODEL_FILE",
+    "OPTIM_FILE",
+    "STATE_FILE",
+    "CheckpointError",
+    "DamagedCheckpointError",
+    "LoadedCheckpoint",
+    "RngState",
+    "capture_rng_state",
+    "checkpoint_dir",
+    "checkpoint_step",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_model_weights",
+    "load_pretrained_weights",
+    "prune_checkpoints",
+    "read_model_weights",
+    "read_state",
+    "restore_rng_state",
+    "rng_file",
+    "save_checkpoint",
+    "save_model_weights",
+    "save_rank_rng",
+]
 
 FORMAT = "vlp-checkpoint-v1"
 STATE_FILE = "state.json"
-MODEL_FILE = "model.safetensors"
 OPTIM_FILE = "optimizer.safetensors"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _KERNEL_KEYS = ("foreach", "fused", "capturable", "differentiable")  # how an optimiser runs, not what it holds
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, malformed or does not fit the objects it is loaded into."""
-
-
-class DamagedCheckpointError(CheckpointError):
-    """A file of a checkpoint is missing, truncated or unreadable (the message names it)."""
 
 
 @dataclass
@@ -141,7 +170,7 @@ def _encode_rng(state: RngState) -> bytes:
 
 
 def _decode_rng(uri: str) -> RngState:
-    tensors, meta = _read_safetensors(uri)
+    tensors, meta = read_safetensors(uri)
     try:
         generators = (
             json.loads(meta["generators"])
@@ -191,48 +220,6 @@ def _from_json(obj: Any) -> Any:
     return obj
 
 
-def _safetensors_metadata(data: bytes, uri: str) -> dict[str, str]:
-    """The ``__metadata__`` of a safetensors blob (8-byte little-endian header length, then JSON)."""
-    if len(data) < 8:
-        raise DamagedCheckpointError(f"{uri}: too short to be a safetensors file ({len(data)} bytes)")
-    (n,) = struct.unpack("<Q", data[:8])
-    try:
-        header = json.loads(data[8 : 8 + n])
-    except ValueError as exc:
-        raise DamagedCheckpointError(f"{uri}: not a safetensors file ({exc})") from exc
-    return header.get("__metadata__", {}) or {}
-
-
-def _read_safetensors(uri: str) -> tuple[dict[str, Tensor], dict[str, str]]:
-    """``(tensors, metadata)`` of the safetensors file ``uri``; any defect is a DamagedCheckpointError naming it."""
-    try:
-        data = storage.read_bytes(uri)
-    except FileNotFoundError as exc:
-        raise DamagedCheckpointError(f"{uri} is missing") from exc
-    meta = _safetensors_metadata(data, uri)
-    try:
-        return st_load(data), meta
-    except Exception as exc:  # safetensors raises its own SafetensorError (truncated data, bad offsets)
-        raise DamagedCheckpointError(f"{uri} is damaged ({len(data)} bytes): {exc}") from exc
-
-
-def _tensors_for_safetensors(state: dict[str, Any], where: str) -> dict[str, Tensor]:
-    """Detached CPU tensors; storages shared between entries (tied weights) or views are copied."""
-    out: dict[str, Tensor] = {}
-    seen: set[int] = set()
-    for name, t in state.items():
-        if not isinstance(t, Tensor):
-            raise CheckpointError(f"{where}: entry {name!r} is a {type(t).__name__}, not a tensor")
-        t = t.detach().cpu()
-        storage_ = t.untyped_storage()
-        ptr = storage_.data_ptr()
-        if ptr in seen or storage_.nbytes() != t.numel() * t.element_size() or not t.is_contiguous():
-            t = t.contiguous().clone()
-        seen.add(ptr)
-        out[name] = t
-    return out
-
-
 # --------------------------------------------------------------------------- optimiser state
 
 
@@ -251,11 +238,11 @@ def _encode_optimizer(state_dict: dict[str, Any]) -> bytes:
         per_param.append(entry)
     structure = {"state": per_param, "param_groups": state_dict["param_groups"]}
     meta = {"structure": json.dumps(_to_json(structure, "optimizer state"))}
-    return st_save(_tensors_for_safetensors(tensors, "optimizer state"), metadata=meta)
+    return st_save(tensors_for_safetensors(tensors, "optimizer state"), metadata=meta)
 
 
 def _decode_optimizer(uri: str) -> dict[str, Any]:
-    tensors, meta = _read_safetensors(uri)
+    tensors, meta = read_safetensors(uri)
     try:
         structure = _from_json(json.loads(meta["structure"]))
     except (KeyError, ValueError) as exc:
@@ -269,10 +256,6 @@ def _decode_optimizer(uri: str) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- save
-
-
-def _unwrap(model: nn.Module) -> nn.Module:
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
 def save_rank_rng(root: str, step: int, rank: int, rng_state: RngState | None = None) -> str:
@@ -315,8 +298,8 @@ def save_checkpoint(
         The checkpoint directory URI.
     """
     ckpt = checkpoint_dir(root, step)
-    state_dict = _unwrap(model).state_dict()
-    storage.write_bytes(storage.join(ckpt, MODEL_FILE), st_save(_tensors_for_safetensors(state_dict, "model")))
+    state_dict = unwrap(model).state_dict()
+    storage.write_bytes(storage.join(ckpt, MODEL_FILE), st_save(tensors_for_safetensors(state_dict, "model")))
     if optimizer is not None:
         storage.write_bytes(storage.join(ckpt, OPTIM_FILE), _encode_optimizer(optimizer.state_dict()))
     save_rank_rng(root, step, 0, rng_state)
@@ -338,14 +321,20 @@ def save_checkpoint(
 # --------------------------------------------------------------------------- find / prune
 
 
+def _relative(uri: str, root: str) -> str:
+    """``uri`` (listed under ``root``) relative to ``root``. A local listing spells paths as :mod:`pathlib` does
+    (``./ckpt`` and ``a//b`` become ``ckpt`` and ``a/b``), so local paths are compared as paths, not strings."""
+    if storage.is_s3(root):
+        return uri.removeprefix(root.rstrip("/") + "/")
+    return Path(uri).relative_to(Path(root)).as_posix()
+
+
 def _scan(root: str) -> dict[int, tuple[str, bool]]:
     """``{step: (directory URI, complete)}`` for every ``step-N/`` directory directly under ``root``."""
     root = str(root)
     found: dict[int, tuple[str, bool]] = {}
-    prefix = root.rstrip("/") + "/"
     for uri in storage.list_files(root):
-        rel = uri[len(prefix) :] if uri.startswith(prefix) else uri
-        parts = rel.split("/")
+        parts = _relative(uri, root).split("/")
         match = _STEP_DIR.match(parts[0]) if len(parts) == 2 else None
         if match is None:
             continue
@@ -412,52 +401,6 @@ def read_state(uri: str) -> dict[str, Any]:
     return state
 
 
-def save_model_weights(uri: str, model: nn.Module | dict[str, Tensor]) -> str:
-    """Write only ``<uri>/model.safetensors`` (a model, or its state dict): weights without a training state,
-    e.g. an imported checkpoint. :func:`load_model_weights` reads it; there is nothing to resume from."""
-    state = model if isinstance(model, dict) else _unwrap(model).state_dict()
-    storage.write_bytes(storage.join(uri, MODEL_FILE), st_save(_tensors_for_safetensors(state, "model")))
-    return uri
-
-
-def load_model_weights(uri: str, model: nn.Module, *, strict: bool = True) -> None:
-    """Load only the model weights of checkpoint directory ``uri`` (e.g. for evaluation or fine-tuning)."""
-    tensors, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
-    try:
-        _unwrap(model).load_state_dict(tensors, strict=strict)
-    except RuntimeError as exc:
-        raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
-
-
-def read_model_weights(uri: str) -> dict[str, Tensor]:
-    """The tensors of checkpoint directory ``uri``'s ``model.safetensors`` (CPU), by name."""
-    return _read_safetensors(storage.join(uri, MODEL_FILE))[0]
-
-
-def load_pretrained_weights(uri: str, model: nn.Module, *, allow_missing: tuple[str, ...] = ()) -> list[str]:
-    """Start ``model`` from checkpoint directory ``uri`` of a related model (pre-trained -> fine-tuned).
-
-    Every parameter/buffer of ``model`` must come from the checkpoint with the same shape, except those
-    under the ``allow_missing`` name prefixes (new heads), which keep their initialisation. Checkpoint
-    entries the model has no place for (heads of the pre-training objectives) are skipped.
-
-    Returns:
-        The skipped checkpoint entry names, sorted.
-    """
-    tensors, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
-    target = _unwrap(model).state_dict()
-    missing = [k for k in target if k not in tensors and not k.startswith(allow_missing)]
-    shapes = [f"{k}: {tuple(tensors[k].shape)} vs {tuple(v.shape)}" for k, v in target.items()
-              if k in tensors and tensors[k].shape != v.shape]  # fmt: skip
-    if missing or shapes:
-        raise CheckpointError(
-            f"{uri}: weights do not fit the model: missing {missing[:8]}{'...' if len(missing) > 8 else ''}, "
-            f"shape mismatches {shapes[:8]}"
-        )
-    _unwrap(model).load_state_dict({k: v for k, v in tensors.items() if k in target}, strict=False)
-    return sorted(k for k in tensors if k not in target)
-
-
 def load_checkpoint(
     uri: str,
     model: nn.Module,
@@ -492,7 +435,7 @@ def load_checkpoint(
     storage.refuse_links(uri, "checkpoint")
     state = read_state(uri)
     # read and check every file before anything is restored: a damaged file leaves the objects untouched
-    weights, _ = _read_safetensors(storage.join(uri, MODEL_FILE))
+    weights, _ = read_safetensors(storage.join(uri, MODEL_FILE))
     optim_state = None
     if optimizer is not None:
         if not state.get("has_optimizer", True):
@@ -500,7 +443,7 @@ def load_checkpoint(
         optim_state = _decode_optimizer(storage.join(uri, OPTIM_FILE))
     rng = _load_rng(uri, rank, int(state["world_size"])) if restore_rng else None
     try:
-        _unwrap(model).load_state_dict(weights)
+        unwrap(model).load_state_dict(weights)
     except RuntimeError as exc:
         raise CheckpointError(f"{uri}: weights do not fit the model: {exc}") from exc
     if optimizer is not None and optim_state is not None:  # read above whenever an optimizer is given

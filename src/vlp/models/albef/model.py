@@ -63,6 +63,7 @@ from vlp.models.layers.cross import AnswerDecoder, CrossFusionEncoder
 from vlp.models.layers.vit import FrameOutput, FrameViT, FrameViTConfig
 from vlp.models.text import MLMHead, TextConfig, TextEncoder, load_bert_weights
 from vlp.settings import qa_section, retrieval_section
+from vlp.weights import load_pretrained_weights, read_model_weights
 
 log = logging.getLogger("vlp")
 LOSS_TERMS = ("itc", "mlm", "itm")
@@ -662,7 +663,6 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
         """Retrieval: every weight, the momentum model and the queues from the starting model. QA: the towers and
         the fusion, the answer decoder as a copy of the fusion (and its LM head from the MLM head), as ALBEF's VQA
         does; the momentum copies start equal. Alpha's ramp restarts."""
-        from vlp.train.checkpoint import load_pretrained_weights, read_model_weights
 
         if task == "retrieval":
             skipped = load_pretrained_weights(checkpoint, model)

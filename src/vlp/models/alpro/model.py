@@ -57,6 +57,7 @@ from vlp.models.family import (
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
 from vlp.settings import retrieval_section
+from vlp.weights import load_pretrained_weights
 
 if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
@@ -576,7 +577,6 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
         """The towers and the fusion from the starting model; QA's classifier keeps its initialisation."""
-        from vlp.train.checkpoint import load_pretrained_weights
 
         return load_pretrained_weights(checkpoint, model, allow_missing=("classifier.",) if task == "qa" else ())
 

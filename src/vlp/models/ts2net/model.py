@@ -57,6 +57,7 @@ from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.ts2net.spec import TS2NetSettings
 from vlp.settings import retrieval_section
+from vlp.weights import load_pretrained_weights
 
 if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
@@ -518,7 +519,6 @@ class TS2NetFamily:
         return config
 
     def init_from(self, model: nn.Module, checkpoint: str, task: Task) -> list[str]:
-        from vlp.train.checkpoint import load_pretrained_weights
 
         return load_pretrained_weights(checkpoint, model)
 
