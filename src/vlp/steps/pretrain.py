@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from vlp import distributed
+from vlp import distributed, storage
 from vlp.config import Config
+from vlp.data.entities import ENTITIES_PARQUET
 from vlp.data.frames import FrameStore
 from vlp.data.loader import ResumableSampler, training_batches
 from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video_text, pair_groups
@@ -151,6 +152,10 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
         hook = one.load_pretraining()
         if hook is None or "bank" not in one.pretrain_inputs:
             raise ValueError(f"model family {one.name!r} pre-trains without a prompt bank (only ALPRO's PEM uses one)")
+        entities = storage.join(entities_dir, ENTITIES_PARQUET)
+        remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
+        prompter = ModelInput("--prompter", prompter_dir, (one.family().kinds.prompter,))
+        check_inputs(models=[prompter], files=[(entities, remedy)])  # both, before the prompter is loaded
         return hook.build_bank(prompter_dir, entities_dir, out, cfg)
 
     return run_step("build_prompt_bank", out, cfg, "model", work)

@@ -18,10 +18,11 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from vlp import storage
+from vlp import losses, storage
 from vlp.data.entities import ENTITIES_PARQUET, read_entities
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import VideoTextDataset
+from vlp.eval.report import pem_figure
 from vlp.models import directory
 from vlp.models.alpro.model import AlproConfig, PemContext, prompter_features
 from vlp.models.alpro.prompts import BANK_FILE, ENTITIES_FILE, PromptBank, build_prompt_bank
@@ -79,13 +80,9 @@ def load(inputs: Mapping[str, str], terms: Sequence[str], device: Any) -> Pretra
 
 def build_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Any) -> dict[str, Any]:
     """Embed 12 video + 12 image templates x the top ``model.alpro.num_entities`` mined entities with the frozen
-    prompter (``vlp build-prompt-bank``); the inputs are checked before the prompter is loaded."""
-    from vlp.inputs import ModelInput, check_inputs
-
+    prompter (``vlp build-prompt-bank``, which has checked both inputs before this call)."""
     own = cfg.model.own()
     entities_uri = storage.join(entities_dir, ENTITIES_PARQUET)
-    remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
-    check_inputs(models=[ModelInput("--prompter", prompter_dir, (PROMPTER,))], files=[(entities_uri, remedy)])
     entities = [name for name, _ in read_entities(entities_dir)][: own.num_entities]  # read before the prompter
     if not entities:
         raise ValueError(f"{entities_uri} lists no entities: run `vlp mine-entities` first")
@@ -120,9 +117,6 @@ def pem_examples(
     (:func:`vlp.models.alpro.model.prompter_features`: crop mode, size and precision from that config).
     Writes ``<out>/<video_id>.png`` and ``<out>/README.md``; returns the figures' URIs.
     """
-    from vlp import losses
-    from vlp.eval.report import pem_figure
-
     size, patch = prompter.video.config.img_size, prompter.video.config.patch_size
     data = None
     for split in ("test", "train"):
