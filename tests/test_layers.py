@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 import tomllib
 from pathlib import Path
 
@@ -115,3 +117,51 @@ def test_serving_reaches_no_step_and_no_training_code() -> None:
     for source in serving:
         for target in contract("forbidden")["forbidden_modules"]:
             assert not graph.chain_exists(importer=source, imported=target, as_packages=True), (source, target)
+
+
+def unexplained_function_imports(source: str) -> list[int]:
+    """The lines of ``source``'s function-level imports of vlp that no comment explains: a comment on the line,
+    or on the lines right above the run of imports it belongs to."""
+    lines = source.splitlines()
+    found = []
+    for function in ast.walk(ast.parse(source)):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        for node in ast.walk(function):
+            module = node.module if isinstance(node, ast.ImportFrom) else None
+            if isinstance(node, ast.Import):
+                module = node.names[0].name
+            if not module or not (module == "vlp" or module.startswith("vlp.")) or "#" in lines[node.lineno - 1]:
+                continue
+            above = node.lineno - 2
+            while above >= 0 and re.match(r"\s*(from \S+ import|import )", lines[above]):
+                above -= 1
+            if above < 0 or not lines[above].strip().startswith("#"):
+                found.append(node.lineno)
+    return sorted(set(found))
+
+
+def test_every_function_level_import_says_why() -> None:
+    """An import inside a function hides an edge of the graph from a reader: each one says why it is not at the top
+    (what it keeps out of a light path, e.g. torch out of the data steps)."""
+    found = {str(p.relative_to(ROOT)): lines for p in sorted((ROOT / "src" / "vlp").rglob("*.py"))
+             if (lines := unexplained_function_imports(p.read_text(encoding="utf-8")))}  # fmt: skip
+    assert found == {}
+
+
+def test_an_unexplained_function_import_is_found() -> None:
+    source = """
+def a():
+    from vlp import storage  # here: a reason
+def b():
+    # here: a reason for both
+    from vlp import storage
+    from vlp.data import manifest
+def c():
+    x = 1
+    from vlp.data import manifest
+    import json
+def d():
+    import vlp.text
+"""
+    assert unexplained_function_imports(source) == [10, 13]

@@ -26,12 +26,16 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from vlp import __version__
 from vlp.models import family as families
 from vlp.text import invalid_utf8
+
+if TYPE_CHECKING:
+    from vlp.config import Config
 
 EPILOG = (
     "Overrides: trailing section.key=value pairs, e.g. frames.num_frames=8 storage.endpoint_url=http://127.0.0.1:9000"
@@ -48,90 +52,63 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="vlp", description="Video-language pre-training pipeline steps.", epilog=EPILOG
-    )
-    parser.add_argument("--version", action="version", version=f"vlp {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
+# --------------------------------------------------------------------------- the commands' arguments
 
-    data = sub.add_parser("data", help="dataset utilities (synth)")
-    data_sub = data.add_subparsers(dest="data_command", required=True, metavar="COMMAND")
-    p = data_sub.add_parser("synth", help="write the synthetic video world (mp4 + images + manifests)", epilog=EPILOG)
+
+def _synth_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
     p.add_argument("--num-videos", type=int, default=None, help="number of clips (default: synth.num_videos)")
     p.add_argument("--seed", type=int, default=None, help="random seed (default: synth.seed)")
-    _common(p)
 
-    track = sub.add_parser("tracking", help="MLflow tracking utilities (sync)")
-    track_sub = track.add_subparsers(dest="tracking_command", required=True, metavar="COMMAND")
-    p = track_sub.add_parser(
-        "sync",
-        help="send a training output's MLflow run what it lacks of OUT/metrics.jsonl, in step order, and end it "
-        "with the step's status (a finished step: FINISHED); running it again sends nothing twice",
-        epilog=EPILOG,
-    )
+
+def _sync_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("out", help="training step output directory or s3:// prefix (holds metrics.jsonl)")
     p.add_argument("--status", choices=["FINISHED", "FAILED", "KILLED"], default="",
                    help="end the run so (default: FINISHED when OUT has summary.json, else the status the step "
                    "recorded; a step that has not finished stays RUNNING)")  # fmt: skip
-    _common(p)
 
-    p = sub.add_parser(
-        "ingest", help="validate + probe a dataset into the manifest schema, with rejects", epilog=EPILOG
-    )
+
+def _ingest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, help="dataset directory, or an annotation file (jsonl/json/csv)")
     p.add_argument("--out", required=True, help="output dataset directory or s3:// prefix")
     p.add_argument("--format", default=None, help="auto|synth|alpro|lavis|webvid|msrvtt (default: ingest.format)")
     p.add_argument("--video-root", default=None, help="where relative video paths of an annotation file live")
     _fan_out(p, "probe only part I of N of the files, into OUT/probes.parquet", "a --part output to merge")
-    _common(p)
 
-    p = sub.add_parser("extract-frames", help="sparse frames -> Parquet shards of JPEGs + index", epilog=EPILOG)
+
+def _extract_frames_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--out", required=True, help="output frames directory or s3:// prefix")
     _fan_out(p, "extract only part I of N of the shards (no index)", "a --part output to merge")
-    _common(p)
 
-    p = sub.add_parser(
-        "pretrain-prompter", help="train the prompter (video-text dual encoder, VTC only)", epilog=EPILOG
-    )
+
+def _data_frames_out_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
-    _common(p)
 
-    p = sub.add_parser(
-        "build-prompt-bank", help="12 templates x mined entities through the frozen prompter", epilog=EPILOG
-    )
+
+def _build_prompt_bank_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompter", required=True, help="pretrain-prompter output")
     p.add_argument("--entities", required=True, help="mine-entities output")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
-    _common(p)
 
-    pretraining = [name for name, spec in families.specs().items() if spec.pretrains]
-    titles = " or ".join(families.spec(name).title for name in pretraining)
-    p = sub.add_parser("pretrain", help=f"pre-train {titles} (model.family)", epilog=EPILOG)
-    p.add_argument("--model", dest="family", choices=pretraining, help="model family (default: model.family)")
+
+def _pretrain_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", dest="family", choices=_pretraining(), help="model family (default: model.family)")
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
     p.add_argument("--prompter", default="", help="pretrain-prompter output (ALPRO; ALBEF uses none)")
     p.add_argument("--prompt-bank", default="", help="build-prompt-bank output (ALPRO with PEM)")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
-    _common(p)
 
-    p = sub.add_parser("mine-entities", help="top-M caption nouns (spaCy) -> entity vocabulary", epilog=EPILOG)
+
+def _mine_entities_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
-    _common(p)
 
-    p = sub.add_parser(
-        "import-checkpoint",
-        help="released ALPRO / ALBEF / TS2-Net weights (salesforce/ALPRO, salesforce/ALBEF, LAVIS, yuqi657/ts2_net) "
-        "-> a model directory for finetune-*/evaluate-*",
-        epilog=EPILOG,
-    )
+
+def _import_checkpoint_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, help="checkpoint file (.pt/.pth/.bin/.safetensors), local or s3://")
     p.add_argument("--out", required=True, help="output model directory or s3:// prefix")
     p.add_argument("--family", dest="ckpt_family", default="auto", choices=["auto", *families.names()],
@@ -155,58 +132,50 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-frames", type=int, default=4,
                    help="ALBEF: frames per clip its zero-started time embedding is sized for; TS2-Net: frames per "
                    "clip (default: 4)")  # fmt: skip
-    _common(p)
 
-    for name, what, source in (
-        ("finetune-retrieval", "fine-tune for text-video retrieval (VTC/ITC + VTM/ITM; section `retrieval`)",
-         "pretrained"),
-        ("finetune-qa", "fine-tune for open-ended video QA (ALPRO: a classifier; ALBEF: an answer decoder; section "
-         "`qa`)", "pretrained"),
-        ("evaluate-retrieval", "R@1/5/10, MdR, MnR both ways; top-k VTM re-ranking; zero-shot on a pretrain output",
-         "model"),
-        ("evaluate-qa", "QA accuracy overall and per answer type; predictions + report", "model"),
-    ):  # fmt: skip
-        p = sub.add_parser(name, help=what, epilog=EPILOG)
-        p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
-        p.add_argument("--frames", required=True, help="extract-frames output")
-        if name == "finetune-retrieval":
-            p.add_argument("--pretrained", default="", help="`vlp pretrain` output to start from (default: none: "
-                           "the `model` section's weights, e.g. TS2-Net's CLIP, or random init)")  # fmt: skip
-            p.add_argument("--model", dest="family", choices=families.names(),
-                           help="without --pretrained: the model family (default: model.family)")  # fmt: skip
-        elif source == "pretrained":
-            p.add_argument("--pretrained", required=True, help="`vlp pretrain` output to start from")
-        else:
-            p.add_argument("--model", required=True, help="fine-tuned output (or, for zero-shot, a pretrain output)")
-        p.add_argument("--out", required=True, help="output directory or s3:// prefix")
-        _common(p)
 
-    p = sub.add_parser(
-        "index",
-        help="encode a collection's clips with a retrieval or pre-trained model into a searchable index (adds the "
-        "clips it lacks; docs/search.md)",
-        epilog=EPILOG,
-    )
+def _data_frames(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
+    p.add_argument("--frames", required=True, help="extract-frames output")
+
+
+def _finetune_retrieval_args(p: argparse.ArgumentParser) -> None:
+    _data_frames(p)
+    p.add_argument("--pretrained", default="", help="`vlp pretrain` output to start from (default: none: "
+                   "the `model` section's weights, e.g. TS2-Net's CLIP, or random init)")  # fmt: skip
+    p.add_argument("--model", dest="family", choices=families.names(),
+                   help="without --pretrained: the model family (default: model.family)")  # fmt: skip
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+
+
+def _finetune_qa_args(p: argparse.ArgumentParser) -> None:
+    _data_frames(p)
+    p.add_argument("--pretrained", required=True, help="`vlp pretrain` output to start from")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+
+
+def _evaluate_args(p: argparse.ArgumentParser) -> None:
+    _data_frames(p)
+    p.add_argument("--model", required=True, help="fine-tuned output (or, for zero-shot, a pretrain output)")
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix")
+
+
+def _index_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="the model that encodes the clips (what evaluate-retrieval takes)")
     p.add_argument("--frames", required=True, help="extract-frames output: every clip, unless --dataset is given")
     p.add_argument("--out", required=True, help="the index: a directory or s3:// prefix (made, or added to)")
     p.add_argument("--dataset", default="", help="ingested dataset: index only the clips of its --split")
     p.add_argument("--split", default="", help="with --dataset: the split to index (default: retrieval.split)")
-    _common(p)
 
-    p = sub.add_parser("search", help="the clips of an index that best match a text (docs/search.md)", epilog=EPILOG)
+
+def _search_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", required=True, help="a `vlp index` output")
     p.add_argument("query", help="the text to search for")
     p.add_argument("-k", type=_top_k, default=10, help="hits to return, 1..1000 (default: 10)")
     p.add_argument("--json", action="store_true", help="print the hits as a JSON list instead of a table")
-    _common(p)
 
-    p = sub.add_parser(
-        "answer",
-        help="a QA fine-tuned model's most probable answers to a question about one clip, as evaluate-qa predicts "
-        "them (docs/search.md)",
-        epilog=EPILOG,
-    )
+
+def _answer_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="a `vlp finetune-qa` output")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--frames", default="", help="extract-frames output: the clip is one of its video ids")
@@ -216,19 +185,238 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("question", help="the question to answer")
     p.add_argument("-k", type=_top_k, default=5, help="answers to list, 1..1000 (default: 5)")
     p.add_argument("--json", action="store_true", help="print the answers as JSON instead of a table")
-    _common(p)
 
-    p = sub.add_parser(
-        "serve",
-        help="serve an index's search (and a QA model's answers) over HTTP: KServe's inference protocols and a JSON "
-        "API on one port, until Ctrl-C or SIGTERM (docs/serve.md)",
-        epilog=EPILOG,
-    )
+
+def _serve_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--index", required=True, help="a `vlp index` output")
     p.add_argument("--qa-model", default="", help="a QA model for POST /api/answer (default: none: that route is 404)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1; 0.0.0.0 in a pod)")
     p.add_argument("--port", type=_port, default=8080, help="TCP port (default: 8080; 0: a free one, logged)")
+
+
+def _pretraining() -> list[str]:
+    """The registered families that ``vlp pretrain`` trains."""
+    return [name for name, spec in families.specs().items() if spec.pretrains]
+
+
+# --------------------------------------------------------------------------- what each command runs
+# Each imports its step when called: `vlp search` must not import the training code, nor `vlp ingest` torch, and
+# `vlp --help` imports neither (`python -X importtime`: this module 0.07 s, the config loader alone 0.28 s).
+
+
+def _run_synth(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.synth import synth
+
+    return synth(args.out, cfg)
+
+
+def _run_sync(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp import storage, tracking
+
+    storage.configure(cfg.storage)
+    return tracking.sync(cfg.tracking, args.out, args.status)
+
+
+def _run_ingest(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.ingest import ingest, ingest_part
+
+    if args.part:
+        return ingest_part(args.source, args.out, cfg, *args.part)
+    return ingest(args.source, args.out, cfg, probes=args.merge)
+
+
+def _run_extract_frames(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.extract_frames import extract_frames, extract_frames_part
+
+    if args.part:
+        return extract_frames_part(args.dataset, args.out, cfg, *args.part)
+    return extract_frames(args.dataset, args.out, cfg, parts=args.merge)
+
+
+def _run_mine_entities(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.mine_entities import mine_entities
+
+    return mine_entities(args.dataset, args.out, cfg)
+
+
+def _run_pretrain_prompter(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.pretrain import pretrain_prompter
+
+    return pretrain_prompter(args.dataset, args.frames, args.out, cfg)
+
+
+def _run_build_prompt_bank(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.pretrain import build_prompt_bank
+
+    return build_prompt_bank(args.prompter, args.entities, args.out, cfg)
+
+
+def _run_pretrain(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.pretrain import pretrain
+
+    return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
+
+
+def _run_import_checkpoint(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.import_checkpoint import import_checkpoint
+
+    return import_checkpoint(args.source, args.out, cfg, fmt=args.ckpt_format, kind=args.kind,
+                             tokenizer=args.tokenizer, answers=args.answers, video_heads=args.video_heads,
+                             text_heads=args.text_heads, fusion_layers=args.fusion_layers, max_len=args.max_len,
+                             family=args.ckpt_family, num_frames=args.num_frames)  # fmt: skip
+
+
+def _run_finetune_retrieval(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.finetune import finetune_retrieval
+
+    return finetune_retrieval(args.dataset, args.frames, args.pretrained, args.out, cfg)
+
+
+def _run_finetune_qa(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.finetune import finetune_qa
+
+    return finetune_qa(args.dataset, args.frames, args.pretrained, args.out, cfg)
+
+
+def _run_evaluate_retrieval(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.evaluate import evaluate_retrieval
+
+    return evaluate_retrieval(args.dataset, args.frames, args.model, args.out, cfg)
+
+
+def _run_evaluate_qa(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.evaluate import evaluate_qa
+
+    return evaluate_qa(args.dataset, args.frames, args.model, args.out, cfg)
+
+
+def _run_index(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.index.build import index_clips
+
+    return index_clips(args.model, args.frames, args.out, cfg, dataset=args.dataset, split=args.split)
+
+
+def _run_search(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.index.query import search
+
+    return {"hits": [hit.as_dict() for hit in search(args.index, args.query, args.k, cfg)]}
+
+
+def _run_answer(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.index.answer import answer
+
+    found = answer(args.model, args.clip, args.question, args.k, cfg, frames=args.frames, index=args.index)
+    return {"clip": args.clip, "question": args.question, "answers": [a.as_dict() for a in found]}
+
+
+def _run_serve(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.serve.server import serve
+
+    serve(args.index, cfg, qa_model=args.qa_model, host=args.host, port=args.port)
+    return {}
+
+
+# --------------------------------------------------------------------------- the command table
+
+
+@dataclass(frozen=True)
+class Command:
+    """One ``vlp`` command: its name, its ``--help`` line (a function: a family's title is read when the parser is
+    built), its arguments (``--config`` and the overrides are added to every command) and what it runs."""
+
+    name: str
+    help: Callable[[], str] | str
+    arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace, Config], dict[str, Any]]
+
+
+def _pretrain_help() -> str:
+    return f"pre-train {' or '.join(families.spec(name).title for name in _pretraining())} (model.family)"
+
+
+# `vlp data synth` and `vlp tracking sync`: commands of a command group
+GROUPS: dict[str, tuple[str, str, list[Command]]] = {
+    "data": ("dataset utilities (synth)", "data_command", [
+        Command("synth", "write the synthetic video world (mp4 + images + manifests)", _synth_args, _run_synth),
+    ]),
+    "tracking": ("MLflow tracking utilities (sync)", "tracking_command", [
+        Command("sync", "send a training output's MLflow run what it lacks of OUT/metrics.jsonl, in step order, and "
+                "end it with the step's status (a finished step: FINISHED); running it again sends nothing twice",
+                _sync_args, _run_sync),
+    ]),
+}  # fmt: skip
+COMMANDS: list[Command] = [
+    Command("ingest", "validate + probe a dataset into the manifest schema, with rejects", _ingest_args, _run_ingest),
+    Command("extract-frames", "sparse frames -> Parquet shards of JPEGs + index", _extract_frames_args,
+            _run_extract_frames),
+    Command("pretrain-prompter", "train the prompter (video-text dual encoder, VTC only)", _data_frames_out_args,
+            _run_pretrain_prompter),
+    Command("build-prompt-bank", "12 templates x mined entities through the frozen prompter", _build_prompt_bank_args,
+            _run_build_prompt_bank),
+    Command("pretrain", _pretrain_help, _pretrain_args, _run_pretrain),
+    Command("mine-entities", "top-M caption nouns (spaCy) -> entity vocabulary", _mine_entities_args,
+            _run_mine_entities),
+    Command("import-checkpoint", "released ALPRO / ALBEF / TS2-Net weights (salesforce/ALPRO, salesforce/ALBEF, "
+            "LAVIS, yuqi657/ts2_net) -> a model directory for finetune-*/evaluate-*", _import_checkpoint_args,
+            _run_import_checkpoint),
+    Command("finetune-retrieval", "fine-tune for text-video retrieval (VTC/ITC + VTM/ITM; section `retrieval`)",
+            _finetune_retrieval_args, _run_finetune_retrieval),
+    Command("finetune-qa", "fine-tune for open-ended video QA (ALPRO: a classifier; ALBEF: an answer decoder; "
+            "section `qa`)", _finetune_qa_args, _run_finetune_qa),
+    Command("evaluate-retrieval", "R@1/5/10, MdR, MnR both ways; top-k VTM re-ranking; zero-shot on a pretrain "
+            "output", _evaluate_args, _run_evaluate_retrieval),
+    Command("evaluate-qa", "QA accuracy overall and per answer type; predictions + report", _evaluate_args,
+            _run_evaluate_qa),
+    Command("index", "encode a collection's clips with a retrieval or pre-trained model into a searchable index "
+            "(adds the clips it lacks; docs/search.md)", _index_args, _run_index),
+    Command("search", "the clips of an index that best match a text (docs/search.md)", _search_args, _run_search),
+    Command("answer", "a QA fine-tuned model's most probable answers to a question about one clip, as evaluate-qa "
+            "predicts them (docs/search.md)", _answer_args, _run_answer),
+    Command("serve", "serve an index's search (and a QA model's answers) over HTTP: KServe's inference protocols and "
+            "a JSON API on one port, until Ctrl-C or SIGTERM (docs/serve.md)", _serve_args, _run_serve),
+]  # fmt: skip
+
+
+def _add(sub: Any, command: Command) -> None:
+    text = command.help() if callable(command.help) else command.help
+    p = sub.add_parser(command.name, help=text, epilog=EPILOG)
+    command.arguments(p)
     _common(p)
+    p.set_defaults(run=command.run)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``vlp``'s parser: a subcommand per entry of :data:`GROUPS` (with its own subcommands) and :data:`COMMANDS`;
+    the parsed arguments' ``run`` is the chosen command's."""
+    parser = argparse.ArgumentParser(
+        prog="vlp", description="Video-language pre-training pipeline steps.", epilog=EPILOG
+    )
+    parser.add_argument("--version", action="version", version=f"vlp {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="STEP")
+    for name, (text, dest, commands) in GROUPS.items():
+        group = sub.add_parser(name, help=text).add_subparsers(dest=dest, required=True, metavar="COMMAND")
+        for command in commands:
+            _add(group, command)
+    for command in COMMANDS:
+        _add(sub, command)
     return parser
 
 
@@ -241,7 +429,7 @@ def _port(text: str) -> int:
 
 def _top_k(text: str) -> int:
     """``-k``: an integer in 1..1000."""
-    from vlp.index.query import MAX_K
+    from vlp.index.query import MAX_K  # here: parsing a command line imports no torch unless -k is given
 
     if not text.strip().isdigit() or not 1 <= int(text) <= MAX_K:
         raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_K}, got {text!r}")
@@ -275,93 +463,11 @@ def _cli_overrides(args: argparse.Namespace) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from vlp.config import load_config
+    """Load the config (files, overrides, then the flags that stand for config keys) and run the parsed command."""
+    from vlp.config import load_config  # here: `vlp --help` and a usage error import no config (pyarrow, yaml)
 
     cfg = load_config(args.config, [*args.overrides, *_cli_overrides(args)])
-    if args.command == "data":
-        from vlp.steps.synth import synth
-
-        return synth(args.out, cfg)
-    if args.command == "tracking":
-        from vlp import storage, tracking
-
-        storage.configure(cfg.storage)
-        return tracking.sync(cfg.tracking, args.out, args.status)
-    if args.command == "ingest":
-        from vlp.steps.ingest import ingest, ingest_part
-
-        if args.part:
-            return ingest_part(args.source, args.out, cfg, *args.part)
-        return ingest(args.source, args.out, cfg, probes=args.merge)
-    if args.command == "extract-frames":
-        from vlp.steps.extract_frames import extract_frames, extract_frames_part
-
-        if args.part:
-            return extract_frames_part(args.dataset, args.out, cfg, *args.part)
-        return extract_frames(args.dataset, args.out, cfg, parts=args.merge)
-    if args.command == "mine-entities":
-        from vlp.steps.mine_entities import mine_entities
-
-        return mine_entities(args.dataset, args.out, cfg)
-    if args.command == "pretrain-prompter":
-        from vlp.steps.pretrain import pretrain_prompter
-
-        return pretrain_prompter(args.dataset, args.frames, args.out, cfg)
-    if args.command == "build-prompt-bank":
-        from vlp.steps.pretrain import build_prompt_bank
-
-        return build_prompt_bank(args.prompter, args.entities, args.out, cfg)
-    if args.command == "pretrain":
-        from vlp.steps.pretrain import pretrain
-
-        return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
-    if args.command == "import-checkpoint":
-        from vlp.steps.import_checkpoint import import_checkpoint
-
-        return import_checkpoint(
-            args.source,
-            args.out,
-            cfg,
-            fmt=args.ckpt_format,
-            kind=args.kind,
-            tokenizer=args.tokenizer,
-            answers=args.answers,
-            video_heads=args.video_heads,
-            text_heads=args.text_heads,
-            fusion_layers=args.fusion_layers,
-            max_len=args.max_len,
-            family=args.ckpt_family,
-            num_frames=args.num_frames,
-        )
-    if args.command in ("finetune-retrieval", "finetune-qa"):
-        from vlp.steps import finetune
-
-        fn = finetune.finetune_retrieval if args.command == "finetune-retrieval" else finetune.finetune_qa
-        return fn(args.dataset, args.frames, args.pretrained, args.out, cfg)
-    if args.command in ("evaluate-retrieval", "evaluate-qa"):
-        from vlp.steps import evaluate
-
-        evaluator = evaluate.evaluate_retrieval if args.command == "evaluate-retrieval" else evaluate.evaluate_qa
-        return evaluator(args.dataset, args.frames, args.model, args.out, cfg)
-    if args.command == "index":
-        from vlp.index.build import index_clips
-
-        return index_clips(args.model, args.frames, args.out, cfg, dataset=args.dataset, split=args.split)
-    if args.command == "search":
-        from vlp.index.query import search
-
-        return {"hits": [hit.as_dict() for hit in search(args.index, args.query, args.k, cfg)]}
-    if args.command == "answer":
-        from vlp.index.answer import answer
-
-        found = answer(args.model, args.clip, args.question, args.k, cfg, frames=args.frames, index=args.index)
-        return {"clip": args.clip, "question": args.question, "answers": [a.as_dict() for a in found]}
-    if args.command == "serve":
-        from vlp.serve.server import serve
-
-        serve(args.index, cfg, qa_model=args.qa_model, host=args.host, port=args.port)
-        return {}
-    raise AssertionError(f"unhandled command {args.command}")
+    return args.run(args, cfg)
 
 
 def hits_table(hits: list[dict[str, Any]]) -> str:
@@ -502,13 +608,14 @@ def _signal_exception(signum: int) -> KeyboardInterrupt:
 
 def _failed(args: argparse.Namespace, exc: Exception) -> int:
     """The one line and exit code of an expected failure; anything else is re-raised (a traceback: a bug)."""
+    # here (with what follows): the error types of modules a command may not have imported (pyarrow, boto3)
     from vlp.config import ConfigError
     from vlp.data.manifest import ManifestError
     from vlp.storage import StorageError
     from vlp.tracking import TrackingError
 
-    checkpoint = sys.modules.get("vlp.train.checkpoint")  # not imported: no checkpoint was read (torch stays out)
-    damaged = checkpoint is not None and isinstance(exc, checkpoint.DamagedCheckpointError)
+    weights = sys.modules.get("vlp.weights")  # not imported: no weights were read (and torch stays out)
+    damaged = weights is not None and isinstance(exc, weights.DamagedCheckpointError)
     if damaged or isinstance(exc, (ConfigError, ManifestError, FileNotFoundError, ValueError)):
         print(f"vlp {args.command}: error: {exc}", file=sys.stderr)  # a damaged file's error names the file
         return 2

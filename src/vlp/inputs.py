@@ -14,6 +14,8 @@ from typing import Any, NamedTuple
 
 from vlp import storage
 from vlp.data import manifest
+from vlp.data.frames import FrameStore
+from vlp.models import directory
 
 log = logging.getLogger("vlp")
 
@@ -103,8 +105,6 @@ def check_inputs(
             raise StepInputError(f"{uri} does not exist: {remedy}")
     store, pairs = None, 0
     if frames:
-        from vlp.data.frames import FrameStore
-
         store = FrameStore(frames, cache_shards=64)  # what VideoTextDataset opens; the step hands this one on
     if dataset and store is not None:
         pairs = _usable_pairs(dataset, store, table, split, setting)
@@ -128,7 +128,6 @@ def _kinds(arg: ModelInput) -> tuple[str, ...]:
 
 def _check_model_exists(arg: ModelInput) -> None:
     """Refuse a model directory that is not there or has no ``model.json`` (two stats)."""
-    from vlp.models import directory
 
     what = ""
     if not storage.exists(arg.uri):
@@ -146,7 +145,6 @@ def _check_model_exists(arg: ModelInput) -> None:
 def _describe_model(arg: ModelInput) -> Any:
     """The :class:`ModelDir` of ``arg`` (its ``model.json`` read and checked, the family's ``needs`` first) once
     the weights it names exist."""
-    from vlp.models import directory
     from vlp.weights import MODEL_FILE  # here: checking a step's inputs must not import torch
 
     if arg.needs is not None:

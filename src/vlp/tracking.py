@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from vlp import storage
+from vlp.data.manifest import SUMMARY
 from vlp.tracking_auth import redact
 
 log = logging.getLogger("vlp")
@@ -361,7 +362,6 @@ def read_record(out: str) -> dict[str, Any]:
     """``<out>/tracking.json``: ``run_id``, ``run_name``, ``status`` (the step's, as its process last knew it),
     ``complete``, ``unsent``; ``{}`` when there is none. An output written before the record existed falls back
     to the run id in its ``summary.json``."""
-    from vlp.data.manifest import SUMMARY
 
     uri = storage.join(out, RECORD_FILE)
     if storage.exists(uri):
@@ -703,7 +703,6 @@ def sync(cfg: TrackingConfig, out: str, status: str = "") -> dict[str, Any]:
         FileNotFoundError: ``out`` has no ``metrics.jsonl``.
         TrackingError: the server could not take everything (nothing is lost: run it again later).
     """
-    from vlp.data.manifest import SUMMARY
 
     if status and status not in TERMINAL:
         raise ValueError(f"status {status!r}: expected one of {', '.join(TERMINAL)}")
@@ -765,8 +764,6 @@ def register_model(
 
 def local_dir(uri: str, tmp: str) -> str:
     """``uri`` itself when local, else its files downloaded under ``tmp``."""
-    from vlp import storage
-
     if not storage.is_s3(uri):
         return uri
     root = uri.rstrip("/")

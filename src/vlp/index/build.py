@@ -5,14 +5,17 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from vlp.config import Config, check_sampled_frames
 from vlp.distributed import device
 from vlp.index.store import ClipIndex, IndexInfo, check_compatible, fingerprint, sampling
-from vlp.inference import StoreClips
+from vlp.inference import StoreClips, encode_clips, retrieval_kinds, thumbnail
 from vlp.inputs import ModelInput, StepInputError, check_inputs
 from vlp.steps.common import StepResult, run_step
+from vlp.steps.finetune import retrieval_data
 
 log = logging.getLogger("vlp")
 CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every chunk it added
@@ -28,8 +31,6 @@ def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: st
     if not dataset:
         clips = StoreClips(store, sampling(cfg.retrieval), model_cfg)
         return clips, [video_id for video_id, _ in clips.pairs]
-    from vlp.steps.finetune import retrieval_data
-
     data = retrieval_data(cfg, dataset, store, model_cfg, split, training=False)
     return data, sorted({video_id for video_id, _ in data.pairs})
 
@@ -66,49 +67,61 @@ def index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str = "
         ValueError: ``out`` holds an index of another model, other frames or another sampling.
     """
 
-    def work() -> StepResult:
-        from vlp.inference import encode_clips, retrieval_kinds, thumbnail
-
-        if split and not dataset:
-            raise StepInputError(f"--split {split} picks the clips of a dataset's split: pass --dataset too")
-        check_sampled_frames(cfg, "retrieval")
-        rc, chosen = cfg.retrieval, split or cfg.retrieval.split
-        setting = "--split" if split else "retrieval.split"
-        models = [ModelInput("--model", model, retrieval_kinds)]
-        inputs = check_inputs(dataset, frames, split=chosen, setting=setting, models=models)
-        info, store = inputs.models[0], inputs.store
-        fp, sample = fingerprint(info), sampling(rc)
-        index = ClipIndex.open(out) if ClipIndex.exists(out) else None
-        if index is not None:  # before anything is loaded: a wrong model fails at once
-            check_compatible(index.info, model, fp, frames, sample, out)
-        data, wanted = clip_source(cfg, store, info.config, dataset, chosen)
-        have = index.video_ids() if index is not None else set()
-        todo = [video_id for video_id in wanted if video_id not in have]
-        log.info("index: %d clips to add, %d of %d already in %s", len(todo), len(wanted) - len(todo), len(wanted), out)
-        added = 0
-        if todo:
-            net, fam = info.load(device()), info.family
-            for start in range(0, len(todo), CHUNK):
-                ids = todo[start : start + CHUNK]
-                with warnings.catch_warnings():
-                    warnings.filterwarnings("ignore", FORKED, RuntimeWarning)
-                    enc = encode_clips(fam, net, data, ids, rc.eval_batch_size, cfg)
-                if index is None:
-                    shape = list(enc.tokens.shape[1:])
-                    stored = shape[0] * shape[1] <= cfg.index.max_token_floats
-                    made = IndexInfo(model, fp, frames, int(enc.feat.shape[1]), shape, stored, sample)
-                    index = ClipIndex.create(out, made)
-                    check_compatible(index.info, model, fp, frames, sample, out)  # another run's, made meanwhile?
-                added += index.add(ids, enc.feat.numpy(), enc.tokens.numpy(), [thumbnail(store, v) for v in ids])
-                log.info("index: encoded %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
-        total = index.count() if index is not None else 0
-        ann = total >= cfg.index.ann_min_rows
-        done = ann_update(index, total, cfg.index.ann_rebuild_share) if index is not None and ann else None
-        return {
-            "index": out, "model": model, "frames": frames, "dataset": dataset or None,
-            "split": chosen if dataset else None, "added": added, "skipped": len(wanted) - added,
-            "total": total, "tokens_stored": index.info.tokens_stored if index is not None else None, "ann": ann,
-            "ann_index": done,
-        }  # fmt: skip
-
+    work = partial(_index_clips, model, frames, out, cfg, dataset, split)
     return run_step("index", out, cfg, "index", work)
+
+
+def _index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str, split: str) -> StepResult:
+    if split and not dataset:
+        raise StepInputError(f"--split {split} picks the clips of a dataset's split: pass --dataset too")
+    check_sampled_frames(cfg, "retrieval")
+    chosen = split or cfg.retrieval.split
+    setting = "--split" if split else "retrieval.split"
+    models = [ModelInput("--model", model, retrieval_kinds)]
+    inputs = check_inputs(dataset, frames, split=chosen, setting=setting, models=models)
+    info, store = inputs.models[0], inputs.store
+    fp, sample = fingerprint(info), sampling(cfg.retrieval)
+    index = ClipIndex.open(out) if ClipIndex.exists(out) else None
+    if index is not None:  # before anything is loaded: a wrong model fails at once
+        check_compatible(index.info, model, fp, frames, sample, out)
+    data, wanted = clip_source(cfg, store, info.config, dataset, chosen)
+    have = index.video_ids() if index is not None else set()
+    todo = [video_id for video_id in wanted if video_id not in have]
+    log.info("index: %d clips to add, %d of %d already in %s", len(todo), len(wanted) - len(todo), len(wanted), out)
+    added = 0
+    if todo:
+        made = IndexInfo(model, fp, frames, 0, [], False, sample)  # its width and token shape: from the first chunk
+        index, added = add_clips(index, out, made, cfg, info, data, store, todo)
+    total = index.count() if index is not None else 0
+    ann = total >= cfg.index.ann_min_rows
+    done = ann_update(index, total, cfg.index.ann_rebuild_share) if index is not None and ann else None
+    return {
+        "index": out, "model": model, "frames": frames, "dataset": dataset or None,
+        "split": chosen if dataset else None, "added": added, "skipped": len(wanted) - added,
+        "total": total, "tokens_stored": index.info.tokens_stored if index is not None else None, "ann": ann,
+        "ann_index": done,
+    }  # fmt: skip
+
+
+def add_clips(
+    index: ClipIndex | None, out: str, made: IndexInfo, cfg: Config, info: Any, data: Any, store: Any, todo: list[str]
+) -> tuple[ClipIndex, int]:
+    """Encode the clips ``todo`` with the model ``info`` names, :data:`CHUNK` at a time, and add each chunk to
+    ``index`` (created at ``out`` from ``made`` with the first chunk's shapes when None); returns the index and the
+    rows added. An interrupted run keeps every chunk it added."""
+    net, fam, added = info.load(device()), info.family, 0
+    for start in range(0, len(todo), CHUNK):
+        ids = todo[start : start + CHUNK]
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", FORKED, RuntimeWarning)
+            enc = encode_clips(fam, net, data, ids, cfg.retrieval.eval_batch_size, cfg)
+        if index is None:
+            shape = list(enc.tokens.shape[1:])
+            stored = shape[0] * shape[1] <= cfg.index.max_token_floats
+            index = ClipIndex.create(out, replace(made, dim=int(enc.feat.shape[1]), token_shape=shape,
+                                                  tokens_stored=stored))  # fmt: skip
+            check_compatible(index.info, made.model, made.fingerprint, made.frames, made.sampling, out)  # a rival's?
+        added += index.add(ids, enc.feat.numpy(), enc.tokens.numpy(), [thumbnail(store, v) for v in ids])
+        log.info("index: encoded %d of %d clips", min(start + CHUNK, len(todo)), len(todo))
+    assert index is not None  # todo is not empty
+    return index, added

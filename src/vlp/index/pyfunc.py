@@ -39,6 +39,12 @@ from typing import Any
 import mlflow.pyfunc
 from mlflow.pyfunc import PythonModel
 
+from vlp import __version__
+from vlp.config import Config, _set_dotted, from_dict, parse_override, to_dict
+from vlp.index.store import ClipIndex, fingerprint
+from vlp.models import directory, family
+from vlp.tracking import local_dir
+
 COLUMNS = ["query", "rank", "video_id", "score", "similarity"]
 QA_COLUMNS = ["query", "rank", "answer", "probability"]
 DEFAULT_K = 10
@@ -50,6 +56,7 @@ class SearchModel(PythonModel):
     """``vlp search`` as an MLflow ``PythonModel`` (see the module docstring for its input and output)."""
 
     def load_context(self, context: Any) -> None:
+        # here: MLflow unpickles this class wherever the module is imported; torch and LanceDB load with the model
         from vlp.index.query import Searcher
 
         self.searcher = Searcher(context.artifacts["index"], _config(context), _root(context))
@@ -62,6 +69,7 @@ class AnswerModel(PythonModel):
     """``vlp answer`` as an MLflow ``PythonModel`` (see the module docstring for its input and output)."""
 
     def load_context(self, context: Any) -> None:
+        # here: MLflow unpickles this class wherever the module is imported; torch loads with the model
         from vlp.index.answer import Answerer
 
         frames = (context.model_config or {}).get("frames", "")
@@ -80,7 +88,6 @@ PRIVATE = ("storage", "tracking")  # config sections never saved with a model: c
 def _config(context: Any) -> Any:
     """The saved config (:func:`config_of`), with the ``overrides`` a loader passes in ``model_config`` on top; the
     ``storage`` and ``tracking`` sections from the serving environment (``AWS_*`` variables)."""
-    from vlp.config import Config, _set_dotted, from_dict, parse_override
 
     settings = context.model_config or {}
     data = json.loads(json.dumps(settings.get("config", {})))
@@ -91,7 +98,6 @@ def _config(context: Any) -> Any:
 
 def config_of(cfg: Any) -> dict[str, Any]:
     """``cfg`` as the ``model_config`` of a saved model: every section but :data:`PRIVATE`."""
-    from vlp.config import to_dict
 
     return {k: v for k, v in to_dict(cfg).items() if k not in PRIVATE}
 
@@ -182,10 +188,8 @@ def save(path: str, index: str, cfg: Any, model: str = "") -> str:
         FileExistsError: ``path`` exists.
         ValueError: ``model`` holds other weights than the index was built with.
     """
-    from vlp.index.store import ClipIndex, fingerprint
+    # here: saving a model for MLflow imports no torch; the inference code is needed to load one
     from vlp.inference import retrieval_kinds
-    from vlp.models import directory
-    from vlp.tracking import local_dir
 
     built = ClipIndex.open(index).info
     source = model or built.model
@@ -207,8 +211,8 @@ def save_qa(path: str, model: str, cfg: Any, frames: str = "") -> str:
         FileExistsError: ``path`` exists.
         ValueError: ``model`` is not a QA model.
     """
+    # here: saving a model for MLflow imports no torch; the inference code is needed to load one
     from vlp.inference import qa_kinds
-    from vlp.models import directory, family
 
     family.qa_of(directory.describe(model, qa_kinds()).family)
     card = {"kind": "qa", "model": model, "frames": frames}
@@ -220,8 +224,6 @@ def save_qa(path: str, model: str, cfg: Any, frames: str = "") -> str:
 def _save(path: str, source: str, python_model: PythonModel, card: dict[str, Any], artifacts: dict[str, str],
           model_config: dict[str, Any], tmp: str) -> str:  # fmt: skip
     """``source`` (a model directory) copied to ``path``, with the MLflow model of ``python_model`` beside it."""
-    from vlp import __version__
-    from vlp.tracking import local_dir
 
     if os.path.exists(path):
         raise FileExistsError(f"{path} exists: save the MLflow model into a new directory")

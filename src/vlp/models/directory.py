@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vlp import storage
+from vlp.data import manifest
+from vlp.models import family as families
 
 MODEL_JSON = "model.json"
 TOKENIZER_DIR = "tokenizer"
@@ -56,10 +58,9 @@ _MADE_BY = {
 
 def made_by(kind: str) -> str:
     """The command that writes a model of ``kind`` ("" for an unknown kind)."""
-    from vlp.models import family
 
     try:
-        kinds = family.of_kind(kind).kinds
+        kinds = families.of_kind(kind).kinds
     except ValueError:
         return ""
     return next(_MADE_BY[role] for role, k in kinds._asdict().items() if k == kind)
@@ -67,9 +68,8 @@ def made_by(kind: str) -> str:
 
 def is_qa(kind: str) -> bool:
     """Whether ``kind`` is a family's QA kind (a model with an answer vocabulary)."""
-    from vlp.models import family
 
-    return family.of_kind(kind).kinds.qa == kind
+    return families.of_kind(kind).kinds.qa == kind
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,7 @@ class ModelDir:
 
     def tokenizer(self) -> Any:
         """The model's tokenizer (its vocabulary size checked against the text tower's)."""
+        # here: model.json is read without torch (the CLI, the inputs checks); saving and loading need it
         from vlp.models.tokenizer import load_tokenizer
 
         tok = load_tokenizer(self.tokenizer_dir)
@@ -147,8 +148,6 @@ def describe(uri: str, kinds: tuple[str, ...] | None = None) -> ModelDir:
         ManifestError: the checkpoint path leaves the directory.
         LinkError: the directory holds a symbolic link (:func:`vlp.storage.refuse_links`).
     """
-    from vlp.data import manifest
-    from vlp.models import family as families
 
     doc_uri = storage.join(uri, MODEL_JSON)
     if not storage.exists(doc_uri):
@@ -183,6 +182,7 @@ def load(uri: str, kinds: tuple[str, ...] | None = None, device: Any = None) -> 
 
 def save_tokenizer_once(tokenizer: Any, out: str) -> None:
     """Save ``tokenizer`` as ``<out>/tokenizer`` unless one is there already (rank 0 only)."""
+    # here: model.json is read without torch (the CLI, the inputs checks); saving and loading need it
     from vlp import distributed
     from vlp.models.tokenizer import save_tokenizer
 
@@ -218,8 +218,8 @@ def save(
         RuntimeError: there is no checkpoint (training finished without one).
         ValueError: the checkpoint is outside ``out``, or answers are missing for a QA kind.
     """
+    # here: model.json is read without torch (the CLI, the inputs checks); saving and loading need it
     from vlp import distributed
-    from vlp.models import family as families
 
     family = families.of_kind(kind)
     if distributed.rank() != 0:
@@ -260,6 +260,7 @@ def upstream_lineage(config: Any, tokenizer: Any = None, pretrained: str = "") -
         pretrained: the model directory this one was trained from, whose records are carried on where this
             config names no weights of its own.
     """
+    # here: model.json is read without torch (the CLI, the inputs checks); saving and loading need it
     from vlp.models.tokenizer import tokenizer_upstream, upstream_of
 
     records: dict[str, dict[str, str]] = {}

@@ -328,6 +328,7 @@ def preset_weights(model: ModelConfig, presets: dict[str, tuple[str, str]]) -> t
     """``(visual, text)`` weight sources of a ``model`` config section: ``presets[model.preset]`` unless
     ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in a preset, is random init."""
 
+    # here: the family contract is read without torch or transformers (the CLI's choices, the config's checks)
     from vlp.models.pretrained import resolve_init
 
     def pick(value: str, default: str) -> str:

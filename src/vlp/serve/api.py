@@ -25,9 +25,11 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from vlp.data.frames import FrameStore
 from vlp.index.query import MAX_K
 from vlp.serve.auth import RequireToken
 from vlp.serve.model import DEFAULT_K, Answerer, SearchModel
+from vlp.serve.sdk import InvalidInput, ModelNotFound
 from vlp.text import MAX_TEXT_CHARS, checked_text
 
 log = logging.getLogger(__name__)
@@ -124,7 +126,6 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
     frames: dict[str, Any] = {}  # the index's frames store, opened on first use
 
     def frame_store() -> Any:
-        from vlp.data.frames import FrameStore
 
         searcher = model.searcher
         if searcher is None:
@@ -216,7 +217,6 @@ def log_client_errors_in_one_line(app: FastAPI) -> None:
     """KServe's own client errors on ``app`` (an invalid inference request: 400; an unknown model: 404) answered as
     KServe answers them, ``{"error": ...}``, but logged in one line, as the JSON API's are, not with a traceback.
     Call it after KServe has added its handlers (it replaces two of them)."""
-    from vlp.serve.sdk import InvalidInput, ModelNotFound
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         return _respond(request, 400, str(exc))

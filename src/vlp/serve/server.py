@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from vlp.config import Config
+from vlp.index.answer import Answerer as QA
 from vlp.serve.api import add_routes, log_client_errors_in_one_line
 from vlp.serve.auth import TOKEN_ENV, token_from
 from vlp.serve.model import NAME, Answerer, SearchModel
@@ -98,7 +99,6 @@ class IndexAnswerer:
     the index names), in the shape ``POST /api/answer`` asks (:class:`vlp.serve.model.Answerer`)."""
 
     def __init__(self, qa_model: str, cfg: Config, index: str) -> None:
-        from vlp.index.answer import Answerer as QA
 
         self.qa = QA(qa_model, cfg, index=index)
 

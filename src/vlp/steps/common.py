@@ -10,14 +10,19 @@ import logging
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from vlp import __version__, storage
+from vlp import __version__, registry, storage
 from vlp.config import Config, check_sampled_frames, to_dict, validate
 from vlp.data import manifest
+from vlp.models import directory
+from vlp.tracking import MlflowLogger, MultiLogger
 
 if TYPE_CHECKING:
-    from vlp.models.family import Family
+    import torch
+
+    from vlp.models.family import Family, StepContext
     from vlp.settings import ModelConfig
 
 StepResult = dict[str, Any]
@@ -50,9 +55,21 @@ def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], 
 
 def family_of(model: ModelConfig) -> Family:
     """The :class:`vlp.models.family.Family` a ``model`` config section names (``model.family``)."""
-    from vlp import registry
 
     return registry.get(model.family)
+
+
+@dataclass(frozen=True)
+class FamilyStep:
+    """A family's training step as the training loop calls it, ``step(model, batch)``: ``fam.<method>(model, batch,
+    ctx)`` (``train_step``, or ``qa_step`` for QA) with the step's context."""
+
+    fam: Any
+    ctx: StepContext
+    method: str = "train_step"
+
+    def __call__(self, model: torch.nn.Module, batch: Any) -> Any:
+        return getattr(self.fam, self.method)(model, batch, self.ctx)
 
 
 def resolved_inits(model: Any) -> tuple[str, str]:
@@ -105,8 +122,8 @@ def step_tokenizer(cfg: Config, dataset: str, out: str) -> Any:
         PretrainedUnavailableError: a named tokenizer is neither local nor reachable (the message says how to
             provide it).
     """
+    # here (with what follows): the data steps (synth, ingest, extract-frames, ...) use this module, without torch
     from vlp import distributed
-    from vlp.models import directory
     from vlp.models.tokenizer import load_tokenizer, save_tokenizer, tokenizer_digest, train_wordpiece
 
     saved, source = storage.join(out, directory.TOKENIZER_DIR), tokenizer_source(cfg.model)
@@ -137,6 +154,7 @@ def seed_model_init(seed: int) -> None:
     The same on every rank (DDP also broadcasts rank 0's weights); :func:`vlp.train.loop.train` re-seeds
     with ``seed + rank`` for the training steps.
     """
+    # here: the data steps (synth, ingest, extract-frames, mine-entities) use this module and import no torch
     from vlp.rng import seed_everything
 
     seed_everything(seed)
@@ -164,9 +182,9 @@ def train_model(
     finished step, continues the run an earlier call opened, sends it what it lacks of ``metrics.jsonl`` and
     ends it with this call's status, so an outage that outlasted the step is made good by the rerun.
     """
+    # here (with what follows): the data steps (synth, ingest, extract-frames, ...) use this module, without torch
     from vlp import distributed
     from vlp.models.tokenizer import tokenizer_digest
-    from vlp.tracking import MlflowLogger, MultiLogger
     from vlp.train.loop import JsonlMetricsLogger, TrainConfig, train
     from vlp.train.optim import OptimConfig
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -38,6 +40,7 @@ from vlp.models import directory, family
 from vlp.models.family import PretrainBatch, StepContext, TextVocab, randaug_ops
 from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
+    FamilyStep,
     StepResult,
     family_of,
     planned_vocab_size,
@@ -145,148 +148,155 @@ def finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg
     instead: the family's weights by name or path (TS2-Net: CLIP), or random init where the preset names none;
     the tokenizer is then the weights' own, or WordPiece trained on the training captions.
     """
-
-    def work() -> StepResult:
-
-        distributed.init_from_env()
-        models = [ModelInput("--pretrained", pretrained, starts)] if pretrained else []
-        inputs = check_inputs(dataset, frames, models=models)
-        store, data = inputs.store, None
-        if pretrained:
-            start = inputs.models[0]
-            fam, base, tok, checkpoint = start.family, start.config, start.tokenizer(), start.checkpoint
-            lineage = {"pretrained": pretrained}
-        else:
-            fam = family_of(cfg.model)
-            data = _checked_data(cfg, dataset, store, fam)
-            tok = step_tokenizer(cfg, dataset, out)
-            base, checkpoint = fam.config(cfg.model, len(tok)), ""
-            video_init, text_init = fam.weights(cfg.model)
-            lineage = {"dataset": dataset, "video_init": video_init or "random", "text_init": text_init or "random"}
-        model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
-        length = text_length(cfg.retrieval, model_cfg)
-        if data is None:
-            data = retrieval_data(cfg, dataset, store, model_cfg, "train", fam.name, training=True)
-        section = with_max_steps(cfg.retrieval, len(data))
-
-        def fetch(indices: list[int]) -> PretrainBatch:
-            items = collate_video_text([data[i] for i in indices])
-            enc = tok(items["text"], padding="max_length", truncation=True, max_length=length)
-            clips = torch.tensor([clip_index[v] for v in items["video_id"]])
-            ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
-            return PretrainBatch(items["video"], ids, mask, video_index=clips)
-
-        clip_index = data.clip_index()
-        batches = _batches(data, section, fetch)
-        model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))
-        seed_model_init(cfg.retrieval.seed)
-        model = fam.build(fam.kinds.retrieval, model_cfg)  # loads the section's named weights when starting anew
-        if checkpoint:
-            skipped = fam.init_from(model, checkpoint, "retrieval")
-            log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
-        else:
-            log.info("finetune_retrieval: started from the model section (%s weights: video %s, text %s)",
-                     fam.name, lineage["video_init"], lineage["text_init"])  # fmt: skip
-        model.to(device())
-
-        ctx = StepContext(
-            vocab=TextVocab.of(tok) if tok.mask_token_id is not None else None,  # CLIP's tokenizer has no [MASK]
-            gather=distributed.all_gather_with_grad,
-            gather_nograd=distributed.all_gather_no_grad,
-            rank=distributed.rank(),
-            world=distributed.world_size(),
-        )
-
-        def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return fam.train_step(m, batch, ctx)
-
-        result = train_model(
-            model, step_fn, batches, cfg, out, "finetune_retrieval", section, tokenizer=tok, lr_groups=fam.lr_groups
-        )
-        directory.save(
-            out,
-            kind=fam.kinds.retrieval,
-            config=model_cfg,
-            checkpoint=result.checkpoint,
-            tokenizer=tok,
-            lineage=lineage,
-            steps=result.step,
-            max_len=length,
-            task="retrieval",
-        )
-        return train_summary(result) | {"clips_skipped": data.skipped}
-
+    work = partial(_finetune_retrieval, dataset, frames, pretrained, out, cfg)
     return run_step("finetune_retrieval", out, cfg, "retrieval", work)
+
+
+@dataclass
+class RetrievalStart:
+    """Where ``finetune-retrieval`` starts: the family, its retrieval config (before ``prepare``), the tokenizer, the
+    weights (a checkpoint directory; ``""`` = the ``model`` section's named weights or random init), the lineage
+    ``model.json`` records, and the training pairs."""
+
+    fam: Any
+    model_cfg: Any
+    tok: Any
+    checkpoint: str
+    lineage: dict[str, str]
+    data: VideoTextDataset
+
+
+def retrieval_start(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> RetrievalStart:
+    """Check the inputs, then open the starting model directory, or (no ``pretrained``) check the ``model`` section
+    against the training pairs and make the step's tokenizer in ``out``."""
+    models = [ModelInput("--pretrained", pretrained, starts)] if pretrained else []
+    inputs = check_inputs(dataset, frames, models=models)
+    data = None
+    if pretrained:
+        start = inputs.models[0]
+        fam, base, tok, checkpoint = start.family, start.config, start.tokenizer(), start.checkpoint
+        lineage = {"pretrained": pretrained}
+    else:
+        fam = family_of(cfg.model)
+        data = _checked_data(cfg, dataset, inputs.store, fam)
+        tok = step_tokenizer(cfg, dataset, out)
+        base, checkpoint = fam.config(cfg.model, len(tok)), ""
+        video_init, text_init = fam.weights(cfg.model)
+        lineage = {"dataset": dataset, "video_init": video_init or "random", "text_init": text_init or "random"}
+    model_cfg = fam.task_config(base, "retrieval", cfg.retrieval)
+    if data is None:
+        data = retrieval_data(cfg, dataset, inputs.store, model_cfg, "train", fam.name, training=True)
+    return RetrievalStart(fam, model_cfg, tok, checkpoint, lineage, data)
+
+
+def retrieval_batch(
+    data: VideoTextDataset, tok: Any, length: int, clip_index: dict[str, int], indices: list[int]
+) -> PretrainBatch:
+    """The training batch of pairs ``indices`` (run in a loader worker): clips, captions cut to ``length`` tokens,
+    and each clip's index (``data.clip_index()``), which tells the contrastive loss two captions of one clip apart
+    from two clips."""
+    items = collate_video_text([data[i] for i in indices])
+    enc = tok(items["text"], padding="max_length", truncation=True, max_length=length)
+    clips = torch.tensor([clip_index[v] for v in items["video_id"]])
+    ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
+    return PretrainBatch(items["video"], ids, mask, video_index=clips)
+
+
+def _finetune_retrieval(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
+    distributed.init_from_env()
+    start = retrieval_start(dataset, frames, pretrained, out, cfg)
+    fam, tok, data = start.fam, start.tok, start.data
+    length = text_length(cfg.retrieval, start.model_cfg)
+    section = with_max_steps(cfg.retrieval, len(data))
+    batches = _batches(data, section, partial(retrieval_batch, data, tok, length, data.clip_index()))
+    model_cfg = fam.prepare(start.model_cfg, *_epoch_shape(batches))
+    seed_model_init(cfg.retrieval.seed)
+    model = fam.build(fam.kinds.retrieval, model_cfg)  # loads the section's named weights when starting anew
+    if start.checkpoint:
+        skipped = fam.init_from(model, start.checkpoint, "retrieval")
+        log.info("finetune_retrieval: started from %s (skipped %d head tensors)", pretrained, len(skipped))
+    else:
+        log.info("finetune_retrieval: started from the model section (%s weights: video %s, text %s)",
+                 fam.name, start.lineage["video_init"], start.lineage["text_init"])  # fmt: skip
+    model.to(device())
+    ctx = StepContext(
+        vocab=TextVocab.of(tok) if tok.mask_token_id is not None else None,  # CLIP's tokenizer has no [MASK]
+        gather=distributed.all_gather_with_grad,
+        gather_nograd=distributed.all_gather_no_grad,
+        rank=distributed.rank(),
+        world=distributed.world_size(),
+    )
+    result = train_model(model, FamilyStep(fam, ctx), batches, cfg, out, "finetune_retrieval", section, tokenizer=tok,
+                         lr_groups=fam.lr_groups)  # fmt: skip
+    directory.save(out, kind=fam.kinds.retrieval, config=model_cfg, checkpoint=result.checkpoint, tokenizer=tok,
+                   lineage=start.lineage, steps=result.step, max_len=length, task="retrieval")  # fmt: skip
+    return train_summary(result) | {"clips_skipped": data.skipped}
 
 
 def finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
     """Fine-tune a pre-trained model for open-ended QA over the ``qa.answer_vocab`` most frequent answers (ALPRO: a
     classifier's cross-entropy; ALBEF: an answer decoder that ranks them). A model of a family without a QA model
     (:func:`vlp.models.family.qa_of`) is refused before a model is loaded or anything is written."""
+    return run_step("finetune_qa", out, cfg, "qa", partial(_finetune_qa, dataset, frames, pretrained, out, cfg))
 
-    def work() -> StepResult:
 
-        distributed.init_from_env()
-        start_model = ModelInput("--pretrained", pretrained, starts, needs=family.qa_of)  # a family with QA only
-        inputs = check_inputs(dataset, frames, table=manifest.QA, models=[start_model])
-        start = inputs.models[0]
-        fam = family.qa_of(start.family)
-        model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
-        data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name, training=True)
-        answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], cfg.qa.answer_vocab)
-        index = {answer: i for i, answer in enumerate(answers)}
-        total = len(data.qa)
-        keep = [i for i, row in enumerate(data.qa) if normalize_answer(row["answer"]) in index]
-        if not keep:
-            raise ValueError(f"none of the {total} training answers is in the {len(answers)}-answer vocabulary")
-        data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]  # OOV: nothing to learn
-        log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
-        section = with_max_steps(cfg.qa, len(data))
-        tok = start.tokenizer()
-        length = text_length(cfg.qa, model_cfg)
+def qa_training_data(data: VideoQADataset, vocab_size: int) -> tuple[list[str], int]:
+    """The answer vocabulary (the ``vocab_size`` most frequent training answers, normalised) and the number of
+    training questions; the questions whose answer is outside it are dropped from ``data`` (nothing to learn)."""
+    answers = build_answer_vocab([normalize_answer(row["answer"]) for row in data.qa], vocab_size)
+    index = set(answers)
+    total = len(data.qa)
+    keep = [i for i, row in enumerate(data.qa) if normalize_answer(row["answer"]) in index]
+    if not keep:
+        raise ValueError(f"none of the {total} training answers is in the {len(answers)}-answer vocabulary")
+    data.qa, data.pairs = [data.qa[i] for i in keep], [data.pairs[i] for i in keep]
+    log.info("finetune_qa: %d answers cover %d of %d training questions", len(answers), len(keep), total)
+    return answers, total
 
-        def fetch(indices: list[int]) -> dict[str, torch.Tensor]:
-            items = [data[i] for i in indices]
-            enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length)
-            return {
-                "video": torch.stack([it["video"] for it in items]),
-                "input_ids": torch.tensor(enc["input_ids"]),
-                "attention_mask": torch.tensor(enc["attention_mask"]),
-                "label": torch.tensor([index[it["answer"]] for it in items]),
-            }
 
-        batches = _batches(data, section, fetch)
-        model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))  # per forward, as the model counts them
-        seed_model_init(cfg.qa.seed)
-        model = fam.build(fam.kinds.qa, model_cfg, len(answers))
-        fam.init_from(model, start.checkpoint, "qa")
-        fam.set_answers(model, answers, tok)
-        model.to(device())
+def qa_batch(
+    data: VideoQADataset, tok: Any, length: int, index: dict[str, int], indices: list[int]
+) -> dict[str, torch.Tensor]:
+    """The training batch of questions ``indices`` (run in a loader worker): clips, questions cut to ``length``
+    tokens, and each answer's index in the vocabulary (``index``)."""
+    items = [data[i] for i in indices]
+    enc = tok([it["text"] for it in items], padding="max_length", truncation=True, max_length=length)
+    return {
+        "video": torch.stack([it["video"] for it in items]),
+        "input_ids": torch.tensor(enc["input_ids"]),
+        "attention_mask": torch.tensor(enc["attention_mask"]),
+        "label": torch.tensor([index[it["answer"]] for it in items]),
+    }
 
-        ctx = StepContext(vocab=TextVocab.of(tok), rank=distributed.rank(), world=distributed.world_size())
 
-        def step_fn(m: torch.nn.Module, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-            return fam.qa_step(m, batch, ctx)
-
-        result = train_model(
-            model, step_fn, batches, cfg, out, "finetune_qa", section, tokenizer=tok, lr_groups=fam.lr_groups
-        )
-        directory.save(
-            out,
-            kind=fam.kinds.qa,
-            config=model_cfg,
-            checkpoint=result.checkpoint,
-            tokenizer=tok,
-            answers=answers,
-            lineage={"pretrained": pretrained},
-            steps=result.step,
-            max_len=length,
-            task="qa",
-        )
-        return train_summary(result) | {
-            "clips_skipped": data.skipped,
-            "answers": len(answers),
-            "train_answer_coverage": round(len(keep) / total, 4),
-        }
-
-    return run_step("finetune_qa", out, cfg, "qa", work)
+def _finetune_qa(dataset: str, frames: str, pretrained: str, out: str, cfg: Config) -> StepResult:
+    distributed.init_from_env()
+    start_model = ModelInput("--pretrained", pretrained, starts, needs=family.qa_of)  # a family with QA only
+    inputs = check_inputs(dataset, frames, table=manifest.QA, models=[start_model])
+    start = inputs.models[0]
+    fam = family.qa_of(start.family)
+    model_cfg = fam.task_config(start.config, "qa", cfg.qa)  # the towers and the fusion; no pre-training heads
+    data = task_data(VideoQADataset, cfg.qa, dataset, inputs.store, model_cfg, "train", fam.name, training=True)
+    answers, total = qa_training_data(data, cfg.qa.answer_vocab)
+    section = with_max_steps(cfg.qa, len(data))
+    tok = start.tokenizer()
+    length = text_length(cfg.qa, model_cfg)
+    index = {answer: i for i, answer in enumerate(answers)}
+    batches = _batches(data, section, partial(qa_batch, data, tok, length, index))
+    model_cfg = fam.prepare(model_cfg, *_epoch_shape(batches))  # per forward, as the model counts them
+    seed_model_init(cfg.qa.seed)
+    model = fam.build(fam.kinds.qa, model_cfg, len(answers))
+    fam.init_from(model, start.checkpoint, "qa")
+    fam.set_answers(model, answers, tok)
+    model.to(device())
+    ctx = StepContext(vocab=TextVocab.of(tok), rank=distributed.rank(), world=distributed.world_size())
+    result = train_model(model, FamilyStep(fam, ctx, "qa_step"), batches, cfg, out, "finetune_qa", section,
+                         tokenizer=tok, lr_groups=fam.lr_groups)  # fmt: skip
+    directory.save(out, kind=fam.kinds.qa, config=model_cfg, checkpoint=result.checkpoint, tokenizer=tok,
+                   answers=answers, lineage={"pretrained": pretrained}, steps=result.step, max_len=length,
+                   task="qa")  # fmt: skip
+    return train_summary(result) | {
+        "clips_skipped": data.skipped,
+        "answers": len(answers),
+        "train_answer_coverage": round(len(data.qa) / total, 4),
+    }

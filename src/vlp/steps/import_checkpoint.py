@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
+from functools import partial
 from typing import Any
 
 from vlp import storage
 from vlp.config import Config
 from vlp.models import directory
 from vlp.models.family import specs
-from vlp.models.importing import CheckpointFormatError, Imported, ImportOptions
+from vlp.models.importing import CheckpointFormatError, Imported, ImportOptions, read_checkpoint
+from vlp.models.tokenizer import load_tokenizer
 from vlp.steps.common import StepResult, run_step
 from vlp.weights import save_model_weights
 
@@ -69,18 +71,17 @@ def import_checkpoint(
             their names suggest; one line that names ``source``. Nothing is unpickled but tensors.
     """
     options = ImportOptions(fmt, kind, answers, video_heads, text_heads, fusion_layers, max_len, num_frames)
-
-    def work() -> StepResult:
-        from vlp.models.importing import read_checkpoint
-
-        importers = {name: spec.load_importer() for name, spec in specs().items() if spec.importer}
-        if family != "auto" and family not in importers:
-            raise ValueError(f"family must be one of {sorted(importers)} or auto, got {family!r}")
-        state, sha = read_checkpoint(source)
-        importer = importers[family if family != "auto" else _recognize(source, state, importers)]
-        return _write(source, out, sha, _map(source, state, importer, options), tokenizer or importer.TOKENIZER)
-
+    work = partial(_import_checkpoint, source, out, options, tokenizer, family)
     return run_step("import_checkpoint", out, cfg, "model", work)
+
+
+def _import_checkpoint(source: str, out: str, options: ImportOptions, tokenizer: str, family: str) -> StepResult:
+    importers = {name: spec.load_importer() for name, spec in specs().items() if spec.importer}
+    if family != "auto" and family not in importers:
+        raise ValueError(f"family must be one of {sorted(importers)} or auto, got {family!r}")
+    state, sha = read_checkpoint(source)
+    importer = importers[family if family != "auto" else _recognize(source, state, importers)]
+    return _write(source, out, sha, _map(source, state, importer, options), tokenizer or importer.TOKENIZER)
 
 
 def _recognize(source: str, state: dict[str, Any], importers: dict[str, Any]) -> str:
@@ -116,7 +117,6 @@ def _map(source: str, state: dict[str, Any], importer: Any, options: ImportOptio
 def _write(source: str, out: str, sha: str, mapped: Imported, source_tok: str) -> StepResult:
     """Save ``mapped`` with its tokenizer (``source_tok``) as a model directory at ``out``, and the import report
     beside it."""
-    from vlp.models.tokenizer import load_tokenizer
 
     tok = load_tokenizer(source_tok)
     directory.check_vocab(tok, mapped.config, repr(source_tok))

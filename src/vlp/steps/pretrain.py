@@ -13,7 +13,9 @@ pickled.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -27,9 +29,18 @@ from vlp.data.video_text import ClipRandAugment, VideoTextDataset, collate_video
 from vlp.distributed import device
 from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory
-from vlp.models.family import PretrainBatch, PretrainExtras, StepContext, TextVocab, randaug_ops, spec
+from vlp.models.family import (
+    FamilySpec,
+    PretrainBatch,
+    PretrainExtras,
+    StepContext,
+    TextVocab,
+    randaug_ops,
+    spec,
+)
 from vlp.settings import ModelConfig
 from vlp.steps.common import (
+    FamilyStep,
     StepResult,
     family_of,
     planned_vocab_size,
@@ -94,21 +105,25 @@ def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore,
     return data
 
 
+def pretrain_batch(
+    data: VideoTextDataset, tok: Any, max_len: int, clip_index: dict[str, int], indices: list[int]
+) -> PretrainBatch:
+    """The training batch of pairs ``indices`` (run in a loader worker): clips, captions cut to ``max_len`` tokens,
+    which items are images, and each clip's index (``data.clip_index()``)."""
+    items = collate_video_text([data[i] for i in indices])
+    enc = tok(items["text"], padding="max_length", truncation=True, max_length=max_len)
+    is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
+    ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
+    clips = torch.tensor([clip_index[v] for v in items["video_id"]])
+    return PretrainBatch(items["video"], ids, mask, is_image, clips)
+
+
 def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) -> Any:
     """Resumable batches of :class:`PretrainBatch` over ``data``, the training pairs of ``dataset``."""
-
-    def fetch(indices: Any) -> PretrainBatch:
-        items = collate_video_text([data[i] for i in indices])
-        enc = tokenizer(items["text"], padding="max_length", truncation=True, max_length=cfg.model.max_len)
-        is_image = torch.tensor([data.media.get(v) == "image" for v in items["video_id"]])
-        ids, mask = torch.tensor(enc["input_ids"]), torch.tensor(enc["attention_mask"])
-        clips = torch.tensor([clip_index[v] for v in items["video_id"]])
-        return PretrainBatch(items["video"], ids, mask, is_image, clips)
-
-    clip_index = data.clip_index()
     p = cfg.pretrain
     batch, _ = _batch_shape(cfg, data)
     groups = pair_groups(p.group_by, dataset, data.pairs) if p.group_by else None
+    fetch = partial(pretrain_batch, data, tokenizer, cfg.model.max_len, data.clip_index())
     return training_batches(p, data, fetch, batch, groups=groups, group_fraction=p.group_fraction,
                             group_epochs=p.group_epochs)  # fmt: skip
 
@@ -118,116 +133,109 @@ def _batches(cfg: Config, dataset: str, data: VideoTextDataset, tokenizer: Any) 
 
 def pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepResult:
     """Train the prompter: a video-text dual encoder with VTC only (ALPRO §3.2.2)."""
+    return run_step("pretrain_prompter", out, cfg, "pretrain", partial(_pretrain_prompter, dataset, frames, out, cfg))
 
-    def work() -> StepResult:
 
-        distributed.init_from_env()
-        fam = family_of(cfg.model)
-        if not fam.kinds.prompter:
-            raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
-        store = check_inputs(dataset, frames).store
-        data = _checked_data(cfg, fam, dataset, store, ["vtc"])
-        tok = step_tokenizer(cfg, dataset, out)
-        model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"], fam)
-        seed_model_init(cfg.pretrain.seed)
-        model = fam.build(fam.kinds.prompter, model_cfg).to(device())
-        ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
-        batches = _batches(cfg, dataset, data, tok)
-        step_fn = lambda m, b: fam.train_step(m, b, ctx)  # noqa: E731
-        result = train_model(
-            model, step_fn, batches, cfg, out, "pretrain_prompter", tokenizer=tok, lr_groups=fam.lr_groups
-        )
-        directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
-        return train_summary(result) | {"clips_skipped": data.skipped}
-
-    return run_step("pretrain_prompter", out, cfg, "pretrain", work)
+def _pretrain_prompter(dataset: str, frames: str, out: str, cfg: Config) -> StepResult:
+    distributed.init_from_env()
+    fam = family_of(cfg.model)
+    if not fam.kinds.prompter:
+        raise ValueError(f"model family {fam.name!r} has no prompter (only ALPRO's PEM uses one)")
+    store = check_inputs(dataset, frames).store
+    data = _checked_data(cfg, fam, dataset, store, ["vtc"])
+    tok = step_tokenizer(cfg, dataset, out)
+    model_cfg = model_config(cfg.model, len(tok), 0, ["vtc"], fam)
+    seed_model_init(cfg.pretrain.seed)
+    model = fam.build(fam.kinds.prompter, model_cfg).to(device())
+    ctx = StepContext(gather=distributed.all_gather_with_grad, rank=distributed.rank())
+    batches = _batches(cfg, dataset, data, tok)
+    result = train_model(model, FamilyStep(fam, ctx), batches, cfg, out, "pretrain_prompter", tokenizer=tok,
+                         lr_groups=fam.lr_groups)  # fmt: skip
+    directory.save(out, kind=fam.kinds.prompter, config=model_cfg, checkpoint=result.checkpoint, steps=result.step)
+    return train_summary(result) | {"clips_skipped": data.skipped}
 
 
 def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Config) -> StepResult:
     """The prompt bank a family's pre-training reads (``pretrain_inputs`` has ``"bank"``: ALPRO's PEM), made by its
     hook from a prompter and the mined entities."""
-
-    def work() -> StepResult:
-        one = spec(cfg.model.family)
-        hook = one.load_pretraining()
-        if hook is None or "bank" not in one.pretrain_inputs:
-            raise ValueError(f"model family {one.name!r} pre-trains without a prompt bank (only ALPRO's PEM uses one)")
-        entities = storage.join(entities_dir, ENTITIES_PARQUET)
-        remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
-        prompter = ModelInput("--prompter", prompter_dir, (one.family().kinds.prompter,))
-        check_inputs(models=[prompter], files=[(entities, remedy)])  # both, before the prompter is loaded
-        return hook.build_bank(prompter_dir, entities_dir, out, cfg)
-
+    work = partial(_build_prompt_bank, prompter_dir, entities_dir, out, cfg)
     return run_step("build_prompt_bank", out, cfg, "model", work)
+
+
+def _build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Config) -> StepResult:
+    one = spec(cfg.model.family)
+    hook = one.load_pretraining()
+    if hook is None or "bank" not in one.pretrain_inputs:
+        raise ValueError(f"model family {one.name!r} pre-trains without a prompt bank (only ALPRO's PEM uses one)")
+    entities = storage.join(entities_dir, ENTITIES_PARQUET)
+    remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
+    prompter = ModelInput("--prompter", prompter_dir, (one.family().kinds.prompter,))
+    check_inputs(models=[prompter], files=[(entities, remedy)])  # both, before the prompter is loaded
+    return hook.build_bank(prompter_dir, entities_dir, out, cfg)
 
 
 def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: str, cfg: Config) -> StepResult:
     """Pre-train a model of ``model.family`` with the enabled ``model.losses`` (ALPRO: VTC + PEM + MLM + VTM, from
     a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
+    inputs = {"prompter": prompter_dir, "bank": bank_dir}
+    return run_step("pretrain", out, cfg, "pretrain", partial(_pretrain, dataset, frames, inputs, out, cfg))
 
-    def work() -> StepResult:
 
-        distributed.init_from_env()
-        one = spec(cfg.model.family)
-        fam = one.family()
-        if not one.pretrains:
-            raise ValueError(
-                f"{fam.name} is not pre-trained: it fine-tunes from its named weights (model.preset / video_init); "
-                "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
-            )
-        terms = list(cfg.model.losses or fam.default_losses)
-        inputs = {"prompter": prompter_dir, "bank": bank_dir}
-        hook = one.load_pretraining()
-        found = hook.checks(inputs, terms) if hook is not None else []
-        ignored = {k: v for k, v in inputs.items() if v and k not in one.pretrain_inputs}
-        if ignored:
-            log.warning("pretrain: model family %s reads none of %s; ignoring them", fam.name, ignored)
-        store = check_inputs(
-            dataset,
-            frames,
-            models=[ModelInput(c.flag, c.uri, c.kinds) for c in found if c.kinds],
-            files=[(c.uri, c.remedy) for c in found if not c.kinds],
-        ).store
-        where = device()
-        extras = hook.load(inputs, terms, where) if hook is not None else PretrainExtras()
-        data = None
-        tok = extras.tokenizer
-        if tok is None:  # the step's own tokenizer: a setting that cannot work fails before it is written
-            data = _checked_data(cfg, fam, dataset, store, terms)
-            tok = step_tokenizer(cfg, dataset, out)
-        model_cfg = model_config(cfg.model, len(tok), len(extras.entities), terms, fam)
-        data = data if data is not None else _dataset(cfg, dataset, store, model_cfg)
-        batches = _batches(cfg, dataset, data, tok)
-        world = distributed.world_size()
-        model_cfg = fam.prepare(model_cfg, len(batches.sampler) // batches.batch_size, batches.batch_size * world)
-        seed_model_init(cfg.pretrain.seed)
-        model = fam.build(fam.kinds.pretrained, model_cfg).to(where)
-        ctx = StepContext(
-            vocab=TextVocab.of(tok),
-            gather=distributed.all_gather_with_grad,
-            gather_nograd=distributed.all_gather_no_grad,
-            rank=distributed.rank(),
-            world=world,
-            extra=extras.context,
+def opened_inputs(
+    one: FamilySpec, inputs: Mapping[str, str], terms: list[str], dataset: str, frames: str
+) -> tuple[FrameStore, PretrainExtras]:
+    """Check the pairs, the frames and what the family's pre-training reads besides them (its hook names each
+    input, :class:`vlp.models.family.PretrainHook`), then open the latter on the training device."""
+    hook = one.load_pretraining()
+    found = hook.checks(inputs, terms) if hook is not None else []
+    ignored = {k: v for k, v in inputs.items() if v and k not in one.pretrain_inputs}
+    if ignored:
+        log.warning("pretrain: model family %s reads none of %s; ignoring them", one.name, ignored)
+    store = check_inputs(
+        dataset,
+        frames,
+        models=[ModelInput(c.flag, c.uri, c.kinds) for c in found if c.kinds],
+        files=[(c.uri, c.remedy) for c in found if not c.kinds],
+    ).store
+    return store, hook.load(inputs, terms, device()) if hook is not None else PretrainExtras()
+
+
+def _pretrain(dataset: str, frames: str, inputs: Mapping[str, str], out: str, cfg: Config) -> StepResult:
+    distributed.init_from_env()
+    one = spec(cfg.model.family)
+    fam = one.family()
+    if not one.pretrains:
+        raise ValueError(
+            f"{fam.name} is not pre-trained: it fine-tunes from its named weights (model.preset / video_init); "
+            "run finetune-retrieval without --pretrained (the vlp-retrieval DAG)"
         )
-
-        def step_fn(m: torch.nn.Module, batch: Any) -> Any:
-            return fam.train_step(m, batch, ctx)
-
-        result = train_model(model, step_fn, batches, cfg, out, "pretrain", tokenizer=tok, lr_groups=fam.lr_groups)
-        directory.save(
-            out,
-            kind=fam.kinds.pretrained,
-            config=model_cfg,
-            checkpoint=result.checkpoint,
-            tokenizer=tok,
-            lineage=extras.lineage or {"dataset": dataset},
-            steps=result.step,
-            entities=extras.entities,
-        )
-        summary = train_summary(result) | {"clips_skipped": data.skipped}
-        if extras.report is not None and distributed.rank() == 0:
-            summary |= extras.report(dataset, store, out, cfg, model_cfg)
-        return summary
-
-    return run_step("pretrain", out, cfg, "pretrain", work)
+    terms = list(cfg.model.losses or fam.default_losses)
+    store, extras = opened_inputs(one, inputs, terms, dataset, frames)
+    data, tok = None, extras.tokenizer
+    if tok is None:  # the step's own tokenizer: a setting that cannot work fails before it is written
+        data = _checked_data(cfg, fam, dataset, store, terms)
+        tok = step_tokenizer(cfg, dataset, out)
+    model_cfg = model_config(cfg.model, len(tok), len(extras.entities), terms, fam)
+    data = data if data is not None else _dataset(cfg, dataset, store, model_cfg)
+    batches = _batches(cfg, dataset, data, tok)
+    world = distributed.world_size()
+    model_cfg = fam.prepare(model_cfg, len(batches.sampler) // batches.batch_size, batches.batch_size * world)
+    seed_model_init(cfg.pretrain.seed)
+    model = fam.build(fam.kinds.pretrained, model_cfg).to(device())
+    ctx = StepContext(
+        vocab=TextVocab.of(tok),
+        gather=distributed.all_gather_with_grad,
+        gather_nograd=distributed.all_gather_no_grad,
+        rank=distributed.rank(),
+        world=world,
+        extra=extras.context,
+    )
+    result = train_model(model, FamilyStep(fam, ctx), batches, cfg, out, "pretrain", tokenizer=tok,
+                         lr_groups=fam.lr_groups)  # fmt: skip
+    directory.save(out, kind=fam.kinds.pretrained, config=model_cfg, checkpoint=result.checkpoint, tokenizer=tok,
+                   lineage=extras.lineage or {"dataset": dataset}, steps=result.step,
+                   entities=extras.entities)  # fmt: skip
+    summary = train_summary(result) | {"clips_skipped": data.skipped}
+    if extras.report is not None and distributed.rank() == 0:
+        summary |= extras.report(dataset, store, out, cfg, model_cfg)
+    return summary

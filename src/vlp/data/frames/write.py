@@ -21,6 +21,7 @@ from vlp.data import manifest
 from vlp.data.frames.decode import _extract_video
 from vlp.data.frames.layout import _META_KEY, _SHARD_RE, FRAME_SCHEMA, INDEX, INDEX_SCHEMA, PART, SHARDS_DIR
 from vlp.data.frames.plan import FramesConfig, _plan_shards, _settings, _ShardPlan, _validate, _VideoResult, _VideoTask
+from vlp.data.isolate import isolated_map
 
 log = logging.getLogger(__package__)  # "vlp.data.frames": the name its records had before the package
 
@@ -165,8 +166,6 @@ def _run_shards(plans: list[_ShardPlan], out: str, cfg: FramesConfig) -> dict[st
     Returns the metadata of the shards written, by shard name.
     """
     from tqdm import tqdm
-
-    from vlp.data.isolate import isolated_map
 
     tasks = [t for p in plans for t in p.tasks]
     workers = min(cfg.workers or os.cpu_count() or 1, max(len(tasks), 1))

@@ -19,6 +19,7 @@ from vlp.data import manifest, video
 from vlp.data.ingest.readers import _read
 from vlp.data.ingest.records import IngestConfig, ProbeResult, _absolute, _checked
 from vlp.data.ingest.validate import _prevalidate
+from vlp.data.isolate import isolated_map
 
 log = logging.getLogger(__package__)  # "vlp.data.ingest": the name its records had before the package
 
@@ -127,7 +128,6 @@ def _run_pool(
     A worker killed by a decoder crash, or still busy after ``timeout_s``, makes its item a reject
     (``probe crashed: ...`` / ``probe timed out ...``: the file is quarantined) and the rest go on.
     """
-    from vlp.data.isolate import isolated_map
 
     def failed(item: Any, reason: str) -> tuple[None, str]:
         if reason.startswith("crashed"):

@@ -127,6 +127,7 @@ def _check_sizes(captions: list[dict[str, Any]], qa: list[dict[str, Any]], cfg: 
     # the cleaning function when ingest.caption_clean is set (mypy takes None for its type: hence the ignore below)
     clean = None
     if cfg.caption_clean:
+        # here: ingest imports no torch unless ingest.caption_clean asks for the training code's cleaning
         from vlp.data.video_text import clean_caption as clean  # type: ignore[assignment]
     per_video: Counter[str] = Counter()
     for row in captions:

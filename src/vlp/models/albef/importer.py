@@ -39,6 +39,7 @@ from vlp.models.importing import (
     check_mapping,
     read_checkpoint,
 )
+from vlp.rng import seed_everything
 
 __all__ = [
     "FORMATS",
@@ -73,8 +74,8 @@ _IGNORED = [
 def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
     """An ALBEF file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen); the
     fusion split is read from the cross-attention keys (``options.fusion_layers`` is not used)."""
+    # here: asking every importer whether it recognises a file (--family auto) must not build every family's model code
     from vlp.models.albef.model import FAMILY
-    from vlp.rng import seed_everything
 
     fmt = detect_format(state) if options.fmt == "auto" else options.fmt
     kind = detect_kind(state) if options.kind == "auto" else options.kind
@@ -162,6 +163,7 @@ def infer_config(
         num_frames: frames per clip the time embedding is sized for (it starts at zero: an image is a 1-frame clip).
         max_len: text length for fine-tuning and evaluation (ALBEF: 30).
     """
+    # here (with the two below): the model code loads once a file is known to be ALBEF's (--family auto asks all)
     from vlp.models.albef.model import AlbefConfig
     from vlp.models.layers.vit import FrameViTConfig
     from vlp.models.text import TextConfig

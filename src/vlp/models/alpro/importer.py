@@ -37,6 +37,7 @@ from vlp.models.importing import (
     check_mapping,
     read_answers,
 )
+from vlp.rng import seed_everything
 
 TOKENIZER = "bert-base-uncased"  # the released weights' (BERT-base's WordPiece)
 FORMATS = ("alpro", "lavis")
@@ -65,8 +66,8 @@ def recognizes(state: Mapping[str, Tensor]) -> bool:
 
 def import_state(state: Mapping[str, Tensor], options: ImportOptions) -> Imported:
     """An ALPRO file mapped onto the vlp model of its kind (format and kind read from the keys unless chosen)."""
+    # here: asking every importer whether it recognises a file (--family auto) must not build every family's model code
     from vlp.models.alpro.model import FAMILY
-    from vlp.rng import seed_everything
 
     fmt = detect_format(state) if options.fmt == "auto" else options.fmt
     kind = detect_kind(state) if options.kind == "auto" else options.kind
@@ -145,6 +146,7 @@ def infer_config(
         fusion_layers: BERT layers that fuse; 0 = half of them (ALPRO: layers 7-12 of 12).
         max_len: text length for fine-tuning and evaluation (the released configs: 40).
     """
+    # here (with the two below): the model code loads once a file is known to be ALPRO's (--family auto asks all)
     from vlp.models.alpro.model import LOSS_TERMS, AlproConfig
     from vlp.models.layers.timesformer import TimeSformerConfig
     from vlp.models.text import TextConfig

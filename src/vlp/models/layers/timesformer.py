@@ -45,6 +45,14 @@ from timm.layers import Attention, DropPath, LayerNorm, Mlp, PatchEmbed, trunc_n
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vlp.models.tokenizer import (
+    PretrainedUnavailableError,
+    check_no_revision,
+    file_record,
+    hub_download,
+    remember_upstream,
+)
+
 _CHECKPOINT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt")
 # Parameters of a timm ViT that a token encoder has no use for (classification head and its pooling norm).
 _IGNORED_PREFIXES = ("head.", "head_drop.", "fc_norm.")
@@ -348,7 +356,6 @@ def read_vit_state_dict(source: str | os.PathLike[str], revision: str = "") -> d
     for the model directory's lineage (:func:`vlp.models.tokenizer.remember_upstream`): the repo, revision and
     commit, a file's SHA-256, or the URL.
     """
-    from vlp.models.tokenizer import check_no_revision, file_record, remember_upstream
 
     path = Path(source).expanduser()
     if path.is_file():
@@ -373,8 +380,6 @@ def _read_timm_weights(name: str, revision: str) -> dict[str, Tensor]:
     """A timm name's pretrained weights: from its hub repository at ``revision``, else through timm (URL)."""
     import timm
     from timm.models import get_pretrained_cfg
-
-    from vlp.models.tokenizer import PretrainedUnavailableError, hub_download, remember_upstream
 
     hub_name = name.startswith(("hf-hub:", "hf_hub:"))
     try:

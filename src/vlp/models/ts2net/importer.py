@@ -66,6 +66,7 @@ def _blocks(state: Mapping[str, Tensor], prefix: str) -> list[int]:
 def infer_config(state: Mapping[str, Tensor], *, num_frames: int = 12, max_len: int = 32) -> Any:
     """The :class:`~vlp.models.ts2net.model.TS2NetConfig` a released state dict implies (``num_frames``: clips in
     training; ``max_len``: unused by the sizes, the text positions come from the file)."""
+    # here: the model code loads only once a file is known to be TS2-Net's (--family auto asks every importer)
     from vlp.models.ts2net.model import ClipTextConfig, ClipVisionConfig, TS2NetConfig
 
     if not recognizes(state):
@@ -194,6 +195,7 @@ def _put(out: dict, report: ImportReport, shapes: list, target: Mapping, name: s
 
 def build(state: Mapping[str, Tensor], *, num_frames: int = 12) -> tuple[Any, dict[str, Tensor], ImportReport]:
     """``(config, weights, report)`` of a released state dict, the weights checked against a built model."""
+    # here: the model code loads only once a file is known to be TS2-Net's (--family auto asks every importer)
     from vlp.models.ts2net.model import TS2Net
 
     cfg = infer_config(state, num_frames=num_frames)

@@ -55,6 +55,7 @@ from vlp.models.family import (
 )
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
+from vlp.models.text import read_bert_state_dict
 from vlp.models.ts2net.spec import TS2NetSettings
 from vlp.settings import retrieval_section
 from vlp.weights import load_pretrained_weights
@@ -425,7 +426,6 @@ def load_clip_weights(clip: nn.Module, source: str, revision: str = "") -> None:
             given with a path.
         PretrainedUnavailableError: a hub name (or revision) that is neither cached nor reachable, or not on the hub.
     """
-    from vlp.models.text import read_bert_state_dict
 
     raw = read_bert_state_dict(source, revision, what="CLIP weights", remedy=_CLIP_REMEDY)
     state = {k.removeprefix("module.").removeprefix("clip."): v for k, v in raw.items()}
