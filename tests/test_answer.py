@@ -215,3 +215,30 @@ def test_cli_table_json_k_and_the_index_path(tiny_world, models, evaluated, tmp_
     with pytest.raises(SystemExit) as info:
         main([*base, *store, "--index", index, row["video_id"], row["question"]])
     assert info.value.code == 2 and "not allowed with argument" in capsys.readouterr().err
+
+
+def test_damaged_weights_exit_2_with_one_line_in_a_process_that_never_imports_the_training_code(
+    tiny_world, models, tmp_path
+):
+    """`vlp answer` reads a model directory through vlp.weights alone: its damaged-file error is an expected one
+    (exit 2, one line naming the file) although no checkpoint code was imported, in a fresh process."""
+    import shutil
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    shutil.copytree(models["alpro"], model)
+    weights = next(model.rglob("model.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:1000])
+    clip = manifest.read(tiny_world["dataset"], manifest.QA, manifest.QA_SCHEMA).to_pylist()[0]["video_id"]
+    code = (
+        "import sys\nfrom vlp.cli import main\nstatus = main(sys.argv[1:])\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('vlp.train', 'vlp.steps'))), file=sys.stderr)\n"
+        "sys.exit(status)"
+    )
+    args = ["answer", "--config", str(TINY), "--model", str(model), "--frames", tiny_world["frames"], clip, "why?"]
+    done = subprocess.run([sys.executable, "-c", code, *args, *OVERRIDES], capture_output=True, text=True, timeout=300)
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert lines[-1] == "[]", "the training code and the steps were imported"
+    assert lines[-2].startswith(f"vlp answer: error: {weights}: not a safetensors file ("), lines
