@@ -272,14 +272,23 @@ def read_json(base: str, name: str) -> dict[str, Any] | None:
 def pretrain_fn(family: str) -> Callable[..., dict[str, Any]]:
     """The pre-training step function for a model ``family`` (``model.family`` picks the model inside it)."""
     from vlp.models.family import names, spec
-    from vlp.steps import pretrain
 
     if family not in names():
         raise ValueError(f"model family {family!r} is not available; choose one of {sorted(names())}")
     if not spec(family).pretrains:
         raise ValueError(f"model family {family!r} is not pre-trained: it fine-tunes from its named weights "
                          "(the vlp-retrieval DAG)")  # fmt: skip
-    return pretrain.pretrain
+    return _pretrain_from_prompter_and_bank
+
+
+def _pretrain_from_prompter_and_bank(
+    dataset: str, frames: str, prompter: str, bank: str, out: str, cfg: Any
+) -> dict[str, Any]:
+    """The shared ``pretrain`` component's step: its ``prompter`` and ``bank`` inputs by their names (``""``: not
+    given; a family whose spec declares other inputs has a pretrain component of its own)."""
+    from vlp.steps.pretrain import pretrain
+
+    return pretrain(dataset, frames, out, cfg, {"prompter": prompter, "bank": bank})
 
 
 def publish_eval(out: str, metrics: Any, report_md: Any, report_html: Any) -> dict[str, float]:

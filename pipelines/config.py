@@ -191,13 +191,14 @@ def load(path: str | Path = CONFIG_DIR / "default.yaml") -> PipelineConfig:
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     defaults = _mapping(data.pop("defaults", None), "defaults")
     steps = _mapping(data.pop("steps", None), "steps")
-    unknown = sorted(set(steps) - set(STEPS))
+    known = step_names()
+    unknown = sorted(set(steps) - set(known))
     if unknown:
-        raise ConfigError(f"{path}: unknown step {unknown[0]!r} in 'steps'; valid steps: {list(STEPS)}")
+        raise ConfigError(f"{path}: unknown step {unknown[0]!r} in 'steps'; valid steps: {list(known)}")
     try:
         from_dict(StepSettings, defaults, "defaults")
         cfg = from_dict(PipelineConfig, data)
-        for name in STEPS:
+        for name in known:
             merged = {**defaults, **_mapping(steps.get(name), f"steps.{name}")}
             cfg.steps[name] = from_dict(StepSettings, merged, f"steps.{name}")
     except ConfigError as exc:
@@ -215,6 +216,26 @@ def _mapping(value: Any, key: str) -> dict[str, Any]:
 
 
 TRAINING_STEPS = ("pretrain_prompter", "pretrain", "finetune_retrieval", "finetune_qa")  # torchrun / TrainJob
+
+
+def step_names() -> tuple[str, ...]:
+    """Every step a DAG may have: :data:`STEPS` and the steps the registered families declare before pre-training
+    (``FamilySpec.prepared``), which a config may set like any other."""
+    from vlp.models.family import specs
+
+    declared = [one.step for spec in specs().values() for one in spec.prepared]
+    return STEPS + tuple(dict.fromkeys(step for step in declared if step not in STEPS))
+
+
+def training_steps() -> tuple[str, ...]:
+    """The steps that train (torchrun, or a TrainJob on several nodes): :data:`TRAINING_STEPS` and the families'
+    declared steps that do."""
+    from vlp.models.family import specs
+
+    declared = [one.step for spec in specs().values() for one in spec.prepared if one.trains]
+    return TRAINING_STEPS + tuple(dict.fromkeys(step for step in declared if step not in TRAINING_STEPS))
+
+
 SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")  # what Kubernetes accepts as a key of a Secret
 
 
@@ -227,8 +248,10 @@ def _check(cfg: PipelineConfig, path: Path) -> None:
     if not 1 <= cfg.fanout.parts <= 1024 or cfg.fanout.parallelism < 0:
         raise ConfigError(f"{path}: fanout.parts must be in 1..1024 and fanout.parallelism >= 0")
     for name, step in cfg.steps.items():
-        if step.num_nodes < 1 or (step.num_nodes > 1 and name not in TRAINING_STEPS):
-            raise ConfigError(f"{path}: steps.{name}: num_nodes must be 1, or > 1 on a training step {TRAINING_STEPS}")
+        if step.num_nodes < 1 or (step.num_nodes > 1 and name not in training_steps()):
+            raise ConfigError(
+                f"{path}: steps.{name}: num_nodes must be 1, or > 1 on a training step {training_steps()}"
+            )
         if step.accelerator_count < 0 or step.retries < 0:
             raise ConfigError(f"{path}: steps.{name}: accelerator_count and retries must be >= 0")
         if step.accelerator_count and not step.accelerator_type:

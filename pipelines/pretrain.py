@@ -1,8 +1,9 @@
 """The pre-training DAGs: one per registered model family that pre-trains (``vlp-pretrain`` for the default
 family, ALPRO; ``vlp-pretrain-<family>`` for the others, e.g. ``vlp-pretrain-albef``).
 
-synth (or an existing raw dataset) -> ingest -> extract_frames, [when the family's ``pretrain_inputs`` ask for
-them: mine_entities -> pretrain_prompter -> build_prompt_bank] -> pretrain (the DAG's model family) ->
+synth (or an existing raw dataset) -> ingest -> extract_frames, [the steps the family's spec declares it needs
+before pre-training (``FamilySpec.prepared``; ALPRO: mine_entities -> pretrain_prompter -> build_prompt_bank)] ->
+pretrain (the DAG's model family, by its ``pretrain_component``) ->
 finetune_retrieval -> evaluate_retrieval and index_clips (the retrieval test split's clips into a clip index that
 ``vlp search`` reads) and, for a family with QA (its spec's ``tasks``), finetune_qa -> evaluate_qa in parallel ->
 report. An MLflow parent run opens first and an exit handler closes it FINISHED or FAILED. Per-step resources,
@@ -10,6 +11,7 @@ images, caching and retries come from a :class:`pipelines.config.PipelineConfig`
 compile time.
 """
 
+import importlib
 from typing import Any
 
 from kfp import dsl
@@ -19,6 +21,7 @@ from components.index import index_clips
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
 from vlp.models.family import DEFAULT_FAMILY, FamilySpec, specs
+from vlp.registry import DEFAULT_PRETRAIN_COMPONENT
 
 NAME = "vlp-pretrain"
 
@@ -33,14 +36,35 @@ def name_of(family: str) -> str:
     return NAME if family == DEFAULT_FAMILY else f"{NAME}-{family}"
 
 
+def component(ref: Any) -> Any:
+    """A KFP component named ``"module:attribute"`` (imported now), or the component itself."""
+    if not isinstance(ref, str):
+        return ref
+    module, _, attribute = ref.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def pretrain_component(spec: FamilySpec) -> Any:
+    """The component that pre-trains ``spec``'s family; it must take every input the family's pre-training reads."""
+    found = component(spec.pretrain_component or DEFAULT_PRETRAIN_COMPONENT)
+    missing = [name for name in spec.pretrain_inputs if name not in found.component_spec.inputs]
+    if missing:
+        raise ValueError(
+            f"{spec.name}: the pretrain component {found.name} takes no input {missing}: give the family a "
+            "pretrain_component that does (FamilySpec.pretrain_component)"
+        )
+    return found
+
+
 def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
-    """The pre-training pipeline of ``family`` for ``cfg``: the steps that make the family's ``pretrain_inputs``
-    (ALPRO: its entities, prompter and prompt bank), then pre-training (ALBEF: straight from the frames)."""
+    """The pre-training pipeline of ``family`` for ``cfg``: the steps its spec declares (``prepared``; ALPRO: its
+    entities, prompter and prompt bank), then pre-training (ALBEF: straight from the frames)."""
     known = families()
     if family not in known:
         raise ValueError(f"no pre-training DAG for model family {family!r}; choose one of {sorted(known)}")
-    needs = known[family].pretrain_inputs
-    steps = "prompter -> prompt bank -> " if needs else ""
+    spec = known[family]
+    pretrain = pretrain_component(spec)
+    steps = "".join(f"{one.title or one.name} -> " for one in spec.prepared if one.flag)
 
     @dsl.pipeline(name=name_of(family), description=f"vlp pre-training ({family}): data -> {steps}pretrain -> eval")
     @fanout.parameters(cfg)
@@ -64,18 +88,9 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
             configure(start, cfg, "start_run")
             raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
             ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
-            inputs: dict[str, Any] = {}
-            if needs:  # the prompter and its prompt bank
-                ent = configure(data.mine_entities(dataset=ds, **stored), cfg, "mine_entities").outputs["entities"]
-                prompter = training.pretrain_prompter(
-                    dataset=ds, frames=fr, **stored, **scale(cfg, "pretrain_prompter")
-                )
-                pr = configure(prompter, cfg, "pretrain_prompter").outputs["prompter"]
-                bank = training.build_prompt_bank(prompter=pr, entities=ent, **stored)
-                inputs = {"prompter": pr, "bank": configure(bank, cfg, "build_prompt_bank").outputs["bank"]}
-            model = training.pretrain(
-                dataset=ds, frames=fr, **inputs, family=family, **stored, **scale(cfg, "pretrain")
-            )
+            made = prepared_steps(cfg, spec, {"dataset": ds, "frames": fr}, stored)
+            inputs = {name: made[name] for name in spec.pretrain_inputs}
+            model = pretrain(dataset=ds, frames=fr, **inputs, family=family, **stored, **scale(cfg, "pretrain"))
             pretrained = configure(model, cfg, "pretrain").outputs["model"]
             branches = _downstream(cfg, known[family].tasks, ds, fr, pretrained, stored) if cfg.downstream else {}
             summary = reporting.report(
@@ -88,6 +103,17 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
             configure(summary, cfg, "report")
 
     return vlp_pretrain
+
+
+def prepared_steps(cfg: PipelineConfig, spec: FamilySpec, made: dict[str, Any], stored: dict[str, Any]) -> dict:
+    """The tasks of the steps ``spec`` declares before pre-training, in order, each given what it reads of
+    ``made`` (the data steps' outputs, then each step's own); returns ``made`` with every step's output added."""
+    made = dict(made)
+    for one in spec.prepared:
+        reads = {name: made[name] for name in one.reads}
+        task = component(one.component)(**reads, **stored, **(scale(cfg, one.step) if one.trains else {}))
+        made[one.name] = configure(task, cfg, one.step).outputs[one.name]
+    return made
 
 
 def _downstream(

@@ -274,7 +274,7 @@ def pretrained(tiny_world, tmp_path_factory) -> dict[str, str]:
     from vlp.steps.pretrain import pretrain
 
     out = str(tmp_path_factory.mktemp("albef") / "albef")
-    summary = pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", out, load_config(TINY, ALBEF))
+    summary = pretrain(tiny_world["dataset"], tiny_world["frames"], out, load_config(TINY, ALBEF))
     return dict(tiny_world, albef=out, summary=summary)
 
 
@@ -310,10 +310,10 @@ def test_resume_continues_exactly_including_the_queues(tiny_world, tmp_path):
     cfg = load_config(TINY, [*ALBEF, "pretrain.max_steps=4", "pretrain.ckpt_every=2"])
     last = Path("checkpoints") / "step-000004"
     for out in ("straight", "resumed"):
-        pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / out), cfg)
+        pretrain(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / out), cfg)
     shutil.rmtree(tmp_path / "resumed" / last)  # as if killed after the step-2 checkpoint
     (tmp_path / "resumed" / "model.json").unlink()
-    again = pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / "resumed"), cfg)
+    again = pretrain(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / "resumed"), cfg)
     assert again["resumed_from_step"] == 2 and again["steps"] == 4
     for name in ("model.safetensors", "optimizer.safetensors"):
         assert (tmp_path / "resumed" / last / name).read_bytes() == (tmp_path / "straight" / last / name).read_bytes()

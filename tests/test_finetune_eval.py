@@ -30,7 +30,7 @@ def pretrained(tiny_world, tmp_path_factory) -> dict[str, str]:
     mine_entities(uris["dataset"], uris["entities"], cfg)
     pretrain_prompter(uris["dataset"], uris["frames"], uris["prompter"], cfg)
     build_prompt_bank(uris["prompter"], uris["entities"], uris["bank"], cfg)
-    pretrain(uris["dataset"], uris["frames"], uris["prompter"], uris["bank"], uris["alpro"], cfg)
+    pretrain(uris["dataset"], uris["frames"], uris["alpro"], cfg, {"prompter": uris["prompter"], "bank": uris["bank"]})
     return uris
 
 

@@ -59,7 +59,8 @@ def test_prompt_bank_matches_the_mined_entities(trained):
 def test_pretrain_all_four_objectives_then_resume_is_a_no_op(trained, tmp_path):
     out = str(tmp_path / "alpro")
     cfg = load_config(TINY)
-    summary = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
+    inputs = {"prompter": trained["prompter"], "bank": trained["bank"]}
+    summary = pretrain(trained["dataset"], trained["frames"], out, cfg, inputs)
     assert summary["steps"] == 3
     last = summary["metrics"]
     for term in ("vtc", "pem", "mlm", "vtm"):
@@ -72,7 +73,7 @@ def test_pretrain_all_four_objectives_then_resume_is_a_no_op(trained, tmp_path):
     readme = storage.read_text(storage.join(out, "pem_examples", "README.md"))
     assert all(Path(f).name in readme for f in figures)
     before = _files(out)
-    again = pretrain(trained["dataset"], trained["frames"], trained["prompter"], trained["bank"], out, cfg)
+    again = pretrain(trained["dataset"], trained["frames"], out, cfg, inputs)
     assert again["skipped"] is True and again["resumed_from_step"] == 3 and again["steps"] == 3
     assert again["metrics"] == last, "a rerun reports the finished run's metrics"
     after = _files(out)
@@ -154,7 +155,7 @@ def test_a_count_out_of_range_fails_before_the_step_writes_anything(step, overri
             pretrain_prompter(trained["dataset"], trained["frames"], str(out), cfg)
         else:
             prompter, bank = (trained["prompter"], trained["bank"]) if step == "pretrain" else ("", "")
-            pretrain(trained["dataset"], trained["frames"], prompter, bank, str(out), cfg)
+            pretrain(trained["dataset"], trained["frames"], str(out), cfg, {"prompter": prompter, "bank": bank})
     assert not out.exists()
 
 

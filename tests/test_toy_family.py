@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from test_family_contract import CAPTIONS, check_gradients, check_resume, check_round_trip, check_shapes
+from toy_components import PRE, WORDS_FILE, count_caption_words, count_words, toy_pretrain
 from vlp import losses
 from vlp.models import family
 from vlp.models.family import Encoded, FamilySpec, Kinds, LrGroups, PretrainBatch, StepContext, Task
@@ -282,3 +283,123 @@ def test_a_pre_training_family_without_qa_gets_a_dag_without_the_qa_branch(tmp_p
     dag = (tmp_path / "dag.yaml").read_text(encoding="utf-8")
     assert "finetune-retrieval" in dag and "evaluate-retrieval" in dag and "pretrain" in dag
     assert "finetune-qa" not in dag and "evaluate-qa" not in dag
+
+
+# --------------------------------------------------------------------------- a toy whose pre-training reads a prepared
+# input of its own (issue 41): the word counts of the training captions, made by a step of its own before `vlp
+# pretrain`, declared in its spec; the CLI, the pre-training step and the compiled DAG take it from the declaration.
+
+
+class WordsHook:
+    """The toy's :class:`vlp.models.family.PretrainHook`: it checks and opens the word counts."""
+
+    def checks(self, inputs: Any, terms: Any) -> list[family.InputCheck]:
+        from vlp import storage
+
+        if not inputs.get("words"):
+            raise ValueError(f"{PRE} pre-training needs word counts (--words): run its count_words step first")
+        return [family.InputCheck("--words", storage.join(inputs["words"], WORDS_FILE), remedy="run count_words")]
+
+    def load(self, inputs: Any, terms: Any, device: Any) -> family.PretrainExtras:
+        from vlp import storage
+
+        counts = json.loads(storage.read_text(storage.join(inputs["words"], WORDS_FILE)))
+
+        def report(*args: Any) -> dict[str, Any]:
+            return {"words_read": len(counts)}
+
+        return family.PretrainExtras(context=counts, lineage={"words": inputs["words"]}, report=report)
+
+
+class ToyPretrainingFamily(ToyFamily):
+    name = PRE
+    kinds = Kinds(pretrained="toy_pre_pretrained", retrieval="toy_pre_retrieval", qa="")
+
+
+@pytest.fixture
+def toy_pre() -> Iterator[FamilySpec]:
+    words = family.Prepared("words", "count_words", count_words, reads=("dataset",), flag="--words",
+                            help="count_words output")  # fmt: skip
+    spec = FamilySpec(name=PRE, title="Toy-Pre", paper="(a test)", settings=ToySettings,
+                      load=lambda: ToyPretrainingFamily(), pretrains=True, tasks=("retrieval",), prepared=(words,),
+                      pretrain_component=toy_pretrain, pretraining=WordsHook())  # fmt: skip
+    family.register(spec)
+    try:
+        yield spec
+    finally:
+        family.unregister(PRE)
+
+
+def test_a_family_with_its_own_prepared_input_pretrains_through_the_cli(toy_pre, tiny_world, tmp_path, capsys):
+    """`vlp pretrain` offers the toy's --words (its spec's flag) while the toy is registered; the step checks the
+    input with the toy's hook before anything is written, reads it, and records it in the model's lineage."""
+    from vlp.cli import build_parser, main
+
+    assert "--words" in build_parser()._subparsers._group_actions[0].choices["pretrain"].format_help()  # type: ignore[union-attr]
+    data = ["--dataset", tiny_world["dataset"], "--frames", tiny_world["frames"], "--config", str(TINY)]
+    out, words = tmp_path / "pre", tmp_path / "words"
+    assert main(["pretrain", "--model", PRE, *data, "--out", str(out)]) == 2  # no --words: the hook says what to run
+    assert "needs word counts (--words): run its count_words step first" in capsys.readouterr().err
+    assert main(["pretrain", "--model", PRE, *data, "--words", str(words), "--out", str(out)]) == 2
+    assert f"{words}/{WORDS_FILE} does not exist: run count_words" in capsys.readouterr().err and not out.exists()
+    counts = count_caption_words(tiny_world["dataset"], str(words))
+    assert main(["pretrain", "--model", PRE, *data, "--words", str(words), "--out", str(out)]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["steps"] == 3 and summary["words_read"] == len(counts) > 0
+    doc = json.loads((out / "model.json").read_text())
+    assert (doc["family"], doc["kind"], doc["lineage"]) == (PRE, "toy_pre_pretrained", {"words": str(words)})
+    family.unregister(PRE)
+    with pytest.raises(SystemExit):  # no registered family reads it
+        main(["pretrain", *data, "--words", str(words), "--out", str(tmp_path / "x")])
+    assert "unrecognized arguments: --words" in capsys.readouterr().err
+
+
+def test_the_pre_training_dag_is_built_from_the_declared_steps(toy_pre, tmp_path):
+    """The toy's DAG runs its count_words step on the ingested dataset and hands its output to the toy's pretrain
+    component as ``words``; count_words takes the pipeline config's defaults (no built-in DAG has it)."""
+    import yaml
+    from kfp import compiler
+
+    from pipelines import config as pipeline_config
+    from pipelines import pretrain
+    from vlp.schema import from_dict
+
+    path = pipeline_config.CONFIG_DIR / "default.yaml"
+    cfg = pipeline_config.load(path)
+    defaults = yaml.safe_load(path.read_text(encoding="utf-8"))["defaults"]
+    assert cfg.step("count_words") == from_dict(pipeline_config.StepSettings, defaults)
+    compiler.Compiler().compile(pretrain.build(cfg, PRE), str(tmp_path / "dag.yaml"))
+    dag = next(yaml.safe_load_all((tmp_path / "dag.yaml").read_text(encoding="utf-8")))  # then the platform spec
+    tasks = dag["components"]["comp-exit-handler-1"]["dag"]["tasks"]  # the tracked run's steps
+    assert {"count-words", "toy-pretrain"} <= set(tasks) and "mine-entities" not in tasks
+    words = tasks["toy-pretrain"]["inputs"]["artifacts"]["words"]["taskOutputArtifact"]
+    assert words == {"outputArtifactKey": "words", "producerTask": "count-words"}
+    dataset = tasks["count-words"]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
+    assert dataset == tasks["toy-pretrain"]["inputs"]["artifacts"]["dataset"]["taskOutputArtifact"]
+    assert dag["pipelineInfo"]["description"].startswith(f"vlp pre-training ({PRE}): data -> words -> pretrain")
+
+
+def test_a_declaration_that_cannot_work_is_refused(toy_pre):
+    """What a spec declares is checked when it is made and when a DAG is built."""
+    from pipelines import config as pipeline_config
+    from pipelines import pretrain
+
+    words = toy_pre.prepared[0]
+    with pytest.raises(ValueError, match=r"reads \['prompter'\], made neither by the data steps nor before it"):
+        replace(toy_pre, prepared=(replace(words, reads=("prompter",)),))
+    with pytest.raises(ValueError, match=r"\['words'\] made but read by nothing"):
+        replace(toy_pre, prepared=(replace(words, flag=""),))
+    with pytest.raises(ValueError, match="two prepared inputs share a step"):
+        replace(toy_pre, prepared=(words, replace(words, name="more", flag="--more", reads=("words",))))
+    with pytest.raises(ValueError, match="prepared inputs or a pretrain component without pretrains"):
+        replace(toy_pre, pretrains=False)
+    other = replace(toy_pre, name="toy_other", prepared=(replace(words, name="counts"),))
+    with pytest.raises(ValueError, match=r"--words names another family's 'words', not 'counts'"):
+        family.register(other)
+    shared = replace(toy_pre, name="toy_shared", pretrain_component="")  # the shared component takes no words
+    family.register(shared)
+    try:
+        with pytest.raises(ValueError, match=r"the pretrain component pretrain takes no input \['words'\]"):
+            pretrain.build(pipeline_config.load(pipeline_config.CONFIG_DIR / "default.yaml"), "toy_shared")
+    finally:
+        family.unregister("toy_shared")

@@ -403,7 +403,7 @@ def test_ts2net_is_not_pretrained_and_has_no_qa(tiny_world, tmp_path, capsys):
     assert not any(hasattr(fam, m) for m in ("set_answers", "qa_step", "qa_logits", "reranks", "pair_logits"))
     cfg = _steps_cfg()
     with pytest.raises(ValueError, match="ts2net is not pre-trained"):
-        pretrain(tiny_world["dataset"], tiny_world["frames"], "", "", str(tmp_path / "pre"), cfg)
+        pretrain(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / "pre"), cfg)
     out = str(tmp_path / "ret")
     finetune_retrieval(tiny_world["dataset"], tiny_world["frames"], "", out, _steps_cfg("retrieval.max_steps=1"))
     said = (r"model family ts2net has no QA model: finetune-qa and evaluate-qa need a model of a family that has one "

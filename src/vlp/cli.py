@@ -98,8 +98,10 @@ def _pretrain_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", dest="family", choices=_pretraining(), help="model family (default: model.family)")
     p.add_argument("--dataset", required=True, help="ingested dataset directory or s3:// prefix")
     p.add_argument("--frames", required=True, help="extract-frames output")
-    p.add_argument("--prompter", default="", help="pretrain-prompter output (ALPRO; ALBEF uses none)")
-    p.add_argument("--prompt-bank", default="", help="build-prompt-bank output (ALPRO with PEM)")
+    for flag, one in families.pretrain_flags().items():  # what the families' pre-training reads (their specs)
+        readers = " or ".join(s.title for s in families.specs().values() if one.name in s.pretrain_inputs)
+        metavar = flag.removeprefix("--").replace("-", "_").upper()
+        p.add_argument(flag, dest=f"input_{one.name}", metavar=metavar, default="", help=f"{one.help} ({readers})")
     p.add_argument("--out", required=True, help="output directory or s3:// prefix")
 
 
@@ -262,7 +264,8 @@ def _run_pretrain(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp.steps.pretrain import pretrain
 
-    return pretrain(args.dataset, args.frames, args.prompter, args.prompt_bank, args.out, cfg)
+    named = {one.name: getattr(args, f"input_{one.name}") for one in families.pretrain_flags().values()}
+    return pretrain(args.dataset, args.frames, args.out, cfg, {name: uri for name, uri in named.items() if uri})
 
 
 def _run_import_checkpoint(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:

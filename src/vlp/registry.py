@@ -24,6 +24,39 @@ if TYPE_CHECKING:
     from vlp.models.family import Family, PretrainHook
 
 Task = Literal["retrieval", "qa"]
+FROM_DATA = ("dataset", "frames")  # what every pre-training DAG has made before a family's own steps
+DEFAULT_PRETRAIN_COMPONENT = "components.training:pretrain"  # its inputs besides the data: prompter, bank
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Something a family's pre-training DAG makes before ``vlp pretrain``, by a step of its own: an input
+    pre-training reads, or one made on the way to it (ALPRO: entities -> prompter -> prompt bank).
+
+    Attributes:
+        name: what it is called: the output of the KFP component that makes it, the parameter a later component
+            takes it by, and its key in :func:`vlp.steps.pretrain.pretrain`'s ``inputs``.
+        step: the step that makes it: its KFP task's name and its pipeline config entry (``steps.<step>``:
+            resources, image); a step no built-in DAG has takes the config's ``defaults``.
+        component: that step's KFP component, ``"module:attribute"`` (imported when a DAG is compiled), or the
+            component itself.
+        reads: the component's inputs: ``"dataset"``, ``"frames"`` or the ``name`` of something made before it,
+            each passed as the parameter of that name.
+        flag: ``vlp pretrain``'s option that names it (``--prompter``); ``""``: pre-training does not read it (it
+            is made for a later step only, as ALPRO's entities are for its prompt bank).
+        help: that option's help (the CLI adds the titles of the families that read it).
+        title: how the DAG's description names it (default: ``name``).
+        trains: whether its step trains (its task gets ``nproc`` and, on several nodes, ``launch``).
+    """
+
+    name: str
+    step: str
+    component: Any
+    reads: tuple[str, ...] = FROM_DATA
+    flag: str = ""
+    help: str = ""
+    title: str = ""
+    trains: bool = False
 
 
 @dataclass(frozen=True)
@@ -40,12 +73,17 @@ class FamilySpec:
             function returning it.
         pretrains: whether ``vlp pretrain`` trains it, and so whether it has a compiled pre-training DAG
             (TS2-Net: no, it fine-tunes CLIP; ``finetune-retrieval`` starts it from named weights).
-        pretrain_inputs: what ``vlp pretrain`` reads besides the dataset and the frames, which its DAG makes
-            first: ``("prompter", "bank")`` = a frozen prompter and its prompt bank of mined entities (ALPRO's PEM).
+        prepared: what its pre-training DAG makes before ``vlp pretrain``, in order (:class:`Prepared`); those with
+            a ``flag`` are what pre-training reads besides the dataset and the frames (:attr:`pretrain_inputs`).
+            ALPRO: mined entities -> a frozen prompter -> its prompt bank (PEM); ALBEF: nothing.
+        pretrain_component: the KFP component that pre-trains it, ``"module:attribute"`` or the component: it takes
+            ``dataset``, ``frames``, one input per :attr:`pretrain_inputs` name, ``family`` and the steps'
+            ``config``, ``overrides``, ``data_root``, ``nproc``, ``launch``. ``""``: the shared one
+            (:data:`DEFAULT_PRETRAIN_COMPONENT`), whose inputs are ``prompter`` and ``bank``.
         importer: the module that maps its released checkpoints (:class:`vlp.models.importing.Importer`);
             ``""`` = ``vlp import-checkpoint`` does not read this family's files.
-        pretraining: the module that opens its ``pretrain_inputs`` (:class:`vlp.models.family.PretrainHook`);
-            required with them.
+        pretraining: what opens its ``pretrain_inputs`` (:class:`vlp.models.family.PretrainHook`): a module's name
+            (imported on first use) or the object itself; required with them.
         randaug: its RandAugment op lists, ``(preset name, timm op names)``, its default first; a training section's
             ``randaug_ops`` names one (any family's), or is ``""`` for the model's family's default.
         tasks: the fine-tuning tasks it has models for (``"retrieval"``, ``"qa"``), which its pre-training DAG
@@ -59,25 +97,55 @@ class FamilySpec:
     settings: type
     load: str | Callable[[], Family]
     pretrains: bool
-    pretrain_inputs: tuple[str, ...] = ()
+    prepared: tuple[Prepared, ...] = ()
+    pretrain_component: Any = ""
     importer: str = ""
-    pretraining: str = ""
+    pretraining: Any = ""
     randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
     tasks: tuple[Task, ...] = ("retrieval", "qa")
 
     def __post_init__(self) -> None:
-        if set(self.pretrain_inputs) - set(PRETRAIN_INPUTS):
-            raise ValueError(f"{self.name}: pretrain_inputs are some of {PRETRAIN_INPUTS}, got {self.pretrain_inputs}")
-        if self.pretrain_inputs and not self.pretrains:
-            raise ValueError(f"{self.name}: pretrain_inputs without pretrains")
+        if (self.prepared or self.pretrain_component) and not self.pretrains:
+            raise ValueError(f"{self.name}: prepared inputs or a pretrain component without pretrains")
+        self._check_prepared()
         if "retrieval" not in self.tasks or set(self.tasks) - {"retrieval", "qa"}:
             raise ValueError(f"{self.name}: tasks are retrieval and optionally qa, got {self.tasks}")
         if bool(self.pretrain_inputs) != bool(self.pretraining):
             raise ValueError(f"{self.name}: pretrain_inputs and a pretraining hook go together")
 
+    def _check_prepared(self) -> None:
+        """Each prepared step reads what the data steps or an earlier one made; names, steps and flags are unique;
+        everything made is read by pre-training or by a later step."""
+        made: list[str] = list(FROM_DATA)
+        for one in self.prepared:
+            missing = [r for r in one.reads if r not in made]
+            if missing:
+                raise ValueError(f"{self.name}: {one.name} reads {missing}, made neither by the data steps nor "
+                                 f"before it (made so far: {made})")  # fmt: skip
+            if one.name in made:
+                raise ValueError(f"{self.name}: {one.name!r} is made twice (or is a data step's name)")
+            if one.flag and not re.fullmatch(r"--[a-z][a-z0-9-]*", one.flag):
+                raise ValueError(f"{self.name}: {one.name}'s flag must look like --name, got {one.flag!r}")
+            made.append(one.name)
+        for key in ("step", "flag"):
+            values = [getattr(one, key) for one in self.prepared if getattr(one, key)]
+            if len(values) != len(set(values)):
+                raise ValueError(f"{self.name}: two prepared inputs share a {key}: {values}")
+        read = {r for one in self.prepared for r in one.reads} | set(self.pretrain_inputs)
+        unread = [one.name for one in self.prepared if one.name not in read]
+        if unread:
+            raise ValueError(f"{self.name}: {unread} made but read by nothing (give it a flag, or drop it)")
+
+    @property
+    def pretrain_inputs(self) -> tuple[str, ...]:
+        """What ``vlp pretrain`` reads besides the dataset and the frames: the prepared inputs with a flag."""
+        return tuple(one.name for one in self.prepared if one.flag)
+
     def load_pretraining(self) -> PretrainHook | None:
-        """Its pre-training hook module (imports torch), or None when its pre-training reads only the pairs."""
-        return importlib.import_module(self.pretraining) if self.pretraining else None
+        """Its pre-training hook (a module's import: torch), or None when its pre-training reads only the pairs."""
+        if not self.pretraining:
+            return None
+        return importlib.import_module(self.pretraining) if isinstance(self.pretraining, str) else self.pretraining
 
     def load_importer(self) -> Any:
         """Its importer module (imports torch), or None when it has none."""
@@ -90,7 +158,6 @@ class FamilySpec:
         return getattr(importlib.import_module(module), attribute)
 
 
-PRETRAIN_INPUTS = ("prompter", "bank")  # what a pre-training DAG can make before `vlp pretrain`
 DEFAULT_FAMILY = "alpro"  # model.family when a config does not say (its pre-training DAG is vlp-pretrain)
 # The keys of the ``model`` section every family reads (vlp.settings.ModelConfig's fields, which a test holds equal):
 # a family of one of these names would make ``model.<name>`` mean two things.
@@ -129,6 +196,10 @@ def register(spec: FamilySpec) -> FamilySpec:
     taken = randaug_presets().keys() & {name for name, _ in spec.randaug}
     if taken and _registered.get(spec.name) is not spec:
         raise ValueError(f"{spec.name}: RandAugment presets {sorted(taken)} are another family's")
+    for one in spec.prepared:  # `vlp pretrain` has one option per flag, whichever family it names
+        other = pretrain_flags().get(one.flag)
+        if one.flag and other is not None and other.name != one.name and _registered.get(spec.name) is not spec:
+            raise ValueError(f"{spec.name}: {one.flag} names another family's {other.name!r}, not {one.name!r}")
     _registered[spec.name] = spec
     return spec
 
@@ -174,6 +245,12 @@ def of_kind(kind: str) -> Family:
             return family
     known = sorted(k for f in families().values() for k in f.kinds.all())
     raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")
+
+
+def pretrain_flags() -> dict[str, Prepared]:
+    """``vlp pretrain``'s options for prepared inputs, every registered family's, by flag (a flag names one input
+    in every family that reads it)."""
+    return {one.flag: one for spec in specs().values() for one in spec.prepared if one.flag}
 
 
 def randaug_presets() -> dict[str, tuple[str, ...]]:

@@ -68,7 +68,7 @@ _T = TypeVar("_T")
 # The registry lives in vlp.registry, below the configuration that reads it; its names are here for family authors.
 Task = registry.Task
 FamilySpec = registry.FamilySpec
-DEFAULT_FAMILY, PRETRAIN_INPUTS = registry.DEFAULT_FAMILY, registry.PRETRAIN_INPUTS
+DEFAULT_FAMILY, Prepared = registry.DEFAULT_FAMILY, registry.Prepared
 register, unregister, specs, spec, names = (
     registry.register,
     registry.unregister,
@@ -78,6 +78,7 @@ register, unregister, specs, spec, names = (
 )
 families, get, of_kind = registry.families, registry.get, registry.of_kind
 randaug_presets, randaug_ops = registry.randaug_presets, registry.randaug_ops
+pretrain_flags = registry.pretrain_flags
 
 
 class Kinds(NamedTuple):
@@ -402,8 +403,10 @@ class PretrainExtras:
 
 
 class PretrainHook(Protocol):
-    """A module that turns a family's ``pretrain_inputs`` (:data:`PRETRAIN_INPUTS` name -> URI, "" = not given)
-    into what its pre-training step needs (:attr:`FamilySpec.pretraining`)."""
+    """What turns a family's ``pretrain_inputs`` (name -> URI, "" = not given) into what its pre-training step
+    needs (:attr:`FamilySpec.pretraining`: a module, or an object with these methods). A family whose inputs are
+    made by a step of vlp's (ALPRO's prompt bank: ``vlp build-prompt-bank``) may offer that step's work too
+    (ALPRO's ``build_bank``)."""
 
     def checks(self, inputs: Mapping[str, str], terms: Sequence[str]) -> list[InputCheck]:
         """The inputs that ``vlp pretrain`` with objectives ``terms`` reads; a missing required one is a
@@ -412,9 +415,4 @@ class PretrainHook(Protocol):
 
     def load(self, inputs: Mapping[str, str], terms: Sequence[str], device: Any) -> PretrainExtras:
         """What :meth:`checks` named, opened (a model moved to ``device``)."""
-        ...
-
-    def build_bank(self, prompter: str, entities: str, out: str, cfg: Any) -> dict[str, Any]:
-        """``vlp build-prompt-bank``: the entity bank the ``bank`` input names, made from a prompter; returns the
-        step's summary (only a family whose ``pretrain_inputs`` has ``"bank"``)."""
         ...

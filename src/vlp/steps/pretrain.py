@@ -1,8 +1,8 @@
 """Steps: ``pretrain_prompter`` -> ``build_prompt_bank`` -> ``pretrain``.
 
-``pretrain`` trains any family that pre-trains. What it reads besides the pairs (``FamilySpec.pretrain_inputs``:
-ALPRO's prompter and prompt bank) the family's own hook checks and opens
-(:class:`vlp.models.family.PretrainHook`); that hook builds the prompt bank too. ``pretrain_prompter`` trains a
+``pretrain`` trains any family that pre-trains. What it reads besides the pairs (``FamilySpec.pretrain_inputs``, the
+prepared inputs its spec declares: ALPRO's prompter and prompt bank) the family's own hook checks and opens
+(:class:`vlp.models.family.PretrainHook`); ALPRO's hook builds the prompt bank too. ``pretrain_prompter`` trains a
 family's prompter kind (``Kinds.prompter``) with VTC alone.
 
 Every output is a model directory (:mod:`vlp.models.directory`): ``model.json``, the tokenizer every later
@@ -37,6 +37,7 @@ from vlp.models.family import (
     TextVocab,
     randaug_ops,
     spec,
+    specs,
 )
 from vlp.settings import ModelConfig
 from vlp.steps.common import (
@@ -165,20 +166,30 @@ def build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Confi
 def _build_prompt_bank(prompter_dir: str, entities_dir: str, out: str, cfg: Config) -> StepResult:
     one = spec(cfg.model.family)
     hook = one.load_pretraining()
-    if hook is None or "bank" not in one.pretrain_inputs:
+    build = getattr(hook, "build_bank", None)  # only a family whose pre-training reads a prompt bank has one
+    if build is None or "bank" not in one.pretrain_inputs:
         raise ValueError(f"model family {one.name!r} pre-trains without a prompt bank (only ALPRO's PEM uses one)")
     entities = storage.join(entities_dir, ENTITIES_PARQUET)
     remedy = f"run `vlp mine-entities --out {entities_dir}` first (--entities is its output)"
     prompter = ModelInput("--prompter", prompter_dir, (one.family().kinds.prompter,))
     check_inputs(models=[prompter], files=[(entities, remedy)])  # both, before the prompter is loaded
-    return hook.build_bank(prompter_dir, entities_dir, out, cfg)
+    return build(prompter_dir, entities_dir, out, cfg)
 
 
-def pretrain(dataset: str, frames: str, prompter_dir: str, bank_dir: str, out: str, cfg: Config) -> StepResult:
+def pretrain(dataset: str, frames: str, out: str, cfg: Config, inputs: Mapping[str, str] | None = None) -> StepResult:
     """Pre-train a model of ``model.family`` with the enabled ``model.losses`` (ALPRO: VTC + PEM + MLM + VTM, from
-    a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, no prompter: pass ``""``)."""
-    inputs = {"prompter": prompter_dir, "bank": bank_dir}
-    return run_step("pretrain", out, cfg, "pretrain", partial(_pretrain, dataset, frames, inputs, out, cfg))
+    a prompter and its prompt bank; ALBEF: ITC + MLM + ITM with momentum distillation, from the pairs alone).
+
+    ``inputs`` names what the family's pre-training reads besides the pairs, by the names its spec declares
+    (``FamilySpec.pretrain_inputs``; ALPRO: ``{"prompter": ..., "bank": ...}``); ``""`` or absent = not given. A name
+    no registered family declares is an error; one that only another family reads is ignored with a warning.
+    """
+    given = dict(inputs or {})
+    known = {one.name for spec_ in specs().values() for one in spec_.prepared if one.flag}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise ValueError(f"pretrain: no model family reads the inputs {unknown}; known: {sorted(known)}")
+    return run_step("pretrain", out, cfg, "pretrain", partial(_pretrain, dataset, frames, given, out, cfg))
 
 
 def opened_inputs(

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import Range, at_least
-from vlp.registry import FamilySpec
+from vlp.registry import FamilySpec, Prepared
 from vlp.settings import VTMSettings
 
 
@@ -48,6 +48,27 @@ SPEC = FamilySpec(
     importer="vlp.models.alpro.importer",
     pretraining="vlp.models.alpro.pretraining",
     pretrains=True,
-    pretrain_inputs=("prompter", "bank"),
+    # PEM's inputs, made by the DAG before pre-training: the entities mined from the captions, the prompter
+    # (VTC-only dual encoder) and its prompt bank of entity prompts; pre-training reads the last two
+    prepared=(
+        Prepared("entities", "mine_entities", "components.data:mine_entities", reads=("dataset",)),
+        Prepared(
+            "prompter",
+            "pretrain_prompter",
+            "components.training:pretrain_prompter",
+            flag="--prompter",
+            help="pretrain-prompter output",
+            trains=True,
+        ),
+        Prepared(
+            "bank",
+            "build_prompt_bank",
+            "components.training:build_prompt_bank",
+            reads=("prompter", "entities"),
+            flag="--prompt-bank",
+            help="build-prompt-bank output, read with PEM",
+            title="prompt bank",
+        ),
+    ),
     randaug=RANDAUG,
 )
