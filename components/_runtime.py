@@ -222,7 +222,7 @@ class Step:
             evaluation = read_json(out, "metrics.json") if out else None
             return {**summary, "eval": evaluation} if evaluation else summary
 
-        from vlp.cli import interrupt_on_signals
+        from vlp.signals import interrupt_on_signals
 
         with interrupt_on_signals():  # SIGTERM (a pod deleted or preempted) ends the step run KILLED, not RUNNING
             return track_step(self.cfg.tracking, self.name, work, kfp_run_id=self.kfp_run_id)

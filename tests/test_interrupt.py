@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from vlp import cli
+from vlp import cli, signals
 from vlp.tracking import (
     PARENT_RUN_TAG,
     MlflowLogger,
@@ -113,9 +113,9 @@ def test_the_cli_puts_the_signal_handlers_back(tmp_path):
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
     assert cli.main(["data", "synth", "--out", str(tmp_path / "raw"), "--config", str(tmp_path / "missing.yaml")]) == 2
     assert {sig: signal.getsignal(sig) for sig in before} == before
-    with cli.interrupt_on_signals() as seen:
+    with signals.interrupt_on_signals() as seen:
         assert signal.getsignal(signal.SIGTERM) is not before[signal.SIGTERM]
-        with pytest.raises(cli.Terminated):
+        with pytest.raises(signals.Terminated):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(5)  # the handler raises in this thread long before
     assert seen == [signal.SIGTERM]
@@ -128,7 +128,7 @@ def test_the_cli_puts_the_signal_handlers_back(tmp_path):
 def test_an_interrupted_step_run_and_training_run_end_killed_and_a_failed_one_failed(tmp_path):
     cfg = TrackingConfig(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}", experiment="interrupt")
     statuses = {}
-    for name, error in (("killed", KeyboardInterrupt), ("terminated", cli.Terminated), ("failed", RuntimeError)):
+    for name, error in (("killed", KeyboardInterrupt), ("terminated", signals.Terminated), ("failed", RuntimeError)):
 
         def work(name=name, error=error):
             statuses[name] = cfg.run_id

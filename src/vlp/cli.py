@@ -19,19 +19,18 @@ requests are answered; its line says it stopped.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import os
 import signal
 import sys
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from vlp import __version__
 from vlp.models import family as families
+from vlp.signals import interrupt_on_signals, signal_exception
 from vlp.text import invalid_utf8
 
 if TYPE_CHECKING:
@@ -495,47 +494,6 @@ def answers_table(answers: list[dict[str, Any]]) -> str:
     return "\n".join(line.rstrip() for line in lines) if answers else "no answer has a probability above 0"
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, so a step stops as it does on Ctrl-C."""
-
-    signum = int(signal.SIGTERM)
-
-
-_received: list[int] = []  # the signals :func:`interrupt_on_signals` saw, in case a C extension swallowed the raise
-
-
-def _on_signal(signum: int, frame: Any) -> None:
-    _received.append(signum)
-    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
-
-
-@contextlib.contextmanager
-def interrupt_on_signals() -> Iterator[list[int]]:
-    """While inside, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, SIGINT a
-    ``KeyboardInterrupt`` as usual, and the signals seen are in the yielded list (a raise inside a C callback, e.g.
-    during video encoding, can be lost: the list still says the command was stopped). The previous handlers are
-    put back on the way out. A SIGINT that was ignored (``SIG_IGN``, e.g. a background job) stays ignored.
-    Elsewhere than in the main thread (where Python cannot install signal handlers) it does nothing. Under
-    torchrun every worker is its own process and main thread: a SIGTERM the launcher sends to stop the workers
-    ends each of them like this."""
-    seen: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    signal.signal(signal.SIGTERM, _on_signal)
-    if previous[signal.SIGINT] is signal.default_int_handler:
-        signal.signal(signal.SIGINT, _on_signal)
-    start = len(_received)
-    try:
-        yield seen
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        seen += _received[start:]
-        del _received[start:]
-
-
 def _interrupted(command: str, exc: KeyboardInterrupt) -> int:
     """Say on stderr where ``command`` stopped and how to go on (rank 0 alone under torchrun); the exit code of the
     signal (128 + its number)."""
@@ -576,10 +534,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _interrupted(args.command, exc)
     except Exception as exc:
         if seen:  # an error the signal caused (e.g. in a worker process it stopped): an interruption all the same
-            return _interrupted(args.command, _signal_exception(seen[0]))
+            return _interrupted(args.command, signal_exception(seen[0]))
         return _failed(args, exc)
     if seen:  # stopped, though the raise was lost on the way (the step may have finished: a rerun says so)
-        return _interrupted(args.command, _signal_exception(seen[0]))
+        return _interrupted(args.command, signal_exception(seen[0]))
     summary.pop("config", None)
     if args.command == "serve":  # uvicorn returned without a signal: it stopped on its own (a failed startup)
         print("vlp serve: error: the HTTP server stopped without being asked to (its log above says why)",
@@ -603,10 +561,6 @@ def _invalid_argument(args: argparse.Namespace) -> str | None:
             if problem:
                 return f"the argument {name} {problem}"
     return None
-
-
-def _signal_exception(signum: int) -> KeyboardInterrupt:
-    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
 def _failed(args: argparse.Namespace, exc: Exception) -> int:

@@ -1,0 +1,58 @@
+"""Ctrl-C and SIGTERM as one kind of interruption: while :func:`interrupt_on_signals` is active, SIGTERM raises
+:class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, so a command stopped by a pod's deletion ends as
+one stopped by Ctrl-C (a training step at its newest checkpoint, its MLflow run KILLED). The CLI and the KFP
+components' step runner use it; it imports nothing of vlp."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so a step stops as it does on Ctrl-C."""
+
+    signum = int(signal.SIGTERM)
+
+
+_received: list[int] = []  # the signals :func:`interrupt_on_signals` saw, in case a C extension swallowed the raise
+
+
+def _on_signal(signum: int, frame: Any) -> None:
+    _received.append(signum)
+    raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+@contextlib.contextmanager
+def interrupt_on_signals() -> Iterator[list[int]]:
+    """While inside, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, SIGINT a
+    ``KeyboardInterrupt`` as usual, and the signals seen are in the yielded list (a raise inside a C callback, e.g.
+    during video encoding, can be lost: the list still says the command was stopped). The previous handlers are
+    put back on the way out. A SIGINT that was ignored (``SIG_IGN``, e.g. a background job) stays ignored.
+    Elsewhere than in the main thread (where Python cannot install signal handlers) it does nothing. Under
+    torchrun every worker is its own process and main thread: a SIGTERM the launcher sends to stop the workers
+    ends each of them like this."""
+    seen: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    signal.signal(signal.SIGTERM, _on_signal)
+    if previous[signal.SIGINT] is signal.default_int_handler:
+        signal.signal(signal.SIGINT, _on_signal)
+    start = len(_received)
+    try:
+        yield seen
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        seen += _received[start:]
+        del _received[start:]
+
+
+def signal_exception(signum: int) -> KeyboardInterrupt:
+    """The exception a signal raises in the main thread: :class:`Terminated` for SIGTERM, else KeyboardInterrupt."""
+    return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
