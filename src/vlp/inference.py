@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from vlp.config import Config
+from vlp.data.frames import FrameStore
 from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoTextDataset
 from vlp.distributed import device
 from vlp.models import family
-from vlp.models.family import Encoded
+from vlp.models.family import Encoded, Family
 
 if TYPE_CHECKING:
     from vlp.models.family import AnswersQuestions
@@ -62,7 +63,7 @@ def progress(show: bool, iterable: Any, desc: str, total: int) -> Any:
 
 
 @torch.no_grad()
-def encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> Any:
+def encode_clips(fam: Family, model: Any, data: Any, video_ids: list[str], batch: int, cfg: Config) -> Any:
     """The family's :class:`vlp.models.family.Encoded` of every clip (on the CPU), sampled with the eval sampler.
 
     ``data`` gives ``clip(video_id, rng)`` and ``seed`` (a :class:`vlp.data.video_text.VideoTextDataset`); every
@@ -85,7 +86,7 @@ def encode_clips(fam: Any, model: Any, data: Any, video_ids: list[str], batch: i
 
 @torch.no_grad()
 def encode_texts(
-    fam: Any, model: Any, tok: Any, texts: list[str], length: int, batch: int, precision: Precision = "fp32"
+    fam: Family, model: Any, tok: Any, texts: list[str], length: int, batch: int, precision: Precision = "fp32"
 ) -> Any:
     """The family's :class:`vlp.models.family.Encoded` of every text (on the CPU), encoded in ``precision``."""
     feats, tokens, masks, where = [], [], [], device()
@@ -93,6 +94,8 @@ def encode_texts(
         enc = tok(texts[i : i + batch], padding="max_length", truncation=True, max_length=length, return_tensors="pt")
         with autocast(precision):
             out = fam.encode_text(model, enc["input_ids"].to(where), enc["attention_mask"].to(where))
+        if out.mask is None:
+            raise TypeError(f"{fam.name}'s encode_text returned no mask (a text's Encoded has one: the contract)")
         feats.append(out.feat.float().cpu())
         tokens.append(out.tokens.float().cpu())
         masks.append(out.mask.cpu())
@@ -116,7 +119,7 @@ def pair_scorer(
     return score
 
 
-def thumbnail(store: Any, video_id: str) -> bytes:
+def thumbnail(store: FrameStore, video_id: str) -> bytes:
     """The clip's middle stored frame in ``store`` (a :class:`vlp.data.frames.FrameStore`) as JPEG bytes."""
     import io
 
@@ -138,7 +141,7 @@ class StoreClips(VideoTextDataset):
     stretches over every slot: the same frames the dataset's image rule repeats (:mod:`vlp.data.sampling`).
     """
 
-    def __init__(self, store: Any, sample: dict[str, Any], model_cfg: Any) -> None:
+    def __init__(self, store: FrameStore, sample: dict[str, Any], model_cfg: Any) -> None:
         self.store, self.media = store, {}
         self.pairs = [(video_id, "") for video_id in store.video_ids]
         self.num_frames, self.mode, self.seed = sample["num_frames"], sample["eval_mode"], sample["seed"]

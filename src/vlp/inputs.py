@@ -48,7 +48,7 @@ class StepInputs:
         pairs: rows of the split whose clip has frames (captions or questions); 0 when no split was checked.
     """
 
-    store: Any
+    store: Any  # the frames store when frames were given, else None (a step that reads frames always gives them)
     models: tuple[Any, ...]
     pairs: int
 
@@ -158,7 +158,7 @@ def _describe_model(arg: ModelInput) -> Any:
     return info
 
 
-def _usable_pairs(dataset: str, store: Any, table: str, split: str, setting: str) -> int:
+def _usable_pairs(dataset: str, store: FrameStore, table: str, split: str, setting: str) -> int:
     """Rows of ``split`` in ``table`` whose clip is in ``store``; refuses a split without any."""
     import pyarrow as pa
     import pyarrow.compute as pc

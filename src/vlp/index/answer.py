@@ -93,7 +93,7 @@ class _Clips(VideoTextDataset):
     arguments :func:`vlp.steps.finetune.task_data` passes). Without a dataset's ``media`` column a still image is one
     stored frame, which the sampler stretches over every slot: the frames the dataset's image rule repeats."""
 
-    def __init__(self, store: Any, section: Any, model_cfg: Any) -> None:
+    def __init__(self, store: Any, section: Any, model_cfg: Any) -> None:  # a FrameStore, or a video file's frames
         self.store, self.media, self.pairs = store, {}, []
         self.num_frames, self.mode, self.seed = section.num_frames, section.eval_mode, section.seed
         self.augment, self.crop_scale, self.hflip, self.caption_clean = None, (), False, False

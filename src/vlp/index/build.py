@@ -10,10 +10,12 @@ from functools import partial
 from typing import Any
 
 from vlp.config import Config, check_sampled_frames
+from vlp.data.frames import FrameStore
 from vlp.distributed import device
 from vlp.index.store import ClipIndex, IndexInfo, check_compatible, fingerprint, sampling
 from vlp.inference import StoreClips, encode_clips, retrieval_kinds, thumbnail
 from vlp.inputs import ModelInput, StepInputError, check_inputs
+from vlp.models.directory import ModelDir
 from vlp.steps.common import StepResult, run_step
 from vlp.steps.finetune import retrieval_data
 
@@ -25,7 +27,7 @@ CHUNK = 512  # clips encoded and added at a time: an interrupted run keeps every
 FORKED = "lancedb fork support is experimental"
 
 
-def clip_source(cfg: Config, store: Any, model_cfg: Any, dataset: str, split: str) -> tuple[Any, list[str]]:
+def clip_source(cfg: Config, store: FrameStore, model_cfg: Any, dataset: str, split: str) -> tuple[Any, list[str]]:
     """``(clip reader, sorted clip ids)``: the clips of ``split`` of ``dataset`` as ``evaluate-retrieval`` reads them
     (:func:`vlp.steps.finetune.retrieval_data`), or, without a dataset, every clip of ``store``."""
     if not dataset:
@@ -104,7 +106,14 @@ def _index_clips(model: str, frames: str, out: str, cfg: Config, dataset: str, s
 
 
 def add_clips(
-    index: ClipIndex | None, out: str, made: IndexInfo, cfg: Config, info: Any, data: Any, store: Any, todo: list[str]
+    index: ClipIndex | None,
+    out: str,
+    made: IndexInfo,
+    cfg: Config,
+    info: ModelDir,
+    data: Any,
+    store: FrameStore,
+    todo: list[str],
 ) -> tuple[ClipIndex, int]:
     """Encode the clips ``todo`` with the model ``info`` names, :data:`CHUNK` at a time, and add each chunk to
     ``index`` (created at ``out`` from ``made`` with the first chunk's shapes when None); returns the index and the

@@ -64,7 +64,7 @@ class FamilyStep:
     """A family's training step as the training loop calls it, ``step(model, batch)``: ``fam.<method>(model, batch,
     ctx)`` (``train_step``, or ``qa_step`` for QA) with the step's context."""
 
-    fam: Any
+    fam: Family
     ctx: StepContext
     method: str = "train_step"
 

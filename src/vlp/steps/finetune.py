@@ -37,7 +37,7 @@ from vlp.eval.qa import build_answer_vocab
 from vlp.inference import starts, text_length
 from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory, family
-from vlp.models.family import PretrainBatch, StepContext, TextVocab, randaug_ops
+from vlp.models.family import Family, PretrainBatch, StepContext, TextVocab, randaug_ops
 from vlp.settings import FinetuneConfig
 from vlp.steps.common import (
     FamilyStep,
@@ -128,7 +128,7 @@ def _epoch_shape(batches: Any) -> tuple[int, int]:
     return max(1, len(batches.sampler) // batches.batch_size), batches.batch_size * distributed.world_size()
 
 
-def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Any) -> VideoTextDataset:
+def _checked_data(cfg: Config, dataset: str, frames: FrameStore, fam: Family) -> VideoTextDataset:
     """The retrieval training pairs of a model started from the ``model`` section, read before the step writes its
     tokenizer, with the model and ``retrieval`` sections and the batch shape checked by the family (its config
     built once with :func:`planned_vocab_size`), so that a setting that cannot work fails before anything is
@@ -158,7 +158,7 @@ class RetrievalStart:
     weights (a checkpoint directory; ``""`` = the ``model`` section's named weights or random init), the lineage
     ``model.json`` records, and the training pairs."""
 
-    fam: Any
+    fam: Family
     model_cfg: Any
     tok: Any
     checkpoint: str

@@ -30,6 +30,7 @@ from vlp.distributed import device
 from vlp.inputs import ModelInput, check_inputs
 from vlp.models import directory
 from vlp.models.family import (
+    Family,
     FamilySpec,
     PretrainBatch,
     PretrainExtras,
@@ -58,7 +59,9 @@ log = logging.getLogger("vlp")
 # --------------------------------------------------------------------------- building blocks
 
 
-def model_config(model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str], fam: Any = None) -> Any:
+def model_config(
+    model: ModelConfig, vocab_size: int, num_entities: int, losses: list[str], fam: Family | None = None
+) -> Any:
     """The model config of ``model.family`` (``fam`` when the caller has it) for ``model`` with these ``losses``
     (the prompter's: VTC only)."""
     fam = fam if fam is not None else family_of(model)
@@ -93,7 +96,9 @@ def _batch_shape(cfg: Config, data: VideoTextDataset) -> tuple[int, int]:
     return batch, items // batch  # VideoTextDataset refuses a split without pairs: items >= 1
 
 
-def _checked_data(cfg: Config, fam: Any, dataset: str, frames: str | FrameStore, terms: list[str]) -> VideoTextDataset:
+def _checked_data(
+    cfg: Config, fam: Family, dataset: str, frames: str | FrameStore, terms: list[str]
+) -> VideoTextDataset:
     """The training pairs, read before a step writes its tokenizer, with the model section and the batch shape
     checked by the family (its config built once with :func:`planned_vocab_size`) and ``pretrain.group_by`` against
     the pairs, so that a setting that cannot work fails before anything is written."""
