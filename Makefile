@@ -124,28 +124,28 @@ finetune: $(STAMP) ## After `make pretrain`: finetune + evaluate retrieval and Q
 ABLATION_OUT ?= runs/ablation
 ABLATION_ARGS ?= --seeds 0 1 2 --notes docs/ablation-reading.md
 ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
-	$(PY) benchmarks/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
+	$(PY) benchmarks/ablations/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
 ABLATION_ALBEF_OUT ?= runs/ablation-albef
 ABLATION_ALBEF_ARGS ?= --seeds 0 1 2 --notes docs/ablation-albef-reading.md
 ablation-albef: $(STAMP) ## ALBEF Table 1 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation-albef.md
-	$(PY) benchmarks/ablation_albef.py --out $(ABLATION_ALBEF_OUT) $(ABLATION_ALBEF_ARGS)
+	$(PY) benchmarks/ablations/ablation_albef.py --out $(ABLATION_ALBEF_OUT) $(ABLATION_ALBEF_ARGS)
 
 ABLATION_TS2NET_OUT ?= runs/ablation-ts2net
 ABLATION_TS2NET_ARGS ?= --seeds 0 1 2 --notes docs/ablation-ts2net-reading.md
 ablation-ts2net: $(STAMP) ## TS2-Net Tables 1-3 in miniature on the main job's world (3 seeds, ~40 min on 2 cores) -> docs/ablation-ts2net.md
-	$(PY) benchmarks/ablation_ts2net.py --out $(ABLATION_TS2NET_OUT) $(ABLATION_TS2NET_ARGS)
+	$(PY) benchmarks/ablations/ablation_ts2net.py --out $(ABLATION_TS2NET_OUT) $(ABLATION_TS2NET_ARGS)
 
 bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction (one pod and fanned out), entity mining, ALPRO/ALBEF steps, the loader, ALPRO/ALBEF/TS2-Net parity
-	$(PY) benchmarks/bench_extract.py
-	$(PY) benchmarks/bench_fanout.py
-	$(PY) benchmarks/bench_entities.py
-	$(PY) benchmarks/bench_alpro_step.py --preset tiny
-	$(PY) benchmarks/bench_albef_step.py --preset tiny --queue 64
-	OMP_NUM_THREADS=1 $(PY) benchmarks/bench_input.py rate --workers 0 1 2
-	$(PY) benchmarks/alpro_parity.py
-	$(PY) benchmarks/albef_parity.py
-	$(PY) benchmarks/ts2net_parity.py
+	$(PY) benchmarks/input/bench_extract.py
+	$(PY) benchmarks/input/bench_fanout.py
+	$(PY) benchmarks/input/bench_entities.py
+	$(PY) benchmarks/speed/bench_alpro_step.py --preset tiny
+	$(PY) benchmarks/speed/bench_albef_step.py --preset tiny --queue 64
+	OMP_NUM_THREADS=1 $(PY) benchmarks/input/bench_input.py rate --workers 0 1 2
+	$(PY) benchmarks/parity/alpro_parity.py
+	$(PY) benchmarks/parity/albef_parity.py
+	$(PY) benchmarks/parity/ts2net_parity.py
 
 clean: ## Remove caches and local run outputs (keeps .venv)
 	rm -rf .pytest_cache .ruff_cache .mypy_cache runs build dist src/*.egg-info

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Build the scratch venv that benchmarks/reference_step.py runs in: PyPI salesforce-lavis 1.0.2 (the reference ALPRO
-# and ALBEF code) with only what importing its two model modules needs, and the project's own torch by symlink (no
-# second CUDA wheel). It lives outside the repo and the project never imports it.
+# Build the scratch venv that benchmarks/speed/reference_step.py runs in: PyPI salesforce-lavis 1.0.2 (the reference
+# ALPRO and ALBEF code) with only what importing its two model modules needs, and the project's own torch by symlink
+# (no second CUDA wheel). It lives outside the repo and the project never imports it.
 #   scripts/reference-venv.sh [DIR]     default DIR: ../scratch/lavis-venv (beside the checkout); needs .venv (make install)
 set -euo pipefail
 cd "$(dirname "$0")/.."

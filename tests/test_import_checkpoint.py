@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import random
-import struct
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from common import HOSTILE_CHECKPOINTS
 from vlp.cli import main
 from vlp.models import directory
 from vlp.models.alpro.model import vtm_logits
@@ -225,104 +223,7 @@ def test_files_that_do_not_fit_are_refused_with_what_is_wrong(bert_style_tokeniz
         import_checkpoint(str(path), str(tmp_path / "out"), load_config(None), tokenizer=str(big), text_heads=2)
 
 
-class _Payload:  # stands for any object a pickle could carry
-    pass
-
-
-def test_a_pickle_with_arbitrary_objects_is_never_unpickled(tmp_path):
-    path = tmp_path / "evil.pt"
-    torch.save({"model": {"w": torch.zeros(1)}, "config": _Payload()}, path)
-    with pytest.raises(CheckpointFormatError, match=r"evil\.pt: not a PyTorch file of tensors only") as err:
-        read_checkpoint(str(path))
-    assert "Unsupported global" in str(err.value) and "weights_only=False" not in str(err.value)
-
-
-# --------------------------------------------------------------------------- damaged and hostile files
-
-
-def _safetensors(path: Path, header: dict, body: bytes = b"", declared: int | None = None) -> Path:
-    """A file in the safetensors layout: 8-byte little-endian header length, JSON header, tensor bytes."""
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw) if declared is None else declared) + raw + body)
-    return path
-
-
-def _declares_8_gib(path: Path) -> Path:
-    """A PyTorch zip whose pickle declares a 2^31-element float tensor stored in a 16-byte record."""
-    small = path.with_name("small.pt")
-    torch.save({"w": torch.zeros(4)}, small)
-    big = b"J" + struct.pack("<i", 2**31 - 1)  # BININT 2^31 - 1 instead of BININT1 4: the storage and the shape
-    with zipfile.ZipFile(small) as src, zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as dst:
-        for name in src.namelist():
-            data = src.read(name)
-            if name.endswith("data.pkl"):
-                assert data.count(b"K\x04") == 2, "the pickle of a 4-element tensor names its size twice"
-                data = data.replace(b"K\x04", big)
-            dst.writestr(name, data)
-    return path
-
-
-def _misshapen_alpro(path: Path) -> Path:
-    """A well-formed safetensors file with ALPRO's keys, one matrix replaced by a scalar."""
-    from safetensors.torch import save_file
-
-    state, _ = read_checkpoint(str(FIXTURE / "lavis_retrieval.pt"))
-    state = {k: v.clone() for k, v in state.items()}
-    state["vision_proj.weight"] = torch.tensor(1.0)
-    save_file(state, str(path))
-    return path
-
-
-def _random_bytes(path: Path) -> Path:
-    path.write_bytes(random.Random(path.name).randbytes(4096))
-    return path
-
-
-def _arbitrary_objects(path: Path) -> Path:
-    torch.save({"model": {"w": torch.zeros(1)}, "config": _Payload()}, path)
-    return path
-
-
-class _RunsOnLoad:  # a pickle that would run a command when unpickled: it must never be
-    def __init__(self, marker: Path) -> None:
-        self.marker = marker
-
-    def __reduce__(self):
-        return (os.system, (f"touch {self.marker}",))
-
-
-def _code_on_load(path: Path) -> Path:
-    torch.save({"model": {"w": torch.zeros(1)}, "hook": _RunsOnLoad(path.with_name("ran"))}, path)
-    return path
-
-
-HUGE_LAYER = "visual_encoder.model.blocks.0.mlp.fc1.weight"  # its rows are read as the MLP width
-HOSTILE = {  # file name -> (how to make it, what the error says)
-    "random.safetensors": (_random_bytes, "not a safetensors file: it declares a"),
-    "header_length_4tib.safetensors": (
-        lambda p: _safetensors(p, {}, declared=1 << 42),
-        "declares a 4,398,046,511,104-byte header in 10 bytes",
-    ),
-    "tensor_of_4tib.safetensors": (
-        lambda p: _safetensors(
-            p, {"w": {"dtype": "F32", "shape": [1 << 20, 1 << 20], "data_offsets": [0, 1 << 42]}}, b"\0" * 16
-        ),
-        "not a valid safetensors file",
-    ),
-    "offsets_past_the_end.safetensors": (
-        lambda p: _safetensors(p, {"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, b"\0" * 8),
-        "not a valid safetensors file",
-    ),
-    "empty_tensor_declares_a_huge_layer.safetensors": (
-        lambda p: _safetensors(p, {HUGE_LAYER: {"dtype": "F32", "shape": [10**9, 0], "data_offsets": [0, 0]}}),
-        f"1 empty tensor(s), e.g. ['{HUGE_LAYER}']",
-    ),
-    "misshapen.safetensors": (_misshapen_alpro, "its tensors do not form the model their names suggest"),
-    "random.pth": (_random_bytes, "not a PyTorch file of tensors only"),
-    "arbitrary_objects.pth": (_arbitrary_objects, "(Unsupported global: GLOBAL "),
-    "code_on_load.pth": (_code_on_load, "(Trying to load unsupported GLOBAL "),
-    "declares_8_gib.pth": (_declares_8_gib, "(record size (16 bytes) does not match expected size"),
-}
+HOSTILE = HOSTILE_CHECKPOINTS  # file name -> (how to make it, what the error says): shared with the fault battery
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))

@@ -581,7 +581,7 @@ def test_zero_accepted_videos_warn_and_a_minimum_fails_the_step(tmp_path, caplog
 def test_a_short_storage_outage_drops_no_video(tmp_path, clip_bytes, s3_bucket, s3_config, fault):
     import dataclasses
 
-    from faulty_servers import FaultyProxy, fail_first
+    from common import FaultyProxy, fail_first
 
     src = make_raw_dir(tmp_path / "raw", clip_bytes, 3, {"text": b"not a video"})
     for path in sorted(src.rglob("*")):
@@ -599,7 +599,7 @@ def test_a_short_storage_outage_drops_no_video(tmp_path, clip_bytes, s3_bucket, 
 def test_a_storage_outage_that_lasts_fails_the_step_and_names_the_file(tmp_path, clip_bytes, s3_bucket, s3_config):
     import dataclasses
 
-    from faulty_servers import FaultyProxy, fail_first
+    from common import FaultyProxy, fail_first
 
     src = make_raw_dir(tmp_path / "raw", clip_bytes, 2, {})
     for path in sorted(src.rglob("*")):

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import sync_playwright
 
-from faulty_servers import MlflowServer
+from common import MlflowServer
 from vlp import tracking
 from vlp.config import load_config
 from vlp.steps.pretrain import pretrain_prompter

@@ -111,7 +111,7 @@ def test_a_failed_part_retries_alone_and_skips_the_shards_it_had_written(
     """The store refuses the first writes of one frame shard (503 on every attempt botocore makes): its part
     fails, KFP retries that part alone (steps.extract_frames.retries), and the retry skips the shard the part had
     written before failing. Every other shard is written exactly once."""
-    from faulty_servers import FaultyProxy, fail_first
+    from common import FaultyProxy, fail_first
 
     puts: list[str] = []
     refuse = fail_first(5, "503", "shard-00004-", "PUT")  # storage.max_attempts = 5: one whole write fails

@@ -252,7 +252,7 @@ def test_parquet_footer_of_what_is_not_parquet(root):
 def test_ranged_read_cut_off_mid_transfer_is_fetched_again(s3_bucket, s3_config):
     """A body cut off after its headers (the connection closed half-way) is fetched again; when it keeps being
     cut off the error names the object and the range."""
-    from faulty_servers import FaultyProxy, fail_first
+    from common import FaultyProxy, fail_first
 
     uri = s3_bucket + "/cut.bin"
     data = os.urandom(200_000)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from faulty_servers import MlflowServer
+from common import MlflowServer
 from vlp import tracking
 from vlp.tracking_auth import AuthError, ensure_user, redact, write_config
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from faulty_servers import MlflowServer
+from common import MlflowServer
 from vlp import tracking
 from vlp.config import load_config
 from vlp.data.loader import ResumableSampler, SamplerBatches

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from faulty_servers import MlflowServer
+from common import MlflowServer
 from vlp import storage, tracking
 
 

@@ -10,7 +10,7 @@ captions, found with a POS tagger. This module does that with spaCy:
    ruler maps from the tagger's ``tag_``) and nothing else, so the parser, NER and senter are
    excluded at load time. Their only influence on POS is one attribute-ruler rule that needs a
    dependency label (``but``/``CC``/``advmod`` -> ``ADV``), which never produces or removes a noun;
-   ``benchmarks/bench_entities.py`` checks that the noun counts equal those of the full pipeline;
+   ``benchmarks/input/bench_entities.py`` checks that the noun counts equal those of the full pipeline;
 3. count lowercased lemmas of tokens whose coarse POS is in ``cfg.pos`` (``NOUN`` only by default:
    proper nouns -- names, places, brands, holidays -- rarely name something a video crop can show,
    and the small English model often tags capitalised common nouns at a caption's start as PROPN

@@ -157,7 +157,7 @@ def _retrieval_warnings(metrics: dict[str, float], pairs: int) -> list[str]:
     warning = (
         f"VTM re-ranking lowers text->video R@1 below the contrastive ranking it re-ranks "
         f"({metrics['t2v_r1']:.1f} vs vtc_t2v_r1 {metrics['vtc_t2v_r1']:.1f}): the VTM head has not learnt "
-        "to match (see benchmarks/vtm_probe.py); retrieval.score_rule=match_plus_sim keeps the similarity"
+        "to match (see benchmarks/probes/vtm_probe.py); retrieval.score_rule=match_plus_sim keeps the similarity"
     )
     log.warning("evaluate_retrieval: %s", warning)
     return [warning]

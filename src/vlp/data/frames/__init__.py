@@ -44,7 +44,7 @@ The default ``decoder="sparse"`` reads with PyAV and plans at the packet level: 
 no wanted frame are never sent to the decoder, decoding stops after the last wanted frame of a GOP,
 non-reference frames that are not wanted are discarded by the decoder unread (``skip_frame=NONREF``),
 and only wanted frames are converted to RGB (through one shared SwsContext). It returns the same
-pixels as decord (checked in the tests); in ``benchmarks/bench_extract.py`` (10 s, 30 fps clips) it
+pixels as decord (checked in the tests); in ``benchmarks/input/bench_extract.py`` (10 s, 30 fps clips) it
 used ~2x less CPU than decord ``get_batch``, which cost about as much as decoding every frame. When it
 fails on a file, decord then sequential PyAV are tried (:func:`decode_frames`, through
 :func:`vlp.data.video.read_with_fallbacks`); a file all of them fail on becomes a reject whose reason

@@ -89,7 +89,8 @@ class AlproConfig:
     pixel_mean: tuple[float, float, float] = (0.5, 0.5, 0.5)
     pixel_std: tuple[float, float, float] = (0.5, 0.5, 0.5)
     # VTM negatives: "hard" (paper and code: drawn by in-batch VTC similarity), "uniform", or "mixed" (hard with
-    # probability vtm_hard_fraction). At CPU scale hard draws are ~90% same-scene clips (benchmarks/vtm_probe.py).
+    # probability vtm_hard_fraction). At CPU scale hard draws are ~90% same-scene clips
+    # (benchmarks/probes/vtm_probe.py).
     vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
     vtm_hard_fraction: float = 0.5
     # Another caption of the same clip in the batch: ALPRO treats it as a VTC negative and may draw it as a VTM

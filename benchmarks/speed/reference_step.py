@@ -4,8 +4,9 @@ Runs ONLY under the scratch venv that holds PyPI ``salesforce-lavis`` 1.0.2 (``s
 it beside the checkout), never under the project's .venv, and never imports ``vlp``. From the repo root:
 
     scripts/reference-venv.sh                     # once: ../scratch/lavis-venv
-    ../scratch/lavis-venv/bin/python benchmarks/reference_step.py --model alpro_retrieval --threads 2
-    ../scratch/lavis-venv/bin/python benchmarks/reference_step.py --model albef_pretrain --threads 2 --precision bf16
+    ../scratch/lavis-venv/bin/python benchmarks/speed/reference_step.py --model alpro_retrieval --threads 2
+    ../scratch/lavis-venv/bin/python benchmarks/speed/reference_step.py --model albef_pretrain --threads 2 \\
+        --precision bf16
 
 What it times, per step: ``zero_grad``, the model's own ``forward(samples)`` (which tokenizes the captions and
 computes the losses) and ``loss``, ``loss.backward()``, and one step of torch's default ``AdamW`` (lr 1e-4) over the

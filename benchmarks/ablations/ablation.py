@@ -13,22 +13,23 @@ pre-training per row, each fine-tuned and evaluated for retrieval and QA (and ev
 Writes ``<out>/results.jsonl`` (one line per seed x row; a re-run skips finished units) and the report
 ``docs/ablation.md`` (mean +- sample std over seeds, and the paper's directions with Welch t statistics).
 
-    python benchmarks/ablation.py --out runs/ablation --seeds 0 1 2      # `make ablation`
+    python benchmarks/ablations/ablation.py --out runs/ablation --seeds 0 1 2      # `make ablation`
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
-import re
-import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from vlp import storage
 from vlp.config import Config, load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 ROWS: dict[str, tuple[list[str], bool]] = {  # row -> (pre-training losses, prompt ensembling)
     "none": ([], True),
@@ -38,48 +39,11 @@ ROWS: dict[str, tuple[list[str], bool]] = {  # row -> (pre-training losses, prom
     "all": (["vtc", "pem", "mlm", "vtm"], True),
     "all, 1 template": (["vtc", "pem", "mlm", "vtm"], False),
 }
-ROOT = Path(__file__).resolve().parents[1]
-
-
-BASE = ROOT / "configs" / "pipeline-local.yaml"  # the main job's settings, where the figures clear chance
 
 
 def settings(args: argparse.Namespace, seed: int, extra: list[str] = ()) -> Config:
     """The ablation's config: the main job's (configs/pipeline-local.yaml) with this run's seed and size."""
-    o = ["synth.num_images=0", "ingest.progress=false", "frames.progress=false", "pretrain.progress=false"]
-    if args.clips:
-        o.append(f"synth.num_videos={args.clips}")
-    if args.pretrain_steps:
-        o.append(f"pretrain.max_steps={args.pretrain_steps}")
-    o.append(f"pretrain.seed={seed}")
-    for task, steps in (("retrieval", args.finetune_steps), ("qa", args.qa_steps)):
-        o += [f"{task}.seed={seed}", f"{task}.progress=false"]
-        o += [f"{task}.max_steps={steps}"] if steps else []
-    return load_config(BASE, [*o, *extra])
-
-
-def done(out: str) -> bool:
-    return storage.exists(storage.join(out, "summary.json"))
-
-
-def data(args: argparse.Namespace, root: str) -> dict[str, str]:
-    from vlp.steps.extract_frames import extract_frames
-    from vlp.steps.ingest import ingest
-    from vlp.steps.mine_entities import mine_entities
-    from vlp.steps.synth import synth
-
-    cfg = settings(args, 0)
-    uris = {k: f"{root}/{k}" for k in ("raw", "dataset", "frames", "entities")}
-    steps = (
-        ("raw", synth, (uris["raw"], cfg)),
-        ("dataset", ingest, (uris["raw"], uris["dataset"], cfg)),
-        ("frames", extract_frames, (uris["dataset"], uris["frames"], cfg)),
-        ("entities", mine_entities, (uris["dataset"], uris["entities"], cfg)),
-    )
-    for name, fn, fn_args in steps:
-        if not done(uris[name]):
-            fn(*fn_args)
-    return uris
+    return load_config(common.ABLATION_BASE, [*common.run_overrides(args, seed), *extra])
 
 
 def random_init(uris: dict[str, str], prompter: str, out: str, cfg: Config) -> None:
@@ -112,9 +76,9 @@ def unit(args: argparse.Namespace, uris: dict[str, str], seed: int, row: str, ro
     cfg = settings(args, seed, [f"model.losses={json.dumps(losses or ['vtc'])}"])
     bank = f"{base}/bank" if ensemble else f"{base}/bank_single"
     start = time.perf_counter()
-    if not done(out["alpro"]):
+    if not common.done(out["alpro"]):
         if losses:
-            pretrain(uris["dataset"], uris["frames"], f"{base}/prompter", bank, out["alpro"], cfg)
+            pretrain(uris["dataset"], uris["frames"], out["alpro"], cfg, {"prompter": f"{base}/prompter", "bank": bank})
         else:
             random_init(uris, f"{base}/prompter", out["alpro"], cfg)
     pre_s = time.perf_counter() - start
@@ -152,122 +116,12 @@ def prompter_and_banks(args: argparse.Namespace, uris: dict[str, str], seed: int
 
     base = f"{root}/seed{seed}"
     cfg = settings(args, seed)
-    if not done(f"{base}/prompter"):
+    if not common.done(f"{base}/prompter"):
         pretrain_prompter(uris["dataset"], uris["frames"], f"{base}/prompter", cfg)
     for name, ensemble in (("bank", True), ("bank_single", False)):
-        if not done(f"{base}/{name}"):
+        if not common.done(f"{base}/{name}"):
             one = settings(args, seed, [f"model.alpro.prompt_ensemble={str(ensemble).lower()}"])
             build_prompt_bank(f"{base}/prompter", uris["entities"], f"{base}/{name}", one)
-
-
-def mean_std(values: list[float]) -> tuple[float, float]:
-    values = [v for v in values if not math.isnan(v)]
-    if not values:
-        return float("nan"), float("nan")
-    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def welch_t(a: list[float], b: list[float]) -> float:
-    """Welch's t statistic of mean(a) - mean(b) (nan with fewer than 2 values each)."""
-    if len(a) < 2 or len(b) < 2:
-        return float("nan")
-    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
-    diff = statistics.fmean(a) - statistics.fmean(b)
-    return diff / math.sqrt(va + vb) if va + vb > 0 else math.copysign(math.inf, diff) if diff else 0.0
-
-
-def row_cells(rows: list[dict[str, Any]], columns: tuple[tuple[str, str], ...], digits: dict[str, int]) -> str:
-    """One Markdown table row's cells: mean ± sample std over seeds of each column (``–`` when absent; the value
-    alone where one seed has it: one value has no spread)."""
-    cells = []
-    for key, _ in columns:
-        values = [r.get(key, float("nan")) for r in rows]  # results of older runs lack some keys
-        m, s = mean_std(values)
-        d = digits.get(key, 2 if key.endswith("loss") else 1)
-        single = sum(not math.isnan(v) for v in values) == 1
-        cells.append("–" if math.isnan(m) else f"{m:.{d}f}" if single else f"{m:.{d}f} ± {s:.{d}f}")
-    return " | ".join(cells)
-
-
-def direction_test(claim: str, key: str, a: list[float], b: list[float]) -> str:
-    """A "holds here?" table row: ``mean(a) - mean(b)`` and its Welch t, read in the metric's direction (a rank
-    is better lower); no test when a side does not vary over seeds (e.g. at a floor)."""
-    sign = -1 if key.endswith("medr") else 1
-    diff, t = statistics.fmean(a) - statistics.fmean(b), welch_t(a, b)
-    if len(set(a)) == 1 or len(set(b)) == 1:
-        verdict, shown = "no test: one side is the same in every seed (a floor)", "n/a"
-    else:
-        verdict = "yes" if sign * t > 4.3 else "no (reversed)" if sign * t < -4.3 else "not resolved"
-        shown = f"{t:+.1f}"
-    return f"| {claim} | {key} | {diff:+.1f} | {shown} | {verdict} |"
-
-
-def directions_section(tests: list[str]) -> list[str]:
-    """The report's "paper's directions" section around the :func:`direction_test` rows."""
-    return ["", "## The paper's directions, here", "",
-            "Welch's t of the difference of means over seeds; with 3 seeds |t| > 4.3 is roughly p < 0.05 "
-            "(two-sided, 2 degrees of freedom), so smaller values are not evidence either way. A comparison "
-            "where one side does not vary over seeds is not tested. The table runs "
-            f"{len(tests)} tests: at p < 0.05 each, about {0.05 * len(tests):.1f} would pass by chance alone.", "",
-            "| claim | metric | difference | t | holds here? |", "|---|---|---|---|---|", *tests]  # fmt: skip
-
-
-def finite(rows: list[dict[str, Any]], key: str) -> list[float]:
-    return [r[key] for r in rows if not math.isnan(r.get(key, float("nan")))]
-
-
-def load_units(root: str) -> list[dict[str, Any]]:
-    """Every finished unit's result under ``<root>/results/`` (one JSON file per unit, so units can run in
-    parallel processes: ``benchmarks/ablation_albef.py``, ``benchmarks/ablation_ts2net.py``)."""
-    return [json.loads(storage.read_text(u)) for u in storage.list_files(f"{root}/results", suffix=".json")]
-
-
-def row_tag(row: str) -> str:
-    """``row`` as a file or directory name: runs of anything but letters and digits become one ``_``."""
-    return re.sub(r"[^A-Za-z0-9]+", "_", row).strip("_")
-
-
-def save_unit(root: str, result: dict[str, Any]) -> None:
-    storage.write_text(
-        f"{root}/results/seed{result['seed']}-{row_tag(str(result['row']))}.json", json.dumps(result) + "\n"
-    )
-
-
-def ablation_parser(doc: str, out: str, report: str, rows: list[str]) -> argparse.ArgumentParser:
-    """The arguments every ablation script takes (each adds its own step counts)."""
-    p = argparse.ArgumentParser(description=doc.splitlines()[0])
-    p.add_argument("--out", default=out)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--rows", nargs="+", default=rows, choices=rows)
-    p.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the main job's)")
-    p.add_argument("--report", default=report)
-    p.add_argument("--report-only", action="store_true", help="rewrite the report from the results; train nothing")
-    p.add_argument("--notes", default="", help="a Markdown file appended to the report (a reading of this run)")
-    return p
-
-
-def run_units(args: argparse.Namespace, rows: list[str], unit_fn: Any, root: str) -> list[dict[str, Any]]:
-    """Every unit's result, in seed and row order: the finished ones from ``<root>/results/``, the others run by
-    ``unit_fn(seed, row)`` (unless ``--report-only``) and saved one file each as they finish."""
-    results = load_units(root)
-    finished = {(r["seed"], r["row"]) for r in results}
-    for seed in [] if args.report_only else args.seeds:
-        for row in args.rows:
-            if (seed, row) not in finished:
-                one = unit_fn(seed, row)
-                results.append(one)
-                save_unit(root, one)
-                print(json.dumps(one), flush=True)
-    return sorted(results, key=lambda r: (r["seed"], rows.index(r["row"])))
-
-
-def write_report(lines: list[str], args: argparse.Namespace, path: Path) -> str:
-    """The report's text with the ``--notes`` reading appended, written to ``path``."""
-    if args.notes:
-        lines = [*lines, "", Path(args.notes).read_text(encoding="utf-8").rstrip()]
-    text = "\n".join(lines) + "\n"
-    path.write_text(text, encoding="utf-8")
-    return text
 
 
 COLUMNS = (("ft_t2v_r1", "FT t2v R@1"), ("ft_vtc_t2v_r1", "FT VTC-only t2v R@1"), ("ft_t2v_r5", "FT t2v R@5"),
@@ -298,7 +152,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
     lines = [
         "# Ablation: ALPRO Table 1 and Table 5 in miniature",
         "",
-        "Generated by `make ablation` (`benchmarks/ablation.py`); do not edit by hand, re-run it.",
+        "Generated by `make ablation` (`benchmarks/ablations/ablation.py`); do not edit by hand, re-run it.",
         "",
         f"Setting: the main job's (`configs/pipeline-local.yaml`): synthetic world, {c.synth.num_videos} clips at "
         f"{c.model.img_size} px ({100 * c.synth.test_fraction:.0f}% test: {results[0]['num_videos']:.0f} clips, "
@@ -318,22 +172,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
             else f"; this call: {wall_s / 60:.0f} min)."
         ),
         "",
-        "| pre-training | " + " | ".join(name for _, name in COLUMNS) + " | n |",
-        "|---|" + "---|" * (len(COLUMNS) + 1),
+        *common.results_table("pre-training", by_row, COLUMNS, {}),
+        *common.directions_section(common.direction_tests(DIRECTIONS, by_row)),
     ]
-    for row, rs in by_row.items():
-        lines.append(f"| {row} | {row_cells(rs, COLUMNS, {})} | {len(rs)} |")
-    tests = []
-    for claim, key, better, worse in DIRECTIONS:
-        a, b = finite(by_row[better], key), finite(by_row[worse], key)
-        if a and b:
-            tests.append(direction_test(f"{claim}: {better} vs {worse}", key, a, b))
-    lines += directions_section(tests)
-    return write_report(lines, args, path)
+    return common.write_report(lines, args, path)
 
 
 def main() -> None:
-    p = ablation_parser(__doc__, "runs/ablation", str(ROOT / "docs" / "ablation.md"), list(ROWS))
+    p = common.ablation_parser(__doc__, "runs/ablation", str(common.ROOT / "docs" / "ablation.md"), list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="prompter and pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")
@@ -341,7 +187,7 @@ def main() -> None:
     start = time.perf_counter()
     root = args.out.rstrip("/")
     storage.configure(settings(args, 0).storage)
-    uris = {} if args.report_only else data(args, f"{root}/data")
+    uris = {} if args.report_only else common.ablation_world(args, f"{root}/data")
     results_uri = f"{root}/results.jsonl"
     results = (
         [json.loads(x) for x in storage.read_text(results_uri).splitlines()] if storage.exists(results_uri) else []

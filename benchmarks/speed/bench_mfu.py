@@ -4,11 +4,11 @@ Rows: the ALPRO retrieval fine-tuning step (VTC + VTM, the losses ``AlproFamily.
 with the default ``retrieval`` section), the ALBEF pre-training step (ITC with queue + MLM + ITM, momentum
 distillation) and the TS2-Net retrieval step (symmetric InfoNCE over the frame scores). Models are built with
 random weights (``init=""``) at ``--preset tiny`` or ``paper`` size (ALPRO: TimeSformer-B + BERT-base split 6 + 6;
-ALBEF: ViT-B/16 + BERT-base split 6 + 6; TS2-Net: CLIP ViT-B/32) through the same builders as
-``bench_alpro_step.py``, ``bench_albef_step.py`` and ``bench_ts2net_selection.py``; inputs are random frames and
-captions from a small WordPiece vocabulary (no downloads, no dataset). At paper size the word embeddings have
-BERT's 30,522 rows, as the reference models do (ALPRO's retrieval step reads no FLOP from them, but AdamW updates
-them; ALBEF's MLM head scores them).
+ALBEF: ViT-B/16 + BERT-base split 6 + 6; TS2-Net: CLIP ViT-B/32) with the same sizes as ``bench_alpro_step.py``,
+``bench_albef_step.py`` (``common.alpro_config``, ``common.albef_config``) and ``bench_ts2net_selection.py``; inputs
+are random frames and captions from a small WordPiece vocabulary (no downloads, no dataset). At paper size the word
+embeddings have BERT's 30,522 rows, as the reference models do (ALPRO's retrieval step reads no FLOP from them, but
+AdamW updates them; ALBEF's MLM head scores them).
 
 For each row the script
 
@@ -31,31 +31,32 @@ data-sheet peak. Peak memory is ``torch.cuda.max_memory_allocated`` per row on C
 before it in the same run. A family's steps are timed before its FLOPs are counted, so that the counting pass does
 not set that mark.
 
-    python benchmarks/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
-    python benchmarks/bench_mfu.py --preset paper --family alpro --steps 2 --warmup 1  # CPU, minutes
-    python benchmarks/bench_mfu.py --device cuda --preset paper --batch 32 --precision bf16 --steps 10  # GPU
+    python benchmarks/speed/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
+    python benchmarks/speed/bench_mfu.py --preset paper --family alpro --steps 2 --warmup 1  # CPU, minutes
+    python benchmarks/speed/bench_mfu.py --device cuda --preset paper --batch 32 --precision bf16 --steps 10  # GPU
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
-import bench_albef_step
-import bench_alpro_step
-from bench_alpro_step import WORDS
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import compile_blocks, enable_grad_checkpointing
 from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 MOMENTUM_PARTS = ("visual", "vision_proj", "text", "text_proj", "fusion", "mlm_head")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -71,13 +72,9 @@ class Row:
     groups: dict[str, list[str]]  # label -> module names as the flop counter reports them (root = class name)
 
 
-def captions(count: int, words: int) -> list[str]:
-    return [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(words)) for i in range(count)]
-
-
 def text_inputs(preset: str, batch: int, text_len: int, words: int) -> tuple[object, torch.Tensor, torch.Tensor]:
     """A WordPiece tokenizer trained on the benchmark captions, and ``batch`` encoded captions."""
-    caps = captions(200, words)
+    caps = common.captions(200, words)
     tok = train_wordpiece(caps, vocab_size=200 if preset == "tiny" else 30522, max_len=text_len)
     enc = tok([caps[i % 200] for i in range(batch)], padding="max_length", max_length=text_len, truncation=True,
               return_tensors="pt")  # fmt: skip
@@ -90,7 +87,7 @@ def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
 
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
     # paper: bert-base-uncased's 30,522 word rows, as the reference has (AdamW updates them; no FLOP reads them)
-    cfg = bench_alpro_step.build(args.preset, args.frames, 1, len(tok) if args.preset == "tiny" else 30522)
+    cfg = common.alpro_config(args.preset, args.frames, 1, len(tok) if args.preset == "tiny" else 30522)
     cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())  # VTC + VTM, no PEM entities
     model = Alpro(cfg).to(device).train()
     size = cfg.video.img_size
@@ -113,7 +110,7 @@ def albef_row(args: argparse.Namespace, device: torch.device) -> Row:
     if args.queue % args.batch:
         raise SystemExit(f"--queue {args.queue} must be a multiple of --batch {args.batch}")
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 12)
-    cfg = bench_albef_step.build(args.preset, 0, args.frames, len(tok), args.queue)
+    cfg = common.albef_config(args.preset, 0, args.frames, len(tok), args.queue)
     model = Albef(cfg).to(device).train()
     size = cfg.video.img_size
     batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
@@ -161,11 +158,6 @@ def ts2net_row(args: argparse.Namespace, device: torch.device) -> Row:
 BUILDERS = {"alpro": alpro_row, "albef": albef_row, "ts2net": ts2net_row}
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
 def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
     """FLOPs of one step in fp32: (forward, backward, forward per group plus "other", outside every group).
 
@@ -198,16 +190,16 @@ def time_step(
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step() -> tuple[float, float]:
-        sync(device)
+        common.sync(device)
         start = time.perf_counter()
         with autocast:
             loss = row.loss()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        sync(device)
+        common.sync(device)
         update = time.perf_counter()
         opt.step()
-        sync(device)
+        common.sync(device)
         end = time.perf_counter()
         return end - start, end - update
 
@@ -224,19 +216,13 @@ def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inn
     best = float("inf")
     torch.mm(a, b)
     for _ in range(repeat):
-        sync(device)
+        common.sync(device)
         start = time.perf_counter()
         for _ in range(inner):
             torch.mm(a, b)
-        sync(device)
+        common.sync(device)
         best = min(best, (time.perf_counter() - start) / inner)
     return 2 * size**3 / best
-
-
-def peak_memory_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def main() -> None:
@@ -286,7 +272,7 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw)
-            timed.append((p, seconds, update, peak_memory_mib(device)))
+            timed.append((p, seconds, update, common.peak_memory_mib(device)))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s")
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:

@@ -43,8 +43,8 @@ on a synthetic world built with the project's own steps (synth -> ingest -> extr
 Run (measured on 2 busy CPU cores: VTC stage 3-7 min, 1.5 min per frozen-tower run, 3-4 min per library
 run; the default set about 25 min)::
 
-    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/vtm_probe.py --work /tmp/vtm-exp
-    python benchmarks/vtm_probe.py --work /tmp/vtm-exp --runs "uniform:neg=uniform" "hard:neg=hard,lr=1e-3"
+    OMP_NUM_THREADS=1 nice -n 10 python benchmarks/probes/vtm_probe.py --work /tmp/vtm-exp
+    python benchmarks/probes/vtm_probe.py --work /tmp/vtm-exp --runs "uniform:neg=uniform" "hard:neg=hard,lr=1e-3"
 
 A run spec is ``name:key=value,...`` (keys: impl, neg, lr, steps, mlm, init, towers, vtc, terms, batch, seed);
 omitted keys take the defaults of ``--vtm-steps``, ``--vtm-lr``, ``--batch``. ``--runs`` without arguments
@@ -79,12 +79,12 @@ from vlp.models.alpro.model import Alpro, DualEncoder, alpro_losses, alpro_step,
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import load_tokenizer, save_tokenizer, train_wordpiece
 from vlp.settings import ModelConfig
-from vlp.steps.extract_frames import extract_frames
-from vlp.steps.ingest import ingest
 from vlp.steps.pretrain import model_config
-from vlp.steps.synth import synth
 from vlp.train.checkpoint import load_model_weights, save_model_weights
 from vlp.train.optim import OptimConfig, build_optimizer, build_scheduler, clip_gradients
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 PRIOR_1_2 = -(1 / 3 * math.log(1 / 3) + 2 / 3 * math.log(2 / 3))  # 0.6365: entropy of the 1:2 labels
 LN2 = math.log(2)
@@ -131,6 +131,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--k", type=int, default=16, help="retrieval.rerank_k: VTC candidates VTM re-scores per query")
     p.add_argument("--seed", type=int, default=0, help="model / training seed")
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0 = torch's default)")
+    p.add_argument("--workers", type=int, default=2, help="processes of the world's synth, ingest and extract-frames")
     p.add_argument("--runs", nargs="*", default=None, help="run specs name:key=value,... (none given: list them)")
     p.add_argument("--json", default=None, help="also write every number to this JSON file")
     args = p.parse_args(argv)
@@ -189,34 +190,18 @@ def world_overrides(args: argparse.Namespace) -> list[str]:
         f"synth.num_videos={args.num_videos}", "synth.num_images=0", f"synth.seed={args.world_seed}",
         f"synth.size={args.size}", "synth.min_duration_s=1.0", "synth.max_duration_s=2.0", "synth.min_fps=8",
         "synth.max_fps=8", f"synth.captions_per_video={args.captions}", "synth.qa_per_video=5",
-        "synth.val_fraction=0", f"synth.test_fraction={args.test_fraction}", "synth.workers=2", "ingest.workers=2",
-        "ingest.progress=false", f"frames.size={args.size}", f"frames.num_frames={STORED_FRAMES}",
-        "frames.workers=2", "frames.progress=false",
+        "synth.val_fraction=0", f"synth.test_fraction={args.test_fraction}", f"synth.workers={args.workers}",
+        f"ingest.workers={args.workers}", "ingest.progress=false", f"frames.size={args.size}",
+        f"frames.num_frames={STORED_FRAMES}", f"frames.workers={args.workers}", "frames.progress=false",
     ]  # fmt: skip
 
 
 def ensure_world(args: argparse.Namespace) -> tuple[Config, str, str]:
     """``(config, dataset, frames)`` of the world in ``<work>/world``: reused when its recipe matches, else built."""
-    world = storage.join(args.work, "world")
     cfg = load_config(None, world_overrides(args))
     recipe = {"overrides": world_overrides(args)}
-    dataset, frames, doc = (
-        storage.join(world, "dataset"),
-        storage.join(world, "frames"),
-        storage.join(world, WORLD_JSON),
-    )
-    if storage.exists(doc):  # the tokenizer and VTC caches beside it belong to this world: never rebuild in place
-        found = json.loads(storage.read_text(doc))
-        if found != recipe:
-            raise SystemExit(f"{world} holds a world built with {found}, not {recipe}; pass another --work")
-        return cfg, dataset, frames
-    start = time.perf_counter()
-    synth(storage.join(world, "raw"), cfg)
-    ingest(storage.join(world, "raw"), dataset, cfg)
-    extract_frames(dataset, frames, cfg)
-    storage.write_text(doc, json.dumps(recipe, indent=2) + "\n")
-    print(f"built the world in {world} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return cfg, dataset, frames
+    world = storage.join(args.work, "world")  # the tokenizer and VTC caches beside it belong to this world
+    return cfg, *common.cached_world(world, cfg, recipe, WORLD_JSON, "pass another --work")
 
 
 @dataclass

@@ -8,7 +8,9 @@ wires them. The rounds alternate the two DAGs. A task's wall time is from kfp.lo
 kfp.local runs the parts of a ParallelFor side by side (at most ``--parallelism``), so on a machine with few
 cores the fan-out can only show its overhead, not a speed-up; the merged frame stores are checked byte-equal.
 
-    python benchmarks/bench_fanout.py [--parts 4] [--rounds 2] [--workers 1] [--out runs/bench-fanout]
+    python benchmarks/input/bench_fanout.py [--parts 4] [--rounds 2] [--workers 1] [--out runs/bench-fanout]
+
+``--clips N`` synthesises N clips instead (a smoke run); a world already in ``--out`` is used as it is.
 """
 
 import argparse
@@ -23,16 +25,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import ROOT as REPO
+
+sys.path.insert(0, str(REPO))  # components/ and pipelines/, the repo's top-level packages (and the tasks' too:)
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH", "")]))
 
-from kfp import dsl, local  # noqa: E402
+from kfp import dsl, local
 
-from components import data  # noqa: E402
-from pipelines import fanout  # noqa: E402
-from pipelines.config import CONFIG_DIR, FanOut, configure, load  # noqa: E402
-from pipelines.local_run import list_outputs  # noqa: E402
+from components import data
+from pipelines import fanout
+from pipelines.config import CONFIG_DIR, FanOut, configure, load
+from pipelines.local_run import list_outputs
 
 CONFIG = str(REPO / "configs" / "pipeline-local.yaml")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -123,6 +127,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--workers", type=int, default=1, help="frames.workers in every pod")
     parser.add_argument("--out", default="runs/bench-fanout")
+    parser.add_argument("--clips", type=int, default=0, help="clips in the world (0 = the config's)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     out = Path(args.out).resolve()
@@ -132,7 +137,7 @@ def main() -> int:
     from vlp.steps.synth import synth
 
     raw, dataset = out / "raw", out / "dataset"
-    cfg = load_config(CONFIG)
+    cfg = load_config(CONFIG, [f"synth.num_videos={args.clips}"] if args.clips else [])
     if not (dataset / "videos.parquet").is_file():
         synth(str(raw), cfg)
         ingest(str(raw), str(dataset), cfg)

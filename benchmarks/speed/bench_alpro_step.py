@@ -5,8 +5,8 @@ weights. Prints clips/s of the whole step (forward + backward + AdamW) and, time
 same inputs, the prompter forward (PEM pseudo-labels), the VTM hard-negative sampling, and one fusion
 pass of the multimodal encoder.
 
-    python benchmarks/bench_alpro_step.py --preset tiny --batch 8           # CPU, seconds
-    python benchmarks/bench_alpro_step.py --preset paper --batch 32 --bf16  # GPU
+    python benchmarks/speed/bench_alpro_step.py --preset tiny --batch 8           # CPU, seconds
+    python benchmarks/speed/bench_alpro_step.py --preset paper --batch 32 --bf16  # GPU
 
 With ``--dataset`` and ``--frames-dir`` (a `make data` output) it also times building one training batch
 the way ``vlp pretrain`` does in its process: Parquet/JPEG frame reads, the ``rand`` sampler, RandAugment
@@ -16,61 +16,31 @@ and the resize to the model's size (``--img-size``).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
 from vlp import losses
-from vlp.models.alpro.model import Alpro, AlproConfig, DualEncoder, PemContext, alpro_step, small_towers
+from vlp.models.alpro.model import Alpro, DualEncoder, PemContext, alpro_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
-from vlp.models.layers.timesformer import TimeSformerConfig
-from vlp.models.text import TextConfig
 from vlp.models.tokenizer import train_wordpiece
 
-WORDS = [
-    "red",
-    "blue",
-    "green",
-    "circle",
-    "square",
-    "star",
-    "moving",
-    "left",
-    "right",
-    "over",
-    "the",
-    "grass",
-    "sand",
-    "water",
-    "snow",
-    "sky",
-    "road",
-]
-
-
-def build(preset: str, frames: int, entities: int, vocab: int) -> AlproConfig:
-    if preset == "tiny":
-        video, text, dim = TimeSformerConfig.tiny(num_frames=frames), TextConfig.tiny(vocab_size=vocab), 32
-    elif preset == "small":
-        (video, text), dim = small_towers(112, frames, vocab, 30), 256
-    else:
-        video = TimeSformerConfig.paper(num_frames=frames, init="", drop_path=0.1)
-        text, dim = TextConfig.paper(vocab_size=vocab, init=""), 256
-    return AlproConfig(video, text, embed_dim=dim, num_entities=entities)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 
 def timed(fn: Callable[[], object], device: torch.device, repeat: int) -> float:
     """Mean seconds of ``fn`` over ``repeat`` calls after one warm-up."""
     fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    common.sync(device)
     start = time.perf_counter()
     for _ in range(repeat):
         fn()
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    common.sync(device)
     return (time.perf_counter() - start) / repeat
 
 
@@ -89,9 +59,9 @@ def main() -> None:
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    captions = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(8)) for i in range(200)]
+    captions = common.captions(200, 8)
     tok = train_wordpiece(captions, vocab_size=200 if args.preset == "tiny" else 30522, max_len=args.text_len)
-    cfg = build(args.preset, args.frames, args.entities, len(tok))
+    cfg = common.alpro_config(args.preset, args.frames, args.entities, len(tok))
     if args.img_size:
         cfg = replace(cfg, video=replace(cfg.video, img_size=args.img_size))
     model = Alpro(cfg).to(device)

@@ -15,8 +15,8 @@ Two parts, each optional:
   not depend on them) encodes ``--paper-batch`` crops of ``--frames-per-clip`` frames in each variant, the variants
   interleaved ``--rounds`` times; it prints the median seconds and the ratio to the default.
 
-    .venv/bin/python benchmarks/bench_prompter.py --run runs/pipeline-local/kfp/<run>   # agreement, the tiny world
-    .venv/bin/python benchmarks/bench_prompter.py --paper-cost --rounds 3               # cost at paper size
+    .venv/bin/python benchmarks/speed/bench_prompter.py --run runs/pipeline-local/kfp/<run>  # agreement, tiny world
+    .venv/bin/python benchmarks/speed/bench_prompter.py --paper-cost --rounds 3              # cost at paper size
 """
 
 from __future__ import annotations

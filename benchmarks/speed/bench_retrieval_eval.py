@@ -2,7 +2,7 @@
 
 Run (``--help`` for every knob)::
 
-    .venv/bin/python benchmarks/bench_retrieval_eval.py --model runs/local/alpro --num-videos 1000 \
+    .venv/bin/python benchmarks/speed/bench_retrieval_eval.py --model runs/local/alpro --num-videos 1000 \
         --world runs/bench-eval-world
 
 ``--model`` is a ``vlp pretrain`` (zero-shot) or ``vlp finetune-retrieval`` output; its ``model.json`` gives
@@ -42,17 +42,16 @@ from typing import Any
 
 import torch
 
-from vlp import storage
 from vlp.config import Config, load_config
 from vlp.data import manifest
 from vlp.eval import retrieval
 from vlp.inference import text_length
 from vlp.models import directory
 from vlp.steps import evaluate
-from vlp.steps.extract_frames import extract_frames
 from vlp.steps.finetune import retrieval_data
-from vlp.steps.ingest import ingest
-from vlp.steps.synth import synth
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 WORLD_JSON = "bench_world.json"  # what a world was built with, checked when it is reused
 STORED_FRAMES = 8
@@ -123,25 +122,9 @@ def ensure_world(world: str, args: argparse.Namespace, img_size: int) -> tuple[s
     """``(dataset, frames)`` of the benchmark world in ``world``: reused when its recipe matches, else built."""
     world_keys = [o for o in args.overrides if o.split(".", 1)[0] in ("synth", "ingest", "frames")]
     recipe = {"num_videos": args.num_videos, "img_size": img_size, "seed": args.seed, "overrides": world_keys}
-    dataset, frames = storage.join(world, "dataset"), storage.join(world, "frames")
-    doc = storage.join(world, WORLD_JSON)
-    if storage.exists(doc):
-        found = json.loads(storage.read_text(doc))
-        if found != recipe:
-            raise ValueError(
-                f"{world} holds a world built with {found}, not {recipe}; pass another --world or delete it"
-            )
-        print(f"reusing the world in {world}", flush=True)
-        return dataset, frames
     cfg = load_config(args.config, [*world_overrides(args.num_videos, img_size, args.seed), *args.overrides])
-    start = time.perf_counter()
-    synth(storage.join(world, "raw"), cfg)
-    ingest(storage.join(world, "raw"), dataset, cfg)
-    extract_frames(dataset, frames, cfg)
-    _check_world(dataset, args.num_videos)
-    storage.write_text(doc, json.dumps(recipe, indent=2) + "\n")
-    print(f"built the world in {world} ({time.perf_counter() - start:.0f} s)", flush=True)
-    return dataset, frames
+    hint = "pass another --world or delete it"
+    return common.cached_world(world, cfg, recipe, WORLD_JSON, hint, lambda d: _check_world(d, args.num_videos))
 
 
 def _check_world(dataset: str, n: int) -> None:
@@ -190,7 +173,7 @@ def step_row(args: argparse.Namespace, dataset: str, frames: str, k: int, out: s
     with contextlib.ExitStack() as stack:
         stack.enter_context(timed(evaluate, "_encode_clips", seconds, "encode"))
         stack.enter_context(timed(evaluate, "_encode_texts", seconds, "encode"))
-        stack.enter_context(timed(retrieval, "topk_rerank", seconds, "rerank"))
+        stack.enter_context(timed(evaluate, "topk_rerank", seconds, "rerank"))  # the name the step calls
         start = time.perf_counter()
         summary = evaluate.evaluate_retrieval(dataset, frames, args.model, out, eval_config(args, k))
         total = time.perf_counter() - start

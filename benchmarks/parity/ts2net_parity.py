@@ -4,11 +4,12 @@ Imports ``tests/fixtures/ts2net_parity/ts2net_tiny.pth`` with ``vlp import-check
 largest difference of vlp's text-video logits from the reference's (``io.pt``), with the top-k noise seeded as the
 reference drew it and with sigma -> 0, and of vlp's default inference (hard top-k) from the sigma -> 0 reference.
 
-    python benchmarks/ts2net_parity.py
+    python benchmarks/parity/ts2net_parity.py
 """
 
 from __future__ import annotations
 
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,7 +18,10 @@ import torch
 from vlp.models.ts2net import importer as import_ts2net
 from vlp.models.ts2net.model import FAMILY, TS2Net
 
-FIXTURE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "ts2net_parity"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
+
+FIXTURE = common.FIXTURES / "ts2net_parity"
 
 
 def logits(model: TS2Net, io: dict[str, torch.Tensor]) -> torch.Tensor:

@@ -19,33 +19,26 @@ the fusion head and by similarity alone, fine-tuned and zero-shot; QA accuracy a
 the wall time of each stage. Writes ``<out>/results/seed<N>-<row>.json`` (a re-run skips finished units) and the
 report ``docs/pretrained-start.md`` (``docs/pretrained-start-albef.md`` for ALBEF).
 
-    python benchmarks/ablation_pretrained.py --out runs/ablation-pretrained --seeds 0 1 2
-    python benchmarks/ablation_pretrained.py --family albef --out runs/ablation-pretrained-albef --seeds 0 1 2
+    python benchmarks/ablations/ablation_pretrained.py --out runs/ablation-pretrained --seeds 0 1 2
+    python benchmarks/ablations/ablation_pretrained.py --family albef --out runs/ablation-pretrained-albef --seeds 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from ablation import (
-    ablation_parser,
-    data,
-    direction_test,
-    directions_section,
-    done,
-    finite,
-    row_cells,
-    row_tag,
-    run_units,
-    write_report,
-)
 from vlp import storage
 from vlp.config import Config, load_config
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 # The pretrained rows' settings: bf16 autocast on the CPU (1.3x the fp32 speed of this model here), and learning rates
 # between the main job's (for a model from scratch) and the papers' (1e-4 and below, for fully pretrained towers):
@@ -58,23 +51,13 @@ PRETRAINED = ["model.preset=small-pretrained", "pretrain.lr=0.0003", "retrieval.
 BUDGET = ["pretrain.max_steps=80", "retrieval.max_steps=100", "qa.max_steps=75"]
 ROWS: dict[str, list[str]] = {"tiny": [], "small-pretrained": PRETRAINED,
                               "small-pretrained, 10 min": PRETRAINED + BUDGET}  # fmt: skip
-ROOT = Path(__file__).resolve().parents[1]
-BASE = ROOT / "configs" / "pipeline-local.yaml"
 
 
 def settings(args: argparse.Namespace, seed: int, row: str = "tiny") -> Config:
     """The main job's config for ``args.family`` with this seed, the row's preset and the row's own overrides."""
-    o = ["synth.num_images=0", "ingest.progress=false", "frames.progress=false", "pretrain.progress=false"]
-    o += [f"model.family={args.family}", f"pretrain.seed={seed}"]
-    if args.clips:
-        o.append(f"synth.num_videos={args.clips}")
-    if args.pretrain_steps:
-        o.append(f"pretrain.max_steps={args.pretrain_steps}")
-    for task, steps in (("retrieval", args.finetune_steps), ("qa", args.qa_steps)):
-        o += [f"{task}.seed={seed}", f"{task}.progress=false"]
-        o += [f"{task}.max_steps={steps}"] if steps else []
-    o += ROWS[row] + (args.pretrained_set if ROWS[row] else [])
-    return load_config(BASE, o)
+    o = [*common.run_overrides(args, seed), f"model.family={args.family}"]
+    o += ROWS[row] + (args.pretrained_set if ROWS[row] else [])  # last: BUDGET's steps win over --pretrain-steps
+    return load_config(common.ABLATION_BASE, o)
 
 
 def unit(args: argparse.Namespace, uris: dict[str, str], seed: int, row: str, root: str) -> dict[str, Any]:
@@ -84,7 +67,7 @@ def unit(args: argparse.Namespace, uris: dict[str, str], seed: int, row: str, ro
     from vlp.steps.pretrain import build_prompt_bank, pretrain, pretrain_prompter
 
     cfg = settings(args, seed, row)
-    base = f"{root}/seed{seed}/{row_tag(row)}"
+    base = f"{root}/seed{seed}/{common.row_tag(row)}"
     out = {k: f"{base}/{k}" for k in ("prompter", "bank", "pretrained", "zs", "ret", "ret_eval", "qa", "qa_eval")}
     seconds: dict[str, float] = {}
 
@@ -97,12 +80,13 @@ def unit(args: argparse.Namespace, uris: dict[str, str], seed: int, row: str, ro
     prompter = bank = ""
     if args.family == "alpro":
         prompter, bank = out["prompter"], out["bank"]
-        if not done(prompter):
+        if not common.done(prompter):
             timed("prompter_s", pretrain_prompter, uris["dataset"], uris["frames"], prompter, cfg)
-        if not done(bank):
+        if not common.done(bank):
             timed("bank_s", build_prompt_bank, prompter, uris["entities"], bank, cfg)
-    if not done(out["pretrained"]):
-        timed("pretrain_s", pretrain, uris["dataset"], uris["frames"], prompter, bank, out["pretrained"], cfg)
+    if not common.done(out["pretrained"]):
+        inputs = {"prompter": prompter, "bank": bank}
+        timed("pretrain_s", pretrain, uris["dataset"], uris["frames"], out["pretrained"], cfg, inputs)
     zs = timed("zs_eval_s", evaluate_retrieval, uris["dataset"], uris["frames"], out["pretrained"], out["zs"], cfg)
     timed("ret_ft_s", finetune_retrieval, uris["dataset"], uris["frames"], out["pretrained"], out["ret"], cfg)
     ret = timed("ret_eval_s", evaluate_retrieval, uris["dataset"], uris["frames"], out["ret"], out["ret_eval"], cfg)
@@ -159,30 +143,26 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
     seeds = sorted({r["seed"] for r in results})
     c = settings(args, 0)
     first = results[0]
-    rows = [
-        f"| {row} | {row_cells(rs, COLUMNS, {'total_s': 0, 'match_prior': 2})} | {len(rs)} |"
-        for row, rs in by_row.items()
-        if rs
-    ]
     stages = [t for t in TIMES if any(t in r for r in results)]
-    time_rows = [f"| {row} | {row_cells(rs, tuple((t, t) for t in stages), dict.fromkeys(stages, 0))} |"
+    time_rows = [f"| {row} | {common.row_cells(rs, tuple((t, t) for t in stages), dict.fromkeys(stages, 0))} |"
                  for row, rs in by_row.items() if rs]  # fmt: skip
     tests = []
     for row, rs in by_row.items():
-        a, b = finite(rs, "ft_t2v_r1"), finite(rs, "ft_sim_t2v_r1")
+        a, b = common.finite(rs, "ft_t2v_r1"), common.finite(rs, "ft_sim_t2v_r1")
         if len(a) > 1 and len(b) > 1:
-            tests.append(direction_test(f"{row}: re-ranking beats similarity alone", "ft_t2v_r1", a, b))
+            tests.append(common.direction_test(f"{row}: re-ranking beats similarity alone", "ft_t2v_r1", a, b))
     for row in [r for r in ROWS if r != "tiny"]:
         for key in ("ft_t2v_r1", "ft_sim_t2v_r1", "zs_sim_t2v_r1", "qa_acc", "ft_match_loss"):
-            a, b = finite(by_row[row], key), finite(by_row["tiny"], key)
+            a, b = common.finite(by_row[row], key), common.finite(by_row["tiny"], key)
             if len(a) > 1 and len(b) > 1:
                 if key == "ft_match_loss":  # lower is better: compare the negatives
                     a, b, key = [-x for x in a], [-x for x in b], "ft_match_loss (negated)"
-                tests.append(direction_test(f"{row} beats tiny", key, a, b))
+                tests.append(common.direction_test(f"{row} beats tiny", key, a, b))
     lines = [
         f"# A pretrained text start on the main job's world ({args.family.upper()})",
         "",
-        f"Generated by `benchmarks/ablation_pretrained.py --family {args.family}`; do not edit by hand, re-run it.",
+        f"Generated by `benchmarks/ablations/ablation_pretrained.py --family {args.family}`; do not edit by hand, "
+        "re-run it.",
         "",
         f"The main job's world and settings (`configs/pipeline-local.yaml`, `model.family={args.family}`): "
         f"{c.synth.num_videos} synthetic clips at {c.model.img_size} px ({first['num_videos']:.0f} test clips, "
@@ -202,9 +182,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         f"`OMP_NUM_THREADS={first.get('threads') or 'unset'}`. "
         + ("The report was rewritten from the results." if args.report_only else f"This call: {wall_s / 60:.0f} min."),
         "",
-        "| row | " + " | ".join(name for _, name in COLUMNS) + " | n |",
-        "|---|" + "---|" * (len(COLUMNS) + 1),
-        *rows,
+        *common.results_table("row", by_row, COLUMNS, {"total_s": 0, "match_prior": 2}, skip_empty=True),
         "",
         "Wall seconds per stage (mean ± std over seeds; the value alone for one seed):",
         "",
@@ -212,14 +190,14 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
         "|---|" + "---|" * len(stages),
         *time_rows,
     ]
-    section = directions_section(tests)
+    section = common.directions_section(tests)
     section[1] = "## Differences"
     lines += section
-    return write_report(lines, args, path)
+    return common.write_report(lines, args, path)
 
 
 def main() -> None:
-    p = ablation_parser(__doc__, "runs/ablation-pretrained", "", list(ROWS))
+    p = common.ablation_parser(__doc__, "runs/ablation-pretrained", "", list(ROWS))
     p.add_argument("--family", default="alpro", choices=["alpro", "albef"])
     p.add_argument("--pretrain-steps", type=int, default=0, help="(prompter and) pre-training steps (0 = main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
@@ -229,12 +207,9 @@ def main() -> None:
     args = p.parse_args()
     if not args.report:
         suffix = "" if args.family == "alpro" else f"-{args.family}"
-        args.report = str(ROOT / "docs" / f"pretrained-start{suffix}.md")
+        args.report = str(common.ROOT / "docs" / f"pretrained-start{suffix}.md")
     start = time.perf_counter()
-    root = args.out.rstrip("/")
-    storage.configure(settings(args, 0).storage)
-    uris = {} if args.report_only else data(args, f"{root}/data")
-    results = run_units(args, list(ROWS), lambda seed, row: unit(args, uris, seed, row, root), root)
+    results = common.ablation_results(args, list(ROWS), settings(args, 0), args, functools.partial(unit, args))
     if results:
         print(report(results, args, Path(args.report), time.perf_counter() - start))
 

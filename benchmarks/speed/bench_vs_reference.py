@@ -13,11 +13,11 @@ once) against ``reference_step.py --eval-videos N`` (LAVIS's ``compute_sim_matri
 apart), alternated the same way. One row per k: both sides' encode seconds, re-rank seconds and fused pairs, and the
 ratio of the totals (encode + re-rank).
 
-    scripts/reference-venv.sh                                   # once: ../scratch/lavis-venv
-    .venv/bin/python benchmarks/bench_vs_reference.py           # ALPRO and ALBEF, fp32 and bf16, 2 rounds: ~30 min
-    .venv/bin/python benchmarks/bench_vs_reference.py --family albef --precision fp32 --rounds 1
-    .venv/bin/python benchmarks/bench_vs_reference.py --adamw fused --compile   # vlp's fastest switches
-    .venv/bin/python benchmarks/bench_vs_reference.py --eval 16 --ks 16 4    # evaluation at N = 16: ~15 min
+    scripts/reference-venv.sh                                          # once: ../scratch/lavis-venv
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py            # ALPRO, ALBEF; fp32, bf16; 2 rounds: ~30 min
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --family albef --precision fp32 --rounds 1
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --compile  # vlp's fastest switches
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
 """
 
 from __future__ import annotations
@@ -30,7 +30,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import ROOT
+
+SPEED = "benchmarks/speed"  # this folder, as the commands below name it from the repo root
 REFERENCE = {"alpro": ("alpro_retrieval", 4), "albef": ("albef_pretrain", 1)}  # LAVIS model, frames per clip
 # a bench_mfu.py table row: name, precision, GFLOP/step, ms/step, AdamW ms, TFLOP/s, peak TFLOP/s, MFU %, MiB
 NUMBER = r"\s+([\d.]+)"
@@ -47,7 +50,7 @@ def run(command: list[str], threads: int) -> str:
 
 def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict[str, float]:
     frames = REFERENCE[family][1]
-    out = run([sys.executable, "benchmarks/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
+    out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else [])],
               args.threads)  # fmt: skip
@@ -59,7 +62,7 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict[str,
 
 def reference_step(family: str, precision: str, args: argparse.Namespace) -> dict[str, float]:
     model, frames = REFERENCE[family]
-    out = run([str(args.reference_python), "benchmarks/reference_step.py", "--model", model, "--precision", precision,
+    out = run([str(args.reference_python), f"{SPEED}/reference_step.py", "--model", model, "--precision", precision,
                "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
                str(args.warmup), "--threads", str(args.threads)], args.threads)  # fmt: skip
     got = json.loads(out.strip().splitlines()[-1])
@@ -67,14 +70,14 @@ def reference_step(family: str, precision: str, args: argparse.Namespace) -> dic
 
 
 def vlp_eval(precision: str, args: argparse.Namespace) -> dict:
-    out = run([sys.executable, "benchmarks/bench_eval_paper.py", "--videos", str(args.eval), "--precision", precision,
+    out = run([sys.executable, f"{SPEED}/bench_eval_paper.py", "--videos", str(args.eval), "--precision", precision,
                "--ks", *map(str, args.ks), "--threads", str(args.threads)], args.threads)  # fmt: skip
     got = json.loads(out.strip().splitlines()[-1])
     return {k: (got["encode_s"], row["rerank_s"], row["fused_pairs"]) for k, row in got["k"].items()}
 
 
 def reference_eval(precision: str, args: argparse.Namespace) -> dict:
-    out = run([str(args.reference_python), "benchmarks/reference_step.py", "--model", "alpro_retrieval", "--precision",
+    out = run([str(args.reference_python), f"{SPEED}/reference_step.py", "--model", "alpro_retrieval", "--precision",
                precision, "--eval-videos", str(args.eval), "--ks", *map(str, args.ks), "--threads",
                str(args.threads)], args.threads)  # fmt: skip
     got = json.loads(out.strip().splitlines()[-1])

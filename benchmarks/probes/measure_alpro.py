@@ -9,7 +9,7 @@
     prompter's top-1 entity names that object (its shape, a caption synonym of it, or its colour);
     separately, how often it names the clip's scene. Baseline: always the most frequent entity.
 
-    python benchmarks/measure_alpro.py --dataset runs/local/dataset --frames runs/local/frames \\
+    python benchmarks/probes/measure_alpro.py --dataset runs/local/dataset --frames runs/local/frames \\
         --prompter runs/local/prompter --bank runs/local/prompt_bank [--model runs/local/alpro]
 """
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/fault_battery.py [--out /tmp/vlp-faults] [--only WORD ...]
+    .venv/bin/python benchmarks/faults/fault_battery.py [--out /tmp/vlp-faults] [--only WORD ...]
 
 Every case runs real components (real mp4 files through the real decoders, moto's S3 server behind a proxy
 that injects 5xx answers and connection resets, a real ``mlflow server`` process that is SIGKILLed, a
@@ -71,18 +71,27 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+from vlp import storage
+from vlp.data import manifest, video
+from vlp.data.ingest import IngestConfig, ingest
 
-from conftest import png_header, put, write_mp4  # noqa: E402
-from faulty_servers import FaultyProxy, MlflowServer, fail_first  # noqa: E402
-from vlp import storage  # noqa: E402
-from vlp.data import manifest, video  # noqa: E402
-from vlp.data.ingest import IngestConfig, ingest  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import (
+    HOSTILE_CHECKPOINTS,
+    ROOT,
+    FaultyProxy,
+    MlflowServer,
+    fail_first,
+    free_port,
+    png_header,
+    put,
+    write_mp4,
+)
 
+sys.path.insert(0, str(ROOT))  # components/ and pipelines/, the repo's top-level packages
 TINY = ROOT / "configs" / "tiny.yaml"
 
 
@@ -113,12 +122,6 @@ def _cfg(video_root: Path, workers: int = 2, **kw: object) -> IngestConfig:
 
 def _lost(summary: dict) -> int:
     return sum(abs(c["input"] - c["accepted"] - c["rejected"]) for c in (summary[k] for k in ("videos", "captions")))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # --------------------------------------------------------------------------- cases
@@ -361,10 +364,8 @@ def hostile_checkpoints(tmp: Path) -> Outcome:
     terabytes, offsets past the end, empty tensors, misshapen tensors, pickles of other objects or of code): each
     is one error line naming the file, no traceback, no advice to load with ``weights_only=False``, nothing
     written, no code run."""
-    from test_import_checkpoint import HOSTILE
-
     outcome = Outcome()
-    for name, (make, _) in sorted(HOSTILE.items()):
+    for name, (make, _) in sorted(HOSTILE_CHECKPOINTS.items()):
         folder = tmp / name.replace(".", "_")
         folder.mkdir()
         path, out = make(folder / name), folder / "out"
@@ -579,7 +580,7 @@ def secret_in_config(tmp: Path) -> Outcome:
 
 def s3_faults(tmp: Path) -> Outcome:
     moto = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [moto, "-H", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )

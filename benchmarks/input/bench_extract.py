@@ -1,6 +1,6 @@
 """Benchmark: sparse frame extraction (vlp.data.frames.extract) against a naive decode-everything baseline.
 
-Run: ``.venv/bin/python benchmarks/bench_extract.py`` (``--help`` for the knobs). Prints videos/s and
+Run: ``.venv/bin/python benchmarks/input/bench_extract.py`` (``--help`` for the knobs). Prints videos/s and
 frames/s for
 
 (a) baseline: one process decodes *every* frame with PyAV (single-threaded), converts each to RGB,

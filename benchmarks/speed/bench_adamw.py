@@ -6,21 +6,25 @@ weights, no download) or at tiny size, each with a random gradient. The update i
 torch's CPU default), ``foreach`` (the config default) and ``fused``, alternated over ``--rounds`` rounds; each
 cell is the median of ``--updates`` updates after one untimed one (which allocates the moments).
 
-    .venv/bin/python benchmarks/bench_adamw.py                  # paper size: about a minute on 2 cores
-    .venv/bin/python benchmarks/bench_adamw.py --preset tiny
+    .venv/bin/python benchmarks/speed/bench_adamw.py                  # paper size: about a minute on 2 cores
+    .venv/bin/python benchmarks/speed/bench_adamw.py --preset tiny
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-import bench_alpro_step
 from vlp.models.alpro.model import Alpro
 from vlp.train.optim import OptimConfig, build_optimizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 KERNELS = ("loop", "foreach", "fused")  # the adamw values (vlp.train.optim.ADAMW_KERNELS), loop first: the baseline
 
@@ -32,7 +36,7 @@ def main() -> None:
     parser.add_argument("--updates", type=int, default=4, help="timed updates per cell (the median is reported)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    model = Alpro(bench_alpro_step.build(args.preset, 4, 1, 30522 if args.preset == "paper" else 200))
+    model = Alpro(common.alpro_config(args.preset, 4, 1, 30522 if args.preset == "paper" else 200))
     params = [p for p in model.parameters() if p.requires_grad]
     for p in params:
         p.grad = torch.randn_like(p) * 1e-3

@@ -1,8 +1,8 @@
 """Benchmark: ALPRO's retrieval evaluation at paper size, encode and re-rank timed apart (issue 27).
 
 What ``evaluate-retrieval`` runs, without its data loading: the paper-size ALPRO retrieval model (TimeSformer-B/16 at
-224 px over ``--frames`` frames, BERT-base split 6 + 6, random weights, no download: the builder of
-``bench_mfu.py``) in eval mode; ``--videos`` random clips with one caption each, every caption ``--text-len``
+224 px over ``--frames`` frames, BERT-base split 6 + 6, random weights, no download: ``common.alpro_config``, as
+``bench_mfu.py`` builds it) in eval mode; ``--videos`` random clips with one caption each, every caption ``--text-len``
 tokens; then the step's own functions: :func:`vlp.inference.encode_clips` and ``encode_texts`` (the encode
 part), the family's ``similarity``, and for each ``k`` of ``--ks`` :func:`vlp.eval.retrieval.topk_rerank` with
 :func:`vlp.inference.pair_scorer` (the re-rank part), which fuses the union of both directions' top-k pairs,
@@ -12,25 +12,23 @@ untimed call (the reference's first ``compute_sim_matrix`` call is untimed too).
 
 Output: one JSON line on stdout (encode seconds, and per k the re-rank seconds and the pairs fused), which
 ``bench_vs_reference.py --eval`` reads beside LAVIS's ``compute_sim_matrix`` on the same sizes
-(``reference_step.py --eval-videos``).
+(``reference_step.py --eval-videos``). ``--preset tiny`` runs the same code on the tiny model (seconds: a smoke run).
 
-    .venv/bin/python benchmarks/bench_eval_paper.py --videos 16 --ks 16 4 --precision bf16 --threads 2
+    .venv/bin/python benchmarks/speed/bench_eval_paper.py --videos 16 --ks 16 4 --precision bf16 --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import torch
 
-import bench_alpro_step
-from bench_mfu import captions
 from vlp.config import Config
 from vlp.eval.retrieval import topk_rerank
 from vlp.inference import encode_clips, encode_texts, pair_scorer
@@ -38,6 +36,9 @@ from vlp.models import family
 from vlp.models.alpro.model import Alpro, AlproFamily
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import RetrievalConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 
 def main() -> None:
@@ -50,15 +51,16 @@ def main() -> None:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--preset", choices=["paper", "tiny"], default="paper", help="model size (tiny: a smoke run)")
     args = parser.parse_args()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
     n = args.videos
-    texts = captions(n, args.text_len - 2)
-    tok = train_wordpiece(captions(200, 8), vocab_size=30522, max_len=args.text_len)
-    cfg = bench_alpro_step.build("paper", args.frames, 1, 30522)  # bert-base-uncased's word rows, as LAVIS has
+    texts = common.captions(n, args.text_len - 2)
+    tok = train_wordpiece(common.captions(200, 8), vocab_size=30522, max_len=args.text_len)
+    cfg = common.alpro_config(args.preset, args.frames, 1, 30522)  # bert-base-uncased's word rows, as LAVIS has
     cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())
     model = Alpro(cfg).eval()
     fam = family.get("alpro")
@@ -90,7 +92,7 @@ def main() -> None:
         seconds = time.perf_counter() - start
         result["k"][str(k)] = {"rerank_s": seconds, "fused_pairs": reranked.num_pairs}  # type: ignore[index]
         print(f"[bench_eval_paper] k {k}: {reranked.num_pairs} pairs fused in {seconds:.2f} s", file=sys.stderr)
-    result["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    result["peak_rss_mib"] = common.peak_rss_mib()
     print(json.dumps(result), flush=True)
 
 

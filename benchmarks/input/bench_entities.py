@@ -2,7 +2,7 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_entities.py [--num-captions 4000] [--batch-size 256] [--repeats 2]
+    .venv/bin/python benchmarks/input/bench_entities.py [--num-captions 4000] [--batch-size 256] [--repeats 2]
 
 Generates realistic, mostly distinct video captions (templated: people/animals/objects doing things
 in places, with camera words and the odd proper noun), then measures captions/s of

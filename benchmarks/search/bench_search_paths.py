@@ -2,8 +2,8 @@
 
 Run, after the main job (``make pipeline-run``; ``PIPELINE_OUT`` moves its folder)::
 
-    .venv/bin/python benchmarks/bench_search_paths.py --run runs/pipeline-local
-    .venv/bin/python benchmarks/bench_search_paths.py --run runs/pipeline-local --queries 8 -k 10 --no-page
+    .venv/bin/python benchmarks/search/bench_search_paths.py --run runs/pipeline-local
+    .venv/bin/python benchmarks/search/bench_search_paths.py --run runs/pipeline-local --queries 8 -k 10 --no-page
 
 Everything comes from the run: its MLflow (``<run>/mlflow.db``) holds the registered search model
 (``<prefix>-retrieval@candidate``, ``--model-name``), a copy of the fine-tuned retrieval model made into an MLflow
@@ -45,7 +45,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -58,7 +57,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+from common import ROOT, free_port
+
 LISTENING = re.compile(r"vlp serve: listening on (http://127\.0\.0\.1:\d+)")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
                  "--disable-component-update", "--disable-sync"]  # fmt: skip
@@ -81,12 +82,6 @@ def env() -> dict[str, str]:
     """The subprocesses' environment: this checkout's vlp and this venv's commands."""
     path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT)]), "PATH": path}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def http(url: str, body: dict[str, Any] | None = None) -> Any:
@@ -216,6 +211,8 @@ def ids_scores(hits: list[dict[str, Any]]) -> tuple[list[str], list[float | None
 
 def main() -> int:
     args = parse_args()
+    if not (args.run / "mlflow.db").is_file():
+        raise SystemExit(f"{args.run} has no mlflow.db: give --run the main job's folder (make pipeline-run)")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
     with tempfile.TemporaryDirectory(prefix="bench-search-paths-") as tmpdir:

@@ -18,12 +18,12 @@ Four measures, each printed as rows of one table with the command that gives the
 ``gpu``      How many CPU cores feed one GPU: FLOPs of one ALPRO pre-training step at paper size (counted by
              ``torch.utils.flop_counter`` on this implementation, forward + backward, per clip), the clips/s an
              A100 / H100 gives at a stated model-FLOPs utilisation, and the cores that needs at the clips/s per
-             worker of ``rate``.
+             worker of ``rate`` (``--preset tiny``: the same count on the tiny model, a smoke run).
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_input.py bytes --root /tmp/bench-input
-    OMP_NUM_THREADS=1 python benchmarks/bench_input.py rate --workers 0 1 2
-    OMP_NUM_THREADS=1 python benchmarks/bench_input.py overlap
-    python benchmarks/bench_input.py gpu --clips-per-s-per-core 30
+    OMP_NUM_THREADS=1 python benchmarks/input/bench_input.py bytes --root /tmp/bench-input
+    OMP_NUM_THREADS=1 python benchmarks/input/bench_input.py rate --workers 0 1 2
+    OMP_NUM_THREADS=1 python benchmarks/input/bench_input.py overlap
+    python benchmarks/input/bench_input.py gpu --clips-per-s-per-core 30
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ from typing import Any
 import numpy as np
 
 from vlp import storage
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 ROWS: list[tuple[str, str, str, str]] = []  # (measure, setting, figure, command)
 
@@ -80,6 +83,8 @@ def generate_store(root: str, shards: int, clips: int, frames: int, size: int) -
     import pyarrow.parquet as pq
 
     from vlp.data import frames as fr
+    from vlp.data.frames import plan as fr_plan  # extract-frames' own shard plan and writer (private names)
+    from vlp.data.frames import write as fr_write
 
     pool = _jpeg_pool(size)
     cfg = fr.FramesConfig(num_frames=frames, size=size)
@@ -93,12 +98,12 @@ def generate_store(root: str, shards: int, clips: int, frames: int, size: int) -
             video_id = f"clip{s:06d}{c:03d}"
             jpegs = [pool[(s * 7 + c * 3 + f) % len(pool)] for f in range(frames)]
             own[video_id] = sum(len(j) for j in jpegs)
-            tasks.append(fr._VideoTask(video_id, f"/media/{video_id}.mp4", "video", 300, 30.0))
+            tasks.append(fr_plan._VideoTask(video_id, f"/media/{video_id}.mp4", "video", 300, 30.0))
             rows = [(f, f * 20, f * 20 / 30.0, size, size, j) for f, j in enumerate(jpegs)]
-            results.append(fr._VideoResult(video_id, rows=rows))
-        plan = fr._ShardPlan(s, f"{fr.SHARDS_DIR}/shard-{s:05d}-{s:08x}.parquet", tuple(tasks))
+            results.append(fr_plan._VideoResult(video_id, rows=rows))
+        plan = fr_plan._ShardPlan(s, f"{fr.SHARDS_DIR}/shard-{s:05d}-{s:08x}.parquet", tuple(tasks))
         plans.append(plan)
-        metas[plan.name] = fr._write_shard(storage.join(root, "after"), plan, results, cfg)
+        metas[plan.name] = fr_write._write_shard(storage.join(root, "after"), plan, results, cfg)
         before = storage.read_parquet(storage.join(root, "after", plan.name))
         sink = io.BytesIO()
         pq.write_table(before, sink, compression={n: "zstd" for n in fr.FRAME_SCHEMA.names} | {"jpeg": "none"},
@@ -106,9 +111,10 @@ def generate_store(root: str, shards: int, clips: int, frames: int, size: int) -
         storage.write_bytes(storage.join(root, "before", plan.name), sink.getvalue())
         if s % 1000 == 999:
             print(f"  generated {s + 1}/{shards} shards ({time.perf_counter() - started:.0f} s)", flush=True)
-    index, _ = fr._collect(plans, storage.join(root, "after"), metas)
+    index, _ = fr_write._collect(plans, storage.join(root, "after"), metas)
     names = [p.name for p in plans]
-    storage.write_parquet(storage.join(root, "after", fr.INDEX), index.replace_schema_metadata(fr._index_meta(names)))
+    meta = fr_write._index_meta(names)
+    storage.write_parquet(storage.join(root, "after", fr.INDEX), index.replace_schema_metadata(meta))
     old = index.drop_columns(["row_group", "footer_bytes"])
     storage.write_parquet(storage.join(root, "before", fr.INDEX), old)
     storage.write_text(storage.join(root, "own.json"), json.dumps(own))
@@ -175,22 +181,15 @@ def synthetic_world(root: Path, videos: int) -> tuple[str, str]:
     """The synthetic world (``videos`` clips of 16 frames at 224 px, and captions) ingested and extracted at 224 px
     under ``root``; built once and reused."""
     from vlp.config import load_config
-    from vlp.steps.extract_frames import extract_frames
-    from vlp.steps.ingest import ingest
-    from vlp.steps.synth import synth
 
-    dataset, frames = str(root / "dataset"), str(root / "frames")
-    if not (root / "frames" / "index.parquet").exists():
-        cfg = load_config(
-            Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
-            [f"synth.num_videos={videos}", "synth.num_images=0", "synth.size=224", "synth.min_fps=8",
-             "synth.max_fps=8", "synth.min_duration_s=2.0", "synth.max_duration_s=2.0", "frames.size=224",
-             "frames.num_frames=16", "frames.videos_per_shard=64", "synth.workers=2", "frames.workers=2"],
-        )  # fmt: skip
-        synth(str(root / "raw"), cfg)
-        ingest(str(root / "raw"), dataset, cfg)
-        extract_frames(dataset, frames, cfg)
-    return dataset, frames
+    cfg = load_config(
+        common.CONFIGS / "tiny.yaml",
+        [f"synth.num_videos={videos}", "synth.num_images=0", "synth.size=224", "synth.min_fps=8",
+         "synth.max_fps=8", "synth.min_duration_s=2.0", "synth.max_duration_s=2.0", "frames.size=224",
+         "frames.num_frames=16", "frames.videos_per_shard=64", "synth.workers=2", "frames.workers=2"],
+    )  # fmt: skip
+    uris = common.build_world(str(root), cfg)
+    return uris["dataset"], uris["frames"]
 
 
 def _video_batches(dataset: str, frames: str, num_frames: int, batch: int, workers: int) -> Any:
@@ -329,28 +328,28 @@ def _cycle(batches: Any) -> Any:
 GPU_PEAK_TFLOPS = {"A100 SXM (bf16 312 TFLOPS)": 312.0, "H100 SXM (bf16 989 TFLOPS)": 989.0}
 
 
-def alpro_flops_per_clip(num_frames: int = 4, batch: int = 2) -> float:
-    """FLOPs of one ALPRO pre-training step (VTC + PEM + MLM + VTM, forward and backward) per clip at paper size,
-    counted by ``torch.utils.flop_counter`` on the CPU (random init; the count does not depend on the weights)."""
+def alpro_flops_per_clip(preset: str = "paper", num_frames: int = 4, batch: int = 2) -> float:
+    """FLOPs of one ALPRO pre-training step (VTC + PEM + MLM + VTM, forward and backward) per clip at ``preset``
+    size, counted by ``torch.utils.flop_counter`` on the CPU (random init; the count does not depend on the
+    weights)."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    import bench_alpro_step as bench
     from vlp.models.alpro.model import Alpro, DualEncoder, PemContext, alpro_step
     from vlp.models.family import PretrainBatch, StepContext, TextVocab
     from vlp.models.tokenizer import train_wordpiece
 
     torch.manual_seed(0)
-    captions = [" ".join(bench.WORDS[(i * 7 + k) % len(bench.WORDS)] for k in range(8)) for i in range(200)]
+    captions = common.captions(200, 8)
     tok = train_wordpiece(captions, vocab_size=30522, max_len=30)
-    cfg = bench.build("paper", num_frames, 1000, len(tok))
+    cfg = common.alpro_config(preset, num_frames, 1000, len(tok))
     model = Alpro(cfg)
     prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=0.07).eval().requires_grad_(False)
     bank = torch.nn.functional.normalize(torch.randn(1000, cfg.embed_dim), dim=-1)
     ctx = StepContext(vocab=TextVocab.of(tok), extra=PemContext(prompter, bank))
     enc = tok(captions[:batch], padding="max_length", max_length=30, truncation=True, return_tensors="pt")
-    data = PretrainBatch(torch.randn(batch, num_frames, 3, 224, 224), enc["input_ids"], enc["attention_mask"])
+    size = cfg.video.img_size  # 224 at paper size
+    data = PretrainBatch(torch.randn(batch, num_frames, 3, size, size), enc["input_ids"], enc["attention_mask"])
     counter = FlopCounterMode(display=False)
     with counter:
         alpro_step(model, data, ctx)["loss"].backward()
@@ -358,9 +357,10 @@ def alpro_flops_per_clip(num_frames: int = 4, batch: int = 2) -> float:
 
 
 def bench_gpu(args: argparse.Namespace, per_core: float) -> None:
-    flops = alpro_flops_per_clip()
+    flops = alpro_flops_per_clip(args.preset)
     command = f"bench_input.py gpu --clips-per-s-per-core {per_core:.1f} --mfu {args.mfu}"
-    row("ALPRO step FLOPs", "paper size, 4 x 224, fwd + bwd, per clip", f"{flops / 1e9:.0f} GFLOP", command)
+    size = "paper size, 4 x 224" if args.preset == "paper" else f"{args.preset} preset (not a GPU's load), 4 frames"
+    row("ALPRO step FLOPs", f"{size}, fwd + bwd, per clip", f"{flops / 1e9:.0f} GFLOP", command)
     for gpu, peak in GPU_PEAK_TFLOPS.items():
         clips = peak * 1e12 * args.mfu / flops
         cores = clips / per_core
@@ -394,6 +394,7 @@ def main() -> None:
     g = sub.add_parser("gpu")
     g.add_argument("--clips-per-s-per-core", type=float, required=True, help="from `rate` with 1 worker")
     g.add_argument("--mfu", type=float, default=0.4, help="model-FLOPs utilisation assumed for the GPU")
+    g.add_argument("--preset", choices=["paper", "tiny"], default="paper", help="model size (tiny: a smoke run)")
     args = parser.parse_args()
     handlers: dict[str, Callable[[], Any]] = {
         "bytes": lambda: bench_bytes(args),

@@ -6,9 +6,9 @@ MLM with the teacher's distribution, ITM on sampled hard negatives), the momentu
 backward and AdamW. Prints the median of ``--steps`` timed steps after ``--warmup`` untimed ones, and the
 process's peak resident memory (CPU) or peak allocated GPU memory.
 
-    python benchmarks/bench_albef_step.py --preset tiny --batch 8                       # CPU, seconds
-    python benchmarks/bench_albef_step.py --preset paper --batch 2 --img-size 224       # CPU, paper size
-    python benchmarks/bench_albef_step.py --preset paper --batch 64 --img-size 256 --bf16  # GPU
+    python benchmarks/speed/bench_albef_step.py --preset tiny --batch 8                       # CPU, seconds
+    python benchmarks/speed/bench_albef_step.py --preset paper --batch 2 --img-size 224       # CPU, paper size
+    python benchmarks/speed/bench_albef_step.py --preset paper --batch 64 --img-size 256 --bf16  # GPU
 
 ``--json`` prints one JSON line instead (for a driver that compares it with another implementation).
 """
@@ -17,34 +17,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
-from bench_alpro_step import WORDS
-from vlp.models.albef.model import Albef, AlbefConfig, albef_step
+from vlp.models.albef.model import Albef, albef_step
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
-from vlp.models.layers.vit import FrameViTConfig
-from vlp.models.text import TextConfig
 from vlp.models.tokenizer import train_wordpiece
 
-
-def build(preset: str, img_size: int, frames: int, vocab: int, queue: int) -> AlbefConfig:
-    """Paper sizes: ViT-B/16 + BERT-base split 6 + 6, 256-d projections; weights random (``init=""``)."""
-    if preset == "tiny":
-        video = FrameViTConfig.tiny(img_size=img_size or 32, num_frames=frames)
-        return AlbefConfig(video, TextConfig.tiny(vocab_size=vocab), embed_dim=32, queue_size=queue)
-    video = FrameViTConfig.paper(init="", img_size=img_size or 224, num_frames=frames)
-    text = TextConfig.paper(vocab_size=max(vocab, 30522), init="")  # bert-base-uncased's 30,522 rows (MLM logits)
-    return AlbefConfig(video, text, embed_dim=256, queue_size=queue)
-
-
-def peak_memory_mib(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated() / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 
 def main() -> None:
@@ -67,9 +52,9 @@ def main() -> None:
         parser.error(f"--queue {args.queue} must be a multiple of --batch {args.batch}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    captions = [" ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(12)) for i in range(200)]
+    captions = common.captions(200, 12)
     tok = train_wordpiece(captions, vocab_size=200 if args.preset == "tiny" else 30522, max_len=args.text_len)
-    cfg = build(args.preset, args.img_size, args.frames, len(tok), args.queue)
+    cfg = common.albef_config(args.preset, args.img_size, args.frames, len(tok), args.queue)
     model = Albef(cfg).to(device).train()
     enc = tok([captions[i % 200] for i in range(args.batch)], padding="max_length", max_length=args.text_len,
               truncation=True, return_tensors="pt")  # fmt: skip
@@ -91,8 +76,7 @@ def main() -> None:
         opt.zero_grad(set_to_none=True)
         out["loss"].backward()
         opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        common.sync(device)
         return time.perf_counter() - start
 
     for _ in range(args.warmup):
@@ -109,7 +93,7 @@ def main() -> None:
         "step_s_median": statistics.median(times),
         "step_s_min": min(times),
         "step_s_max": max(times),
-        "peak_mib": round(peak_memory_mib(device)),
+        "peak_mib": round(common.peak_memory_mib(device)),
         "threads": torch.get_num_threads(),
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "CPU",
     }

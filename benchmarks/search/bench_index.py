@@ -2,9 +2,9 @@
 
 Run (``--help`` for every knob)::
 
-    python benchmarks/bench_index.py                       # 100,000 clips, dim 256, 200 queries
-    python benchmarks/bench_index.py --rows 2000           # a smoke run (seconds)
-    python benchmarks/bench_index.py --dim 512 --out runs/bench-index
+    python benchmarks/search/bench_index.py                       # 100,000 clips, dim 256, 200 queries
+    python benchmarks/search/bench_index.py --rows 2000           # a smoke run (seconds)
+    python benchmarks/search/bench_index.py --dim 512 --out runs/bench-index
 
 The clips are synthetic embeddings, not encoded video: ``--clusters`` Gaussian clusters around random unit
 centres, each point ``centre + spread * g / sqrt(dim)`` (``g`` standard normal) L2-normalised, so two points of one
@@ -48,7 +48,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import resource
 import shutil
 import statistics
 import sys
@@ -59,6 +58,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common.py
+import common
 
 K, CANDIDATES = 10, 50  # vlp search's default -k and index.candidates
 NPROBES, EFS, REFINES = [5, 10, 20, 40], [250, 500, 1000], [0, 1, 2, 10]
@@ -130,10 +132,6 @@ def exact_topn(rows: np.ndarray, queries: np.ndarray, n: int) -> tuple[np.ndarra
 
 def dir_mib(path: str) -> float:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 2**20
-
-
-def peak_rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
 def row_ids(ids: list[str]) -> list[int]:
@@ -312,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"embeddings and numpy ground truth: {time.perf_counter() - start:.1f} s; ground-truth dot at rank 1 / {k} / "
           f"{k + 1} / {n}: {dots[:, 0].mean():.3f} / {dots[:, k - 1].mean():.3f} / {dots[:, k].mean():.3f} / "
           f"{dots[:, n - 1].mean():.3f} (means); top-{k} in the query's own cluster: {own.mean():.2f}")  # fmt: skip
-    rss_data = peak_rss_mib()
+    rss_data = common.peak_rss_mib()
 
     out = args.out or tempfile.mkdtemp(prefix="bench-index-")
     try:
@@ -337,7 +335,7 @@ def main(argv: list[str] | None = None) -> int:
         index.build_ann()
         build_s = time.perf_counter() - start
         size_ann = dir_mib(uri)
-        rss_built = peak_rss_mib()
+        rss_built = common.peak_rss_mib()
         [ann_meta] = [i for i in index.table.list_indices() if "vector" in i.columns]
         stats = index.table.index_stats(ann_meta.name)
         print(f"add: {args.rows} rows in {len(chunks)} ClipIndex.add calls of {args.chunk}: {add_s:.2f} s, "
@@ -409,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.grow:
             grow_part(index, rows, later, queries, args, thumb)
         print(f"\npeak RSS: {rss_data:.0f} MiB after embeddings + ground truth, {rss_built:.0f} MiB after add + "
-              f"build_ann, {peak_rss_mib():.0f} MiB at the end")  # fmt: skip
+              f"build_ann, {common.peak_rss_mib():.0f} MiB at the end")  # fmt: skip
         return 1 if bad else 0
     finally:
         if not args.out:
