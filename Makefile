@@ -82,7 +82,7 @@ test-module: $(STAMP) ## Run the tests that touch module M (M=src/vlp/eval/qa.py
 	$(PYTEST) $(if $(filter 1,$(FAST)),-m "not slow") $$files
 
 MUTATION_ARGS ?=
-mutation: $(STAMP) ## Mutation testing (mutmut) of the modules where a silent error costs most -> docs/mutation.md (hours; not in CI)
+mutation: $(STAMP) ## Mutation testing (mutmut) of the modules where a silent error costs most -> docs/results/mutation.md (hours; not in CI)
 	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[mutation]'
 	$(PY) scripts/mutation.py $(MUTATION_ARGS)
 
@@ -122,18 +122,18 @@ finetune: $(STAMP) ## After `make pretrain`: finetune + evaluate retrieval and Q
 	$(VENV)/bin/vlp evaluate-qa --dataset $(OUT)/dataset --frames $(OUT)/frames --model $(OUT)/qa --out $(OUT)/qa_eval --config $(CONFIG)
 
 ABLATION_OUT ?= runs/ablation
-ABLATION_ARGS ?= --seeds 0 1 2 --notes docs/ablation-reading.md
-ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation.md
+ABLATION_ARGS ?= --seeds 0 1 2 --notes docs/results/ablation-reading.md
+ablation: $(STAMP) ## ALPRO Table 1 + Table 5 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/results/ablation.md
 	$(PY) benchmarks/ablations/ablation.py --out $(ABLATION_OUT) $(ABLATION_ARGS)
 
 ABLATION_ALBEF_OUT ?= runs/ablation-albef
-ABLATION_ALBEF_ARGS ?= --seeds 0 1 2 --notes docs/ablation-albef-reading.md
-ablation-albef: $(STAMP) ## ALBEF Table 1 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/ablation-albef.md
+ABLATION_ALBEF_ARGS ?= --seeds 0 1 2 --notes docs/results/ablation-albef-reading.md
+ablation-albef: $(STAMP) ## ALBEF Table 1 in miniature on the main job's settings (3 seeds, ~1 h on 2 cores) -> docs/results/ablation-albef.md
 	$(PY) benchmarks/ablations/ablation_albef.py --out $(ABLATION_ALBEF_OUT) $(ABLATION_ALBEF_ARGS)
 
 ABLATION_TS2NET_OUT ?= runs/ablation-ts2net
-ABLATION_TS2NET_ARGS ?= --seeds 0 1 2 --notes docs/ablation-ts2net-reading.md
-ablation-ts2net: $(STAMP) ## TS2-Net Tables 1-3 in miniature on the main job's world (3 seeds, ~40 min on 2 cores) -> docs/ablation-ts2net.md
+ABLATION_TS2NET_ARGS ?= --seeds 0 1 2 --notes docs/results/ablation-ts2net-reading.md
+ablation-ts2net: $(STAMP) ## TS2-Net Tables 1-3 in miniature on the main job's world (3 seeds, ~40 min on 2 cores) -> docs/results/ablation-ts2net.md
 	$(PY) benchmarks/ablations/ablation_ts2net.py --out $(ABLATION_TS2NET_OUT) $(ABLATION_TS2NET_ARGS)
 
 bench: $(STAMP) ## Benchmarks (scripts that print numbers): frame extraction (one pod and fanned out), entity mining, ALPRO/ALBEF steps, the loader, ALPRO/ALBEF/TS2-Net parity

@@ -344,7 +344,7 @@ def secure(task: Any, cfg: PipelineConfig) -> Any:
 
     kfp-kubernetes can set only runAsUser, runAsGroup and runAsNonRoot; the KFP backend adds no privilege
     escalation, no capabilities and the RuntimeDefault seccomp profile itself. A read-only root filesystem cannot
-    be said in the compiled spec (see docs/pipelines.md); the Helm chart adds what it can at the namespace: a Pod
+    be said in the compiled spec (see docs/guides/pipelines.md); the Helm chart adds what it can at the namespace: a Pod
     Security label and an egress NetworkPolicy for pods with :data:`STEP_POD_LABEL`.
     """
     from kfp import kubernetes

@@ -1,5 +1,5 @@
 """The index DAG (``vlp-index``): a trained model + a frames store (+ a dataset's split) -> index_clips -> a clip
-index that ``vlp search`` reads (docs/search.md).
+index that ``vlp search`` reads (docs/guides/search.md).
 
 The model, frames and dataset are URIs (a run's outputs under its ``data_root``, a registered version's model
 directory, ``vlp import-*`` outputs), imported as artifacts; the index records the model and frames by these URIs

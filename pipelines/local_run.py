@@ -173,7 +173,7 @@ def code_digest(step_config: str) -> str:
     change, so kfp.local's cache key (inputs, the component's own code, its image name) would reuse a step after
     ``src/vlp`` or the config changed. Every task gets this digest as ``$VLP_CODE_DIGEST``, which kfp.local's key
     holds beside the task's inputs: any such change misses. On a cluster the image reference stands for the code:
-    see docs/pipelines.md (pin images by digest).
+    see docs/guides/pipelines.md (pin images by digest).
     """
     h = hashlib.sha256()
     files = sorted([*REPO_ROOT.glob("src/vlp/**/*.py"), *REPO_ROOT.glob("components/*.py"),

@@ -12,7 +12,7 @@ The tests run are the files that import the modules themselves (``scripts/testma
 file whose imports reach them), without the ones marked ``slow`` and the chart/image checks: a score is a lower
 bound on what ``make test`` catches.
 
-    python scripts/mutation.py                         # every target, results into docs/mutation.md
+    python scripts/mutation.py                         # every target, results into docs/results/mutation.md
     python scripts/mutation.py --only losses eval.qa   # some targets (the report then shows only those)
     python scripts/mutation.py --resume                # go on with an interrupted run (mutmut keeps each result)
     python scripts/mutation.py --report-only           # rewrite the report from the last run
@@ -42,7 +42,7 @@ import testmap
 
 ROOT = testmap.ROOT
 WORK = Path(os.environ.get("VLP_MUTATION_WORK", ROOT / ".cache" / "mutation"))  # mutmut's working copy
-REPORT = ROOT / "docs" / "mutation.md"
+REPORT = ROOT / "docs" / "results" / "mutation.md"
 EQUIVALENT = ROOT / "scripts" / "mutation_equivalent.toml"
 MARKER = "<!-- Everything below is written by scripts/mutation.py; edit above this line. -->"
 
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", choices=sorted(TARGETS), help="some targets only")
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--report-only", action="store_true", help="rewrite docs/mutation.md from the last run")
+    parser.add_argument("--report-only", action="store_true", help="rewrite docs/results/mutation.md from the last run")
     parser.add_argument("--wide", action="store_true", help="every test file whose imports reach a target")
     parser.add_argument("--resume", action="store_true", help="go on with the last run (its mutants and tests)")
     parser.add_argument("--names", type=Path, help="run only the mutants named in this file (one per line)")

@@ -11,7 +11,7 @@ pre-training per row, each fine-tuned and evaluated for retrieval and QA (and ev
     all, 1 template   as "all", with a prompt bank built from one template (Table 5, w/o ensembling)
 
 Writes ``<out>/results.jsonl`` (one line per seed x row; a re-run skips finished units) and the report
-``docs/ablation.md`` (mean +- sample std over seeds, and the paper's directions with Welch t statistics).
+``docs/results/ablation.md`` (mean +- sample std over seeds, and the paper's directions with Welch t statistics).
 
     python benchmarks/ablations/ablation.py --out runs/ablation --seeds 0 1 2      # `make ablation`
 """
@@ -179,7 +179,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
 
 
 def main() -> None:
-    p = common.ablation_parser(__doc__, "runs/ablation", str(common.ROOT / "docs" / "ablation.md"), list(ROWS))
+    p = common.ablation_parser(__doc__, "runs/ablation", str(common.ROOT / "docs" / "results" / "ablation.md"), list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="prompter and pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")

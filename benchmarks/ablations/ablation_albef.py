@@ -16,7 +16,7 @@ in pre-training from MoD in fine-tuning, two rows that are one here). Retrieval 
 and re-ranked by ITM (ALBEF's evaluation), side by side.
 
 Writes ``<out>/results/seed<N>-<row>.json`` (one file per unit; a re-run skips finished units) and the report
-``docs/ablation-albef.md`` (mean +- sample std over seeds, the paper's directions with Welch t statistics).
+``docs/results/ablation-albef.md`` (mean +- sample std over seeds, the paper's directions with Welch t statistics).
 
     python benchmarks/ablations/ablation_albef.py --out runs/ablation-albef --seeds 0 1 2      # `make ablation-albef`
 """
@@ -52,7 +52,7 @@ def settings(args: argparse.Namespace, seed: int, row: str = "itc+mlm+itm_hard+m
     Fine-tuning is the main job's in every row (ITC + ITM, mixed ITM negatives), with or without MoD as the row."""
     losses, negatives, distill = ROWS[row]
     o = ["model.family=albef", f"model.losses={json.dumps(losses)}", f"model.albef.vtm_negatives={negatives}"]
-    # the main job's RandAugment ops (ALPRO's), as docs/ablation-albef.md was measured; ALBEF's own are albef_paper
+    # the main job's RandAugment ops (ALPRO's), as docs/results/ablation-albef.md was measured; ALBEF's own are albef_paper
     o += [f"{section}.randaug_ops=alpro" for section in ("pretrain", "retrieval", "qa")]
     o.append(f"model.albef.distill={str(distill).lower()}")
     return load_config(common.ABLATION_BASE, [*common.run_overrides(args, seed), *o])
@@ -189,7 +189,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
 
 
 def main() -> None:
-    report_path = str(common.ROOT / "docs" / "ablation-albef.md")
+    report_path = str(common.ROOT / "docs" / "results" / "ablation-albef.md")
     p = common.ablation_parser(__doc__, "runs/ablation-albef", report_path, list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")

@@ -17,7 +17,7 @@ fine-tuning and evaluation; ALBEF (``--family albef``) has no prompter. Rows:
 Recorded per unit: the held-out VTM / ITM loss after fine-tuning and its label prior; text -> video R@1 re-ranked by
 the fusion head and by similarity alone, fine-tuned and zero-shot; QA accuracy and the majority answer's; chance;
 the wall time of each stage. Writes ``<out>/results/seed<N>-<row>.json`` (a re-run skips finished units) and the
-report ``docs/pretrained-start.md`` (``docs/pretrained-start-albef.md`` for ALBEF).
+report ``docs/results/pretrained-start.md`` (``docs/results/pretrained-start-albef.md`` for ALBEF).
 
     python benchmarks/ablations/ablation_pretrained.py --out runs/ablation-pretrained --seeds 0 1 2
     python benchmarks/ablations/ablation_pretrained.py --family albef --out runs/ablation-pretrained-albef --seeds 0 1 2
@@ -207,7 +207,7 @@ def main() -> None:
     args = p.parse_args()
     if not args.report:
         suffix = "" if args.family == "alpro" else f"-{args.family}"
-        args.report = str(common.ROOT / "docs" / f"pretrained-start{suffix}.md")
+        args.report = str(common.ROOT / "docs" / "results" / f"pretrained-start{suffix}.md")
     start = time.perf_counter()
     results = common.ablation_results(args, list(ROWS), settings(args, 0), args, functools.partial(unit, args))
     if results:

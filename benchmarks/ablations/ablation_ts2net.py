@@ -20,7 +20,7 @@ the full model:
     no aggregator       each frame's selected [CLS] straight from the ViT (the code's meanP header)
 
 Writes ``<out>/results/seed<N>-<row>.json`` (one file per unit; a re-run skips finished units, so units can run in
-parallel processes) and ``docs/ablation-ts2net.md`` (mean +- sample std over seeds, Welch t of the directions).
+parallel processes) and ``docs/results/ablation-ts2net.md`` (mean +- sample std over seeds, Welch t of the directions).
 
     python benchmarks/ablations/ablation_ts2net.py --out runs/ablation-ts2net --seeds 0 1 2     # `make ablation-ts2net`
 """
@@ -159,7 +159,7 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
 
 
 def main() -> None:
-    report_path = str(common.ROOT / "docs" / "ablation-ts2net.md")
+    report_path = str(common.ROOT / "docs" / "results" / "ablation-ts2net.md")
     p = common.ablation_parser(__doc__, "runs/ablation-ts2net", report_path, list(ROWS))
     p.add_argument("--steps", type=int, default=0, help="fine-tuning steps (0 = the main job's retrieval.max_steps)")
     args = p.parse_args()

@@ -8,7 +8,7 @@ it exits 1 when the tracking server cannot take it. ``vlp search`` (not a step) 
 table, or as a JSON list with ``--json``; its query and any overrides follow the options. ``vlp answer`` (not a
 step) prints a QA model's top answers to a question about one clip as a table, or as JSON with ``--json``; its clip,
 question and any overrides follow the options. ``vlp serve`` (not a step) serves an index over HTTP until it is
-stopped (docs/serve.md).
+stopped (docs/guides/serve.md).
 
 Ctrl-C (SIGINT) or SIGTERM stops a command without a traceback: one line on stderr says where it stopped and
 that the same command goes on (a training step: from its newest checkpoint), a training step's MLflow run ends
@@ -387,12 +387,12 @@ COMMANDS: list[Command] = [
     Command("evaluate-qa", "QA accuracy overall and per answer type; predictions + report", _evaluate_args,
             _run_evaluate_qa),
     Command("index", "encode a collection's clips with a retrieval or pre-trained model into a searchable index "
-            "(adds the clips it lacks; docs/search.md)", _index_args, _run_index),
-    Command("search", "the clips of an index that best match a text (docs/search.md)", _search_args, _run_search),
+            "(adds the clips it lacks; docs/guides/search.md)", _index_args, _run_index),
+    Command("search", "the clips of an index that best match a text (docs/guides/search.md)", _search_args, _run_search),
     Command("answer", "a QA fine-tuned model's most probable answers to a question about one clip, as evaluate-qa "
-            "predicts them (docs/search.md)", _answer_args, _run_answer),
+            "predicts them (docs/guides/search.md)", _answer_args, _run_answer),
     Command("serve", "serve an index's search (and a QA model's answers) over HTTP: KServe's inference protocols and "
-            "a JSON API on one port, until Ctrl-C or SIGTERM (docs/serve.md)", _serve_args, _run_serve),
+            "a JSON API on one port, until Ctrl-C or SIGTERM (docs/guides/serve.md)", _serve_args, _run_serve),
 ]  # fmt: skip
 
 

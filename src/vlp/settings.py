@@ -144,7 +144,7 @@ class OptimSettings:
     grad_clip: float = 20.0  # max global gradient norm (<= 0: no clipping)
     fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
     backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
-    # AdamW's kernels: "foreach" = all parameters of a group per op (bitwise equal to "loop"; docs/speed.md),
+    # AdamW's kernels: "foreach" = all parameters of a group per op (bitwise equal to "loop"; docs/results/speed.md),
     # "fused" = one kernel per group (fastest; rounds differently), "loop" = one parameter at a time
     adamw: Literal["foreach", "fused", "loop"] = "foreach"
 
@@ -161,22 +161,22 @@ class LoopSettings:
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     seed: int = 0  # global RNGs are seeded with seed + rank at start
     bf16: bool = True  # bf16 autocast of forward + loss on CUDA
-    # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size (docs/speed.md)
+    # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size (docs/results/speed.md)
     cpu_bf16: bool = False
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
     # torch.compile each transformer block (training, and the section's evaluation); eager with a warning where
-    # torch.compile cannot run (docs/speed.md)
+    # torch.compile cannot run (docs/results/speed.md)
     compile: bool = False
     progress: bool = True  # a tqdm bar on a terminal, else one line per logged interval; false: nothing
 
 
 @dataclass
 class LoaderSettings:
-    """How training batches are read (docs/input.md)."""
+    """How training batches are read (docs/reference/input.md)."""
 
     batch_size: int = 8  # clips per micro-batch per process
     # The epoch order: "global" = a seeded permutation of all pairs (the paper's; a clip is a random read);
-    # "shards" = shards in a seeded order, pairs mixed in a buffer of shuffle_buffer (docs/input.md)
+    # "shards" = shards in a seeded order, pairs mixed in a buffer of shuffle_buffer (docs/reference/input.md)
     order: Literal["global", "shards"] = "global"
     shuffle_buffer: int = 4096  # order=shards: pairs mixed at a time (>= the pairs of a rank: a full permutation)
     num_workers: int = 2  # loader processes building batches ahead of the training (0 = on the training thread)
@@ -224,7 +224,7 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
 class PretrainConfig(TrainingSchedule):
     """``pretrain-prompter`` and ``pretrain``: the schedule (defaults: ALPRO pre-training) and batch grouping."""
 
-    group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/pem.md)
+    group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/results/pem.md)
     group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
     group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
 
@@ -248,7 +248,7 @@ class FinetuneConfig(TrainingSchedule):
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
     eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
     eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
-    # the evaluation's forwards: fp32, or bf16 autocast (features, scores and metrics stay fp32; docs/speed.md)
+    # the evaluation's forwards: fp32, or bf16 autocast (features, scores and metrics stay fp32; docs/results/speed.md)
     eval_precision: Literal["fp32", "bf16"] = "fp32"
     split: str = "test"  # the split the evaluate step scores
     seed: int = 42  # app. A.2
@@ -349,7 +349,7 @@ class QAConfig(FinetuneConfig):
 
 @dataclass
 class IndexConfig:
-    """``vlp index`` and ``vlp search`` (docs/search.md): what a clip index stores and how search reads it.
+    """``vlp index`` and ``vlp search`` (docs/guides/search.md): what a clip index stores and how search reads it.
 
     Clips are sampled and encoded as ``evaluate-retrieval`` does, with the ``retrieval`` section's ``num_frames``,
     ``eval_mode``, ``seed`` and ``eval_batch_size``; a query is encoded with its ``max_len`` and re-ranked with its

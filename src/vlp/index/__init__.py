@@ -1,5 +1,5 @@
 """A clip index: a collection's clips encoded once by a trained model, searchable by text (``vlp index``,
-``vlp search``; docs/search.md).
+``vlp search``; docs/guides/search.md).
 
 What is stored, and why
 -----------------------

@@ -1,5 +1,5 @@
 """``vlp answer``: a QA fine-tuned model's most probable answers to a question about one clip, as ``evaluate-qa``
-predicts them (docs/search.md).
+predicts them (docs/guides/search.md).
 
 The clip
 --------

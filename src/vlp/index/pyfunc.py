@@ -1,5 +1,5 @@
 """vlp's models as MLflow models of the ``python_function`` flavour: they load with ``mlflow.pyfunc.load_model`` and
-serve with ``mlflow models serve`` (docs/search.md, "MLflow").
+serve with ``mlflow models serve`` (docs/guides/search.md, "MLflow").
 
 Each is one directory that is two things at once: a copy of a vlp model directory (``model.json``, weights,
 tokenizer: every vlp step and the re-evaluation read it as before) and an MLflow model (``MLmodel``) whose

@@ -1,4 +1,4 @@
-"""``vlp serve``: a model server for a clip index (docs/serve.md), on KServe's Python SDK, so the same code is a
+"""``vlp serve``: a model server for a clip index (docs/guides/serve.md), on KServe's Python SDK, so the same code is a
 KServe InferenceService's custom predictor in Kubeflow and a local server.
 
 - :mod:`vlp.serve.model`: the KServe model (``vlp-search``): the index's :class:`vlp.index.query.Searcher` behind

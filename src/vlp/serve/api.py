@@ -3,7 +3,7 @@
 ``GET /api/search?q=&k=``, ``GET /api/clips/{video_id}`` (its stored frames),
 ``GET /api/clips/{video_id}/thumbnail.jpg``, ``GET /api/clips/{video_id}/frames/{slot}.jpg``, ``POST /api/answer``,
 ``GET /healthz``, and ``GET /``: a page that searches, shows a hit's frames and asks about it (``page.html``, no
-assets from elsewhere) (docs/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server
+assets from elsewhere) (docs/guides/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server
 logs that line: a blank or over-long query or question, or one that is not valid UTF-8 (400), ``k`` outside 1..1000
 (400), a parameter or body field of the wrong type or missing (422, for KServe's routes too), an unknown clip or
 frame (404), an unknown route (404) or method (405), ``/api/answer`` without a QA model (404), a request body over

@@ -170,7 +170,7 @@ def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", 
         rest.config.host = host  # uvicorn serves the socket bound above; this is what its log says
         rest.config.http = OneLineErrors
         if token is None and not ipaddress.ip_address(sock.getsockname()[0]).is_loopback:
-            log.warning("vlp serve: %s is unset: anyone who reaches %s can search%s (docs/serve.md: Access)",
+            log.warning("vlp serve: %s is unset: anyone who reaches %s can search%s (docs/guides/serve.md: Access)",
                         TOKEN_ENV, host, " and ask" if answerer else "")  # fmt: skip
         url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
         log.info("vlp serve: listening on %s (model %s; %s/v2/models/%s/infer, %s/api/search?q=...)", url, NAME,

@@ -97,7 +97,7 @@ def captions_for(plan: ItemPlan, n: int, rng: np.random.Generator, color_mention
     """``n`` captions of ``plan``, distinct where the templates allow (up to 50 draws per caption).
 
     Each noun phrase names its object's colour with probability ``color_mention`` (1.0: always). Below
-    1.0 some captions say only "a triangle", as real captions leave attributes out. docs/pem.md measures
+    1.0 some captions say only "a triangle", as real captions leave attributes out. docs/results/pem.md measures
     what it changes for the prompter (at CPU scale: nothing; the scene, not the captions, held it back).
     """
     seen: list[str] = []
