@@ -277,9 +277,9 @@ def test_annotation_example_ingests_as_documented(example: Example, clip_bytes, 
 
 
 def test_the_families_table_lists_every_registered_family_as_its_spec_says():
-    """docs/reference/families.md's table has one row per registered family, with its paper, whether vlp pre-trains it, its
-    pipeline and its package, as the registry has them (a family added to the registry and not to the table fails
-    here, and so does a row the registry no longer backs)."""
+    """docs/reference/families.md's table has one row per registered family, with its paper, whether vlp pre-trains
+    it, its pipeline and its package, as the registry has them (a family added to the registry and not to the table
+    fails here, and so does a row the registry no longer backs)."""
     from pipelines import pretrain, retrieval
     from vlp.models import family
 

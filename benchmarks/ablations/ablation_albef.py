@@ -52,7 +52,8 @@ def settings(args: argparse.Namespace, seed: int, row: str = "itc+mlm+itm_hard+m
     Fine-tuning is the main job's in every row (ITC + ITM, mixed ITM negatives), with or without MoD as the row."""
     losses, negatives, distill = ROWS[row]
     o = ["model.family=albef", f"model.losses={json.dumps(losses)}", f"model.albef.vtm_negatives={negatives}"]
-    # the main job's RandAugment ops (ALPRO's), as docs/results/ablation-albef.md was measured; ALBEF's own are albef_paper
+    # the main job's RandAugment ops (ALPRO's), as docs/results/ablation-albef.md was measured; ALBEF's own are
+    # albef_paper
     o += [f"{section}.randaug_ops=alpro" for section in ("pretrain", "retrieval", "qa")]
     o.append(f"model.albef.distill={str(distill).lower()}")
     return load_config(common.ABLATION_BASE, [*common.run_overrides(args, seed), *o])

@@ -388,7 +388,8 @@ COMMANDS: list[Command] = [
             _run_evaluate_qa),
     Command("index", "encode a collection's clips with a retrieval or pre-trained model into a searchable index "
             "(adds the clips it lacks; docs/guides/search.md)", _index_args, _run_index),
-    Command("search", "the clips of an index that best match a text (docs/guides/search.md)", _search_args, _run_search),
+    Command("search", "the clips of an index that best match a text (docs/guides/search.md)", _search_args,
+            _run_search),
     Command("answer", "a QA fine-tuned model's most probable answers to a question about one clip, as evaluate-qa "
             "predicts them (docs/guides/search.md)", _answer_args, _run_answer),
     Command("serve", "serve an index's search (and a QA model's answers) over HTTP: KServe's inference protocols and "

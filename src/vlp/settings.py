@@ -161,7 +161,8 @@ class LoopSettings:
     keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     seed: int = 0  # global RNGs are seeded with seed + rank at start
     bf16: bool = True  # bf16 autocast of forward + loss on CUDA
-    # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size (docs/results/speed.md)
+    # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size
+    # (docs/results/speed.md)
     cpu_bf16: bool = False
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
     # torch.compile each transformer block (training, and the section's evaluation); eager with a warning where

@@ -20,9 +20,9 @@ META_KEY = b"vlp.index"
 FORMAT = 1
 # An ANN search walks the HNSW graphs with a candidate list of ANN_EF entries (at least n * REFINE_FACTOR, which
 # LanceDB requires) and re-scores REFINE_FACTOR times the n rows it returns on the stored float32 vectors. Chosen
-# with benchmarks/search/bench_index.py at 100,000 clips (docs/guides/search.md, "Measured"): LanceDB's default list (about
-# 1.5 * n * refine) gave recall@10 0.92 on clustered data where 1,000 gave 0.98 at p50 < 50 ms; a larger refine
-# factor costs time without raising recall once the list is that long.
+# with benchmarks/search/bench_index.py at 100,000 clips (docs/guides/search.md, "Measured"): LanceDB's default
+# list (about 1.5 * n * refine) gave recall@10 0.92 on clustered data where 1,000 gave 0.98 at p50 < 50 ms; a larger
+# refine factor costs time without raising recall once the list is that long.
 ANN_EF = 1000
 REFINE_FACTOR = 2
 _HASH_CHUNK = 8 << 20

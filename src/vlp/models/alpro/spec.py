@@ -16,9 +16,9 @@ class AlproSettings(VTMSettings):
 
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
-    # The frozen prompter's cost (about a tenth of a paper-size pre-training step on a CPU, docs/results/speed.md): the side
-    # in pixels of the crop it sees (0 = the model's frame size, as paper and code; pem_crop=resize only) and the
-    # precision of its forward (bf16 = autocast even where training runs in fp32).
+    # The frozen prompter's cost (about a tenth of a paper-size pre-training step on a CPU, docs/results/speed.md):
+    # the side in pixels of the crop it sees (0 = the model's frame size, as paper and code; pem_crop=resize only)
+    # and the precision of its forward (bf16 = autocast even where training runs in fp32).
     pem_prompter_size: int = 0
     pem_prompter_precision: Literal["fp32", "bf16"] = "fp32"
     same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
