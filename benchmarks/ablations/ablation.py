@@ -179,8 +179,8 @@ def report(results: list[dict[str, Any]], args: argparse.Namespace, path: Path, 
 
 
 def main() -> None:
-    report = str(common.ROOT / "docs" / "results" / "ablation.md")
-    p = common.ablation_parser(__doc__, "runs/ablation", report, list(ROWS))
+    report_path = str(common.ROOT / "docs" / "results" / "ablation.md")
+    p = common.ablation_parser(__doc__, "runs/ablation", report_path, list(ROWS))
     p.add_argument("--pretrain-steps", type=int, default=0, help="prompter and pre-training steps (0 = the main job's)")
     p.add_argument("--finetune-steps", type=int, default=0, help="retrieval fine-tuning steps (0 = the main job's)")
     p.add_argument("--qa-steps", type=int, default=0, help="QA fine-tuning steps (0 = the main job's)")
