@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common import png_header, put  # noqa: F401 (the tests take them from here; the fault battery shares them)
 from vlp import storage
 
 ACCESS_KEY = "vlp-test-access"
@@ -133,31 +134,6 @@ def write_mp4(path: str | Path, num_frames: int = 24, fps: int = 12, size: tuple
 def clip_bytes(tmp_path_factory: pytest.TempPathFactory) -> bytes:
     """One real 2 s h264 mp4 (24 frames at 12 fps, 64x48), copied wherever a good clip is needed."""
     return write_mp4(tmp_path_factory.mktemp("clip") / "clip.mp4").read_bytes()
-
-
-def put(path: Path, data: bytes | str) -> Path:
-    """Write ``data`` (text as UTF-8) to ``path``, creating its folders; returns ``path``."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(data.encode() if isinstance(data, str) else data)
-    return path
-
-
-def png_header(path: str | Path, width: int, height: int) -> Path:
-    """A PNG whose header declares ``width x height``; its pixel data is a stub, so nothing may decode it.
-
-    What a decompression bomb looks like to a size check that reads headers only.
-    """
-    import struct
-    import zlib
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    body = chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0")) + chunk(b"IEND", b"")
-    path = Path(path)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + body)
-    return path
 
 
 @pytest.fixture

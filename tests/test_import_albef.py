@@ -10,42 +10,29 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from common import parity_tokenizer
+from parity.albef_parity import albef_outputs
 from vlp.cli import main
-from vlp.losses import distill
 from vlp.models import directory
-from vlp.models.albef.model import albef_forward, itm_logits
-from vlp.models.family import PretrainBatch, StepContext
 from vlp.models.importing import CheckpointFormatError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "albef_parity"
 ATOL = 1e-4
 ALPHA = 0.4  # the fixture's distillation weight
-WORDS = ["red", "blue", "green", "circle", "square", "moves", "left", "a", "the", "spins", "two", "bounce",
-         "over", "grass", "sand", "star"]  # fmt: skip
 CASES = [
     ("albef_pretrain.pt", "albef", "albef", "outputs_albef.pt"),
     ("lavis_retrieval.pt", "lavis", "albef_retrieval", "outputs_lavis.pt"),
 ]
 
 
-def write_tokenizer(d: Path) -> str:
-    """A bert-base-uncased-style directory (vocab.txt + tokenizer_config.json) with the fixture's 120 ids."""
-    d.mkdir(parents=True, exist_ok=True)
-    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
-    return str(d)
-
-
 @pytest.fixture(scope="module")
 def bert_style_tokenizer(tmp_path_factory) -> str:
-    return write_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
+    return parity_tokenizer(tmp_path_factory.mktemp("tok") / "tok")
 
 
 def _import(tmp: Path, name: str, tok: str, *extra: str) -> tuple[Path, dict]:
@@ -58,45 +45,6 @@ def _import(tmp: Path, name: str, tok: str, *extra: str) -> tuple[Path, dict]:
 
 def inputs() -> dict[str, torch.Tensor]:
     return torch.load(FIXTURE / "inputs.pt", weights_only=True)
-
-
-@torch.no_grad()
-def albef_outputs(model, x) -> dict[str, torch.Tensor]:
-    """vlp's numbers for the fixture's outputs (an image is a one-frame clip)."""
-    video, ids, mask = x["image"].unsqueeze(1), x["input_ids"], x["attention_mask"]
-    b = ids.shape[0]
-    full_cfg = model.cfg
-    model.cfg = replace(full_cfg, losses=("itc",))  # the ITC part of the forward (ITM / MLM draw at random)
-    try:
-        batch = PretrainBatch(video=video, input_ids=ids, attention_mask=mask, video_index=x["image_id"])
-        itc = albef_forward(model, batch, StepContext())
-    finally:
-        model.cfg = full_cfg
-    image_feat, visual = model.online.encode_video(video)
-    text_feat, text = model.online.encode_text(ids, mask)
-    t_idx, v_idx = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)  # pair (i, j) = text i, image j
-    out = {
-        "image_embeds": visual.frame_tokens[:, 0],
-        "text_embeds": text.tokens,
-        "image_feat": image_feat,
-        "text_feat": text_feat,
-        "temp": model.temperature().detach(),
-        "sim_i2t": itc.itc_i2t,
-        "sim_t2i": itc.itc_t2i,
-        "sim_i2t_m": itc.itc_i2t_m,
-        "sim_t2i_m": itc.itc_t2i_m,
-        "sim_i2t_targets": distill.itc_targets(itc.itc_i2t_m, itc.itc_positives, ALPHA),
-        "sim_t2i_targets": distill.itc_targets(itc.itc_t2i_m, itc.itc_positives, ALPHA),
-        "itm_logits": itm_logits(model, text.tokens[t_idx], mask[t_idx], visual.tokens[v_idx]).view(b, b, 2),
-    }
-    if model.online.mlm_head is not None:
-        masked = model.online.text(x["mlm_input_ids"], mask)
-        out["mlm_logits"] = model.online.mlm_head(model.fuse(masked.tokens, mask, visual.tokens).text)
-        _, visual_m = model.momentum.encode_video(video)
-        masked_m = model.momentum.text(x["mlm_input_ids"], mask)
-        fused_m = model.momentum.fusion(masked_m.tokens, mask, visual_m.tokens)
-        out["mlm_logits_m"] = model.momentum.mlm_head(fused_m.text)
-    return out
 
 
 def max_diffs(got: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:

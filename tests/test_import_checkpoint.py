@@ -15,27 +15,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from common import HOSTILE_CHECKPOINTS
+from common import HOSTILE_CHECKPOINTS, parity_tokenizer
+from parity.alpro_parity import retrieval_outputs
 from vlp.cli import main
 from vlp.models import directory
-from vlp.models.alpro.model import vtm_logits
 from vlp.models.importing import CheckpointFormatError, read_checkpoint
 
 FIXTURE = Path(__file__).parent / "fixtures" / "alpro_parity"
 ATOL = 1e-4  # the outputs are O(1)-O(10); a wrong key moves one by >= 4e-3 (README: per-key sensitivity)
-WORDS = ["red", "blue", "green", "circle", "square", "moves", "left", "a", "the", "spins", "two", "bounce",
-         "over", "grass", "sand", "star"]  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def bert_style_tokenizer(tmp_path_factory) -> str:
-    """A bert-base-uncased-style directory (vocab.txt + tokenizer_config.json) with the fixture's 120 ids."""
-    d = tmp_path_factory.mktemp("tok")
-    vocab = ["[PAD]"] + [f"[unused{i}]" for i in range(99)] + ["[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
+    """A bert-base-uncased-style directory with the fixture's 120 ids (the parity benchmark's)."""
+    path = parity_tokenizer(tmp_path_factory.mktemp("tok"))
+    vocab = (Path(path) / "vocab.txt").read_text().splitlines()
     assert len(vocab) == 120 and vocab.index("[CLS]") == 101 and vocab.index("[MASK]") == 103
-    (d / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    (d / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "BertTokenizer", "do_lower_case": True}))
-    return str(d)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -55,31 +51,6 @@ def _import(tmp: Path, name: str, tok: str, *extra: str) -> tuple[Path, dict]:
 
 def _inputs() -> dict[str, torch.Tensor]:
     return torch.load(FIXTURE / "inputs.pt", weights_only=True)
-
-
-@torch.no_grad()
-def _retrieval_outputs(model, x) -> dict[str, torch.Tensor]:
-    video_feat, video_out = model.dual.encode_video(x["video"])
-    text_feat, text_out = model.dual.encode_text(x["input_ids"], x["attention_mask"])
-    temp = model.dual.temperature()
-    b = x["video"].shape[0]
-    t_idx, v_idx = torch.arange(b).repeat_interleave(b), torch.arange(b).repeat(b)  # pair (i, j) = text i, video j
-    vtm = vtm_logits(model, text_out.tokens[t_idx], x["attention_mask"][t_idx], video_out.tokens[v_idx])
-    out = {
-        "video_embeds": video_out.tokens,
-        "text_embeds": text_out.tokens,
-        "video_feat": video_feat,
-        "text_feat": text_feat,
-        "sim_v2t": video_feat @ text_feat.t() / temp,
-        "sim_t2v": text_feat @ video_feat.t() / temp,
-        "vtm_logits": vtm.view(b, b, 2),
-        "temp": temp,
-    }
-    if model.mlm_head is not None:
-        masked = model.dual.text(x["mlm_input_ids"], x["attention_mask"])
-        fused = model.fuse(masked.tokens, x["attention_mask"], video_out.tokens)
-        out["mlm_logits"] = model.mlm_head(fused.text)
-    return out
 
 
 def _assert_parity(got: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -103,7 +74,7 @@ def test_imported_retrieval_weights_give_the_reference_similarities_vtm_and_mlm_
     model, tok, info = directory.load(str(out))
     assert len(tok) == 120 and info.config.pixel_mean == (0.48145466, 0.4578275, 0.40821073)
     reference = torch.load(FIXTURE / outputs, weights_only=True)
-    got = _retrieval_outputs(model, _inputs())
+    got = retrieval_outputs(model, _inputs())
     assert ("mlm_logits" in got) == (fmt == "alpro")  # LAVIS's ALPRO has no MLM head
     _assert_parity(got, reference)
     assert info.doc["lineage"]["sha256"] == summary["sha256"] and info.doc["lineage"]["format"] == fmt
