@@ -5,6 +5,8 @@
 # PIPELINE=retrieval runs vlp-retrieval (no pre-training; FAMILY defaults to ts2net there); PIPELINE=index runs
 # vlp-index (PARAMS="model=URI frames=URI [dataset=URI split=S index_uri=URI]"). A rerun into the same
 # PIPELINE_OUT reuses every unchanged step from KFP's cache (CACHE=0 runs them all); VERBOSE=1 keeps kfp.local's log.
+# RUNNER=container runs each task in `make image-test`'s image as a pod runs it (uid 10001, read-only root), through
+# podman's Docker API (scripts/podman-service.sh, started here); STEP_CONFIG=configs/tiny.yaml picks the step config.
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
@@ -17,6 +19,8 @@ PIPELINE_OUT ?= runs/pipeline-local
 PIPELINE_DATA_ROOT ?=
 CACHE ?= 1
 VERBOSE ?= 0
+RUNNER ?= subprocess
+STEP_CONFIG ?=
 CRON ?= 0 0 3 * * *
 SCHEDULE_NAME ?= vlp-reevaluate-nightly
 SUBMIT = $(PY) -m pipelines.submit
@@ -28,11 +32,13 @@ SUBMIT_ARGS = --host "$(KFP_HOST)" --namespace "$(KFP_NAMESPACE)" --experiment "
 pipeline-compile: $(STAMP) ## Compile the KFP pipelines into pipelines/compiled/*.yaml (commit the result)
 	$(PY) -m pipelines.compile
 
-pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, PIPELINE=retrieval FAMILY=ts2net, or PIPELINE=index PARAMS="model=.. frames=.."]: locally with kfp.local, or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
+pipeline-run: $(STAMP) ## Whole DAG [FAMILY=alpro|albef, PIPELINE=retrieval FAMILY=ts2net, or PIPELINE=index PARAMS="model=.. frames=.."]: locally with kfp.local [RUNNER=container: each task in make image-test's image; STEP_CONFIG=file], or with KFP_HOST=URL [PARAMS="k=v ..."] on KFP
 ifeq ($(strip $(KFP_HOST)),)
+	$(if $(filter container,$(RUNNER)),eval "$$(scripts/podman-service.sh start .cache/podman)" &&) \
 	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --pipeline $(PIPELINE) --family $(FAMILY) \
 		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)') \
-		$(if $(filter 0,$(CACHE)),--no-cache) $(if $(filter 1,$(VERBOSE)),--verbose)
+		$(if $(filter 0,$(CACHE)),--no-cache) $(if $(filter 1,$(VERBOSE)),--verbose) \
+		$(if $(filter container,$(RUNNER)),--runner container) $(if $(strip $(STEP_CONFIG)),--step-config $(STEP_CONFIG))
 else
 	$(PY) -m pipelines.compile
 	$(SUBMIT) run --pipeline $(RUN_PIPELINE) $(SUBMIT_ARGS) $(if $(filter retrieval,$(PIPELINE)),--param 'family=$(FAMILY)')

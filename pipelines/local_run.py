@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--param", action="append", default=[], metavar="key=value",
                         help="pipeline parameter, as PARAMS on a cluster (repeat)")  # fmt: skip
     parser.add_argument("--no-cache", action="store_true", help="run every task again (no reuse of earlier runs)")
+    parser.add_argument("--runner", default="subprocess", choices=["subprocess", "container"],
+                        help="subprocess: each task in this virtualenv; container: each task in vlp's image as "
+                        "a pod runs it (uid 10001, read-only root; scripts/podman-service.sh)")  # fmt: skip
+    parser.add_argument("--image", default=None, help="with --runner container: the image (default: make image-test's)")
     parser.add_argument("--verbose", action="store_true", help="kfp.local's own log: executor inputs, artifacts")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="step config overrides")
     return parser.parse_args(argv)
@@ -75,6 +79,8 @@ def run(
     cache: bool = True,
     verbose: bool = False,
     talk: local_talk.Talk | None = None,
+    runner: str = "subprocess",
+    image: str | None = None,
 ) -> dict[str, Any]:
     """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``; with
     ``pipeline="index"``, ``vlp-index`` on ``params``' model and frames) locally into ``out``; returns ``{"outputs":
@@ -95,6 +101,7 @@ def run(
     """
     from kfp import local
 
+    from pipelines import local_container
     from vlp.tracking import sqlite_uri
 
     cfg = pipeline_config.load(pipeline_config_path)
@@ -106,10 +113,18 @@ def run(
         config = str((REPO_ROOT / config).resolve())
     source = str((params or {}).get("source_uri") or source_uri)
     cfg = dataclasses.replace(cfg, code_digest=code_digest(config) + source_digest(source))
-    tracking = [f"tracking.tracking_uri={sqlite_uri(run_dir)}", f"tracking.experiment={EXPERIMENT}"]
     kfp_root = run_dir / "kfp"
+    in_containers = runner == "container"
+    if in_containers:  # a container sees the pipeline root alone: the step config goes as text, MLflow's store there
+        config = Path(config).read_text(encoding="utf-8") if "\n" not in config else config
+        tag = image or local_container.IMAGE
+        cfg = dataclasses.replace(cfg, images=pipeline_config.Images(cpu=tag, gpu=tag))
+        kfp_root.mkdir(exist_ok=True)
+        kfp_root.chmod(0o777)  # written by the containers' uid 10001 as well as by this process
+    store = kfp_root if in_containers else run_dir
+    tracking = [f"tracking.tracking_uri={sqlite_uri(store)}", f"tracking.experiment={EXPERIMENT}"]
     local.init(
-        runner=local.SubprocessRunner(use_venv=False),
+        runner=local_container.runner() if in_containers else local.SubprocessRunner(use_venv=False),
         pipeline_root=str(kfp_root),
         enable_caching=cache,
         cache_root=str(run_dir / "kfp-cache"),
@@ -117,7 +132,10 @@ def run(
     before = set(kfp_root.glob("*"))
     new_run_id()
     talk = talk or local_talk.Talk(verbose=verbose)
-    with warnings.catch_warnings(), talk:
+    local_container.VERBOSE = verbose
+    local_container.STARTED.clear()
+    containers = local_container.patched() if in_containers else contextlib.nullcontext()
+    with warnings.catch_warnings(), talk, containers, _umask(0o000 if in_containers else None):
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
         root = cfg.data_root if data_root is None else data_root
@@ -140,12 +158,25 @@ def run(
         "outputs": outputs,
         "tasks": list(talk.order),
         "reports": copy_reports(outputs, run_dir / "reports"),
-        "mlflow": mlflow_summary(sqlite_uri(run_dir)),
+        "mlflow": mlflow_summary(sqlite_uri(store)),
         "step_config": config,
+        "containers": [dataclasses.asdict(c) for c in local_container.STARTED] if in_containers else [],
     }
 
 
 INDEX_URIS = ("model", "frames", "dataset", "index_uri")  # vlp-index's URI parameters
+
+
+@contextlib.contextmanager
+def _umask(mask: int | None) -> Iterator[None]:
+    """This process's umask set to ``mask`` while inside (None: left as it is): the folders kfp.local makes under the
+    pipeline root are written by the containers' uid too."""
+    saved = os.umask(mask) if mask is not None else None
+    try:
+        yield
+    finally:
+        if saved is not None:
+            os.umask(saved)
 
 
 def local_uri(value: Any) -> Any:
@@ -289,6 +320,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SubmitError as exc:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
         return 2
+    if args.runner == "container":
+        from pipelines import local_container
+
+        try:
+            local_container.check(args.image or local_container.IMAGE)
+        except RuntimeError as exc:
+            print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
+            return 2
     talk = local_talk.Talk(verbose=args.verbose)
 
     def on_signal(sig: int, _frame: Any) -> None:
@@ -300,7 +339,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         result = run(
             args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,
-            args.pipeline, cache=not args.no_cache, talk=talk,
+            args.pipeline, cache=not args.no_cache, talk=talk, runner=args.runner, image=args.image,
         )  # fmt: skip
     except (Interrupted, KeyboardInterrupt) as exc:
         for sig in saved:  # a second Ctrl-C while the steps wind down kills at once
@@ -376,6 +415,11 @@ def print_result(result: dict[str, Any], seconds: float) -> None:
         )
     else:
         print(json.dumps(tracked, indent=2, sort_keys=True))
+    if result.get("containers"):
+        print("\n=== containers (each task in its image, as a pod runs it) ===")
+        for c in result["containers"]:
+            print(f"  {c['task']:20s} {c['image']}@{c['digest'][:19]} user {c['user']} exit {c['exit_code']} "
+                  f"{c['seconds']:.1f} s")  # fmt: skip
     cached = [task for task, kind, _ in result["tasks"] if kind == "cached"]
     ran = [task for task, kind, _ in result["tasks"] if kind == "done"]
     reused = f"{len(cached)} reused from KFP's cache" + (f" ({', '.join(cached)})" if cached else "")

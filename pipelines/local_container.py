@@ -1,0 +1,142 @@
+"""``make pipeline-run RUNNER=container``: every task of a ``kfp.local`` DAG in vlp's own image, as a pod runs it.
+
+``kfp.local``'s DockerRunner starts each task's container through a Docker API (here podman's,
+``scripts/podman-service.sh``) with the pipeline root bind-mounted at its own path. :class:`ContainerRunner` sets
+what the chart's pods have: the image's uid and gid (10001, ``run_as`` in the pipeline config), a read-only root
+filesystem with memory-backed ``/tmp`` and home directory (a pod's emptyDirs) and ``/dev/shm``, and the host's
+network namespace (the object store and MLflow listen on the host's loopback; this machine reaches nothing else).
+
+Three things of kfp.local's container run are replaced while a run lasts (:func:`patched`), each for a reason:
+
+- the task's command replaces the image's entrypoint, as a pod's ``command`` does (kfp.local passes it as Docker's
+  ``command``, which would follow vlp's ``ENTRYPOINT ["vlp"]``);
+- the container is removed only after its exit code is read: kfp.local (2.17) starts it with ``auto_remove`` and
+  takes a container gone before ``wait`` as a success, so a step that failed fast could pass;
+- the environment a container gets is the task's (what the compiled DAG sets) and the credentials of the run
+  (``AWS_*``, ``MLFLOW_TRACKING_*`` from this process's environment, never from a parameter), as a pod gets its
+  Secrets; kfp.local gives the task's alone. Images are never pulled (nothing outside this machine is reached):
+  a missing one is an error that says to build it (``make image-test``).
+
+Each task's container is recorded in :data:`STARTED` (task image, its digest, the uid it ran as, seconds).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from pipelines.local_talk import ExecutorFilter
+
+IMAGE = "localhost/vlp:image-test"  # what `make image-test` builds and checks
+RUN_AS = "10001:10001"  # docker/Dockerfile's USER; the chart's pods and pipelines/config's run_as
+# What a container takes from this process's environment besides the task's: the run's credentials and endpoints
+# (a pod's Secrets and the chart's settings) and the run id (a pod's pipeline/runid label, which local_run sets).
+FROM_HOST = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
+             "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_S3_ENDPOINT_URL",
+             "KFP_RUN_ID")  # fmt: skip
+
+
+@dataclass
+class Started:
+    """One task's container: its task, image (by name and digest), the user its process ran as, exit code, time."""
+
+    task: str
+    image: str
+    digest: str
+    user: str
+    exit_code: int
+    seconds: float
+
+
+STARTED: list[Started] = []
+VERBOSE = False  # True: the executor's own lines too (local_run --verbose)
+
+
+def runner(shm_size: str = "1g") -> Any:
+    """kfp.local's DockerRunner with a pod's settings (module docstring)."""
+    from kfp import local
+
+    return local.DockerRunner(
+        user=RUN_AS,
+        read_only=True,
+        tmpfs={"/tmp": "rw,exec,size=2g", "/home/vlp": "rw,size=256m"},
+        shm_size=shm_size,
+        network_mode="host",
+    )
+
+
+def check(image: str) -> str:
+    """Refuse, in one line, a run that could not start a container: no Docker API at ``$DOCKER_HOST`` (start one
+    with ``scripts/podman-service.sh``), or no ``image`` on this machine (build it with ``make image-test``).
+    Returns the image's id."""
+    import docker
+    from docker import errors  # type: ignore[attr-defined]  # docker-py ships no type information
+
+    try:
+        client = docker.from_env()  # type: ignore[attr-defined]
+        client.ping()
+    except errors.DockerException as exc:
+        raise RuntimeError(
+            f"no Docker API at DOCKER_HOST={os.environ.get('DOCKER_HOST', '')!r} ({str(exc)[:120]}): start one with "
+            "`eval $(scripts/podman-service.sh start .cache/podman)`"
+        ) from None
+    try:
+        return str(client.images.get(image).id)
+    except errors.ImageNotFound:
+        raise RuntimeError(f"no image {image!r} on this machine: build it with `make image-test`") from None
+
+
+def task_of(command: list[str]) -> str:
+    """The task a kfp.local container command runs: the folder of its executor output file (``.../<task>/
+    executor_output.json`` in the ``--executor_input`` JSON), or ``"?"``."""
+    found = re.search(r'"outputFile":\s*"[^"]*/([^/"]+)/executor_output\.json"', " ".join(command))
+    return found.group(1) if found else "?"
+
+
+def run_container(client: Any, image: str, command: list[str], volumes: dict[str, Any], **args: Any) -> int:
+    """Run one task's container to its end; its output goes to stdout; returns its exit code (see the module
+    docstring for what differs from kfp.local's own)."""
+    from docker import errors  # type: ignore[attr-defined]  # docker-py ships no type information
+
+    try:
+        found = client.images.get(image)
+    except errors.ImageNotFound:
+        raise RuntimeError(f"no image {image!r} on this machine: build it with `make image-test`") from None
+    env = dict(args.pop("environment", None) or {})
+    env |= {name: os.environ[name] for name in FROM_HOST if name in os.environ}
+    start = time.perf_counter()
+    # a pod's `command` replaces the image's ENTRYPOINT (vlp's is `vlp`); Docker's `command` would be appended to it
+    container = client.containers.run(image=image, entrypoint=command[:1], command=command[1:], volumes=volumes,
+                                      environment=env, detach=True, stdout=True, stderr=True, **args)  # fmt: skip
+    try:
+        keep = ExecutorFilter()
+        for line in container.logs(stream=True, follow=True):  # a line at a time
+            text = line.decode(errors="replace")
+            if VERBOSE or keep.keep(text):
+                sys.stdout.write(text)
+        code = int(container.wait()["StatusCode"])
+        user = container.attrs.get("Config", {}).get("User", "")
+    finally:
+        with contextlib.suppress(errors.APIError):
+            container.remove(force=True)
+    STARTED.append(Started(task_of(command), image, found.id, user, code, round(time.perf_counter() - start, 1)))
+    return code
+
+
+@contextlib.contextmanager
+def patched() -> Iterator[None]:
+    """kfp.local's container start replaced by :func:`run_container` while inside."""
+    from kfp.local import docker_task_handler
+
+    saved = docker_task_handler.run_docker_container
+    docker_task_handler.run_docker_container = run_container
+    try:
+        yield
+    finally:
+        docker_task_handler.run_docker_container = saved

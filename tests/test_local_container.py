@@ -1,0 +1,73 @@
+"""``make pipeline-run RUNNER=container`` (pipelines/local_container.py): what a container run refuses before it
+starts, and which task a container runs. The container run itself is `.ci/run`'s, after `make image-test` has built
+the image; here, where podman and that image exist, one task of a real DAG runs in it too."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pipelines import local_container
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_task_of_a_container_is_the_folder_of_its_executor_output():
+    executor_input = {"outputs": {"outputFile": "/runs/x/kfp/vlp-retrieval-2026-12-05/finish-run/executor_output.json"}}
+    command = ["sh", "-c", "python3 -m kfp.dsl.executor_main", "--executor_input", json.dumps(executor_input)]
+    assert local_container.task_of(command) == "finish-run"
+    compact = json.dumps(executor_input, separators=(",", ":"))
+    assert local_container.task_of(["--executor_input", compact]) == "finish-run"
+    assert local_container.task_of(["python3", "-c", "print(1)"]) == "?"
+
+
+def test_a_run_without_a_docker_api_is_refused_in_one_line_that_says_how_to_start_one(tmp_path, monkeypatch):
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/none.sock")
+    with pytest.raises(RuntimeError, match=r"^no Docker API at DOCKER_HOST='unix://.*none\.sock' .*: start one with "
+                       r"`eval \$\(scripts/podman-service\.sh start \.cache/podman\)`$"):  # fmt: skip
+        local_container.check(local_container.IMAGE)
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.local_run", "--runner", "container", "--out", str(tmp_path / "out"),
+         "--pipeline", "retrieval"],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/x"},
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stderr.startswith("pipelines.local_run: error: no Docker API at DOCKER_HOST")
+    assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
+
+
+def _podman_with_image() -> str | None:
+    """DOCKER_HOST of a podman service holding make image-test's image, or None."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        return None
+    if subprocess.run(["podman", "image", "exists", local_container.IMAGE], capture_output=True).returncode != 0:
+        return None
+    started = subprocess.run([str(ROOT / "scripts" / "podman-service.sh"), "start", str(ROOT / ".cache" / "podman")],
+                             capture_output=True, text=True, timeout=120)  # fmt: skip
+    return started.stdout.strip().removeprefix("export DOCKER_HOST=") if started.returncode == 0 else None
+
+
+def test_a_step_that_writes_outside_its_folders_fails_with_a_clear_error(monkeypatch, capsys):
+    """The root filesystem is read-only for uid 10001, as in the chart's pods: a write to the code's folder fails
+    with the OS's own message, and the container's exit code is what the run sees (not taken as a success)."""
+    host = _podman_with_image()
+    if host is None:
+        pytest.skip("needs podman, runc and make image-test's image (.ci/run runs the container DAG after building it)")
+    import docker
+
+    monkeypatch.setenv("DOCKER_HOST", host)
+    client = docker.from_env()
+    volumes: dict = {}
+    command = ["python", "-c", "import os; print(os.getuid(), os.getcwd()); open('/opt/vlp/written', 'w')"]
+    code = local_container.run_container(client, local_container.IMAGE, command, volumes,
+                                         **local_container.runner().container_run_args)  # fmt: skip
+    assert code == 1
+    out = capsys.readouterr().out
+    assert out.startswith("10001 /opt/vlp\n") and "[Errno 30] Read-only file system: '/opt/vlp/written'" in out
+    last = local_container.STARTED[-1]
+    assert (last.user, last.exit_code, last.image) == ("10001:10001", 1, local_container.IMAGE)
