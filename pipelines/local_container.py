@@ -140,3 +140,69 @@ def patched() -> Iterator[None]:
         yield
     finally:
         docker_task_handler.run_docker_container = saved
+
+
+@dataclass
+class TrackingServer:
+    """An MLflow server in vlp's image, run as the chart runs it: basic-auth on (an admin made at its first start,
+    a step user made through the API, a fresh signing key), the backend store in ``data`` (sqlite), artifacts proxied
+    to ``artifacts`` (an ``s3://`` prefix) or kept in ``data``. ``uri`` is where it listens (the host's loopback)."""
+
+    uri: str
+    container: Any
+    data: str
+    step_user: tuple[str, str]
+
+    def stop(self) -> None:
+        from docker import errors  # type: ignore[attr-defined]  # docker-py ships no type information
+
+        with contextlib.suppress(errors.APIError):
+            self.container.remove(force=True)
+
+
+def start_tracking_server(image: str, data: str, artifacts: str = "") -> TrackingServer:
+    """Start :class:`TrackingServer` (module docstring of :mod:`pipelines.local_container`); waits until it answers
+    and its step user exists. The passwords are random, made here, and reach nothing but the two containers'
+    environment and this process's (never a file, never a parameter)."""
+    import secrets
+    import socket
+
+    import docker
+
+    from vlp import tracking_auth
+
+    client = docker.from_env()  # type: ignore[attr-defined]
+    os.makedirs(data, exist_ok=True)
+    os.chmod(data, 0o777)  # written by the containers' uid 10001
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    admin = ("vlp-admin", secrets.token_urlsafe(18))
+    step = ("vlp-steps", secrets.token_urlsafe(18))
+    pod = dict(user=RUN_AS, read_only=True, tmpfs={"/tmp": "rw,size=256m", "/home/vlp": "rw,size=64m"},
+               network_mode="host", volumes={data: {"bind": "/data", "mode": "rw"}})  # fmt: skip
+    # the chart's init container: basic_auth.ini from the environment
+    auth = {"MLFLOW_AUTH_DEFAULT_PERMISSION": "READ", "MLFLOW_AUTH_DATABASE_URI": "sqlite:////data/basic_auth.db"}
+    write = ["-m", "vlp.tracking_auth", "write-config", "/data/basic_auth.ini"]
+    client.containers.run(image, entrypoint=["python"], command=write, remove=True, environment=auth, **pod)
+    env = {
+        "MLFLOW_BACKEND_STORE_URI": "sqlite:////data/mlflow.db",
+        "MLFLOW_AUTH_CONFIG_PATH": "/data/basic_auth.ini",
+        "MLFLOW_AUTH_ADMIN_USERNAME": admin[0],
+        "MLFLOW_AUTH_ADMIN_PASSWORD": admin[1],
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+    } | {name: os.environ[name] for name in FROM_HOST if name.startswith("AWS_") and name in os.environ}
+    destination = artifacts or "/data/mlartifacts"
+    args = ["server", "--host=127.0.0.1", f"--port={port}", "--workers=1", "--serve-artifacts",
+            f"--artifacts-destination={destination}", f"--allowed-hosts=127.0.0.1:{port},localhost:{port}",
+            "--app-name=basic-auth"]  # fmt: skip
+    container = client.containers.run(image, entrypoint=["mlflow"], command=args, environment=env, detach=True, **pod)
+    server = TrackingServer(f"http://127.0.0.1:{port}", container, data, step)
+    try:
+        tracking_auth.wait_healthy(server.uri, timeout_s=120)
+        tracking_auth.ensure_user(server.uri, admin, *step)
+    except Exception:
+        logs = container.logs(tail=20).decode(errors="replace")
+        server.stop()
+        raise RuntimeError(f"the MLflow server in {image} did not start: {logs}") from None
+    return server

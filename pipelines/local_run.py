@@ -115,30 +115,54 @@ def run(
     cfg = dataclasses.replace(cfg, code_digest=code_digest(config) + source_digest(source))
     kfp_root = run_dir / "kfp"
     in_containers = runner == "container"
-    if in_containers:  # a container sees the pipeline root alone: the step config goes as text, MLflow's store there
+    root = cfg.data_root if data_root is None else data_root
+    tracking_uri, server = sqlite_uri(run_dir), None
+    logins: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if in_containers:  # a container sees the pipeline root alone: the step config goes as text
         config = Path(config).read_text(encoding="utf-8") if "\n" not in config else config
         tag = image or local_container.IMAGE
         cfg = dataclasses.replace(cfg, images=pipeline_config.Images(cpu=tag, gpu=tag))
         kfp_root.mkdir(exist_ok=True)
         kfp_root.chmod(0o777)  # written by the containers' uid 10001 as well as by this process
-    store = kfp_root if in_containers else run_dir
-    tracking = [f"tracking.tracking_uri={sqlite_uri(store)}", f"tracking.experiment={EXPERIMENT}"]
+        artifacts = f"{root.rstrip('/')}/mlflow" if root.startswith("s3://") else ""
+        server = local_container.start_tracking_server(tag, str(run_dir / "mlflow-server"), artifacts)
+        tracking_uri = server.uri
+        user, password = server.step_user  # the steps' login, as a pod's Secret gives it: in the environment
+        logins = _environment(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+    tracking = [f"tracking.tracking_uri={tracking_uri}", f"tracking.experiment={EXPERIMENT}"]
     local.init(
         runner=local_container.runner() if in_containers else local.SubprocessRunner(use_venv=False),
         pipeline_root=str(kfp_root),
         enable_caching=cache,
         cache_root=str(run_dir / "kfp-cache"),
     )
-    before = set(kfp_root.glob("*"))
     new_run_id()
     talk = talk or local_talk.Talk(verbose=verbose)
     local_container.VERBOSE = verbose
     local_container.STARTED.clear()
     containers = local_container.patched() if in_containers else contextlib.nullcontext()
+    with contextlib.ExitStack() as stack:
+        if server is not None:
+            stack.callback(server.stop)
+        stack.enter_context(logins)
+        result = _run_dag(cfg, kfp_root, run_dir, talk, containers, in_containers, pipeline, family, config,
+                          source_uri, root, params, tracking, overrides)  # fmt: skip
+        result["mlflow"] = mlflow_summary(tracking_uri)
+        if server is not None:  # the server (in the image, with its login) ends with the run; its store stays
+            result["mlflow"]["tracking_uri"] = f"sqlite:///{server.data}/mlflow.db"
+    return result
+
+
+def _run_dag(cfg: Any, kfp_root: Path, run_dir: Path, talk: local_talk.Talk, containers: Any, in_containers: bool,
+             pipeline: str, family: str, config: str, source_uri: str, root: str, params: dict[str, Any] | None,
+             tracking: list[str], overrides: Sequence[str]) -> dict[str, Any]:  # fmt: skip
+    """The DAG run itself (:func:`run`'s middle): its outputs, task list and reports."""
+    from pipelines import local_container
+
+    before = set(kfp_root.glob("*"))
     with warnings.catch_warnings(), talk, containers, _umask(0o000 if in_containers else None):
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
-        root = cfg.data_root if data_root is None else data_root
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
         arguments |= {k: v for k, v in (params or {}).items() if k != "overrides"}
         arguments["overrides"] = [*tracking, *overrides, *(params or {}).get("overrides", [])]
@@ -158,13 +182,27 @@ def run(
         "outputs": outputs,
         "tasks": list(talk.order),
         "reports": copy_reports(outputs, run_dir / "reports"),
-        "mlflow": mlflow_summary(sqlite_uri(store)),
         "step_config": config,
         "containers": [dataclasses.asdict(c) for c in local_container.STARTED] if in_containers else [],
     }
 
 
 INDEX_URIS = ("model", "frames", "dataset", "index_uri")  # vlp-index's URI parameters
+
+
+@contextlib.contextmanager
+def _environment(**values: str) -> Iterator[None]:
+    """``values`` in this process's environment while inside (the containers and MLflow's client read them there)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 @contextlib.contextmanager
