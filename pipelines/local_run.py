@@ -361,6 +361,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runner == "container":
         from pipelines import local_container
 
+        given = {"source_uri": args.source_uri or params.get("source_uri", "")} | {k: params.get(k) for k in INDEX_URIS}
+        local = [f"{name}={value}" for name, value in given.items() if value and not str(value).startswith("s3://")]
+        if local:  # a container sees the pipeline root alone
+            print(f"pipelines.local_run: error: {', '.join(local)}: a container sees no path of this machine; put "
+                  "it in object storage and pass its s3:// URI", file=sys.stderr)  # fmt: skip
+            return 2
         try:
             local_container.check(args.image or local_container.IMAGE)
         except RuntimeError as exc:

@@ -41,6 +41,19 @@ def test_a_run_without_a_docker_api_is_refused_in_one_line_that_says_how_to_star
     assert done.stderr.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
+def test_a_local_path_is_refused_in_one_line_before_anything_runs(tmp_path):
+    """The containers see the pipeline root alone: a local source_uri (or an index DAG's local model) is refused,
+    naming it and what to pass instead, before the Docker API is asked anything."""
+    index = ["--pipeline", "index", "--param", f"model={tmp_path}/m", "--param", "frames=s3://b/frames"]
+    for extra in (["--source-uri", str(tmp_path / "ann.json")], index):
+        done = subprocess.run([sys.executable, "-m", "pipelines.local_run", "--runner", "container", "--out",
+                               str(tmp_path / "out"), *extra], capture_output=True, text=True, timeout=120, cwd=ROOT,
+                              env={**os.environ, "DOCKER_HOST": f"unix://{tmp_path}/x"})  # fmt: skip
+        assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+        assert "a container sees no path of this machine; put it in object storage" in done.stderr
+        assert str(tmp_path) in done.stderr and "frames=" not in done.stderr and not (tmp_path / "out").exists()
+
+
 def _podman_with_image() -> str | None:
     """DOCKER_HOST of a podman service holding make image-test's image, or None."""
     if shutil.which("podman") is None or shutil.which("runc") is None:
