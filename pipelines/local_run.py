@@ -102,7 +102,7 @@ def run(
     from kfp import local
 
     from pipelines import local_container
-    from vlp.tracking import sqlite_uri
+    from vlp.tracking import environment, sqlite_uri
 
     cfg = pipeline_config.load(pipeline_config_path)
     run_dir = Path(out).resolve()
@@ -128,7 +128,7 @@ def run(
         server = local_container.start_tracking_server(tag, str(run_dir / "mlflow-server"), artifacts)
         tracking_uri = server.uri
         user, password = server.step_user  # the steps' login, as a pod's Secret gives it: in the environment
-        logins = _environment(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
+        logins = environment(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
     tracking = [f"tracking.tracking_uri={tracking_uri}", f"tracking.experiment={EXPERIMENT}"]
     local.init(
         runner=local_container.runner() if in_containers else local.SubprocessRunner(use_venv=False),
@@ -188,21 +188,6 @@ def _run_dag(cfg: Any, kfp_root: Path, run_dir: Path, talk: local_talk.Talk, con
 
 
 INDEX_URIS = ("model", "frames", "dataset", "index_uri")  # vlp-index's URI parameters
-
-
-@contextlib.contextmanager
-def _environment(**values: str) -> Iterator[None]:
-    """``values`` in this process's environment while inside (the containers and MLflow's client read them there)."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
 
 
 @contextlib.contextmanager

@@ -309,15 +309,11 @@ def _quietly(cfg: TrackingConfig, what: str, call: Callable[[], Any]) -> bool:
 
 
 @contextlib.contextmanager
-def _short_requests(cfg: TrackingConfig) -> Iterator[None]:
-    """MLflow's HTTP client with ``cfg``'s timeout and retries (its defaults retry for minutes)."""
-    names = {
-        "MLFLOW_HTTP_REQUEST_TIMEOUT": str(int(max(1, cfg.timeout_s))),
-        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": str(cfg.retries),
-        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    }
-    before = {k: os.environ.get(k) for k in names}
-    os.environ.update(names)
+def environment(**values: str) -> Iterator[None]:
+    """``values`` in this process's environment while inside (MLflow's client reads its settings there); what was
+    there before is put back."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
     try:
         yield
     finally:
@@ -326,6 +322,15 @@ def _short_requests(cfg: TrackingConfig) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _short_requests(cfg: TrackingConfig) -> contextlib.AbstractContextManager[None]:
+    """MLflow's HTTP client with ``cfg``'s timeout and retries (its defaults retry for minutes)."""
+    return environment(
+        MLFLOW_HTTP_REQUEST_TIMEOUT=str(int(max(1, cfg.timeout_s))),
+        MLFLOW_HTTP_REQUEST_MAX_RETRIES=str(cfg.retries),
+        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1",
+    )
 
 
 # --------------------------------------------------------------------------- metrics.jsonl and tracking.json
