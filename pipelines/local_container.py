@@ -1,7 +1,7 @@
 """``make pipeline-run RUNNER=container``: every task of a ``kfp.local`` DAG in vlp's own image, as a pod runs it.
 
 ``kfp.local``'s DockerRunner starts each task's container through a Docker API (here podman's,
-``scripts/podman-service.sh``) with the pipeline root bind-mounted at its own path. :class:`ContainerRunner` sets
+``scripts/podman-service.sh``) with the pipeline root bind-mounted at its own path. :func:`runner` gives it
 what the chart's pods have: the image's uid and gid (10001, ``run_as`` in the pipeline config), a read-only root
 filesystem with memory-backed ``/tmp`` and home directory (a pod's emptyDirs) and ``/dev/shm``, and the host's
 network namespace (the object store and MLflow listen on the host's loopback; this machine reaches nothing else).
@@ -17,7 +17,8 @@ Three things of kfp.local's container run are replaced while a run lasts (:func:
   Secrets; kfp.local gives the task's alone. Images are never pulled (nothing outside this machine is reached):
   a missing one is an error that says to build it (``make image-test``).
 
-Each task's container is recorded in :data:`STARTED` (task image, its digest, the uid it ran as, seconds).
+Each task's container is recorded in :data:`STARTED` (task, image, digest, user, exit code, seconds).
+:func:`start_tracking_server` runs the run's MLflow server from the same image, as the chart runs it.
 """
 
 from __future__ import annotations
