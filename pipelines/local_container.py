@@ -37,10 +37,11 @@ from pipelines.local_talk import ExecutorFilter
 IMAGE = "localhost/vlp:image-test"  # what `make image-test` builds and checks
 RUN_AS = "10001:10001"  # docker/Dockerfile's USER; the chart's pods and pipelines/config's run_as
 # What a container takes from this process's environment besides the task's: the run's credentials and endpoints
-# (a pod's Secrets and the chart's settings) and the run id (a pod's pipeline/runid label, which local_run sets).
+# (a pod's Secrets and the chart's settings, the MLflow server's URI among them) and the run id (a pod's
+# pipeline/runid label, which local_run sets).
 FROM_HOST = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_ENDPOINT_URL", "AWS_REGION",
              "AWS_DEFAULT_REGION", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_S3_ENDPOINT_URL",
-             "KFP_RUN_ID")  # fmt: skip
+             "MLFLOW_TRACKING_URI", "KFP_RUN_ID")  # fmt: skip
 
 
 @dataclass
@@ -161,11 +162,33 @@ class TrackingServer:
             self.container.remove(force=True)
 
 
+def logins_of(data: str) -> dict[str, str]:
+    """The server's passwords and signing key: random on its first start, then read back from
+    ``<data>/logins.json`` (mode 600, beside the stores), because its auth database keeps the admin made at the first
+    start and the step user's rights on the experiments it made, so a rerun into the same ``--out`` must log in as
+    the same users."""
+    import json
+    import secrets
+
+    path = os.path.join(data, "logins.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f))
+    made = {
+        "admin": secrets.token_urlsafe(18),
+        "steps": secrets.token_urlsafe(18),
+        "signing_key": secrets.token_hex(16),
+    }
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(made, f)
+    return made
+
+
 def start_tracking_server(image: str, data: str, artifacts: str = "") -> TrackingServer:
     """Start :class:`TrackingServer` (module docstring of :mod:`pipelines.local_container`); waits until it answers
-    and its step user exists. The passwords are random, made here, and reach nothing but the two containers'
-    environment and this process's (never a file, never a parameter)."""
-    import secrets
+    and its step user exists. The passwords (:func:`logins_of`) reach the containers through their environment
+    only, never a parameter."""
     import socket
 
     import docker
@@ -178,8 +201,8 @@ def start_tracking_server(image: str, data: str, artifacts: str = "") -> Trackin
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    admin = ("vlp-admin", secrets.token_urlsafe(18))
-    step = ("vlp-steps", secrets.token_urlsafe(18))
+    logins = logins_of(data)
+    admin, step = ("vlp-admin", logins["admin"]), ("vlp-steps", logins["steps"])
     pod = dict(user=RUN_AS, read_only=True, tmpfs={"/tmp": "rw,size=256m", "/home/vlp": "rw,size=64m"},
                network_mode="host", volumes={data: {"bind": "/data", "mode": "rw"}})  # fmt: skip
     # the chart's init container: basic_auth.ini from the environment
@@ -191,7 +214,7 @@ def start_tracking_server(image: str, data: str, artifacts: str = "") -> Trackin
         "MLFLOW_AUTH_CONFIG_PATH": "/data/basic_auth.ini",
         "MLFLOW_AUTH_ADMIN_USERNAME": admin[0],
         "MLFLOW_AUTH_ADMIN_PASSWORD": admin[1],
-        "MLFLOW_FLASK_SERVER_SECRET_KEY": secrets.token_hex(16),
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": logins["signing_key"],
     } | {name: os.environ[name] for name in FROM_HOST if name.startswith("AWS_") and name in os.environ}
     destination = artifacts or "/data/mlartifacts"
     args = ["server", "--host=127.0.0.1", f"--port={port}", "--workers=1", "--serve-artifacts",

@@ -28,7 +28,7 @@ import sys
 import time
 import uuid
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,8 +128,12 @@ def run(
         server = local_container.start_tracking_server(tag, str(run_dir / "mlflow-server"), artifacts)
         tracking_uri = server.uri
         user, password = server.step_user  # the steps' login, as a pod's Secret gives it: in the environment
-        logins = environment(MLFLOW_TRACKING_USERNAME=user, MLFLOW_TRACKING_PASSWORD=password)
-    tracking = [f"tracking.tracking_uri={tracking_uri}", f"tracking.experiment={EXPERIMENT}"]
+        # the server as a pod finds the chart's: $MLFLOW_TRACKING_URI, not an override (a task input: its port, new
+        # each run, would keep every task out of KFP's cache)
+        logins = environment(MLFLOW_TRACKING_URI=server.uri, MLFLOW_TRACKING_USERNAME=user,
+                             MLFLOW_TRACKING_PASSWORD=password)  # fmt: skip
+    tracking = [] if in_containers else [f"tracking.tracking_uri={tracking_uri}"]
+    tracking.append(f"tracking.experiment={EXPERIMENT}")
     local.init(
         runner=local_container.runner() if in_containers else local.SubprocessRunner(use_venv=False),
         pipeline_root=str(kfp_root),
@@ -160,7 +164,7 @@ def _run_dag(cfg: Any, kfp_root: Path, run_dir: Path, talk: local_talk.Talk, con
     from pipelines import local_container
 
     before = set(kfp_root.glob("*"))
-    with warnings.catch_warnings(), talk, containers, _umask(0o000 if in_containers else None):
+    with warnings.catch_warnings(), talk, containers:
         warnings.filterwarnings("ignore", message=".*non-Python base image.*")
         warnings.filterwarnings("ignore", message=".*no effect in the current local runner.*")
         arguments: dict[str, Any] = {"config": config, "source_uri": source_uri, "data_root": root}
@@ -188,18 +192,6 @@ def _run_dag(cfg: Any, kfp_root: Path, run_dir: Path, talk: local_talk.Talk, con
 
 
 INDEX_URIS = ("model", "frames", "dataset", "index_uri")  # vlp-index's URI parameters
-
-
-@contextlib.contextmanager
-def _umask(mask: int | None) -> Iterator[None]:
-    """This process's umask set to ``mask`` while inside (None: left as it is): the folders kfp.local makes under the
-    pipeline root are written by the containers' uid too."""
-    saved = os.umask(mask) if mask is not None else None
-    try:
-        yield
-    finally:
-        if saved is not None:
-            os.umask(saved)
 
 
 def local_uri(value: Any) -> Any:
