@@ -6,7 +6,9 @@
 # vlp-index (PARAMS="model=URI frames=URI [dataset=URI split=S index_uri=URI]"). A rerun into the same
 # PIPELINE_OUT reuses every unchanged step from KFP's cache (CACHE=0 runs them all); VERBOSE=1 keeps kfp.local's log.
 # RUNNER=container runs each task in `make image-test`'s image as a pod runs it (uid 10001, read-only root), through
-# podman's Docker API (scripts/podman-service.sh, started here); STEP_CONFIG=configs/tiny.yaml picks the step config.
+# podman's Docker API (scripts/podman-service.sh, started here), reaching the object store's and MLflow's ports on
+# this machine's loopback and nothing else (NETWORK=host: this machine's network); STEP_CONFIG=configs/tiny.yaml
+# picks the step config.
 # With KFP_HOST it compiles and submits: make pipeline-run KFP_HOST=http://kfp.example PARAMS="data_root=s3://bucket/vlp"
 KFP_HOST ?=
 KFP_NAMESPACE ?= kubeflow
@@ -20,6 +22,7 @@ PIPELINE_DATA_ROOT ?=
 CACHE ?= 1
 VERBOSE ?= 0
 RUNNER ?= subprocess
+NETWORK ?= loopback
 STEP_CONFIG ?=
 CRON ?= 0 0 3 * * *
 SCHEDULE_NAME ?= vlp-reevaluate-nightly
@@ -38,7 +41,7 @@ ifeq ($(strip $(KFP_HOST)),)
 	$(PY) -m pipelines.local_run --out $(PIPELINE_OUT) --pipeline $(PIPELINE) --family $(FAMILY) \
 		$(if $(strip $(PIPELINE_DATA_ROOT)),--data-root "$(PIPELINE_DATA_ROOT)") $(foreach p,$(PARAMS),--param '$(p)') \
 		$(if $(filter 0,$(CACHE)),--no-cache) $(if $(filter 1,$(VERBOSE)),--verbose) \
-		$(if $(filter container,$(RUNNER)),--runner container) $(if $(strip $(STEP_CONFIG)),--step-config $(STEP_CONFIG))
+		$(if $(filter container,$(RUNNER)),--runner container $(if $(filter host,$(NETWORK)),--network host)) $(if $(strip $(STEP_CONFIG)),--step-config $(STEP_CONFIG))
 else
 	$(PY) -m pipelines.compile
 	$(SUBMIT) run --pipeline $(RUN_PIPELINE) $(SUBMIT_ARGS) $(if $(filter retrieval,$(PIPELINE)),--param 'family=$(FAMILY)')

@@ -3,8 +3,9 @@
 ``kfp.local``'s DockerRunner starts each task's container through a Docker API (here podman's,
 ``scripts/podman-service.sh``) with the pipeline root bind-mounted at its own path. :func:`runner` gives it
 what the chart's pods have: the image's uid and gid (10001, ``run_as`` in the pipeline config), a read-only root
-filesystem with memory-backed ``/tmp`` and home directory (a pod's emptyDirs) and ``/dev/shm``, and the host's
-network namespace (the object store and MLflow listen on the host's loopback; this machine reaches nothing else).
+filesystem with memory-backed ``/tmp`` and home directory (a pod's emptyDirs) and ``/dev/shm``, and a network
+namespace with the loopback alone, where the object store's and MLflow's ports answer and nothing else does
+(:func:`start_relay`, :mod:`pipelines.local_network`), as the chart's NetworkPolicy lets a step pod reach those two.
 
 Three things of kfp.local's container run are replaced while a run lasts (:func:`patched`), each for a reason:
 
@@ -26,12 +27,15 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from pipelines import local_network
 from pipelines.local_talk import ExecutorFilter
 
 IMAGE = "localhost/vlp:image-test"  # what `make image-test` builds and checks
@@ -60,8 +64,10 @@ STARTED: list[Started] = []
 VERBOSE = False  # True: the executor's own lines too (local_run --verbose)
 
 
-def runner(shm_size: str = "1g") -> Any:
-    """kfp.local's DockerRunner with a pod's settings (module docstring)."""
+def runner(network_mode: str = "none", shm_size: str = "1g") -> Any:
+    """kfp.local's DockerRunner with a pod's settings (module docstring). ``network_mode``: ``"container:<id>"``
+    of :func:`start_relay`'s container (the loopback, where the object store and MLflow answer), ``"none"`` (the
+    loopback, where nothing answers) or ``"host"`` (this machine's network, for endpoints off its loopback)."""
     from kfp import local
 
     return local.DockerRunner(
@@ -69,8 +75,57 @@ def runner(shm_size: str = "1g") -> Any:
         read_only=True,
         tmpfs={"/tmp": "rw,exec,size=2g", "/home/vlp": "rw,size=256m"},
         shm_size=shm_size,
-        network_mode="host",
+        network_mode=network_mode,
     )
+
+
+@dataclass
+class Relay:
+    """The network namespace the steps join (:mod:`pipelines.local_network`): its container and this process's
+    half of the relay."""
+
+    container: Any
+    host: local_network.HostRelay
+    ports: list[int]
+
+    @property
+    def network_mode(self) -> str:
+        return f"container:{self.container.id}"
+
+    def stop(self) -> None:
+        from docker import errors  # type: ignore[attr-defined]  # docker-py ships no type information
+
+        with contextlib.suppress(errors.APIError):
+            self.container.remove(force=True)
+        self.host.stop()
+        shutil.rmtree(self.host.folder, ignore_errors=True)
+
+
+def start_relay(image: str, ports: list[int], timeout_s: float = 60) -> Relay:
+    """Start the relay container (network ``none``, uid 10001, read-only root, running
+    :mod:`pipelines.local_network` bind-mounted read-only) and this process's half; returns once every port
+    listens in the container's namespace."""
+    import docker
+
+    folder = tempfile.mkdtemp(prefix="vlp-relay-")  # short: a Unix socket's path holds at most 107 bytes
+    host = local_network.HostRelay(folder, ports).start()
+    client = docker.from_env()  # type: ignore[attr-defined]
+    script = os.path.abspath(local_network.__file__)
+    container = client.containers.run(
+        image, entrypoint=["python", "/relay/local_network.py"], command=["pod", "/relay/sockets", *map(str, ports)],
+        network_mode="none", user=RUN_AS, read_only=True, detach=True,
+        volumes={script: {"bind": "/relay/local_network.py", "mode": "ro"},
+                 folder: {"bind": "/relay/sockets", "mode": "ro"}},
+    )  # fmt: skip
+    relay = Relay(container, host, ports)
+    deadline = time.monotonic() + timeout_s
+    while local_network.READY not in (logs := container.logs().decode(errors="replace")):
+        container.reload()
+        if container.status == "exited" or time.monotonic() > deadline:
+            relay.stop()
+            raise RuntimeError(f"the network relay in {image} did not start: {logs[-400:]}")
+        time.sleep(0.1)
+    return relay
 
 
 def check(image: str) -> str:

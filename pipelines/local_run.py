@@ -61,6 +61,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         help="subprocess: each task in this virtualenv; container: each task in vlp's image as "
                         "a pod runs it (uid 10001, read-only root; scripts/podman-service.sh)")  # fmt: skip
     parser.add_argument("--image", default=None, help="with --runner container: the image (default: make image-test's)")
+    parser.add_argument("--network", default="loopback", choices=["loopback", "host"],
+                        help="with --runner container: loopback (the steps reach the object store's and MLflow's "
+                        "ports on this machine's loopback, nothing else) or host (this machine's network)")  # fmt: skip
     parser.add_argument("--verbose", action="store_true", help="kfp.local's own log: executor inputs, artifacts")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="step config overrides")
     return parser.parse_args(argv)
@@ -81,6 +84,7 @@ def run(
     talk: local_talk.Talk | None = None,
     runner: str = "subprocess",
     image: str | None = None,
+    network: str = "loopback",
 ) -> dict[str, Any]:
     """Run ``family``'s pre-training DAG (or, with ``pipeline="retrieval"``, ``vlp-retrieval`` for ``family``; with
     ``pipeline="index"``, ``vlp-index`` on ``params``' model and frames) locally into ``out``; returns ``{"outputs":
@@ -98,10 +102,14 @@ def run(
     finish_run) are never cached, so every run has its own MLflow parent run. Each run gets a fresh
     ``$KFP_RUN_ID`` (``local-<time>-<hex>``) that its steps read to nest their MLflow runs; it is not a task
     input, so it does not break the cache.
+
+    With ``runner="container"`` each task runs in ``image`` (:mod:`pipelines.local_container`) against an MLflow
+    server from the same image; with ``network="loopback"`` the tasks reach the object store's and MLflow's ports
+    and nothing else (:mod:`pipelines.local_network`), with ``"host"`` this machine's network.
     """
     from kfp import local
 
-    from pipelines import local_container
+    from pipelines import local_container, local_network
     from vlp.tracking import environment, sqlite_uri
 
     cfg = pipeline_config.load(pipeline_config_path)
@@ -116,7 +124,7 @@ def run(
     kfp_root = run_dir / "kfp"
     in_containers = runner == "container"
     root = cfg.data_root if data_root is None else data_root
-    tracking_uri, server = sqlite_uri(run_dir), None
+    tracking_uri, server, relay = sqlite_uri(run_dir), None, None
     logins: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if in_containers:  # a container sees the pipeline root alone: the step config goes as text
         config = Path(config).read_text(encoding="utf-8") if "\n" not in config else config
@@ -132,10 +140,21 @@ def run(
         # each run, would keep every task out of KFP's cache)
         logins = environment(MLFLOW_TRACKING_URI=server.uri, MLFLOW_TRACKING_USERNAME=user,
                              MLFLOW_TRACKING_PASSWORD=password)  # fmt: skip
+        if network == "loopback":  # the object store's and MLflow's ports, nothing else (the chart's NetworkPolicy)
+            try:
+                ports = local_network.loopback_ports(os.environ | {"MLFLOW_TRACKING_URI": server.uri})
+                relay = local_container.start_relay(tag, ports)
+            except Exception:
+                server.stop()
+                raise
     tracking = [] if in_containers else [f"tracking.tracking_uri={tracking_uri}"]
     tracking.append(f"tracking.experiment={EXPERIMENT}")
+    if in_containers:
+        task_runner = local_container.runner(relay.network_mode if relay else network)
+    else:
+        task_runner = local.SubprocessRunner(use_venv=False)
     local.init(
-        runner=local_container.runner() if in_containers else local.SubprocessRunner(use_venv=False),
+        runner=task_runner,
         pipeline_root=str(kfp_root),
         enable_caching=cache,
         cache_root=str(run_dir / "kfp-cache"),
@@ -148,10 +167,14 @@ def run(
     with contextlib.ExitStack() as stack:
         if server is not None:
             stack.callback(server.stop)
+        if relay is not None:
+            stack.callback(relay.stop)
         stack.enter_context(logins)
         result = _run_dag(cfg, kfp_root, run_dir, talk, containers, in_containers, pipeline, family, config,
                           source_uri, root, params, tracking, overrides)  # fmt: skip
         result["mlflow"] = mlflow_summary(tracking_uri)
+        if in_containers:
+            result["network"] = {"mode": network, "ports": relay.ports if relay else []}
         if server is not None:  # the server (in the image, with its login) ends with the run; its store stays
             result["mlflow"]["tracking_uri"] = f"sqlite:///{server.data}/mlflow.db"
     return result
@@ -336,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
         return 2
     if args.runner == "container":
-        from pipelines import local_container
+        from pipelines import local_container, local_network
 
         given = {"source_uri": args.source_uri or params.get("source_uri", "")} | {k: params.get(k) for k in INDEX_URIS}
         local = [f"{name}={value}" for name, value in given.items() if value and not str(value).startswith("s3://")]
@@ -346,7 +369,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         try:
             local_container.check(args.image or local_container.IMAGE)
-        except RuntimeError as exc:
+            if args.network == "loopback":
+                local_network.loopback_ports(os.environ)
+        except (RuntimeError, ValueError) as exc:
             print(f"pipelines.local_run: error: {exc}", file=sys.stderr)
             return 2
     talk = local_talk.Talk(verbose=args.verbose)
@@ -361,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run(
             args.out, args.config, args.step_config, args.overrides, args.source_uri, args.data_root, params, family,
             args.pipeline, cache=not args.no_cache, talk=talk, runner=args.runner, image=args.image,
+            network=args.network,
         )  # fmt: skip
     except (Interrupted, KeyboardInterrupt) as exc:
         for sig in saved:  # a second Ctrl-C while the steps wind down kills at once
@@ -438,6 +464,12 @@ def print_result(result: dict[str, Any], seconds: float) -> None:
         print(json.dumps(tracked, indent=2, sort_keys=True))
     if result.get("containers"):
         print("\n=== containers (each task in its image, as a pod runs it) ===")
+        net = result.get("network", {})
+        if net.get("mode") == "loopback":
+            reach = ", ".join(f"127.0.0.1:{port}" for port in net["ports"]) or "nothing"
+            print(f"  network: the loopback alone, where {reach} answer (the object store, MLflow)")
+        else:
+            print("  network: this machine's (--network host)")
         for c in result["containers"]:
             print(f"  {c['task']:20s} {c['image']}@{c['digest'][:19]} user {c['user']} exit {c['exit_code']} "
                   f"{c['seconds']:.1f} s")  # fmt: skip

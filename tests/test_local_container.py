@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -65,15 +66,25 @@ def _podman_with_image() -> str | None:
     return started.stdout.strip().removeprefix("export DOCKER_HOST=") if started.returncode == 0 else None
 
 
-def test_a_step_that_writes_outside_its_folders_fails_with_a_clear_error(monkeypatch, capsys):
-    """The root filesystem is read-only for uid 10001, as in the chart's pods: a write to the code's folder fails
-    with the OS's own message, and the container's exit code is what the run sees (not taken as a success)."""
+@pytest.fixture
+def docker_host(monkeypatch: pytest.MonkeyPatch) -> str:
+    """A podman service's DOCKER_HOST (set for the test). Skipped without podman, runc and the image, unless
+    ``VLP_CONTAINER_TESTS=required`` (``.ci/run``, after building the image): then a failure."""
     host = _podman_with_image()
     if host is None:
-        pytest.skip("needs podman, runc and make image-test's image (.ci/run runs the container DAG after building it)")
+        reason = "needs podman, runc and make image-test's image (.ci/run runs these after building it)"
+        if os.environ.get("VLP_CONTAINER_TESTS") == "required":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    monkeypatch.setenv("DOCKER_HOST", host)
+    return host
+
+
+def test_a_step_that_writes_outside_its_folders_fails_with_a_clear_error(docker_host, capsys):
+    """The root filesystem is read-only for uid 10001, as in the chart's pods: a write to the code's folder fails
+    with the OS's own message, and the container's exit code is what the run sees (not taken as a success)."""
     import docker
 
-    monkeypatch.setenv("DOCKER_HOST", host)
     client = docker.from_env()
     volumes: dict = {}
     command = ["python", "-c", "import os; print(os.getuid(), os.getcwd()); open('/opt/vlp/written', 'w')"]
@@ -84,3 +95,37 @@ def test_a_step_that_writes_outside_its_folders_fails_with_a_clear_error(monkeyp
     assert out.startswith("10001 /opt/vlp\n") and "[Errno 30] Read-only file system: '/opt/vlp/written'" in out
     last = local_container.STARTED[-1]
     assert (last.user, last.exit_code, last.image) == ("10001:10001", 1, local_container.IMAGE)
+
+
+def test_a_step_reaches_the_relayed_ports_of_this_machine_and_nothing_else(docker_host, capsys):
+    """The steps' network namespace (pipelines/local_network.py) has the loopback alone: the relayed port answers at
+    its own number, another port listening on this machine's loopback does not, nor does any address beyond it."""
+    import docker
+
+    listening = []
+    for _ in range(2):  # two ports listening here; the first is relayed
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        listening.append(s)
+    relayed, other = (s.getsockname()[1] for s in listening)
+    probe = f"""import socket
+for host, port in [('127.0.0.1', {relayed}), ('127.0.0.1', {other}), ('1.1.1.1', 80)]:
+    try:
+        socket.create_connection((host, port), timeout=5).close(); print(host, port, 'open')
+    except OSError as e: print(host, port, e.strerror)
+print(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').readlines()[2:]))
+"""
+    relay = local_container.start_relay(local_container.IMAGE, [relayed])
+    try:
+        run_args = local_container.runner(relay.network_mode).container_run_args
+        code = local_container.run_container(docker.from_env(), local_container.IMAGE, ["python", "-c", probe], {},
+                                             **run_args)  # fmt: skip
+    finally:
+        relay.stop()
+        for s in listening:
+            s.close()
+    assert code == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out == [f"127.0.0.1 {relayed} open", f"127.0.0.1 {other} Connection refused",
+                   "1.1.1.1 80 Network is unreachable", "['lo']"]  # fmt: skip
