@@ -67,6 +67,16 @@ def _sync_args(p: argparse.ArgumentParser) -> None:
                    "recorded; a step that has not finished stays RUNNING)")  # fmt: skip
 
 
+def _fetch_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--source", required=True, help="URL list: a WebVid CSV, a CSV with a url column, a JSONL of "
+                   "{\"url\": ...}, or one URL per line (local or s3://)")  # fmt: skip
+    p.add_argument("--out", required=True, help="output directory or s3:// prefix (a raw dataset for vlp ingest)")
+    p.add_argument("--format", dest="fetch_format", default=None, help="auto|webvid|urls (default: fetch.format)")
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--part", type=_part, default=None, metavar="I/N", help="fetch only part I of N of the rows")
+    group.add_argument("--merge-parts", type=int, default=0, metavar="N", help="gather the N finished parts of OUT")
+
+
 def _ingest_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--source", required=True, help="dataset directory, or an annotation file (jsonl/json/csv)")
     p.add_argument("--out", required=True, help="output dataset directory or s3:// prefix")
@@ -220,6 +230,17 @@ def _run_sync(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     return tracking.sync(cfg.tracking, args.out, args.status)
 
 
+def _run_fetch(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
+    # here: a command imports what it runs, and nothing of the other commands
+    from vlp.steps.fetch import fetch, fetch_merge, fetch_part
+
+    if args.part:
+        return fetch_part(args.source, args.out, cfg, *args.part)
+    if args.merge_parts:
+        return fetch_merge(args.source, args.out, cfg, args.merge_parts)
+    return fetch(args.source, args.out, cfg)
+
+
 def _run_ingest(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp.steps.ingest import ingest, ingest_part
@@ -365,6 +386,8 @@ GROUPS: dict[str, tuple[str, str, list[Command]]] = {
     ]),
 }  # fmt: skip
 COMMANDS: list[Command] = [
+    Command("fetch", "download a URL list's videos (WebVid CSV, url list) into storage, as a raw dataset for "
+            "ingest; rejects with reasons (docs/guides/fetch.md)", _fetch_args, _run_fetch),
     Command("ingest", "validate + probe a dataset into the manifest schema, with rejects", _ingest_args, _run_ingest),
     Command("extract-frames", "sparse frames -> Parquet shards of JPEGs + index", _extract_frames_args,
             _run_extract_frames),
@@ -459,6 +482,7 @@ def _cli_overrides(args: argparse.Namespace) -> list[str]:
         "synth.num_videos": getattr(args, "num_videos", None),
         "synth.seed": getattr(args, "seed", None),
         "ingest.format": getattr(args, "format", None),
+        "fetch.format": getattr(args, "fetch_format", None),
         "ingest.video_root": getattr(args, "video_root", None),
         "model.family": getattr(args, "family", None),
     }

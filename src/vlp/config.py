@@ -22,6 +22,8 @@ from typing import Any, get_type_hints
 import yaml
 
 from vlp.data.entities import EntitiesConfig
+from vlp.data.fetch.config import RANGES as FETCH_RANGES
+from vlp.data.fetch.config import FetchConfig
 from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
@@ -42,6 +44,7 @@ class Config:
 
     storage: StorageConfig = field(default_factory=StorageConfig)
     synth: SynthConfig = field(default_factory=SynthConfig)
+    fetch: FetchConfig = field(default_factory=FetchConfig)
     ingest: IngestConfig = field(default_factory=IngestConfig)
     frames: FramesConfig = field(default_factory=FramesConfig)
     entities: EntitiesConfig = field(default_factory=EntitiesConfig)
@@ -212,6 +215,7 @@ _FINETUNE: dict[str, Range] = {
 RANGES: dict[str, dict[str, Range]] = {
     "storage": {"multipart_threshold_mb": COUNT, "multipart_chunk_mb": COUNT, "max_concurrency": COUNT,
                 "max_attempts": COUNT},
+    "fetch": FETCH_RANGES,
     "frames": {"num_frames": COUNT, "size": at_least(8), "jpeg_quality": within(1, 95), "videos_per_shard": COUNT,
                "workers": at_least(0, " (0 = one per CPU core)"), "max_pixels": at_least(0, _OFF),
                "max_bytes": at_least(0, _OFF), "timeout_s": at_least(0, _OFF)},

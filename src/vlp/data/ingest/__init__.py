@@ -46,7 +46,7 @@ Where the code lives: :mod:`~vlp.data.ingest.write` (the step, :func:`ingest`, a
 named here is importable from :mod:`vlp.data.ingest` itself.
 """
 
-from vlp.data.ingest.probe import PROBE_SCHEMA, PROBES, probe_part
+from vlp.data.ingest.probe import PROBE_SCHEMA, PROBES, probe_file, probe_part
 from vlp.data.ingest.probe import _run_pool as _run_pool
 from vlp.data.ingest.readers import detect_format
 from vlp.data.ingest.records import FORMATS, KINDS, KINDS_SUMMARY, NO_TEXT, STAGE, IngestConfig, ProbeResult
@@ -64,5 +64,6 @@ __all__ = [
     "ProbeResult",
     "detect_format",
     "ingest",
+    "probe_file",
     "probe_part",
 ]

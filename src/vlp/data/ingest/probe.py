@@ -77,6 +77,12 @@ def _probe_one(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[
     return fields | {"width": info.width, "height": info.height, "size_bytes": size}, ""
 
 
+def probe_file(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[str, Any] | None, str]:
+    """ingest's probe of one file (what ``vlp fetch`` checks a download with): ``(measurements, "")`` or
+    ``(None, reason)``; decode it in a worker process (:func:`vlp.data.isolate.isolated_map`)."""
+    return _probe_one(uri, limits)
+
+
 def _probe_all(uris: list[str], cfg: IngestConfig) -> list[ProbeResult]:
     """Probe ``uris`` with ``cfg.workers`` processes and a progress bar; results in input order.
 
