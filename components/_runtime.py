@@ -176,6 +176,18 @@ def part_location(artifact: Any, data_root: str, kind: str, key: Any) -> str:
     return _point(artifact, f"{data_root.rstrip('/')}/parts/{kind}/{digest}")
 
 
+def fetch_location(artifact: Any, data_root: str, url_list: str, cfg: Any, fanned_out: bool = False) -> str:
+    """Where a fetch writes (its parts and merge alike): with ``data_root`` set,
+    ``<data_root>/parts/fetch/<hash of the list's URI, format and split>``, so a rerun resumes what an earlier run
+    fetched; else the artifact's own directory, which a later step can read under kfp.local only (one machine).
+    Refused, naming ``data_root``, where that cannot work: on a cluster (the next pod cannot read this pod's
+    folder), and for fan-out parts (each would fetch into a folder of its own)."""
+    if not data_root and (fanned_out or os.environ.get("KFP_POD_NAME")):
+        raise ValueError("fetching a URL list on a cluster or in parts needs the data_root run parameter (an s3:// "
+                         "prefix): the videos must be where every later pod can read them")  # fmt: skip
+    return part_location(artifact, data_root, "fetch", [url_list, cfg.fetch.format, cfg.fetch.split])
+
+
 def _point(artifact: Any, uri: str) -> str:
     """Make ``artifact`` a ``LOCATION`` pointer to ``uri``; returns ``uri``."""
     (Path(artifact.path) / POINTER).write_text(uri + "\n", encoding="utf-8")

@@ -1,6 +1,7 @@
-"""Data components: synth -> ingest -> extract_frames, mine_entities (CPU image); and the fan-out of ingest and
-extract_frames (plan_parts, ingest_part -> ingest_merge, extract_frames_part -> extract_frames_merge), which
-``pipelines/fanout.py`` wires under ``dsl.ParallelFor``."""
+"""Data components: [fetch a URL list, or the given source] -> synth -> ingest -> extract_frames, mine_entities
+(CPU image); and the fan-out of fetch, ingest and extract_frames (plan_parts, fetch_part -> fetch_merge,
+ingest_part -> ingest_merge, extract_frames_part -> extract_frames_merge), which ``pipelines/fanout.py`` wires under
+``dsl.ParallelFor``."""
 
 import functools
 
@@ -41,6 +42,106 @@ def synth(
         return
     out = output_location(raw, data_root)
     Step("synth", config, overrides).run(lambda cfg: step(out, cfg))
+
+
+@component
+def given_source(source_uri: str) -> str:
+    """The raw dataset a run names (``source_uri``), when it fetches no URL list: what ``synth`` points ingest at.
+
+    Args:
+        source_uri: A raw dataset directory / annotation file ("" = a fresh synthetic world).
+    """
+    return source_uri
+
+
+@component
+def fetch(
+    url_list: str,
+    fetched: Output[Dataset],
+    config: str,
+    overrides: list[str],
+    data_root: str = "",
+) -> str:
+    """Download the videos of a URL list (a WebVid CSV, or a list of your own) into storage; returns where the
+    fetched raw dataset is, which ``synth`` then points ingest at.
+
+    Args:
+        url_list: The list (local path in the image, or s3:// URI).
+        fetched: The fetched raw dataset (videos, videos/captions/rejects/fetch Parquet tables).
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        data_root: Object-storage prefix: the videos go under ``<data_root>/parts/fetch/<hash of the list>``, where
+            a rerun resumes ("" = inside the artifact; kfp.local only).
+    """
+    from components._runtime import Step, fetch_location
+    from vlp.steps.fetch import fetch as step
+
+    run = Step("fetch", config, overrides)
+    out = fetch_location(fetched, data_root, url_list, run.cfg)
+    run.run(lambda cfg: step(url_list, out, cfg))
+    return out
+
+
+@component
+def fetch_part(
+    url_list: str,
+    part: Output[Dataset],
+    index: int,
+    count: int,
+    config: str,
+    overrides: list[str],
+    data_root: str = "",
+) -> None:
+    """Fetch part ``index`` of ``count`` of a URL list's rows, for ``fetch_merge``.
+
+    Args:
+        url_list: The list (local path in the image, or s3:// URI).
+        part: A pointer to the fetch folder this part wrote into.
+        index: This part (0-based).
+        count: Parts in all.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        data_root: Object-storage prefix (required): every part writes under ``<data_root>/parts/fetch/<hash of
+            the list>``, where a rerun's part resumes.
+    """
+    from components._runtime import Step, fetch_location
+    from vlp.steps.fetch import fetch_part as step
+
+    run = Step("fetch_part", config, overrides)
+    out = fetch_location(part, data_root, url_list, run.cfg, fanned_out=True)
+    run.run(lambda cfg: step(url_list, out, cfg, index, count))
+
+
+@component
+def fetch_merge(
+    url_list: str,
+    parts: Input[list[Dataset]],
+    fetched: Output[Dataset],
+    count: int,
+    config: str,
+    overrides: list[str],
+    data_root: str = "",
+) -> str:
+    """Gather the ``fetch_part`` outputs into the fetched raw dataset; returns where it is.
+
+    Args:
+        url_list: The list the parts fetched.
+        parts: Every ``fetch_part`` output of this run (``dsl.Collected``): they must all have finished.
+        fetched: The fetched raw dataset.
+        count: Parts in all.
+        config: Step config: YAML text or a path.
+        overrides: ``section.key=value`` config overrides.
+        data_root: Object-storage prefix (required; the parts' folder).
+    """
+    from components._runtime import Step, fetch_location
+    from vlp.steps.fetch import fetch_merge as step
+
+    if len(parts) != count:
+        raise ValueError(f"fetch_merge: {len(parts)} part outputs for {count} parts")
+    run = Step("fetch", config, overrides)
+    out = fetch_location(fetched, data_root, url_list, run.cfg, fanned_out=True)
+    run.run(lambda cfg: step(url_list, out, cfg, count))
+    return out
 
 
 @component

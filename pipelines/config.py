@@ -40,6 +40,9 @@ from vlp.config import ConfigError, from_dict
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 STEPS = (
     "start_run",
+    "given_source",
+    "fetch",
+    "fetch_merge",
     "synth",
     "plan_parts",
     "ingest",

@@ -1,4 +1,5 @@
-"""The data steps of a DAG, one pod each or fanned out (``PipelineConfig.fanout``).
+"""The data steps of a DAG, one pod each or fanned out (``PipelineConfig.fanout``), and where they start: a URL
+list's fetch or the source a run names (:func:`source`).
 
 Fanned out, ``plan_parts`` turns the ``data_parts`` run parameter into part numbers, ``ingest_part`` probes each
 part's files and ``extract_frames_part`` extracts each part's frame shards under ``dsl.ParallelFor`` (at most
@@ -59,6 +60,26 @@ def data_steps(cfg: PipelineConfig, raw: Any, stored: dict[str, Any], parts: Any
     numbers = plan(cfg, parts)
     ds = ingest(cfg, raw, stored, parts, numbers)
     return ds, extract_frames(cfg, ds, stored, parts, numbers)
+
+
+def source(cfg: PipelineConfig, url_list: Any, source_uri: Any, stored: dict[str, Any], parts: Any, start: Any) -> Any:
+    """What ``synth`` points ingest at: with a URL list (the ``url_list`` run parameter), the raw dataset the fetch
+    steps make of it (one ``fetch`` pod, or ``fetch_part`` pods and ``fetch_merge`` where the data steps fan out);
+    else ``source_uri`` as given. Both run after ``start`` (the run's MLflow parent run)."""
+    with dsl.If(url_list != "", name="fetch-url-list"):
+        if enabled(cfg):
+            numbers = plan(cfg, parts).after(start)
+            with dsl.ParallelFor(numbers.output, parallelism=cfg.fanout.parallelism, name="fetch-parts") as index:
+                part = configure(data.fetch_part(url_list=url_list, index=index, count=parts, **stored), cfg, "fetch")
+                part.set_display_name("fetch_part")
+            merged = data.fetch_merge(url_list=url_list, parts=dsl.Collected(part.outputs["part"]), count=parts,
+                                      **stored)  # fmt: skip
+            fetched = configure(merged, cfg, "fetch_merge")
+        else:
+            fetched = configure(data.fetch(url_list=url_list, **stored).after(start), cfg, "fetch")
+    with dsl.Else(name="source-given"):
+        given = configure(data.given_source(source_uri=source_uri).after(start), cfg, "given_source")
+    return dsl.OneOf(fetched.outputs["Output"], given.output)
 
 
 def plan(cfg: PipelineConfig, parts: Any) -> Any:

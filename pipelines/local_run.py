@@ -361,7 +361,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.runner == "container":
         from pipelines import local_container, local_network
 
-        given = {"source_uri": args.source_uri or params.get("source_uri", "")} | {k: params.get(k) for k in INDEX_URIS}
+        given = {"source_uri": args.source_uri or params.get("source_uri", ""), "url_list": params.get("url_list")}
+        given |= {k: params.get(k) for k in INDEX_URIS}
         local = [f"{name}={value}" for name, value in given.items() if value and not str(value).startswith("s3://")]
         if local:  # a container sees the pipeline root alone
             print(f"pipelines.local_run: error: {', '.join(local)}: a container sees no path of this machine; put "

@@ -72,13 +72,15 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
         config: str = cfg.step_config,
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
         source_uri: str = "",
+        url_list: str = "",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",
         data_parts: int = cfg.fanout.parts,
     ) -> None:
         """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
-        source_uri = raw dataset to ingest ("" = a fresh synthetic world); data_root = s3:// prefix for large
-        outputs ("" = KFP artifacts); register_alias = alias of new models; data_parts = pods for ingest and for
+        source_uri = raw dataset to ingest ("" = a fresh synthetic world); url_list = a list of video URLs (WebVid
+        CSV, url list) to fetch and ingest instead of source_uri ("" = none); data_root = s3:// prefix for large
+        outputs ("" = KFP artifacts); register_alias = alias of new models; data_parts = pods for fetch, ingest and
         extract_frames each (in a DAG compiled with fanout.parts > 1 only)."""
         common = {"config": config, "overrides": overrides}
         stored = {**common, "data_root": data_root}
@@ -86,7 +88,8 @@ def build(cfg: PipelineConfig, family: str = DEFAULT_FAMILY) -> Any:
         with dsl.ExitHandler(finish, name="tracked-run"):
             start = reporting.start_run(**common, pipeline=name_of(family), image=cfg.image("pretrain"))
             configure(start, cfg, "start_run")
-            raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
+            given = fanout.source(cfg, url_list, source_uri, stored, data_parts, start)
+            raw = configure(data.synth(**stored, source_uri=given).after(start), cfg, "synth")
             ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             made = prepared_steps(cfg, spec, {"dataset": ds, "frames": fr}, stored)
             inputs = {name: made[name] for name in spec.pretrain_inputs}

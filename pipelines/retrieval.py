@@ -35,14 +35,16 @@ def build(cfg: PipelineConfig) -> Any:
         overrides: list[str] = [],  # noqa: B006 (KFP reads the default; it is never mutated)
         family: str = default_family(),
         source_uri: str = "",
+        url_list: str = "",
         data_root: str = cfg.data_root,
         register_alias: str = "candidate",
         data_parts: int = cfg.fanout.parts,
     ) -> None:
         """Args: config = vlp step config (path in the image or YAML text); overrides = section.key=value list;
         family = the model family fine-tuned from its named weights; source_uri = raw dataset to ingest ("" = a
-        fresh synthetic world); data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias =
-        alias of the new model; data_parts = pods for ingest and for extract_frames each (in a DAG
+        fresh synthetic world); url_list = a list of video URLs (WebVid CSV, url list) to fetch and ingest instead
+        of source_uri ("" = none); data_root = s3:// prefix for large outputs ("" = KFP artifacts); register_alias =
+        alias of the new model; data_parts = pods for fetch, ingest and extract_frames each (in a DAG
         compiled with fanout.parts > 1 only)."""
         common = {"config": config, "overrides": overrides}
         stored = {**common, "data_root": data_root}
@@ -50,7 +52,8 @@ def build(cfg: PipelineConfig) -> Any:
         with dsl.ExitHandler(finish, name="tracked-run"):
             start = reporting.start_run(**common, pipeline=NAME, image=cfg.image("finetune_retrieval"))
             configure(start, cfg, "start_run")
-            raw = configure(data.synth(**stored, source_uri=source_uri).after(start), cfg, "synth")
+            given = fanout.source(cfg, url_list, source_uri, stored, data_parts, start)
+            raw = configure(data.synth(**stored, source_uri=given).after(start), cfg, "synth")
             ds, fr = fanout.data_steps(cfg, raw.outputs["raw"], stored, data_parts)
             tuned = training.finetune_retrieval(
                 dataset=ds, frames=fr, family=family, **stored, **scale(cfg, "finetune_retrieval")

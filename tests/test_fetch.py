@@ -330,3 +330,36 @@ def test_fetch_into_object_storage(s3_bucket, videos, tmp_path):
     assert summary["videos"] == 2 and summary["by_status"] == {"http 404": 1, "ok": 2}
     for rec in _records(out)[:2]:
         assert hashlib.sha256(storage.read_bytes(storage.join(out, rec["path"]))).hexdigest() == rec["sha256"]
+
+
+@pytest.mark.slow
+def test_the_retrieval_dag_from_a_url_list_served_on_loopback(tmp_path, tiny_world):
+    """vlp-retrieval under kfp.local with the ``url_list`` parameter: fetch (the tiny world's clips, served on the
+    loopback, one row per caption with its split) -> synth's pointer -> ingest -> ... -> the headline table; the
+    fetched videos are the served bytes, and the dataset the run ingested holds every clip and caption."""
+    from pipelines import local_run
+
+    raw = Path(tiny_world["raw"])
+    clips = [v for v in storage.read_parquet(str(raw / "videos.parquet")).to_pylist() if v["media"] == "video"]
+    files = {Path(v["path"]).name: (raw / v["path"]).read_bytes() for v in clips}
+    name = {v["video_id"]: Path(v["path"]).name for v in clips}
+    captions = [c for c in storage.read_parquet(str(raw / "captions.parquet")).to_pylist() if c["video_id"] in name]
+    with UrlServer(files) as server:
+        listed = tmp_path / "urls.jsonl"
+        rows = [{"id": c["video_id"], "url": server.url(f"/v/{name[c['video_id']]}"), "caption": c["caption"],
+                 "split": c["split"]} for c in captions]  # fmt: skip
+        listed.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        result = local_run.run(tmp_path / "run", family="ts2net", pipeline="retrieval", cache=False,
+                               params={"url_list": str(listed)}, overrides=[f"fetch.allow={LOOPBACK}"])  # fmt: skip
+        assert sum(server.hits.values()) == len(files)  # each clip once, though named by one row per caption
+    ran = [task for task, kind, _ in result["tasks"] if kind == "done"]
+    assert ran[:3] == ["start-run", "fetch", "synth"] and "given-source" not in ran and "evaluate-retrieval" in ran
+    fetched = result["outputs"]["synth"]["raw"]  # synth's pointer, followed: the fetch's folder
+    assert fetched == result["outputs"]["fetch"]["fetched"]
+    for rec in _records(fetched):
+        assert rec["status"] == "ok" and (Path(fetched) / rec["path"]).read_bytes() == files[name[rec["video_id"]]]
+    dataset = result["outputs"]["ingest"]["dataset"]
+    ingested = json.loads((Path(dataset) / "summary.json").read_text())
+    assert ingested["videos"]["accepted"] == len(files) and ingested["captions"]["accepted"] == len(captions)
+    summary = Path(result["outputs"]["report"]["summary"]).read_text()
+    assert "| retrieval | text → video R@1 |" in summary and result["mlflow"]["steps"]["fetch"] == "FINISHED"

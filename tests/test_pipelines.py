@@ -692,36 +692,40 @@ FAN_OUT = {  # task -> the step whose settings it takes
     "ingest-merge": "ingest_merge",
     "extract-frames-part": "extract_frames",
     "extract-frames-merge": "extract_frames_merge",
+    "fetch-part": "fetch",
+    "fetch-merge": "fetch_merge",
 }
 
 
 @pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "retrieval"])
 def test_the_cluster_dags_fan_the_data_steps_out(compiled: Path, name: str) -> None:
     """default.yaml: plan_parts -> ParallelFor(ingest_part) -> ingest_merge -> ParallelFor(extract_frames_part) ->
-    extract_frames_merge, at most fanout.parallelism pods at once; each part has its step's resources and retries."""
+    extract_frames_merge, and (a run with a URL list) plan_parts -> ParallelFor(fetch_part) -> fetch_merge, at most
+    fanout.parallelism pods at once; each part has its step's resources and retries."""
     cfg = pipeline_config.load()
     assert cfg.fanout.parts > 1
     spec, _ = _docs(compiled / f"{name}.yaml")
     param = spec["root"]["inputDefinitions"]["parameters"]["data_parts"]
     assert (param["parameterType"], param["defaultValue"]) == ("NUMBER_INTEGER", cfg.fanout.parts)
     tasks = {t: task for c in spec["components"].values() for t, task in c.get("dag", {}).get("tasks", {}).items()}
-    assert set(FAN_OUT) <= set(tasks) and not {"ingest", "extract-frames"} & set(tasks)
+    assert set(FAN_OUT) <= set(tasks) and not {"ingest", "extract-frames", "fetch"} & set(tasks)
     loops = {t: task for t, task in tasks.items() if "parameterIterator" in task}
-    assert len(loops) == 2
+    assert len(loops) == 3
     for loop in loops.values():
         assert loop["iteratorPolicy"]["parallelismLimit"] == cfg.fanout.parallelism
-        assert "plan-parts" in loop["dependentTasks"]
+        assert any(task.startswith("plan-parts") for task in loop["dependentTasks"])
     executors = spec["deploymentSpec"]["executors"]
     for task, step in FAN_OUT.items():
         want = cfg.step(step)
         resources = executors[tasks[task]["componentRef"]["name"].replace("comp-", "exec-")]["container"]["resources"]
         assert resources["cpuRequest"] == float(want.cpu_request)
         assert tasks[task]["retryPolicy"]["maxRetryCount"] == want.retries
-    for part in ("ingest-part", "extract-frames-part"):  # the part number from the loop, the count from the run
-        parameters = tasks[part]["inputs"]["parameters"]
-        assert parameters["index"]["componentInputParameter"].startswith("pipelinechannel--plan-parts-Output-loop")
+    for part in ("ingest-part", "extract-frames-part", "fetch-part"):  # the part number from the loop, the count
+        parameters = tasks[part]["inputs"]["parameters"]  # from the run
+        assert parameters["index"]["componentInputParameter"].startswith("pipelinechannel--plan-parts")
         assert parameters["count"]["componentInputParameter"] == "pipelinechannel--data_parts"
-    for merge, part in (("ingest-merge", "ingest-part"), ("extract-frames-merge", "extract-frames-part")):
+    for merge, part in (("ingest-merge", "ingest-part"), ("extract-frames-merge", "extract-frames-part"),
+                        ("fetch-merge", "fetch-part")):  # fmt: skip
         collected = tasks[merge]["inputs"]["artifacts"]["parts"]["taskOutputArtifact"]
         assert collected["producerTask"] in loops and collected["outputArtifactKey"] == f"pipelinechannel--{part}-part"
 
@@ -776,3 +780,26 @@ def test_no_cached_step_takes_a_per_run_input_and_every_step_gets_the_run_id_fro
             continue  # an importer
         fields = {e["name"]: e["fieldPath"] for e in k8s[executor].get("fieldPathAsEnv", [])}
         assert fields.get("KFP_RUN_ID") == "metadata.labels['pipeline/runid']", executor
+
+
+@pytest.mark.parametrize("name", ["pretrain", "pretrain-albef", "retrieval"])
+def test_a_run_with_a_url_list_starts_with_fetch_and_any_other_with_its_source(compiled: Path, name: str) -> None:
+    """The ``url_list`` parameter (default ""): a branch that fetches it when set, another that passes
+    ``source_uri`` on when not; synth's source is whichever ran (``dsl.OneOf``)."""
+    spec, _ = _docs(compiled / f"{name}.yaml")
+    assert spec["root"]["inputDefinitions"]["parameters"]["url_list"]["defaultValue"] == ""
+    tasks = {t: task for c in spec["components"].values() for t, task in c.get("dag", {}).get("tasks", {}).items()}
+    conditions = {t: task["triggerPolicy"]["condition"] for t, task in tasks.items()
+                  if task.get("triggerPolicy", {}).get("condition")}  # fmt: skip
+    fetching = [t for t, c in conditions.items() if c == "inputs.parameter_values['pipelinechannel--url_list'] != ''"]
+    given = [t for t, c in conditions.items() if c.startswith("!(") and "url_list" in c]
+    assert len(fetching) == len(given) == 1
+    inside = set(spec["components"][f"comp-{fetching[0]}"]["dag"]["tasks"])
+    loop = next(t for t in inside if t.startswith("for-loop"))
+    assert inside == {"plan-parts", "fetch-merge", loop}  # fanned out (default.yaml)
+    assert set(spec["components"][f"comp-{loop}"]["dag"]["tasks"]) == {"fetch-part"}
+    assert set(spec["components"][f"comp-{given[0]}"]["dag"]["tasks"]) == {"given-source"}
+    synth = spec["root"]["dag"]["tasks"]["exit-handler-1"]["componentRef"]["name"]
+    source = spec["components"][synth]["dag"]["tasks"]["synth"]["inputs"]["parameters"]["source_uri"]
+    assert source["taskOutputParameter"]["producerTask"].startswith("condition-branches")
+    assert "oneof" in source["taskOutputParameter"]["outputParameterKey"]

@@ -1,6 +1,7 @@
 """URL lists: a WebVid CSV (``videoid,contentUrl,duration,page_dir,name``) or a list of your own (a CSV with a
 ``url`` column, a JSONL of ``{"url": ...}`` objects, or a text file of one URL per line), each with an optional
-caption (``caption`` or ``text``; WebVid: ``name``) and id (``id`` or ``video_id``; WebVid: ``videoid``).
+caption (``caption`` or ``text``; WebVid: ``name``), id (``id`` or ``video_id``; WebVid: ``videoid``) and split
+(``split``: train, val or test; default ``fetch.split``).
 
 Every line becomes a :class:`Row` numbered from 0 in file order (the header excluded), so that a part, a record
 and a reject all name the same row. A line that cannot be read (not UTF-8, not JSON, no URL) is a row whose
@@ -14,6 +15,7 @@ import json
 from dataclasses import dataclass
 
 from vlp import storage
+from vlp.data import manifest
 from vlp.data.fetch.config import FORMATS
 
 
@@ -26,6 +28,7 @@ class Row:
     url: str
     caption: str
     problem: str = ""  # "" = to fetch; else "<status>: <detail>", why it is not fetched
+    split: str = ""  # "" = fetch.split
 
 
 def detect(source: str, head: bytes) -> str:
@@ -53,12 +56,15 @@ def read(source: str, fmt: str = "auto") -> tuple[str, list[Row]]:
     return fmt, _unique_ids(rows)
 
 
-def _row(n: int, url: object, caption: object = "", video_id: object = "") -> Row:
+def _row(n: int, url: object, caption: object = "", video_id: object = "", split: object = "") -> Row:
     url = url.strip() if isinstance(url, str) else ""
     caption = caption if isinstance(caption, str) else ""
     vid = str(video_id).strip() if isinstance(video_id, str | int) and str(video_id).strip() else f"row{n}"
+    split = split.strip() if isinstance(split, str) else ""
     problem = "" if url else "bad row: no URL"
-    return Row(n, vid, url, caption.strip(), problem)
+    if split and split not in manifest.SPLITS:
+        problem = f"bad row: split {split!r} is not one of {', '.join(manifest.SPLITS)}"
+    return Row(n, vid, url, caption.strip(), problem, split)
 
 
 def _csv(data: bytes, fmt: str) -> list[Row]:
@@ -69,7 +75,7 @@ def _csv(data: bytes, fmt: str) -> list[Row]:
         need, columns = "contenturl", {"url": "contenturl", "caption": "name", "id": "videoid"}
     else:
         caption, vid = _first(header, "caption", "text"), _first(header, "id", "video_id")
-        need, columns = "url", {"url": "url", "caption": caption, "id": vid}
+        need, columns = "url", {"url": "url", "caption": caption, "id": vid, "split": _first(header, "split")}
     if need not in header:
         raise ValueError(f"URL list: the CSV header {header} has no {need!r} column")
     at = {key: header.index(name) if name in header else -1 for key, name in columns.items()}
@@ -81,7 +87,7 @@ def _csv(data: bytes, fmt: str) -> list[Row]:
             rows.append(Row(n, f"row{n}", "", "", f"bad row: {type(exc).__name__}"))
             continue
         get = {key: values[i] if 0 <= i < len(values) else "" for key, i in at.items()}
-        rows.append(_row(n, get["url"], get["caption"], get["id"]))
+        rows.append(_row(n, get["url"], get["caption"], get["id"], get.get("split", "")))
     return rows
 
 
@@ -101,7 +107,7 @@ def _jsonl(data: bytes) -> list[Row]:
             rows.append(Row(n, f"row{n}", "", "", "bad row: not a JSON object"))
             continue
         caption = item.get("caption", item.get("text", ""))
-        rows.append(_row(n, item.get("url"), caption, item.get("id", item.get("video_id", ""))))
+        rows.append(_row(n, item.get("url"), caption, item.get("id", item.get("video_id", "")), item.get("split", "")))
     return rows
 
 
@@ -122,6 +128,8 @@ def _unique_ids(rows: list[Row]) -> list[Row]:
     out = []
     for r in rows:
         if not r.problem and first.setdefault(r.video_id, r.url) != r.url:
-            r = Row(r.row, r.video_id, r.url, r.caption, f"duplicate id: {r.video_id} names another URL earlier")
+            r = Row(
+                r.row, r.video_id, r.url, r.caption, f"duplicate id: {r.video_id} names another URL earlier", r.split
+            )
         out.append(r)
     return out

@@ -55,6 +55,7 @@ RECORD_SCHEMA = pa.schema(
         pa.field("video_id", pa.string(), nullable=False),
         pa.field("url", pa.string(), nullable=False),  # redacted (guard.redact)
         pa.field("caption", pa.string(), nullable=False),
+        pa.field("split", pa.string(), nullable=False),  # "" = fetch.split
         pa.field("status", pa.string(), nullable=False),  # "ok" or the reason (client.Outcome)
         pa.field("detail", pa.string(), nullable=False),
         pa.field("bytes", pa.int64(), nullable=False),
@@ -78,7 +79,8 @@ def part_dir(out: str, index: int, count: int) -> str:
 def _record(r: lists.Row, outcome: Outcome | None = None, path: str = "") -> dict[str, Any]:
     status, _, detail = r.problem.partition(": ")
     o = outcome or Outcome(status, detail)
-    return {"row": r.row, "video_id": r.video_id, "url": redact(r.url), "caption": r.caption, "status": o.status,
+    return {"row": r.row, "video_id": r.video_id, "url": redact(r.url), "caption": r.caption, "split": r.split,
+            "status": o.status,
             "detail": o.detail, "bytes": o.bytes, "seconds": o.seconds, "attempts": o.attempts,
             "final_url": o.final_url, "sha256": o.sha256, "path": path, "content_type": o.content_type}  # fmt: skip
 
@@ -303,11 +305,11 @@ def merge(source: str, out: str, cfg: FetchConfig, count: int) -> dict[str, Any]
             continue
         first = owner.setdefault(rec["sha256"], rec)
         if first is rec:
-            videos.append({"video_id": rec["video_id"], "path": rec["path"], "split": cfg.split, "media": "video",
-                           "source": fmt})  # fmt: skip
+            videos.append({"video_id": rec["video_id"], "path": rec["path"], "split": rec["split"] or cfg.split,
+                           "media": "video", "source": fmt})  # fmt: skip
         if rec["caption"]:
             captions.append({"video_id": first["video_id"], "caption_id": f"row{rec['row']}",
-                             "caption": rec["caption"], "split": cfg.split})  # fmt: skip
+                             "caption": rec["caption"], "split": first["split"] or cfg.split})  # fmt: skip
     storage.write_parquet(storage.join(out, manifest.VIDEOS), manifest.from_rows(videos, manifest.RAW_VIDEO_SCHEMA))
     storage.write_parquet(storage.join(out, manifest.CAPTIONS), manifest.from_rows(captions, manifest.CAPTION_SCHEMA))
     storage.write_parquet(storage.join(out, manifest.REJECTS), manifest.from_rows(rejects, manifest.REJECT_SCHEMA))
