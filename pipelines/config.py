@@ -335,26 +335,31 @@ def configure(task: Any, cfg: PipelineConfig, name: str) -> Any:
     task.set_caching_options(enable_caching=s.caching and name not in RUN_LEVEL_STEPS)
     if cfg.code_digest:
         task.set_env_variable(CODE_DIGEST_ENV, cfg.code_digest)
-    return secure(set_environment(task, cfg), cfg)
+    return secure(set_environment(task, cfg), cfg, name)
 
 
 MLFLOW_CLIENT_LABEL = ("vlp.dev/mlflow-client", "true")  # the chart's NetworkPolicy admits these pods to MLflow
 STEP_POD_LABEL = ("vlp.dev/pipeline-step", "true")  # the chart's step egress NetworkPolicy selects these pods
+# The fetch step's pods instead (they download from the internet): the chart's fetch egress NetworkPolicy adds public
+# addresses on the web's ports to what every step pod may reach.
+FETCH_POD_LABEL = ("vlp.dev/pipeline-step", "fetch")
+INTERNET_STEPS = ("fetch",)
 
 
-def secure(task: Any, cfg: PipelineConfig) -> Any:
+def secure(task: Any, cfg: PipelineConfig, name: str = "") -> Any:
     """Run the step's container as ``run_as`` (non-root user and group) and label its pod as a step pod.
 
     kfp-kubernetes can set only runAsUser, runAsGroup and runAsNonRoot; the KFP backend adds no privilege
     escalation, no capabilities and the RuntimeDefault seccomp profile itself. A read-only root filesystem cannot
     be said in the compiled spec (see docs/guides/pipelines.md); the Helm chart adds what it can at the namespace: a Pod
-    Security label and an egress NetworkPolicy for pods with :data:`STEP_POD_LABEL`.
+    Security label and an egress NetworkPolicy for pods with :data:`STEP_POD_LABEL` (step ``name`` in
+    :data:`INTERNET_STEPS`: :data:`FETCH_POD_LABEL`, whose policy adds the internet's public addresses).
     """
     from kfp import kubernetes
 
     kubernetes.set_security_context(task, run_as_user=cfg.run_as.user, run_as_group=cfg.run_as.group,
                                     run_as_non_root=True)  # fmt: skip
-    kubernetes.add_pod_label(task, *STEP_POD_LABEL)
+    kubernetes.add_pod_label(task, *(FETCH_POD_LABEL if name in INTERNET_STEPS else STEP_POD_LABEL))
     return task
 
 

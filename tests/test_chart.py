@@ -654,6 +654,31 @@ def test_step_pods_may_reach_only_dns_the_object_store_mlflow_and_kfp(
     assert kfp["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kubeflow"}}}]
 
 
+def test_fetch_pods_may_reach_what_every_step_pod_may_and_public_addresses_on_the_web_ports(
+    render: Callable[..., Docs],
+) -> None:
+    """The fetch step's pods (pipelines/config.py FETCH_POD_LABEL): the step pods' egress rules, then one rule to any
+    address but the private, loopback, link-local (metadata), shared, multicast and reserved ranges, on 80 and
+    443; off with the steps policy or on its own."""
+    from pipelines.config import FETCH_POD_LABEL
+
+    for value_set in ("default", "postgres"):
+        docs = render(value_set)
+        steps, fetch = _one(docs, "NetworkPolicy", "pipeline-steps"), _one(docs, "NetworkPolicy", "fetch-steps")
+        assert fetch["spec"]["podSelector"] == {"matchLabels": dict([FETCH_POD_LABEL])}
+        assert fetch["spec"]["policyTypes"] == ["Egress"] and "ingress" not in fetch["spec"]
+        *same, internet = fetch["spec"]["egress"]
+        assert same == steps["spec"]["egress"], value_set
+        assert [p["port"] for p in internet["ports"]] == [80, 443]
+        v4, v6 = (peer["ipBlock"] for peer in internet["to"])
+        assert v4["cidr"] == "0.0.0.0/0" and {"10.0.0.0/8", "169.254.0.0/16", "127.0.0.0/8", "100.64.0.0/10",
+                                              "172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4"} <= set(v4["except"])  # fmt: skip
+        assert v6["cidr"] == "::/0" and {"::1/128", "fc00::/7", "fe80::/10", "::ffff:0:0/96"} <= set(v6["except"])
+        assert not any(":" in c for c in v4["except"]) and all(":" in c for c in v6["except"])
+    for off in ("networkPolicy.steps.fetch.enabled=false", "networkPolicy.steps.enabled=false"):
+        assert not [d for d in render("default", "--set", off) if d["metadata"]["name"].endswith("fetch-steps")]
+
+
 def test_step_egress_is_narrowed_by_values(render: Callable[..., Docs]) -> None:
     """postgres-values.yaml: object store by CIDR (for MLflow too), the API server's address, an extra rule; and the
     MLflow rule uses the container port (5000), not the Service port (80): policies see the pod's port."""

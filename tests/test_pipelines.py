@@ -120,8 +120,9 @@ def test_every_step_gets_s3_keys_from_the_secret_and_the_tracking_uri(compiled: 
         assert sorted((k["secretKey"], k["envVar"]) for k in refs[0]["keyToEnv"]) == [(k, k) for k in KEY_ENV]
         assert sorted((k["secretKey"], k["envVar"]) for k in refs[1]["keyToEnv"]) == [
             ("password", "MLFLOW_TRACKING_PASSWORD"), ("username", "MLFLOW_TRACKING_USERNAME")]  # fmt: skip
+        step = "fetch" if executor in ("exec-fetch", "exec-fetch-part") else "true"  # fetch: the internet too
         assert k8s[executor]["podMetadata"]["labels"] == {  # what the chart's NetworkPolicies select
-            "vlp.dev/mlflow-client": "true", "vlp.dev/pipeline-step": "true"}  # fmt: skip
+            "vlp.dev/mlflow-client": "true", "vlp.dev/pipeline-step": step}, executor  # fmt: skip
     lines = (compiled / f"{name}.yaml").read_text(encoding="utf-8").splitlines()
     secrets = (*KEY_ENV, "MLFLOW_TRACKING_PASSWORD")
     mentions = [line.strip().removeprefix("- ") for line in lines if any(key in line for key in secrets)]
@@ -146,7 +147,8 @@ def test_every_step_runs_as_the_images_non_root_user(compiled: Path, name: str) 
     assert containers and set(containers) <= set(k8s)
     for executor in containers:
         assert _run_as(k8s[executor]) == {"runAsUser": uid, "runAsGroup": gid, "runAsNonRoot": True}, executor
-        assert k8s[executor]["podMetadata"]["labels"]["vlp.dev/pipeline-step"] == "true", executor
+        step = "fetch" if executor in ("exec-fetch", "exec-fetch-part") else "true"  # fetch: the internet too
+        assert k8s[executor]["podMetadata"]["labels"]["vlp.dev/pipeline-step"] == step, executor
 
 
 def test_run_as_is_configurable_and_never_root(tmp_path: Path) -> None:

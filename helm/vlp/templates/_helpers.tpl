@@ -214,3 +214,45 @@ objectStorePeers + objectStoreCIDRs (none = any address). */}}
     {{- toYaml . | nindent 4 }}
   {{- end }}
 {{- end -}}
+
+{{/* Egress rules of every pipeline step pod (networkPolicy.steps): DNS, the object store, MLflow, KFP's servers, the
+API server and steps.extraEgress; a list of NetworkPolicyEgressRule at column 0, to nindent where it is included. */}}
+{{- define "vlp.networkPolicy.stepEgress" -}}
+{{- $np := .Values.networkPolicy -}}
+{{ include "vlp.networkPolicy.dns" . }}
+{{ include "vlp.networkPolicy.objectStore" . }}
+{{- if .Values.mlflow.enabled }}
+- to:
+    - podSelector:
+        matchLabels:
+          {{- include "vlp.selectorLabels" . | nindent 10 }}
+          app.kubernetes.io/component: mlflow
+  ports:
+    - port: {{ .Values.mlflow.port | int }}
+      protocol: TCP
+{{- end }}
+- ports:
+    {{- range $np.steps.kfpPorts }}
+    - port: {{ . | int }}
+      protocol: TCP
+    {{- end }}
+  {{- with $np.steps.kfpPeers }}
+  to:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+- ports:
+    {{- range $np.steps.apiServerPorts }}
+    - port: {{ . | int }}
+      protocol: TCP
+    {{- end }}
+  {{- with $np.steps.apiServerCIDRs }}
+  to:
+    {{- range . }}
+    - ipBlock:
+        cidr: {{ . }}
+    {{- end }}
+  {{- end }}
+{{- with $np.steps.extraEgress }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
