@@ -353,6 +353,14 @@ def test_bench_fanout(run, tmp_path):
     assert tasks[("2 parts", "extract-frames-part")][3] == "2"  # two parts, each its own task
 
 
+def test_bench_fetch(run, tmp_path):
+    out = run("input/bench_fetch.py", "--rows", "12", "--videos", "2", "--mb", "0.2", "--concurrency", "1", "4",
+              "--out", str(tmp_path)).check()  # fmt: skip
+    rows = {r[0]: r for r in tables(out)[0][1:]}
+    assert set(rows) == {"1", "4"} and all(r[1] == "12" and float(r[4]) > 0 for r in rows.values()), out
+    assert re.search(r"at fetch.per_host_rate=10 \(one host, as WebVid's\): 3 parts", out), out
+
+
 def test_bench_entities(run):
     out = run("input/bench_entities.py", "--num-captions", "64", "--batch-size", "32", "--repeats", "1").check()
     assert re.search(r"noun counts identical: True \(\d+ distinct nouns", out), out
@@ -581,6 +589,7 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "input/bench_entities.py": "test_bench_entities",
     "input/bench_extract.py": "test_bench_extract",
     "input/bench_fanout.py": "test_bench_fanout",
+    "input/bench_fetch.py": "test_bench_fetch",
     "input/bench_input.py": "test_bench_input",
     "parity/albef_parity.py": "test_alpro_and_albef_parity",
     "parity/alpro_parity.py": "test_alpro_and_albef_parity",

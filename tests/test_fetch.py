@@ -16,7 +16,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from input.url_server import UrlServer
+from common import UrlServer
 from vlp import storage
 from vlp.config import load_config
 from vlp.data.fetch import FetchConfig, fetch_part, guard, lists, merge

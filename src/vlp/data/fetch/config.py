@@ -34,6 +34,7 @@ class FetchConfig:
     probe_workers: int = 1  # probe processes (a crashing or hanging decoder takes down its worker only)
     probe_timeout_s: float = 60.0  # probe time per video (0 = no limit)
     batch: int = 64  # downloads probed, stored and recorded together: what a killed part may fetch again
+    store_workers: int = 8  # uploads of a batch side by side
     user_agent: str = ""  # "" = vlp-fetch/<version>
     progress: bool = True  # a progress line on stderr
 
@@ -43,5 +44,5 @@ RANGES: dict[str, Range] = {
     "connect_timeout_s": RATE, "read_timeout_s": RATE, "timeout_s": RATE,
     "min_bytes_per_s": at_least(0, " (0 = off)"), "max_bytes": COUNT, "max_redirects": SIZE, "retries": SIZE,
     "backoff_s": SIZE, "max_backoff_s": SIZE, "max_retry_after_s": SIZE, "probe_workers": COUNT,
-    "probe_timeout_s": at_least(0, " (0 = no limit)"), "batch": COUNT,
+    "probe_timeout_s": at_least(0, " (0 = no limit)"), "batch": COUNT, "store_workers": COUNT,
 }  # fmt: skip

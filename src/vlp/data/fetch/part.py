@@ -31,6 +31,7 @@ import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -233,16 +234,15 @@ class _Run:
             for (group, o, dest), (_info, reason) in zip(ok, results, strict=True):
                 if reason:
                     o.status, o.detail = "not a video", reason.replace(dest, redact(group[0].url))
+        paths = [f"videos/{o.sha256[:2]}/{o.sha256}{_extension(g[0].url, o.content_type)}" if o.status == "ok" else ""
+                 for g, o, _ in items]  # fmt: skip
+        new = {path: dest for path, (_, _, dest) in zip(paths, items, strict=True) if path and path not in self.stored}
+        with ThreadPoolExecutor(self.cfg.store_workers) as pool:  # uploads side by side (object stores answer slowly)
+            list(pool.map(self._store, new.items()))
+        self.stored.update(new)
         records = list(extra)
-        for group, o, dest in items:
-            path = ""
-            if o.status == "ok":
-                path = f"videos/{o.sha256[:2]}/{o.sha256}{_extension(group[0].url, o.content_type)}"
-                uri = storage.join(self.out, path)
-                if path not in self.stored and not storage.exists(uri):
-                    storage.upload(dest, uri)
-                self.stored.add(path)
-                self.bytes += o.bytes
+        for (group, o, dest), path in zip(items, paths, strict=True):
+            self.bytes += o.bytes if path else 0
             records.extend(_record(r, o, path) for r in group)
             with contextlib.suppress(FileNotFoundError):
                 os.remove(dest)
@@ -253,6 +253,13 @@ class _Run:
             self.records[rec["row"]] = rec
         self.finished += len(records)
         self._progress()
+
+    def _store(self, item: tuple[str, str]) -> None:
+        """Upload a download as ``OUT/<path>`` unless it is there already (stored by an earlier run or part)."""
+        path, dest = item
+        uri = storage.join(self.out, path)
+        if not storage.exists(uri):
+            storage.upload(dest, uri)
 
     def _progress(self) -> None:
         now = time.perf_counter()
