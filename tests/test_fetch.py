@@ -102,6 +102,11 @@ def test_every_fault_ends_as_designed_and_nothing_is_lost(tmp_path, videos):
         stored = (tmp_path / "out" / r["path"]).read_bytes()
         assert hashlib.sha256(stored).hexdigest() == r["sha256"] and stored == by_name[r["sha256"]]
         assert r["bytes"] == len(stored) and r["path"] == f"videos/{r['sha256'][:2]}/{r['sha256']}.mp4"
+    written = {p.relative_to(tmp_path / "out").as_posix() for p in (tmp_path / "out").rglob("*") if p.is_file()}
+    tables = {"videos.parquet", "captions.parquet", "rejects.parquet", "fetch.parquet", "summary.json"}
+    part = "parts/00000-of-00001/"
+    assert {w for w in written if not w.startswith(("videos/", part))} == tables  # nothing named by a URL
+    assert {w for w in written if w.startswith("videos/")} == {r["path"] for r in ok}
     stored_files = sorted(p.name for p in (tmp_path / "out" / "videos").rglob("*.mp4"))
     assert stored_files == sorted({f"{r['sha256']}.mp4" for r in ok}) and len(stored_files) == 3
     # a raw dataset: one video per content, every good row's caption; every failure a reject with its reason
