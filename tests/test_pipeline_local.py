@@ -94,7 +94,7 @@ def report_rows(summary: str, metrics: dict[str, float], retrieval: dict[str, fl
         assert row in summary, summary
 
 
-DATA_STEPS = {"synth", "ingest", "extract-frames"}  # every family's DAG runs them with the same inputs
+DATA_STEPS = {"given-source", "synth", "ingest", "extract-frames"}  # every family's DAG runs them with the same inputs
 SIDE_EFFECT_TASKS = {"start-run", "report", "finish-run"}  # MLflow tasks: caching off (pipelines/config/local.yaml)
 ALIAS = {"register_alias": "local-test"}
 
