@@ -21,6 +21,10 @@ from vlp import storage
 ACCESS_KEY = "vlp-test-access"
 SECRET_KEY = "vlp-test-secret"
 
+# The tests of bf16 on the CPU (cpu_bf16, eval_precision=bf16) run on every CPU, slowly where it has no bf16; the
+# refusal a user gets there is tests/test_cpu_bf16.py's (vlp.distributed.require_cpu_bf16). Subprocesses inherit it.
+os.environ.setdefault("VLP_ALLOW_SLOW_BF16", "1")
+
 
 def _free_port() -> int:
     with socket.socket() as s:

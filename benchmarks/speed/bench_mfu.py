@@ -252,6 +252,15 @@ def main() -> None:
         parser.error("--compile needs --warmup >= 1: the first step compiles")
     device = torch.device(args.device)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
+    if device.type == "cpu" and "bf16" in precisions:
+        from vlp.distributed import cpu_bf16_support
+
+        fast, what = cpu_bf16_support()
+        if not fast:  # hundreds of times slower than fp32 there: the run would print nothing for hours
+            print(f"bf16 skipped: this CPU has {what}, and its bf16 matmuls run hundreds of times slower than fp32")
+            precisions.remove("bf16")
+            if not precisions:
+                sys.exit(f"nothing to measure: --precision bf16 on a CPU with {what}; use --precision fp32")
     families = list(BUILDERS) if args.family == "all" else [args.family]
     inner = 20 if device.type == "cuda" else 1  # back-to-back matmuls per timing (a GPU's launches are short)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"

@@ -26,7 +26,7 @@ from vlp.config import Config
 from vlp.data.frames import FrameStore
 from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoTextDataset
-from vlp.distributed import device
+from vlp.distributed import device, require_cpu_bf16
 from vlp.models import family
 from vlp.models.family import Encoded, Family
 
@@ -48,7 +48,10 @@ def autocast(precision: Precision) -> contextlib.AbstractContextManager:
     """
     if precision not in ("fp32", "bf16"):
         raise ValueError(f"eval_precision must be fp32 or bf16, got {precision!r}")
-    return torch.autocast(device().type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    where = device().type
+    if precision == "bf16" and where == "cpu":
+        require_cpu_bf16("eval_precision=bf16", "eval_precision=fp32 (retrieval.eval_precision, qa.eval_precision)")
+    return torch.autocast(where, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
 def progress(show: bool, iterable: Any, desc: str, total: int) -> Any:

@@ -335,6 +335,9 @@ class _Run:
         self.rank, self.world = distributed.rank(), distributed.world_size()
         self.device = next(model.parameters()).device
         self.autocast = {"cpu": cfg.cpu_bf16, "cuda": cfg.bf16}.get(self.device.type, False)
+        if self.autocast and self.device.type == "cpu":
+            instead = "cpu_bf16=false in the step's section (pretrain, retrieval, qa)"
+            distributed.require_cpu_bf16("cpu_bf16=true", instead)
         self.optimizer = build_optimizer(model, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
