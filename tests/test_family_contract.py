@@ -226,6 +226,7 @@ def check_shapes(name: str, role: str, tok: Any) -> None:
             logits = scorer.pair_logits(model, texts.tokens[[0, 1, 2]], texts.mask[[0, 1, 2]], videos.tokens[[3, 0, 1]])
             assert logits.shape == (3, 2) and torch.isfinite(logits).all()
     assert family.answers_questions(fam) == bool(fam.kinds.qa) == ("qa" in family.spec(name).tasks)
+    assert family.spec(name).kinds in (None, fam.kinds)  # what of_kind and kinds read before importing a family
 
 
 class Killed(RuntimeError):

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 import tomllib
 from pathlib import Path
 
@@ -165,3 +167,25 @@ def d():
     import vlp.text
 """
     assert unexplained_function_imports(source) == [10, 13]
+
+
+def test_reading_a_model_kind_imports_that_family_alone() -> None:
+    """``of_kind`` (every model directory read: search, serve, evaluate) finds the family by the kinds its spec
+    declares, as the lists of kinds a step reads are made: in a fresh interpreter, TS2-Net's kind imports TS2-Net's
+    model code and neither ALPRO's nor ALBEF's."""
+    code = ("import sys; from vlp import registry, inference; registry.of_kind('ts2net_retrieval'); "
+            "inference.retrieval_kinds(); inference.qa_kinds(); print(sorted(m for m in sys.modules "
+            "if m.endswith('.model') and m.startswith('vlp.models.')))")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['vlp.models.ts2net.model']"
+
+
+def test_a_search_with_a_ts2net_index_loads_no_other_familys_code_nor_what_other_commands_need() -> None:
+    """What ``vlp search`` imports to encode a query with TS2-Net (the query code and TS2-Net's model code): not
+    BERT's or timm's layers (ALPRO's and ALBEF's), not the other families, not MLflow, spaCy, KServe or FastAPI."""
+    heavy = ("timm", "transformers.models.bert.modeling_bert", "vlp.models.alpro.model", "vlp.models.albef.model",
+             "mlflow", "spacy", "kserve", "fastapi")  # fmt: skip
+    code = (f"import sys, vlp.index.query, vlp.models.ts2net.model, vlp.inference; vlp.inference.retrieval_kinds(); "
+            f"print([m for m in {heavy!r} if m in sys.modules])")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
+from vlp import registry
 from vlp.config import Config
 from vlp.data.frames import FrameStore
 from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoTextDataset
 from vlp.distributed import device, require_cpu_bf16
-from vlp.models import family
 from vlp.models.family import Encoded, Family
 
 if TYPE_CHECKING:
@@ -201,7 +201,8 @@ def answer_probabilities(
 def starts() -> tuple[str, ...]:
     """What fine-tuning starts from: any family's pre-trained model, or a retrieval fine-tuned one (to continue,
     or as QA's start). A QA model's classifier is tied to its answer vocabulary: it is evaluated, not fine-tuned."""
-    return tuple(k for f in family.families().values() for k in (f.kinds.pretrained, f.kinds.retrieval))
+    kinds = [registry.kinds(name) for name in registry.names()]  # from the specs: no family's model code imported
+    return tuple(k for one in kinds for k in (one.pretrained, one.retrieval))
 
 
 def retrieval_kinds() -> tuple[str, ...]:
@@ -211,4 +212,4 @@ def retrieval_kinds() -> tuple[str, ...]:
 
 def qa_kinds() -> tuple[str, ...]:
     """What QA evaluates: the QA fine-tuned model of any family that has one."""
-    return tuple(f.kinds.qa for f in family.families().values() if family.answers_questions(f))
+    return tuple(one.qa for one in map(registry.kinds, registry.names()) if one.qa)  # qa: the answering families

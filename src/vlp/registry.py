@@ -18,7 +18,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 if TYPE_CHECKING:
     from vlp.models.family import Family, PretrainHook
@@ -59,6 +59,18 @@ class Prepared:
     trains: bool = False
 
 
+class Kinds(NamedTuple):
+    """The ``model.json`` kinds of one family's models."""
+
+    pretrained: str  # what ``vlp pretrain`` writes (zero-shot retrieval evaluates it)
+    retrieval: str  # ``vlp finetune-retrieval``
+    qa: str  # ``vlp finetune-qa``; "" = the family has no QA model (it is no :class:`AnswersQuestions`)
+    prompter: str = ""  # ALPRO's frozen VTC prompter (``vlp pretrain-prompter``); "" = the family has none
+
+    def all(self) -> tuple[str, ...]:
+        return tuple(k for k in self if k)
+
+
 @dataclass(frozen=True)
 class FamilySpec:
     """What the registry knows of a family without importing it (no torch).
@@ -89,6 +101,10 @@ class FamilySpec:
         tasks: the fine-tuning tasks it has models for (``"retrieval"``, ``"qa"``), which its pre-training DAG
             fine-tunes and evaluates; ``"qa"`` exactly when its family object answers questions (the contract test
             holds the two together).
+        kinds: the ``model.json`` kinds of its models (:class:`Kinds`), which its family object's ``kinds`` must
+            equal (the contract test holds them so; the built-in families take theirs from here): what
+            :func:`of_kind` and :func:`kinds` read without importing the family's model code, so that reading a
+            model directory imports one family. ``None``: the family is imported to be asked.
     """
 
     name: str
@@ -103,6 +119,7 @@ class FamilySpec:
     pretraining: Any = ""
     randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
     tasks: tuple[Task, ...] = ("retrieval", "qa")
+    kinds: Kinds | None = None
 
     def __post_init__(self) -> None:
         if (self.prepared or self.pretrain_component) and not self.pretrains:
@@ -238,12 +255,19 @@ def get(name: str) -> Family:
     return spec(name).family()
 
 
+def kinds(name: str) -> Kinds:
+    """The kinds of the family called ``name``: its spec's, else its family object's (imported to be asked)."""
+    one = spec(name)
+    return one.kinds if one.kinds is not None else one.family().kinds
+
+
 def of_kind(kind: str) -> Family:
-    """The family that has models of ``kind``."""
-    for family in families().values():
-        if kind in family.kinds.all():
-            return family
-    known = sorted(k for f in families().values() for k in f.kinds.all())
+    """The family that has models of ``kind``: found by the kinds the specs declare, so that reading one model
+    directory imports its family alone; a family whose spec declares none is imported to be asked."""
+    for name in sorted(specs(), key=lambda n: specs()[n].kinds is None):  # the declared ones first
+        if kind in kinds(name).all():
+            return get(name)
+    known = sorted(k for name in specs() for k in kinds(name).all())
     raise ValueError(f"unknown model kind {kind!r}; known kinds: {known}")
 
 

@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 from vlp import registry
+from vlp.registry import Kinds as Kinds  # the specs declare their kinds (re-exported here)
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
@@ -79,18 +80,6 @@ register, unregister, specs, spec, names = (
 families, get, of_kind = registry.families, registry.get, registry.of_kind
 randaug_presets, randaug_ops = registry.randaug_presets, registry.randaug_ops
 pretrain_flags = registry.pretrain_flags
-
-
-class Kinds(NamedTuple):
-    """The ``model.json`` kinds of one family's models."""
-
-    pretrained: str  # what ``vlp pretrain`` writes (zero-shot retrieval evaluates it)
-    retrieval: str  # ``vlp finetune-retrieval``
-    qa: str  # ``vlp finetune-qa``; "" = the family has no QA model (it is no :class:`AnswersQuestions`)
-    prompter: str = ""  # ALPRO's frozen VTC prompter (``vlp pretrain-prompter``); "" = the family has none
-
-    def all(self) -> tuple[str, ...]:
-        return tuple(k for k in self if k)
 
 
 class LrGroups(NamedTuple):

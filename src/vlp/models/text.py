@@ -30,17 +30,18 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers import BertConfig
-from transformers.masking_utils import create_bidirectional_mask
-from transformers.models.bert.modeling_bert import BertEmbeddings, BertLayer, BertPredictionHeadTransform
 
 from vlp import storage
 from vlp.models.tokenizer import check_no_revision, file_record, hub_download, looks_like_path, remember_upstream
+
+if TYPE_CHECKING:
+    from transformers import BertConfig
 
 __all__ = [
     "FusionOutput",
@@ -127,6 +128,10 @@ class TextConfig:
 
     def to_bert_config(self) -> BertConfig:
         """The transformers ``BertConfig`` of the whole (unsplit) BERT these sizes describe."""
+        # transformers' BERT loads where a model is built, not with this module (search, evaluation and the CLI's
+        # other paths read TextConfig and BERT checkpoints without it)
+        from transformers import BertConfig
+
         # attn_implementation is a keyword of PretrainedConfig, which BertConfig takes through **kwargs: its signature
         # does not name it, hence the ignore
         return BertConfig(  # type: ignore[call-arg]
@@ -200,13 +205,17 @@ class _BertStack(nn.Module):
     """A run of BertLayers with the bidirectional padding mask and optional gradient checkpointing."""
 
     def __init__(self, cfg: TextConfig, first: int, count: int) -> None:
+        from transformers.masking_utils import create_bidirectional_mask
+        from transformers.models.bert.modeling_bert import BertLayer
+
         super().__init__()
         self.bert_config = cfg.to_bert_config()
         self.layers = nn.ModuleList(BertLayer(self.bert_config, layer_idx=first + i) for i in range(count))
         self.grad_checkpointing = cfg.grad_checkpointing
+        self._padding_mask = create_bidirectional_mask
 
     def run_layers(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, C), (B, S) -> (B, S, C)
-        attn = create_bidirectional_mask(config=self.bert_config, inputs_embeds=x, attention_mask=mask)
+        attn = self._padding_mask(config=self.bert_config, inputs_embeds=x, attention_mask=mask)
         for layer in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, attn, use_reentrant=False)
@@ -222,6 +231,8 @@ class TextEncoder(_BertStack):
         super().__init__(cfg, first=0, count=cfg.text_layers)
         self.cfg = cfg
         self.width = cfg.width
+        from transformers.models.bert.modeling_bert import BertEmbeddings
+
         self.embeddings = BertEmbeddings(self.bert_config)
         init_bert_weights(self, cfg.init_std)
 
@@ -305,6 +316,8 @@ class MLMHead(nn.Module):
     """
 
     def __init__(self, cfg: TextConfig, word_embeddings: nn.Embedding | None = None) -> None:
+        from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
+
         super().__init__()
         self.transform = BertPredictionHeadTransform(cfg.to_bert_config())
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))

@@ -43,10 +43,9 @@ from vlp import losses
 from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import distill
 from vlp.models import pretrained
-from vlp.models.albef.spec import AlbefSettings
+from vlp.models.albef.spec import KINDS, AlbefSettings
 from vlp.models.family import (
     ForwardAnswers,
-    Kinds,
     LrGroups,
     PretrainBatch,
     StepContext,
@@ -571,7 +570,7 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
     """ALBEF as a :class:`vlp.models.family.Family`: ITC + MLM + ITM with momentum distillation; ITM re-ranks."""
 
     name = "albef"
-    kinds = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
+    kinds = KINDS  # declared with the family's spec, where the registry reads them without this module
     default_losses: tuple[str, ...] = LOSS_TERMS
     # the fusion encoder and the heads (the online model's: the momentum copy is not trained), and the QA decoder
     lr_groups = LrGroups(fusion=("online.fusion.", "online.mlm_head.", "itm_head.", "decoder."))

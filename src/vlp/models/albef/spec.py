@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import SHARE, Range, at_least
-from vlp.registry import FamilySpec
+from vlp.registry import FamilySpec, Kinds
 from vlp.settings import VTMSettings
 
 
@@ -38,6 +38,9 @@ RANDAUG = (
                     "TranslateYRel", "Rotate")),
 )  # fmt: skip
 
+# The model.json kinds of its models (the family object's too: vlp.models.albef.model)
+KINDS = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
+
 SPEC = FamilySpec(
     name="albef",
     title="ALBEF",
@@ -47,4 +50,5 @@ SPEC = FamilySpec(
     importer="vlp.models.albef.importer",
     pretrains=True,
     randaug=RANDAUG,
+    kinds=KINDS,
 )

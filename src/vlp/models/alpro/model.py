@@ -38,10 +38,9 @@ from torch import Tensor, nn
 
 from vlp import losses
 from vlp.models import pretrained
-from vlp.models.alpro.spec import AlproSettings
+from vlp.models.alpro.spec import KINDS, AlproSettings
 from vlp.models.family import (
     ForwardAnswers,
-    Kinds,
     LrGroups,
     PretrainBatch,
     StepContext,
@@ -498,7 +497,7 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
     """ALPRO as a :class:`vlp.models.family.Family`: a prompter, then VTC + PEM + MLM + VTM; VTM re-ranks."""
 
     name = "alpro"
-    kinds = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
+    kinds = KINDS  # declared with the family's spec, where the registry reads them without this module
     default_losses: tuple[str, ...] = LOSS_TERMS
     lr_groups = LrGroups(fusion=("fusion.", "vtm_head.", "mlm_head.", "pem_head.", "classifier."))
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import Range, at_least
-from vlp.registry import FamilySpec, Prepared
+from vlp.registry import FamilySpec, Kinds, Prepared
 from vlp.settings import VTMSettings
 
 
@@ -38,6 +38,9 @@ class AlproSettings(VTMSettings):
 # leaves frames untouched); timm's TranslateX/YRel are its relative translations.
 RANDAUG = (("alpro", ("Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
                       "Rotate")),)  # fmt: skip
+
+# The model.json kinds of its models (the family object's too: vlp.models.alpro.model)
+KINDS = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
 
 SPEC = FamilySpec(
     name="alpro",
@@ -71,4 +74,5 @@ SPEC = FamilySpec(
         ),
     ),
     randaug=RANDAUG,
+    kinds=KINDS,
 )

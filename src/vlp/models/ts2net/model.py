@@ -45,7 +45,6 @@ from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import frames as frame_losses
 from vlp.models.family import (
     Encoded,
-    Kinds,
     LrGroups,
     PretrainBatch,
     StepContext,
@@ -56,7 +55,7 @@ from vlp.models.family import (
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.text import read_bert_state_dict
-from vlp.models.ts2net.spec import TS2NetSettings
+from vlp.models.ts2net.spec import KINDS, TS2NetSettings
 from vlp.settings import retrieval_section
 from vlp.weights import load_pretrained_weights
 
@@ -451,7 +450,7 @@ class TS2NetFamily:
     name = "ts2net"
     # no step writes a "ts2net_clip" model today: fine-tuning starts from the model section's CLIP weights, and a
     # zero-shot TS2-Net (CLIP with a random selector and aggregator) is not offered; the kind keeps the slot
-    kinds = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
+    kinds = KINDS  # declared with the family's spec, where the registry reads them without this module
     default_losses: tuple[str, ...] = ("itc",)
     lr_groups = LrGroups(backbone=("clip.",))  # the code's coef_lr: CLIP slower than the selector and aggregator
 

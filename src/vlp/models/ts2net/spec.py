@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import SHARE, Range, above, at_least
-from vlp.registry import FamilySpec
+from vlp.registry import FamilySpec, Kinds
 
 
 @dataclass
@@ -38,6 +38,9 @@ class TS2NetSettings:
     }  # fmt: skip
 
 
+# The model.json kinds of its models (the family object's too: vlp.models.ts2net.model)
+KINDS = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
+
 SPEC = FamilySpec(
     name="ts2net",
     title="TS2-Net",
@@ -47,4 +50,5 @@ SPEC = FamilySpec(
     importer="vlp.models.ts2net.importer",
     pretrains=False,
     tasks=("retrieval",),  # text-video retrieval only: no QA model
+    kinds=KINDS,
 )
