@@ -14,7 +14,13 @@ from safetensors.torch import save_file
 from timm.layers import resample_abs_pos_embed
 from torch import Tensor
 
-from vlp.models.layers import DividedSTBlock, TimeSformer, TimeSformerConfig, VideoEncoderOutput, load_vit_weights
+from vlp.models.layers.timesformer import (
+    DividedSTBlock,
+    TimeSformer,
+    TimeSformerConfig,
+    VideoEncoderOutput,
+    load_vit_weights,
+)
 
 
 def tiny_vit(img_size: int = 32, depth: int = 2, width: int = 64) -> torch.nn.Module:
