@@ -711,7 +711,7 @@ class UrlServer:
             server.url("/gzip/a.mp4")       # the video, gzip-encoded (a legitimate compressed body)
             server.url("/noise")            # 200 video/mp4 of random bytes: not a decodable video
 
-    ``server.hits`` counts requests per path.
+    ``server.hits`` counts requests per path; ``server.arrivals`` holds when each came.
 
     A context manager, listening on 127.0.0.1 on a free port.
     """
@@ -719,6 +719,7 @@ class UrlServer:
     def __init__(self, files: dict[str, bytes], stall_s: float = 30.0, bomb_bytes: int = 1 << 30) -> None:
         self.files, self.stall_s = files, stall_s
         self.hits: Counter[str] = Counter()
+        self.arrivals: list[float] = []  # time.monotonic() of every request, in arrival order
         self.lock = threading.Lock()
         self._bomb: bytes | None = None
         self.bomb_bytes = bomb_bytes
@@ -755,6 +756,7 @@ class UrlServer:
     def _count(self, path: str) -> int:
         with self.lock:
             self.hits[path] += 1
+            self.arrivals.append(time.monotonic())
             return self.hits[path]
 
     def handle(self, h: BaseHTTPRequestHandler) -> None:

@@ -321,8 +321,7 @@ def merge(source: str, out: str, cfg: FetchConfig, count: int) -> dict[str, Any]
     storage.write_parquet(storage.join(out, manifest.CAPTIONS), manifest.from_rows(captions, manifest.CAPTION_SCHEMA))
     storage.write_parquet(storage.join(out, manifest.REJECTS), manifest.from_rows(rejects, manifest.REJECT_SCHEMA))
     storage.write_parquet(storage.join(out, FETCHED), _table(records))
-    wall = sum(json.loads(storage.read_parquet_metadata(storage.join(part_dir(out, i, count), RECORDS))
-                          .get(_META, b"{}")).get("wall_s", 0.0) for i in range(count))  # fmt: skip
+    wall = sum(json.loads((t.schema.metadata or {}).get(_META, b"{}")).get("wall_s", 0.0) for t in tables)
     counts = _counts(records)
     return {"format": fmt, "rows": len(records), "parts": count, "videos": len(videos),
             "duplicates": counts["ok"] - len(videos), "captions": len(captions), **counts,
