@@ -17,9 +17,10 @@
   When the video width differs from the text width, a linear projection maps video tokens to the text width
   first (ALPRO's ViT-B and BERT-base are both 768 wide, so it is the identity there).
 
-Both halves are built from transformers' ``BertEmbeddings`` / ``BertLayer`` so a BERT checkpoint splits
-exactly (:func:`load_bert_weights`: layers ``0..text_layers-1`` -> text, the rest -> fusion; applied to text
-alone, text then fusion reproduces the full BertModel). :class:`MLMHead` is BERT's MLM head with the decoder
+Both halves are built from BERT's embeddings and layers (:mod:`vlp.models.layers.bert`: transformers' modules,
+names and arithmetic, without its model code's imports) so a BERT checkpoint splits exactly
+(:func:`load_bert_weights`: layers ``0..text_layers-1`` -> text, the rest -> fusion; applied to text alone, text
+then fusion reproduces the full BertModel). :class:`MLMHead` is BERT's MLM head with the decoder
 tied to the text encoder's word embeddings; ALPRO applies it to the *text part of the fused* sequence.
 """
 
@@ -38,6 +39,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vlp import storage
+from vlp.models.layers.bert import BertDims, BertEmbeddings, BertLayer, BertPredictionHeadTransform, padding_mask
 from vlp.models.tokenizer import check_no_revision, file_record, hub_download, looks_like_path, remember_upstream
 
 if TYPE_CHECKING:
@@ -126,10 +128,26 @@ class TextConfig:
         """BERT-base split 6 + 6, initialised from ``bert-base-uncased`` (ALPRO §3.4)."""
         return cls(**({"init": "bert-base-uncased"} | overrides))  # type: ignore[arg-type]
 
+    def dims(self) -> BertDims:
+        """What BERT's layers (:mod:`vlp.models.layers.bert`) read of these sizes."""
+        return BertDims(
+            width=self.width,
+            heads=self.heads,
+            intermediate=self.intermediate,
+            vocab_size=self.vocab_size,
+            max_positions=self.max_positions,
+            type_vocab_size=self.type_vocab_size,
+            pad_token_id=self.pad_token_id,
+            dropout=self.dropout,
+            layer_norm_eps=self.layer_norm_eps,
+            attn="eager" if self.attn_implementation == "eager" else "sdpa",
+        )
+
     def to_bert_config(self) -> BertConfig:
-        """The transformers ``BertConfig`` of the whole (unsplit) BERT these sizes describe."""
-        # transformers' BERT loads where a model is built, not with this module (search, evaluation and the CLI's
-        # other paths read TextConfig and BERT checkpoints without it)
+        """The transformers ``BertConfig`` of the whole (unsplit) BERT these sizes describe: a BERT checkpoint of
+        these sizes (tests build transformers' BERT from it to compare)."""
+        # transformers loads where a BERT of its own is made, not with this module: vlp's models are built from
+        # vlp.models.layers.bert
         from transformers import BertConfig
 
         # attn_implementation is a keyword of PretrainedConfig, which BertConfig takes through **kwargs: its signature
@@ -204,18 +222,14 @@ def init_bert_weights(module: nn.Module, std: float = 0.02) -> None:
 class _BertStack(nn.Module):
     """A run of BertLayers with the bidirectional padding mask and optional gradient checkpointing."""
 
-    def __init__(self, cfg: TextConfig, first: int, count: int) -> None:
-        from transformers.masking_utils import create_bidirectional_mask
-        from transformers.models.bert.modeling_bert import BertLayer
-
+    def __init__(self, cfg: TextConfig, count: int) -> None:
         super().__init__()
-        self.bert_config = cfg.to_bert_config()
-        self.layers = nn.ModuleList(BertLayer(self.bert_config, layer_idx=first + i) for i in range(count))
+        self.dims = cfg.dims()
+        self.layers = nn.ModuleList(BertLayer(self.dims) for _ in range(count))
         self.grad_checkpointing = cfg.grad_checkpointing
-        self._padding_mask = create_bidirectional_mask
 
     def run_layers(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, C), (B, S) -> (B, S, C)
-        attn = self._padding_mask(config=self.bert_config, inputs_embeds=x, attention_mask=mask)
+        attn = padding_mask(mask, x.shape[1], self.dims.attn, x.dtype)
         for layer in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(layer, x, attn, use_reentrant=False)
@@ -228,12 +242,10 @@ class TextEncoder(_BertStack):
     """BERT embeddings + the first ``cfg.text_layers`` BERT layers."""
 
     def __init__(self, cfg: TextConfig) -> None:
-        super().__init__(cfg, first=0, count=cfg.text_layers)
+        super().__init__(cfg, count=cfg.text_layers)
         self.cfg = cfg
         self.width = cfg.width
-        from transformers.models.bert.modeling_bert import BertEmbeddings
-
-        self.embeddings = BertEmbeddings(self.bert_config)
+        self.embeddings = BertEmbeddings(self.dims)
         init_bert_weights(self, cfg.init_std)
 
     @property
@@ -267,7 +279,7 @@ class MultimodalEncoder(_BertStack):
     """The last ``cfg.fusion_layers`` BERT layers as self-attention over ``[text; video]`` (see module docstring)."""
 
     def __init__(self, cfg: TextConfig, *, video_width: int | None = None) -> None:
-        super().__init__(cfg, first=cfg.text_layers, count=cfg.fusion_layers)
+        super().__init__(cfg, count=cfg.fusion_layers)
         self.cfg = cfg
         self.width = cfg.width
         vw = video_width or cfg.width
@@ -316,10 +328,8 @@ class MLMHead(nn.Module):
     """
 
     def __init__(self, cfg: TextConfig, word_embeddings: nn.Embedding | None = None) -> None:
-        from transformers.models.bert.modeling_bert import BertPredictionHeadTransform
-
         super().__init__()
-        self.transform = BertPredictionHeadTransform(cfg.to_bert_config())
+        self.transform = BertPredictionHeadTransform(cfg.dims())
         self.bias = nn.Parameter(torch.zeros(cfg.vocab_size))
         self._tied: tuple[nn.Embedding, ...] = ()
         self.decoder_weight: nn.Parameter | None = None

@@ -2,12 +2,11 @@
 
 Each :class:`CrossAttentionLayer` is a BERT layer (self-attention, then feed-forward) with a cross-attention
 block between the two, whose queries are the text tokens and whose keys and values are the visual tokens.
-transformers 5 only builds cross-attention into ``BertLayer`` for a causal decoder (``is_decoder=True``), so
-these layers are assembled here from its bidirectional parts (``BertAttention``, ``BertIntermediate``,
-``BertOutput``). Parameter names are BERT's (``attention.*``, ``intermediate.*``, ``output.*``) plus
-``crossattention.*``, ALBEF's name, so BERT layers 7-12 load into the self-attention and feed-forward parts
-(:func:`vlp.models.text.load_bert_weights`) and the cross-attention starts random, as in ALBEF; an ALBEF
-checkpoint's ``crossattention`` weights map one to one.
+They are assembled from BERT's parts (:mod:`vlp.models.layers.bert`: ``BertAttention``, ``BertIntermediate``,
+``BertOutput``), as transformers' ``BertLayer`` builds its cross-attention only for a causal decoder. Parameter
+names are BERT's (``attention.*``, ``intermediate.*``, ``output.*``) plus ``crossattention.*``, ALBEF's name, so
+BERT layers 7-12 load into the self-attention and feed-forward parts (:func:`vlp.models.text.load_bert_weights`) and
+the cross-attention starts random, as in ALBEF; an ALBEF checkpoint's ``crossattention`` weights map one to one.
 
 Masks: text padding is masked in self-attention (bidirectional, as BERT's encoder); visual tokens are never
 padded, so cross-attention sees all of them.
@@ -21,9 +20,15 @@ from typing import cast
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
-from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
-from transformers.models.bert.modeling_bert import BertAttention, BertEmbeddings, BertIntermediate, BertOutput
 
+from vlp.models.layers.bert import (
+    BertAttention,
+    BertEmbeddings,
+    BertIntermediate,
+    BertOutput,
+    causal_mask,
+    padding_mask,
+)
 from vlp.models.text import MLMHead, TextConfig, init_bert_weights
 
 __all__ = ["AnswerDecoder", "CrossAttentionLayer", "CrossFusionEncoder", "CrossFusionOutput"]
@@ -32,11 +37,11 @@ __all__ = ["AnswerDecoder", "CrossAttentionLayer", "CrossFusionEncoder", "CrossF
 class CrossAttentionLayer(nn.Module):
     """Self-attention over the text, cross-attention to the visual tokens, then BERT's feed-forward."""
 
-    def __init__(self, cfg: TextConfig, layer_idx: int, visual_width: int) -> None:
+    def __init__(self, cfg: TextConfig, visual_width: int) -> None:
         super().__init__()
-        bert = cfg.to_bert_config()
-        self.attention = BertAttention(bert, is_causal=False, layer_idx=layer_idx)
-        self.crossattention = BertAttention(bert, is_causal=False, layer_idx=layer_idx, is_cross_attention=True)
+        bert = cfg.dims()
+        self.attention = BertAttention(bert)
+        self.crossattention = BertAttention(bert)
         if visual_width != cfg.width:  # ALBEF's encoder_width: keys and values read the visual width
             self.crossattention.self.key = nn.Linear(visual_width, cfg.width)
             self.crossattention.self.value = nn.Linear(visual_width, cfg.width)
@@ -46,8 +51,8 @@ class CrossAttentionLayer(nn.Module):
     def forward(self, x: Tensor, self_mask: Tensor | None, visual: Tensor, cross_mask: Tensor | None = None) -> Tensor:
         """``(B, L, C)`` queries, their 4-D self-attention mask (or None), ``(B, S, Cv)`` keys/values and their 4-D
         mask (None: all real) -> ``(B, L, C)``."""
-        x, _ = self.attention(x, self_mask)
-        x, _ = self.crossattention(x, None, visual, cross_mask)
+        x = self.attention(x, self_mask)
+        x = self.crossattention(x, cross_mask, visual)
         return self.output(self.intermediate(x), x)
 
 
@@ -74,11 +79,9 @@ class CrossFusionEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.width = cfg.width
-        self.bert_config = cfg.to_bert_config()
+        self.attn = cfg.dims().attn
         self.grad_checkpointing = cfg.grad_checkpointing
-        self.layers = nn.ModuleList(
-            CrossAttentionLayer(cfg, cfg.text_layers + i, visual_width) for i in range(cfg.fusion_layers)
-        )
+        self.layers = nn.ModuleList(CrossAttentionLayer(cfg, visual_width) for _ in range(cfg.fusion_layers))
         init_bert_weights(self, cfg.init_std)
 
     def forward(self, text_tokens: Tensor, text_mask: Tensor, visual_tokens: Tensor) -> CrossFusionOutput:
@@ -89,7 +92,7 @@ class CrossFusionEncoder(nn.Module):
                 f"text tokens {tuple(text_tokens.shape)}, mask {tuple(text_mask.shape)} and visual tokens "
                 f"{tuple(visual_tokens.shape)} must share the batch (B, L, C) / (B, L) / (B, S, Cv)"
             )
-        mask = create_bidirectional_mask(config=self.bert_config, inputs_embeds=text_tokens, attention_mask=text_mask)
+        mask = padding_mask(text_mask, length, self.attn, text_tokens.dtype)
         x, visual = text_tokens, visual_tokens.to(text_tokens.dtype)
         for layer in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
@@ -107,9 +110,9 @@ class AnswerDecoder(nn.Module):
     def __init__(self, cfg: TextConfig, *, states_width: int) -> None:
         super().__init__()
         self.cfg = cfg
-        self.bert_config = cfg.to_bert_config()
-        self.embeddings = BertEmbeddings(self.bert_config)
-        self.layers = nn.ModuleList(CrossAttentionLayer(cfg, i, states_width) for i in range(cfg.fusion_layers))
+        self.attn = cfg.dims().attn
+        self.embeddings = BertEmbeddings(cfg.dims())
+        self.layers = nn.ModuleList(CrossAttentionLayer(cfg, states_width) for _ in range(cfg.fusion_layers))
         self.lm_head = MLMHead(cfg, self.embeddings.word_embeddings)
         init_bert_weights(self, cfg.init_std)
 
@@ -130,13 +133,8 @@ class AnswerDecoder(nn.Module):
         """``(N, La)`` answer ids / mask, ``(N, Lq, C)`` fused question states / mask -> ``(N, La, V)`` logits of the
         next token at every position."""
         x = self.embeddings(input_ids=input_ids)
-        causal = create_causal_mask(
-            config=self.bert_config, inputs_embeds=x, attention_mask=attention_mask, cache=None,
-            allow_is_causal_skip=False,
-        )  # fmt: skip
-        cross = create_bidirectional_mask(
-            config=self.bert_config, inputs_embeds=x, attention_mask=states_mask, encoder_hidden_states=states
-        )
+        causal = causal_mask(attention_mask, self.attn, x.dtype)
+        cross = padding_mask(states_mask, x.shape[1], self.attn, states.dtype)
         for layer in self.layers:
             x = layer(x, causal, states.to(x.dtype), cross)
         return self.lm_head(x)

@@ -1,4 +1,5 @@
-"""TimeSformer video encoder with divided space-time attention, built from timm layers.
+"""TimeSformer video encoder with divided space-time attention, built from timm's ViT parts (written here:
+:mod:`vlp.models.layers.blocks`).
 
 The encoder follows ALPRO (arXiv 2112.09583, §3.1) and TimeSformer (Bertasius et al., 2021): sparse frames are
 patchified, each block applies temporal attention (each patch position attends over time), then spatial attention
@@ -41,10 +42,10 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from timm.layers import Attention, DropPath, LayerNorm, Mlp, PatchEmbed, trunc_normal_
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vlp.models.layers.blocks import Attention, DropPath, Mlp, PatchEmbed, layer_norm, trunc_normal_
 from vlp.models.tokenizer import (
     PretrainedUnavailableError,
     check_no_revision,
@@ -168,13 +169,13 @@ class DividedSTBlock(nn.Module):
 
     def __init__(self, dim: int, heads: int, *, mlp_ratio: float = 4.0, drop_path: float = 0.0) -> None:
         super().__init__()
-        self.temporal_norm1 = LayerNorm(dim)
+        self.temporal_norm1 = layer_norm(dim)
         self.temporal_attn = Attention(dim, num_heads=heads, qkv_bias=True)
         self.temporal_fc = nn.Linear(dim, dim)
-        self.norm1 = LayerNorm(dim)
+        self.norm1 = layer_norm(dim)
         self.attn = Attention(dim, num_heads=heads, qkv_bias=True)
-        self.norm2 = LayerNorm(dim)
-        self.mlp = Mlp(dim, hidden_features=int(dim * mlp_ratio), act_layer=nn.GELU)
+        self.norm2 = layer_norm(dim)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio))
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, cls: Tensor, patches: Tensor) -> tuple[Tensor, Tensor]:
@@ -213,7 +214,7 @@ class TimeSformer(nn.Module):
         self.width = config.width
         self.grad_checkpointing = config.grad_checkpointing
         C, g = config.width, config.grid
-        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, 3, C, strict_img_size=False)
+        self.patch_embed = PatchEmbed(config.patch_size, 3, C)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, C))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + g * g, C))
         self.time_embed = nn.Parameter(torch.zeros(1, config.num_frames, C))
@@ -221,7 +222,7 @@ class TimeSformer(nn.Module):
         self.blocks = nn.ModuleList(
             DividedSTBlock(C, config.heads, mlp_ratio=config.mlp_ratio, drop_path=r) for r in rates
         )
-        self.norm = LayerNorm(C)
+        self.norm = layer_norm(C)
         self._init_weights()
         if config.init:
             load_vit_weights(self, config.init, revision=config.init_revision)

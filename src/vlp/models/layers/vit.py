@@ -28,11 +28,10 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from timm.layers import LayerNorm, PatchEmbed, trunc_normal_
-from timm.models.vision_transformer import Block
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vlp.models.layers.blocks import Block, PatchEmbed, layer_norm, trunc_normal_
 from vlp.models.layers.timesformer import read_vit_state_dict, resample_pos_embed, vit_size_problems
 
 _IGNORED_PREFIXES = ("head.", "head_drop.", "fc_norm.", "head_dist.", "dist_token")
@@ -113,16 +112,13 @@ class FrameViT(nn.Module):
         self.config = config
         self.width = c = config.width
         g = config.grid
-        self.patch_embed = PatchEmbed(config.img_size, config.patch_size, 3, c, strict_img_size=False)
+        self.patch_embed = PatchEmbed(config.patch_size, 3, c)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, c))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + g * g, c))
         self.time_embed = nn.Parameter(torch.zeros(1, config.num_frames, 1, c)) if config.temporal == "concat" else None
         rates = torch.linspace(0, config.drop_path, config.depth).tolist()
-        self.blocks = nn.ModuleList(
-            Block(c, config.heads, mlp_ratio=config.mlp_ratio, qkv_bias=True, drop_path=r, norm_layer=LayerNorm)
-            for r in rates
-        )
-        self.norm = LayerNorm(c)
+        self.blocks = nn.ModuleList(Block(c, config.heads, mlp_ratio=config.mlp_ratio, drop_path=r) for r in rates)
+        self.norm = layer_norm(c)
         self.grad_checkpointing = False  # recompute each block in the backward (set_grad_checkpointing)
         trunc_normal_(self.pos_embed, std=0.02)
         trunc_normal_(self.cls_token, std=0.02)
