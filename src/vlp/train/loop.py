@@ -231,9 +231,9 @@ def _memory_metrics(device: torch.device) -> dict[str, float]:
 def enable_grad_checkpointing(model: nn.Module, enable: bool = True) -> int:
     """Recompute activations in the backward pass wherever ``model`` has a part that can: a transformers
     ``PreTrainedModel`` (``activation_checkpointing_enable``, non-reentrant), a timm-style ``set_grad_checkpointing``,
-    or a tower with a ``grad_checkpointing`` switch (vlp's text, fusion and cross-attention stacks). The results
-    and gradients do not change (the recomputation replays the RNG state); the memory of the activations does.
-    ``enable=False`` turns it off again in the same parts.
+    or a tower with a ``grad_checkpointing`` switch (vlp's text, fusion and cross-attention stacks, CLIP's towers).
+    The results and gradients do not change (the recomputation replays the RNG state); the memory of the activations
+    does. ``enable=False`` turns it off again in the same parts.
 
     Returns:
         How many parts were switched; with none, a warning says training goes on without.

@@ -1,6 +1,7 @@
 """TS2-Net (Token Shift and Selection, arXiv 2207.07852): CLIP for text-video retrieval, fine-tuned from CLIP.
 
-- Towers: transformers' CLIP (``CLIPModel``): the vision tower encodes every frame, the text tower's output at
+- Towers: CLIP (:class:`vlp.models.layers.clip.Clip`: transformers' ``CLIPModel``, its names, random draws and
+  arithmetic): the vision tower encodes every frame, the text tower's output at
   the query's last token ([EOS]) is the query. Weights by hub name (``openai/clip-vit-base-patch32``, ViT-B/16
   with ``model.ts2net.clip_patch=16``) or a local path; random only as an explicit choice (tiny configs in tests).
 - **Token shift** (:mod:`vlp.models.layers.shift`) in the last ``shift_last`` vision blocks (the paper: 2, blocks
@@ -17,7 +18,7 @@
   embedding through ``aggregator_layers`` CLIP blocks (no causal mask), initialised from the first text blocks
   and the text position embedding when the widths match (as the code), plus a residual; each frame is then its
   slot-0 token. ``aggregator_layers=0`` skips it. Its LayerNorms use ``aggregator_ln_eps`` (the code's 1e-12;
-  transformers' ``CLIPEncoderLayer`` would bring CLIP's 1e-5, which a ``model.json`` without the key keeps).
+  a CLIP block's default is CLIP's 1e-5, which a ``model.json`` without the key keeps).
 - **Score** (:mod:`vlp.losses.frames`): per-frame cosine with the query weighted by ``softmax(lambda * s)``
   (lambda 4; ``frame_norm="l2"`` divides ``s`` by its norm over frames first, as the code), or the mean-pooled
   cosine (``frame_pool="mean"``: CLIP4Clip's baseline). Symmetric InfoNCE with CLIP's trainable logit scale:
@@ -52,6 +53,7 @@ from vlp.models.family import (
     init_revisions,
     preset_weights,
 )
+from vlp.models.layers.clip import Clip, ClipEncoderLayer, ClipTower
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.text import read_bert_state_dict
@@ -65,7 +67,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("vlp")
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
 # The aggregator's LayerNorm eps of a model.json written before ``aggregator_ln_eps`` existed: such a model was
-# trained and evaluated with transformers' CLIPEncoderLayer default, CLIP's 1e-5
+# trained and evaluated with a CLIP block's default, CLIP's 1e-5
 LEGACY_AGGREGATOR_LN_EPS = 1e-5
 
 
@@ -136,7 +138,7 @@ class TS2NetConfig:
     aggregator_layers: int = 4  # 0 = none (CLIP4Clip's meanP)
     aggregator_positions: int = 77  # position embeddings of the aggregator (code: CLIP's 77 text positions)
     # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks, modules/until_module.py's LayerNorm);
-    # transformers' CLIPEncoderLayer has CLIP's 1e-5 (what a model.json without this key was trained with)
+    # a CLIP block's default is CLIP's 1e-5 (what a model.json without this key was trained with)
     aggregator_ln_eps: float = 1e-12
     frame_pool: Literal["weighted", "mean"] = "weighted"
     frame_lambda: float = 4.0
@@ -174,7 +176,17 @@ class TS2NetConfig:
         """Tokens per frame after selection (what the aggregator sees)."""
         return {"code": self.picks + 1, "paper": self.picks, "none": 1}[self.select]
 
+    def build_clip(self) -> Clip:
+        """CLIP of these sizes, randomly initialised (``init`` weights are loaded over it)."""
+        v, t = self.video, self.text
+        text = ClipTower(width=t.width, layers=t.layers, heads=t.heads, intermediate=4 * t.width)
+        vision = ClipTower(width=v.width, layers=v.layers, heads=v.heads, intermediate=4 * v.width)
+        return Clip(text, t.vocab_size, t.max_len, vision, v.img_size, v.patch_size, self.embed_dim,
+                    self.init_logit_scale)  # fmt: skip
+
     def to_hf(self) -> Any:
+        """transformers' ``CLIPConfig`` of these sizes: what ``tests/test_clip_layers.py`` builds transformers' CLIP
+        from, to compare with :meth:`build_clip`'s."""
         from transformers import CLIPConfig, CLIPTextConfig, CLIPVisionConfig
 
         v, t = self.video, self.text
@@ -250,20 +262,18 @@ class TokenSelector(nn.Module):
 class FrameAggregator(nn.Module):
     """CLIP blocks over the selected tokens of all frames, with positions and a residual (the code's seqTransf)."""
 
-    def __init__(self, cfg: TS2NetConfig, hf_config: Any) -> None:
+    def __init__(self, cfg: TS2NetConfig) -> None:
         super().__init__()
-        from transformers.models.clip.modeling_clip import CLIPEncoderLayer
-
-        layer_cfg = replace_hf(hf_config.text_config, hidden_size=cfg.embed_dim, intermediate_size=4 * cfg.embed_dim,
-                               layer_norm_eps=cfg.aggregator_ln_eps)  # fmt: skip
+        block = ClipTower(width=cfg.embed_dim, layers=cfg.aggregator_layers, heads=cfg.text.heads,
+                          intermediate=4 * cfg.embed_dim, layer_norm_eps=cfg.aggregator_ln_eps)  # fmt: skip
         self.positions = nn.Embedding(cfg.aggregator_positions, cfg.embed_dim)
         nn.init.normal_(self.positions.weight, std=0.01)
-        self.layers = nn.ModuleList(CLIPEncoderLayer(layer_cfg) for _ in range(cfg.aggregator_layers))
+        self.layers = nn.ModuleList(ClipEncoderLayer(block) for _ in range(cfg.aggregator_layers))
         self.grad_checkpointing = False  # recompute each block in the backward (training only)
 
     def init_from_text(self, text_model: Any) -> bool:
         """Copy the first text blocks and text positions (the code's init) when the widths match; True if done.
-        ``text_model`` is transformers' ``CLIPTextTransformer``, whose blocks it declares only as ``nn.Module``."""
+        ``text_model`` is CLIP's text tower (:class:`vlp.models.layers.clip.ClipTextTransformer`)."""
         text_layers = text_model.encoder.layers
         if len(text_layers) < len(self.layers) or text_layers[0].self_attn.embed_dim != self.positions.embedding_dim:
             return False
@@ -285,21 +295,10 @@ class FrameAggregator(nn.Module):
         x = tokens + self.positions.weight[: tokens.shape[1]]
         for layer in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, None, use_reentrant=False)
+                x = checkpoint(layer, x, use_reentrant=False)
             else:
-                x = layer(x, None)
-            x = x[0] if isinstance(x, tuple) else x
+                x = layer(x)
         return x + tokens
-
-
-def replace_hf(config: Any, **values: Any) -> Any:
-    """A copy of a transformers config with ``values`` set."""
-    import copy
-
-    out = copy.deepcopy(config)
-    for key, value in values.items():
-        setattr(out, key, value)
-    return out
 
 
 @dataclass
@@ -326,13 +325,10 @@ class TS2Net(nn.Module):
 
     def __init__(self, cfg: TS2NetConfig) -> None:
         super().__init__()
-        from transformers import CLIPModel
-
         self.cfg = cfg
-        hf = cfg.to_hf()
-        self.clip = CLIPModel(hf)
+        self.clip = cfg.build_clip()
         self.selector = TokenSelector(cfg) if cfg.select != "none" else None  # "none": [CLS] alone
-        self.aggregator = FrameAggregator(cfg, hf) if cfg.aggregator_layers else None
+        self.aggregator = FrameAggregator(cfg) if cfg.aggregator_layers else None
         self._init_new_modules()
         v, t = cfg.video, cfg.text
         source, revision = (v.init, v.init_revision) if v.init else (t.init, t.init_revision)
@@ -345,9 +341,9 @@ class TS2Net(nn.Module):
             log.info("ts2net: the aggregator (width %d) starts random: the text tower's width differs or it has "
                      "fewer blocks", cfg.embed_dim)  # fmt: skip
         self._frames = cfg.video.num_frames
-        layers = self.clip.vision_model.encoder.layers
+        layers = [cast(ClipEncoderLayer, layer) for layer in self.clip.vision_model.encoder.layers]
         if cfg.shift_mode != "none":
-            for layer in list(layers)[len(layers) - cfg.shift_last :]:
+            for layer in layers[len(layers) - cfg.shift_last :]:
                 layer.self_attn.register_forward_pre_hook(self._shift_hook, with_kwargs=True)
 
     def _init_new_modules(self) -> None:
@@ -371,8 +367,7 @@ class TS2Net(nn.Module):
     def frame_tokens(self, video: Tensor) -> Tensor:
         """``(B, T, 3, H, W)`` -> ``(B * T, N + 1, D)`` projected CLIP tokens of every frame (shift applied)."""
         self._frames = video.shape[1]
-        out = self.clip.vision_model(pixel_values=video.flatten(0, 1))
-        tokens = self.clip.vision_model.post_layernorm(out.last_hidden_state)
+        tokens = self.clip.vision_model.post_layernorm(self.clip.vision_model(video.flatten(0, 1)))
         return self.clip.visual_projection(tokens)
 
     def encode_video(self, video: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -389,8 +384,7 @@ class TS2Net(nn.Module):
 
     def encode_text(self, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """``(unit-norm query (B, D), token states (B, L, C))``: the query is the last real token's ([EOS])."""
-        out = self.clip.text_model(input_ids=input_ids, attention_mask=attention_mask)
-        hidden = out.last_hidden_state
+        hidden = self.clip.text_model(input_ids, attention_mask)
         last = attention_mask.sum(dim=1).clamp(min=1) - 1
         query = self.clip.text_projection(hidden[torch.arange(hidden.shape[0], device=hidden.device), last])
         return F.normalize(query, dim=-1), hidden
@@ -417,8 +411,8 @@ _CLIP_REMEDY = ("Set model.video_init / text_init to a local directory/file or s
 
 def load_clip_weights(clip: nn.Module, source: str, revision: str = "") -> None:
     """Load a CLIP checkpoint in transformers' layout (hub name at ``revision``, ``""`` = the default branch;
-    directory, ``.safetensors`` / ``.bin`` file or ``s3://`` URI) into ``clip`` (a ``CLIPModel``), every shape
-    checked. Where it came from (hub commit or file SHA-256) is noted for the model directory's lineage.
+    directory, ``.safetensors`` / ``.bin`` file or ``s3://`` URI) into ``clip`` (:class:`vlp.models.layers.clip.Clip`),
+    every shape checked. Where it came from (hub commit or file SHA-256) is noted for the model directory's lineage.
 
     Raises:
         ValueError: a missing weight or a shape the config does not have (the message names it), or a revision
