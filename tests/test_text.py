@@ -26,6 +26,8 @@ from vlp.models.text import (
 )
 from vlp.models.tokenizer import (
     PretrainedUnavailableError,
+    TextIds,
+    load_text_ids,
     load_tokenizer,
     save_tokenizer,
     tokenizer_digest,
@@ -120,6 +122,50 @@ def test_tokenizer_save_load_identical_ids(tokenizer, tmp_path: Path) -> None:
     assert loaded.mask_token_id == 4 and loaded.model_max_length == 40
 
 
+HARD = ["", " ", "A RED Circle!!", "Ünïcödé àccents façade", "日本語のテキスト", "emoji 🎉 party", "tab\tand\nnewline",
+        "[CLS] [MASK] literal specials [SEP]", "x" * 300, " ".join(["the blue star drifts"] * 30), "a-b_c.d,e;f?g",
+        "an unseen zebra jumps over quizzical words"]  # fmt: skip
+
+
+@pytest.mark.parametrize("lowercase", [True, False])
+@pytest.mark.parametrize("sides", [("right", "right"), ("left", "left")])
+def test_inference_ids_are_transformers_without_transformers(tmp_path: Path, lowercase, sides) -> None:
+    """:class:`TextIds` (a trained tokenizer through ``tokenizers`` alone) gives transformers' ids and mask for
+    every text at every length, padded and truncated on either side; its size is transformers' too."""
+    tok = train_wordpiece(_captions(), vocab_size=120 if lowercase else 200, lowercase=lowercase)
+    save_tokenizer(tok, str(tmp_path / "tok"))
+    config = json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text())
+    config["padding_side"], config["truncation_side"] = sides
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(config))
+    theirs, mine = load_tokenizer(str(tmp_path / "tok")), load_text_ids(str(tmp_path / "tok"))
+    assert isinstance(mine, TextIds) and len(mine) == len(theirs)
+    texts = [*HARD, *_captions(20)]
+    for length in (3, 5, 8, 24, 77):
+        want = theirs(texts, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+        got = mine(texts, padding="max_length", truncation=True, max_length=length, return_tensors="pt")
+        assert set(got) == {"input_ids", "attention_mask"} <= set(want)
+        for key in got:
+            assert got[key].dtype == want[key].dtype and torch.equal(got[key], want[key]), (length, key)
+    pad_side = 0 if sides[0] == "left" else -1
+    assert got["attention_mask"][0, pad_side] == 0 and got["input_ids"][0, pad_side] == 0  # "" padded with [PAD]
+    with pytest.raises(TypeError, match="padding='max_length'"):
+        mine(texts, padding=True, max_length=8)
+
+
+def test_inference_takes_transformers_for_a_tokenizer_with_rules_of_its_own(tokenizer, tmp_path: Path) -> None:
+    """A class other than the plain wrapper (a hub tokenizer's ``BertTokenizer``, ``CLIPTokenizer``) or a key that
+    may change the ids: transformers' tokenizer, as before."""
+    save_tokenizer(tokenizer, str(tmp_path / "tok"))
+    assert isinstance(load_text_ids(str(tmp_path / "tok")), TextIds)
+    path = tmp_path / "tok" / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    for change in ({"tokenizer_class": "BertTokenizer"}, {"do_lower_case": False}, {"add_bos_token": True}):
+        path.write_text(json.dumps(config | change))
+        assert not isinstance(load_text_ids(str(tmp_path / "tok")), TextIds), change
+    with pytest.raises(FileNotFoundError):
+        load_text_ids(str(tmp_path / "nothing-here"))
+
+
 def test_a_tokenizer_smaller_than_its_vocab_txt_is_refused(tokenizer, tmp_path: Path) -> None:
     """transformers 5 was seen to build 5 tokens from a BERT vocab.txt: ids would then miss the embeddings."""
     save_tokenizer(tokenizer, str(tmp_path / "tok"))
@@ -135,6 +181,10 @@ def test_tokenizer_and_weights_through_s3(tokenizer, hf_bert, s3_bucket: str, tm
     uri = f"{s3_bucket}/artifacts/tokenizer"
     save_tokenizer(tokenizer, uri)
     assert load_tokenizer(uri)(TEXTS)["input_ids"] == tokenizer(TEXTS)["input_ids"]
+    ids = load_text_ids(uri)
+    assert isinstance(ids, TextIds)
+    assert ids(TEXTS, max_length=12)["input_ids"].tolist() == tokenizer(TEXTS, padding="max_length", truncation=True,
+                                                                        max_length=12)["input_ids"]  # fmt: skip
     hf_bert.save_pretrained(tmp_path / "bert")
     storage.upload(tmp_path / "bert" / "model.safetensors", f"{s3_bucket}/bert/model.safetensors")
     text, fusion, head = build_text_model(TextConfig.tiny(vocab_size=len(tokenizer), init=f"{s3_bucket}/bert"))

@@ -216,7 +216,7 @@ class Answerer:
             self.store = FrameStore(frames, cache_shards=8)
         self.cfg, self.frames, self.model = cfg, frames, model
         self.fam = family.qa_of(info.family)
-        self.net, self.tok, self.answers = info.load(device()), info.tokenizer(), info.answers()
+        self.net, self.tok, self.answers = info.load(device()), info.text_ids(), info.answers()
         self.length = text_length(cfg.qa, info.config)
         self.model_cfg = info.config
 

@@ -70,7 +70,7 @@ class Searcher:
                 f"the model directory {where} holds other weights than the ones the index {index} was built "
                 "with: rebuild the index into a new --out with `vlp index`"
             )
-        self.net, self.tok, self.fam = self.info.load(device()), self.info.tokenizer(), self.info.family
+        self.net, self.tok, self.fam = self.info.load(device()), self.info.text_ids(), self.info.family
         self.length = text_length(cfg.retrieval, self.info.config)
         # the index's precision, not this config's: a query scores as evaluate-retrieval scored the index's clips
         self.precision = precision_of(built.sampling)

@@ -105,6 +105,16 @@ class ModelDir:
         check_vocab(tok, self.config, self.tokenizer_dir)
         return tok
 
+    def text_ids(self) -> Any:
+        """The model's tokenizer as inference uses it, texts to ids and mask
+        (:func:`vlp.models.tokenizer.load_text_ids`: without transformers for a tokenizer vlp trained), its vocabulary
+        size checked."""
+        from vlp.models.tokenizer import load_text_ids  # see tokenizer()
+
+        tok = load_text_ids(self.tokenizer_dir)
+        check_vocab(tok, self.config, self.tokenizer_dir)
+        return tok
+
     def answers(self) -> list[str]:
         """The QA answer vocabulary, in classifier order."""
         if not is_qa(self.kind):

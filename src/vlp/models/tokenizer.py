@@ -37,12 +37,15 @@ import tempfile
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from vlp import storage
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 SPECIAL_TOKENS: tuple[str, ...] = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")  # ids 0..4 in this order
 CONTINUATION = "##"  # WordPiece marks a piece that continues a word
@@ -281,6 +284,10 @@ def train_wordpiece(
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
     tok.decoder = decoders.WordPiece(prefix=CONTINUATION)
+    # transformers (about 0.5 s) loads where a tokenizer is trained or loaded whole, not with this module: inference
+    # encodes through load_text_ids alone
+    from transformers import PreTrainedTokenizerFast
+
     return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         unk_token="[UNK]",
@@ -406,6 +413,9 @@ def load_tokenizer(name_or_path: str, revision: str = "") -> PreTrainedTokenizer
         PretrainedUnavailableError: a hub name (or revision) that is neither cached nor reachable (e.g. offline),
             or does not exist.
     """
+    # transformers loads here, not with this module (see train_wordpiece)
+    from transformers import AutoTokenizer
+
     name = str(name_or_path)
     if storage.is_s3(name):
         check_no_revision(name, revision)
@@ -453,6 +463,8 @@ def _checked(tok: PreTrainedTokenizerBase, path: Path) -> PreTrainedTokenizerBas
 
 
 def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:
+    from transformers import AutoTokenizer  # see load_tokenizer
+
     files = storage.list_files(uri, recursive=False)
     if not any(f.rsplit("/", 1)[-1] in ("tokenizer.json", "vocab.txt") for f in files):
         raise FileNotFoundError(f"no tokenizer at {uri!r}: expected tokenizer.json written by save_tokenizer")
@@ -460,3 +472,98 @@ def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:
         for f in files:
             storage.download(f, os.path.join(tmp, f.rsplit("/", 1)[-1]))
         return _checked(AutoTokenizer.from_pretrained(tmp), Path(tmp))
+
+
+# what a saved tokenizer's tokenizer_config.json may say for TextIds to encode as transformers does: the classes that
+# wrap tokenizer.json as it is, and keys that change nothing of a text's ids and mask (the special tokens are
+# tokenizer.json's; model_max_length is overridden by every call's max_length)
+PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+NEUTRAL_KEYS = frozenset({"backend", "tokenizer_class", "cls_token", "mask_token", "sep_token", "unk_token",
+                          "pad_token", "bos_token", "eos_token", "model_max_length", "padding_side", "truncation_side",
+                          "clean_up_tokenization_spaces", "added_tokens_decoder", "model_input_names"})  # fmt: skip
+
+
+class TextIds:
+    """What inference asks of a tokenizer, texts to their ids and mask, padded and truncated to a length, through the
+    ``tokenizers`` library alone: ``tok(texts, padding="max_length", truncation=True, max_length=L,
+    return_tensors="pt")`` gives what transformers' tokenizer gives (``tests/test_text.py`` compares them), without
+    importing transformers (about 0.5 s of each search's, server's and evaluation's start-up). Made by
+    :func:`load_text_ids` for the tokenizers vlp trains (:func:`train_wordpiece`); thread-safe (one configured
+    copy of the tokenizer per length)."""
+
+    def __init__(self, spec: str, pad_token: str, padding_side: str, truncation_side: str) -> None:
+        self._spec, self._sides = spec, (padding_side, truncation_side)
+        base = Tokenizer.from_str(spec)
+        self._size = base.get_vocab_size(with_added_tokens=True)
+        pad_id = base.token_to_id(pad_token)
+        if pad_id is None:
+            raise ValueError(f"the padding token {pad_token!r} is not in the vocabulary")
+        self._pad = (pad_token, pad_id)
+        self._by_length: dict[int, Tokenizer] = {}
+
+    def __len__(self) -> int:
+        return self._size
+
+    def _at(self, length: int) -> Tokenizer:
+        tok = self._by_length.get(length)
+        if tok is None:  # two threads may both build one: the same tokenizer, either is kept
+            tok = Tokenizer.from_str(self._spec)
+            tok.enable_truncation(length, stride=0, strategy="longest_first", direction=self._sides[1])
+            tok.enable_padding(direction=self._sides[0], pad_id=self._pad[1], pad_token=self._pad[0], length=length)
+            self._by_length[length] = tok
+        return tok
+
+    def __call__(
+        self,
+        texts: list[str],
+        padding: str = "max_length",
+        truncation: bool = True,
+        max_length: int | None = None,
+        return_tensors: str = "pt",
+    ) -> dict[str, torch.Tensor]:
+        """``{"input_ids", "attention_mask"}``, each ``(len(texts), max_length)`` int64."""
+        if padding != "max_length" or truncation is not True or max_length is None or return_tensors != "pt":
+            raise TypeError("TextIds encodes with padding='max_length', truncation=True, a max_length and "
+                            "return_tensors='pt' only")  # fmt: skip
+        import torch  # the caller has it; the module stays importable without it
+
+        done = self._at(max_length).encode_batch(list(texts))
+        ids = torch.tensor([e.ids for e in done], dtype=torch.long).reshape(len(done), max_length)
+        mask = torch.tensor([e.attention_mask for e in done], dtype=torch.long).reshape(len(done), max_length)
+        return {"input_ids": ids, "attention_mask": mask}
+
+
+def load_text_ids(uri: str) -> TextIds | PreTrainedTokenizerBase:
+    """The tokenizer saved at ``uri`` (local or ``s3://``) for inference: a :class:`TextIds` where its
+    ``tokenizer_config.json`` names a class that wraps ``tokenizer.json`` as it is and nothing that changes the
+    ids (:data:`PLAIN_CLASSES`, :data:`NEUTRAL_KEYS`: what :func:`save_tokenizer` writes for a trained tokenizer),
+    else transformers' (:func:`load_tokenizer`; a hub tokenizer's class may add its own rules).
+
+    Raises:
+        FileNotFoundError: no tokenizer there.
+    """
+    name = str(uri)
+    if storage.is_s3(name):
+        config_uri, spec_uri = storage.join(name, "tokenizer_config.json"), storage.join(name, "tokenizer.json")
+        if not (storage.exists(config_uri) and storage.exists(spec_uri)):
+            return load_tokenizer(name)
+        config_text, spec = storage.read_text(config_uri), storage.read_text(spec_uri)
+    else:
+        path = Path(name).expanduser()
+        if not ((path / "tokenizer_config.json").is_file() and (path / "tokenizer.json").is_file()):
+            return load_tokenizer(name)
+        config_text = (path / "tokenizer_config.json").read_text(encoding="utf-8")
+        spec = (path / "tokenizer.json").read_text(encoding="utf-8")
+    config = json.loads(config_text)
+    plain = (
+        isinstance(config, dict)
+        and config.get("tokenizer_class") in PLAIN_CLASSES
+        and set(config) <= NEUTRAL_KEYS
+        and isinstance(config.get("pad_token"), str)
+        and json.loads(spec).get("post_processor") is not None
+    )
+    if not plain:
+        return load_tokenizer(name)
+    return TextIds(
+        spec, config["pad_token"], config.get("padding_side", "right"), config.get("truncation_side", "right")
+    )

@@ -114,7 +114,7 @@ def _evaluate_retrieval(dataset: str, frames: str, model: str, out: str, cfg: Co
 def _score_retrieval(cfg: Config, info: Any, net: Any, data: Any) -> _Scored:
     """Every text against every clip of ``data`` by the model's similarity, then (a family with a pair scorer)
     the top ``retrieval.rerank_k`` re-ranked; the metrics of both rankings, held-out VTM and chance beside them."""
-    rc, fam, tok = cfg.retrieval, info.family, info.tokenizer()
+    rc, fam, tok = cfg.retrieval, info.family, info.text_ids()
     video_ids = sorted({v for v, _ in data.pairs})
     position = {v: i for i, v in enumerate(video_ids)}
     texts = [t for _, t in data.pairs]
@@ -211,7 +211,7 @@ def _evaluate_qa(dataset: str, frames: str, model: str, out: str, cfg: Config) -
     info = inputs.models[0]
     answers, model_cfg = info.answers(), info.config
     data = task_data(VideoQADataset, qc, dataset, inputs.store, model_cfg, qc.split, training=False)
-    net, tok = info.load(device()), info.tokenizer()
+    net, tok = info.load(device()), info.text_ids()
     if qc.compile:
         compile_blocks(net, "evaluate-qa")
     length = text_length(qc, model_cfg)
