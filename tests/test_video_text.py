@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -64,6 +66,33 @@ def test_augmentation_is_the_same_on_every_frame_and_restores_global_rng():
         changed += not np.array_equal(out[0], np.asarray(frame))
     assert changed >= 10, "RandAugment at magnitude 9 should change most clips"
     assert (random.random(), np.random.rand()) == (expected_py, expected_np), "global RNG state leaked"
+
+
+def test_randaugment_is_timms_without_importing_timms_package():
+    """timm's RandAugment module loaded from its file on its own (:func:`timm_auto_augment`) gives the images the
+    package's module gives for every seed, and loading it imports neither timm's package nor torch._dynamo."""
+    code = ("import sys; from vlp.data.video_text import ClipRandAugment, timm_auto_augment; "
+            "from vlp.models.alpro.spec import RANDAUG; ClipRandAugment(dict(RANDAUG)['alpro']); "
+            "print(timm_auto_augment().__name__, [m for m in ('timm', 'torch._dynamo') if m in sys.modules])"
+            )  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "vlp_timm_auto_augment []"
+    from timm.data.auto_augment import rand_augment_transform
+
+    rng = np.random.default_rng(1)
+    frame = Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8))
+    ours = ClipRandAugment(ALPRO_OPS, num_ops=2, magnitude=7)
+    theirs = rand_augment_transform("rand-m7-n2", transforms=list(ALPRO_OPS))
+    assert type(ours.transform).__module__ == "vlp_timm_auto_augment" != type(theirs).__module__
+    changed = 0
+    for seed in range(30):
+        random.seed(seed)
+        np.random.seed(seed)
+        want = np.asarray(theirs(frame))
+        got = np.asarray(ours([frame], seed=seed)[0])
+        assert np.array_equal(got, want), seed
+        changed += not np.array_equal(got, np.asarray(frame))
+    assert changed >= 15
 
 
 def test_augmented_dataset_is_deterministic(tiny_world):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import random
 import re
 from collections.abc import Sequence
@@ -50,6 +51,35 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+def timm_auto_augment() -> Any:
+    """timm's ``timm.data.auto_augment`` module (RandAugment), loaded from its file on its own: importing it through
+    the package runs ``timm/__init__``, which imports timm's layers and models (about 1 s of every training step's
+    start-up, ``torch._dynamo`` included) for a module that needs only PIL and numpy. Where that file cannot load
+    on its own (a timm whose module imports more of timm), it is imported through the package."""
+    import importlib.util
+    import sys
+
+    name = "vlp_timm_auto_augment"
+    if name in sys.modules:
+        return sys.modules[name]
+    found = importlib.util.find_spec("timm")  # finds the package without running its __init__
+    locations = list(found.submodule_search_locations or []) if found is not None else []
+    path = os.path.join(locations[0], "data", "auto_augment.py") if locations else ""
+    spec = importlib.util.spec_from_file_location(name, path) if os.path.isfile(path) else None
+    if spec is not None and spec.loader is not None:
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ImportError:  # it imports more of timm now
+            pass
+        else:
+            sys.modules[name] = module
+            return module
+    import timm.data.auto_augment
+
+    return timm.data.auto_augment
+
+
 class ClipRandAugment:
     """RandAugment with one random draw per clip, applied identically to every frame.
 
@@ -60,8 +90,7 @@ class ClipRandAugment:
     """
 
     def __init__(self, ops: Sequence[str], num_ops: int = 2, magnitude: int = 5) -> None:
-        from timm.data.auto_augment import rand_augment_transform
-
+        rand_augment_transform = timm_auto_augment().rand_augment_transform
         if not ops:
             raise ValueError("RandAugment needs at least one op")
         if num_ops < 1 or not 0 <= magnitude <= 10:
