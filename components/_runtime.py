@@ -227,6 +227,9 @@ class Step:
         from vlp.tracking import track_step
 
         def work() -> dict[str, Any]:
+            age = process_age()
+            if age is not None:  # what this pod spent before its work: Python, imports, config, the tracking run
+                print(f"{self.name}: start-up {age:.2f} s (process start to the step's work)", flush=True)
             if self.launch and cli:
                 summary = self._trainjob(cli, out)
             else:
@@ -271,6 +274,18 @@ class Step:
         print("+", " ".join(redact_overrides(cmd)), flush=True)
         subprocess.run(cmd, check=True)
         return json.loads(storage.read_text(storage.join(out, "summary.json")))
+
+
+def process_age() -> float | None:
+    """Seconds since this process started, from Linux's ``/proc`` (to 10 ms); None where there is no ``/proc``."""
+    try:
+        with open("/proc/self/stat", encoding="ascii") as fh:
+            started = int(fh.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime: clock ticks after boot
+        with open("/proc/uptime", encoding="ascii") as fh:
+            uptime = float(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
 
 
 def read_json(base: str, name: str) -> dict[str, Any] | None:
