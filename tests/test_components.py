@@ -378,3 +378,23 @@ def test_credentials_never_reach_a_cluster_pods_overrides_or_printed_lines(monke
     from vlp.tracking_auth import redact
 
     assert redact("http://u:SENTINEL-pw@mlflow:5000") == "http://u:***@mlflow:5000"
+
+
+def test_a_step_prints_its_start_up_from_its_process_start(tmp_path):
+    """The start-up line: the seconds from the step process's start (Linux ``/proc``) to its work, which a step
+    pod's log shows; a process that idled 0.6 s before its work reports at least that."""
+    import os
+    import re
+    import subprocess
+    import sys
+
+    code = (f"import time; time.sleep(0.6); from components import _runtime; "
+            f"_runtime.Step('toy', {TINY!r}, ['tracking.tracking_uri=']).run(lambda cfg: {{'done': 1}})")  # fmt: skip
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if k != _runtime.TRACKING_ENV}  # untracked: the line alone
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root,
+                         env=env).stdout  # fmt: skip
+    found = re.fullmatch(r"toy: start-up ([0-9.]+) s \(process start to the step's work\)\n", out)
+    assert found, out
+    assert 0.6 <= float(found[1]) < 0.6 + 30
+    assert 0.0 <= _runtime.process_age() < 3600  # this test process: started before the test, not before boot
