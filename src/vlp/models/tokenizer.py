@@ -476,11 +476,13 @@ def _load_from_s3(uri: str) -> PreTrainedTokenizerBase:
 
 # what a saved tokenizer's tokenizer_config.json may say for TextIds to encode as transformers does: the classes that
 # wrap tokenizer.json as it is, and keys that change nothing of a text's ids and mask (the special tokens are
-# tokenizer.json's; model_max_length is overridden by every call's max_length)
+# tokenizer.json's; model_max_length is overridden by every call's max_length; is_local and local_files_only are
+# where the last load found it, which a tokenizer saved again after a load carries)
 PLAIN_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 NEUTRAL_KEYS = frozenset({"backend", "tokenizer_class", "cls_token", "mask_token", "sep_token", "unk_token",
                           "pad_token", "bos_token", "eos_token", "model_max_length", "padding_side", "truncation_side",
-                          "clean_up_tokenization_spaces", "added_tokens_decoder", "model_input_names"})  # fmt: skip
+                          "clean_up_tokenization_spaces", "added_tokens_decoder", "model_input_names", "is_local",
+                          "local_files_only"})  # fmt: skip
 
 
 class TextIds:
