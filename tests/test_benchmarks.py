@@ -264,6 +264,23 @@ def test_bench_adamw(run):
     assert set(rows) == {"loop", "foreach", "fused"} and rows["loop"] == 1.0, out
 
 
+def test_bench_startup(run, tmp_path):
+    """Search, serve and imports on one TS2-Net index, once; the steps of the retrieval DAG on the tiny config,
+    without the importtime run: every row timed, every step's start-up line found."""
+    out = run("speed/bench_startup.py", "--families", "ts2net", "--repeat", "1", "--root", str(tmp_path / "idx")).check()
+    assert re.search(r"^commands run \S+/src/vlp/__init__\.py", out, re.M), out
+    for label in ("vlp search, whole process", "vlp serve, listening", "vlp serve, first answer"):
+        cells = re.search(rf"^{label}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+        assert cells and 0.3 < float(cells[1]) == float(cells[2]) == float(cells[3]) < 120, (label, out)
+    ranked = re.findall(r"^  (\S+)\s+([\d.]+) s$", out.split("importtime")[1], re.M)
+    assert len(ranked) == 10 and "torch" in dict(ranked), out
+    assert [float(s) for _, s in ranked] == sorted((float(s) for _, s in ranked), reverse=True)
+    out = run("speed/bench_startup.py", "--what", "steps", "--pipeline", "retrieval", "--no-imports").check()
+    steps = re.findall(r"^  ([a-z-]+)\s+([\d.]+)\s+nan\s+([\d.]+)$", out, re.M)
+    assert {"synth", "ingest", "extract-frames", "finetune-retrieval", "evaluate-retrieval"} <= {s for s, _, _ in steps}
+    assert all(0 < float(start) < float(wall) for _, start, wall in steps), out
+
+
 def test_bench_ts2net_selection(run):
     """What the driver runs in a process per setting, and the JSON keys it reads (the driver itself, which starts two
     fresh interpreters, is left to a real run: 10 s of imports here)."""
@@ -605,6 +622,7 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_mfu.py": "test_bench_mfu",
     "speed/bench_prompter.py": "test_bench_prompter",
     "speed/bench_retrieval_eval.py": "test_bench_retrieval_eval",
+    "speed/bench_startup.py": "test_bench_startup",
     "speed/bench_ts2net_selection.py": "test_bench_ts2net_selection",
     "speed/bench_vs_reference.py": "test_bench_vs_reference",
     "speed/reference_step.py": "test_reference_step",

@@ -208,3 +208,28 @@ print([m for m in {heavy!r} if m in sys.modules])
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_no_help_page_imports_torch_or_what_a_command_needs() -> None:
+    """``vlp --help`` and every subcommand's help, in one interpreter, import none of what the commands need to run
+    (torch, transformers, timm, MLflow, LanceDB, spaCy, KServe, FastAPI): the CLI's dispatch imports a command's
+    step when it runs. A help page that imported them would cost seconds; the test fails naming what it pulled."""
+    heavy = ("torch", "transformers", "timm", "mlflow", "lancedb", "spacy", "kserve", "fastapi", "aiohttp", "kfp")
+    code = f"""
+import contextlib, io, sys
+from vlp import cli
+parser = cli.build_parser()
+commands = [a for a in parser._subparsers._group_actions[0].choices]
+pages = [[]] + [[c] for c in commands] + [["data", "synth"], ["tracking", "sync"]]
+for page in pages:
+    with contextlib.redirect_stdout(io.StringIO()) as shown:
+        try:
+            cli.main([*page, "--help"])
+        except SystemExit:
+            pass
+    assert "usage: vlp" in shown.getvalue(), page
+print(len(pages), [m for m in {heavy!r} if m in sys.modules])
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    count, pulled = out.split(" ", 1)
+    assert int(count) > 18 and pulled.strip() == "[]", out
