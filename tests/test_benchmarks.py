@@ -267,7 +267,7 @@ def test_bench_adamw(run):
 def test_bench_startup(run, tmp_path):
     """Search, serve and imports on one TS2-Net index, once; the steps of the retrieval DAG on the tiny config,
     without the importtime run: every row timed, every step's start-up line found."""
-    out = run("speed/bench_startup.py", "--families", "ts2net", "--repeat", "1", "--root", str(tmp_path / "idx")).check()
+    out = run("speed/bench_startup.py", "--families", "ts2net", "--repeat", "1", "--root", str(tmp_path)).check()
     assert re.search(r"^commands run \S+/src/vlp/__init__\.py", out, re.M), out
     for label in ("vlp search, whole process", "vlp serve, listening", "vlp serve, first answer"):
         cells = re.search(rf"^{label}\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
