@@ -107,8 +107,9 @@ class BertSelfAttention(nn.Module):
         super().__init__()
         if d.width % d.heads:
             raise ValueError(f"width {d.width} is not divisible by heads {d.heads}")
-        self.head_size = d.width // d.heads
-        self.scaling = self.head_size**-0.5
+        # transformers' attribute names (code that reads a BERT layer's attention, e.g. the VTM probe, reads these)
+        self.num_attention_heads, self.attention_head_size = d.heads, d.width // d.heads
+        self.scaling = self.attention_head_size**-0.5
         self.attn = d.attn
         self.query = nn.Linear(d.width, d.width)
         self.key = nn.Linear(d.width, d.width)
@@ -117,9 +118,9 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Tensor | None, states: Tensor | None = None) -> Tensor:
         source = x if states is None else states
-        q = self.query(x).view(*x.shape[:-1], -1, self.head_size).transpose(1, 2)  # (B, H, Q, D)
-        k = self.key(source).view(*source.shape[:-1], -1, self.head_size).transpose(1, 2)  # (B, H, K, D)
-        v = self.value(source).view(*source.shape[:-1], -1, self.head_size).transpose(1, 2)
+        q = self.query(x).view(*x.shape[:-1], -1, self.attention_head_size).transpose(1, 2)  # (B, H, Q, D)
+        k = self.key(source).view(*source.shape[:-1], -1, self.attention_head_size).transpose(1, 2)  # (B, H, K, D)
+        v = self.value(source).view(*source.shape[:-1], -1, self.attention_head_size).transpose(1, 2)
         p = self.dropout.p if self.training else 0.0
         if self.attn == "sdpa":
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
