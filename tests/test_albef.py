@@ -648,3 +648,42 @@ def test_frame_vit_loads_a_timm_name_at_a_hub_revision_and_records_the_commit(mo
         assert upstream_of(name, revision)["commit"] == commit_sha(label)
     with pytest.raises(RuntimeError, match="revision 'v3' is not in the local cache"):
         FrameViT(FrameViTConfig.tiny(init=name, init_revision="v3"))
+
+
+def test_mlm_on_the_masked_positions_alone_gives_the_full_losses_and_gradients(tok):
+    """``mlm_logits="masked"``: the student's and the momentum teacher's logits at the masked positions alone;
+    MLM's distilled loss and every gradient equal the full computation's to float rounding, ITC and ITM bit for
+    bit."""
+    got = {}
+    for mode in ("all", "masked"):
+        model = _model(tok, mlm_logits=mode)
+        out = albef_step(model, _batch(tok), _ctx(tok))
+        out["loss"].backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        forward = model(_batch(tok), _ctx(tok))
+        got[mode] = (out, grads, forward)
+    (full, g_full, f_full), (masked, g_masked, f_masked) = got["all"], got["masked"]
+    scored = f_full.mlm_labels != -100
+    assert f_masked.mlm_logits.shape == f_masked.mlm_teacher.shape == (int(scored.sum()), len(tok))
+    assert f_full.mlm_logits.shape == (*scored.shape, len(tok)) and 0 < int(scored.sum()) < scored.numel()
+    for term in ("itc", "itm"):
+        assert torch.equal(full[f"loss_{term}"], masked[f"loss_{term}"]), term
+    torch.testing.assert_close(masked["loss_mlm"], full["loss_mlm"], rtol=1e-6, atol=0)
+    assert g_full.keys() == g_masked.keys() and len(g_full) > 50
+    for name, grad in g_full.items():
+        torch.testing.assert_close(g_masked[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_mlm_logits_is_a_family_key_and_refuses_other_values(tok):
+    from vlp.config import load_config
+    from vlp.models import family
+
+    cfg = load_config(TINY, ["model.albef.mlm_logits=masked", "model.alpro.mlm_logits=masked"])
+    assert FAMILY.config(cfg.model, len(tok)).mlm_logits == "masked"
+    assert family.get("alpro").config(cfg.model, len(tok), 4).mlm_logits == "masked"
+    assert FAMILY.config(load_config(TINY).model, len(tok)).mlm_logits == "all"
+    with pytest.raises(ValueError, match="mlm_logits"):
+        load_config(TINY, ["model.albef.mlm_logits=sometimes"])
+    with pytest.raises(ValueError, match="mlm_logits must be 'all' or 'masked'"):
+        AlbefConfig.tiny(vocab_size=len(tok), mlm_logits="some")

@@ -248,3 +248,29 @@ def test_the_prompters_crop_size_and_precision_reach_pem(tokenizer, batch, monke
         AlproConfig.tiny(vocab_size=10, num_entities=2, pem_prompter_size=16, pem_crop="zero_outside")
     with pytest.raises(ValueError, match="pem_prompter_precision"):
         AlproConfig.tiny(vocab_size=10, num_entities=2, pem_prompter_precision="fp16")
+
+
+def test_mlm_on_the_masked_positions_alone_gives_the_full_losses_and_gradients(tokenizer, batch):
+    """``mlm_logits="masked"`` scores the vocabulary at the masked positions alone (``(P, V)`` logits instead of
+    ``(B, L, V)``): the MLM loss and every gradient equal the full computation's to float rounding, the other
+    terms bit for bit."""
+    got = {}
+    for mode in ("all", "masked"):
+        model, pem = make(tokenizer, mlm_logits=mode)
+        out = losses_of(model, batch, tokenizer, pem=pem, generator=torch.Generator().manual_seed(2))
+        out["loss"].backward()
+        got[mode] = (out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        model.zero_grad()
+        forward = model(batch, StepContext(vocab=TextVocab.of(tokenizer), extra=pem,
+                                           generator=torch.Generator().manual_seed(2)))  # fmt: skip
+        got[mode] += (forward.mlm_logits.shape, forward.mlm_labels)
+    (full, g_full, full_shape, full_labels), (masked, g_masked, masked_shape, masked_labels) = got["all"], got["masked"]
+    scored = int((full_labels != -100).sum())
+    assert full_shape == (*batch.input_ids.shape, len(tokenizer)) and masked_shape == (scored, len(tokenizer))
+    assert 0 < scored < batch.input_ids.numel() and torch.equal(masked_labels, full_labels[full_labels != -100])
+    for term in ("vtc", "pem", "vtm"):
+        assert torch.equal(full[f"loss_{term}"], masked[f"loss_{term}"]), term
+    torch.testing.assert_close(masked["loss_mlm"], full["loss_mlm"], rtol=1e-6, atol=0)
+    assert g_full.keys() == g_masked.keys() and len(g_full) > 50
+    for name, grad in g_full.items():
+        torch.testing.assert_close(g_masked[name], grad, rtol=1e-5, atol=1e-7, msg=name)

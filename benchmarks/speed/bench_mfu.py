@@ -110,7 +110,7 @@ def albef_row(args: argparse.Namespace, device: torch.device) -> Row:
     if args.queue % args.batch:
         raise SystemExit(f"--queue {args.queue} must be a multiple of --batch {args.batch}")
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 12)
-    cfg = common.albef_config(args.preset, 0, args.frames, len(tok), args.queue)
+    cfg = replace(common.albef_config(args.preset, 0, args.frames, len(tok), args.queue), mlm_logits=args.mlm_logits)
     model = Albef(cfg).to(device).train()
     size = cfg.video.img_size
     batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
@@ -124,8 +124,9 @@ def albef_row(args: argparse.Namespace, device: torch.device) -> Row:
         # the step calls the momentum towers' parts, never the Towers module itself
         "momentum model": [f"Albef.momentum.{part}" for part in MOMENTUM_PARTS],
     }
-    return Row(f"ALBEF pre-training ({'+'.join(cfg.losses)})", model, lambda: albef_step(model, batch, ctx)["loss"],
-               groups)  # fmt: skip
+    mlm = "" if cfg.mlm_logits == "all" else f", MLM logits {cfg.mlm_logits}"
+    return Row(f"ALBEF pre-training ({'+'.join(cfg.losses)}{mlm})", model,
+               lambda: albef_step(model, batch, ctx)["loss"], groups)  # fmt: skip
 
 
 def ts2net_row(args: argparse.Namespace, device: torch.device) -> Row:
@@ -244,6 +245,8 @@ def main() -> None:
                         help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile every transformer block (compile); needs --warmup >= 1")  # fmt: skip
+    parser.add_argument("--mlm-logits", choices=["all", "masked"], default="all",
+                        help="ALBEF's MLM logits at every position or the masked ones (mlm_logits)")  # fmt: skip
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:

@@ -21,13 +21,18 @@ log = logging.getLogger("vlp")
 
 @dataclass
 class VTMSettings:
-    """Video-text matching's negatives and what another caption of the same clip is: the keys of the families
-    with a VTM / ITM head (their ``model.<family>`` sections extend this)."""
+    """Video-text matching's negatives, what another caption of the same clip is, and where MLM scores the
+    vocabulary: the keys of the families with a VTM / ITM head and MLM (their ``model.<family>`` sections extend
+    this)."""
 
     # hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction)
     vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
     vtm_hard_fraction: float = 0.5
     same_video_vtc: Literal["negative", "positive"] = "negative"  # another caption of the clip in VTC / ITC
+    # MLM's vocabulary logits at every text position (released code) or at the masked ones alone, the only ones with
+    # a loss: the same loss and gradients to float rounding, with about 85% of the MLM head's FLOPs and the (B, L, V)
+    # logits gone (docs/results/speed.md); not bit for bit the same sums, so "all" keeps every recorded figure
+    mlm_logits: Literal["all", "masked"] = "all"
 
     RANGES: ClassVar[dict[str, Range]] = {"vtm_hard_fraction": SHARE}
 

@@ -79,6 +79,7 @@ class AlbefConfig:
     temp_clamp: bool = True  # code: clamp to [0.001, 0.5] at every forward; the paper states no bound
     losses: tuple[str, ...] = LOSS_TERMS
     mlm_prob: float = 0.15
+    mlm_logits: Literal["all", "masked"] = "all"  # MLM's logits at every text position, or the masked ones alone
     momentum: float = 0.995
     queue_size: int = 65536  # M; must be a multiple of the global batch (checked before training)
     distill: bool = True  # momentum distillation (MoD) of ITC and MLM; False = the ground truth alone
@@ -97,6 +98,8 @@ class AlbefConfig:
     pixel_std: tuple[float, float, float] = CLIP_STD
 
     def __post_init__(self) -> None:
+        if self.mlm_logits not in ("all", "masked"):
+            raise ValueError(f"mlm_logits must be 'all' or 'masked', got {self.mlm_logits!r}")
         unknown = sorted(set(self.losses) - set(LOSS_TERMS))
         if unknown or not self.losses:
             hint = " (ALBEF names them itc, mlm, itm; pem is ALPRO's)" if unknown else ""
@@ -388,7 +391,8 @@ class AlbefOutput:
         itc_i2t_m, itc_t2i_m: the momentum model's, on the same grid.
         itc_positives: ``(B, B + M)`` bool positives of each row.
         itm_logits: ``(3B, 2)`` in :func:`vlp.losses.matching.vtm_pair_indices` order.
-        mlm_logits, mlm_labels, mlm_teacher: ``(B, L, V)``, ``(B, L)``, ``(B, L, V)`` (teacher None without MoD).
+        mlm_logits, mlm_labels, mlm_teacher: ``(B, L, V)``, ``(B, L)``, ``(B, L, V)`` (teacher None without MoD); with
+            ``mlm_logits="masked"`` the masked positions' alone, ``(P, V)``, ``(P,)``, ``(P, V)``.
     """
 
     terms: tuple[str, ...]
@@ -540,15 +544,20 @@ def _mlm(
         generator=gen,
     )
     masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
+    # the positions scored: every one (released code), or the masked ones alone, the only ones with a loss
+    scored = labels != losses.IGNORE_INDEX if model.cfg.mlm_logits == "masked" else None
     text = model.online.text(masked_ids, batch.attention_mask)
-    logits = built(model.online.mlm_head, "mlm_head")(model.fuse(text.tokens, batch.attention_mask, visual.tokens).text)
+    fused = model.fuse(text.tokens, batch.attention_mask, visual.tokens).text
+    logits = built(model.online.mlm_head, "mlm_head")(fused if scored is None else fused[scored])
     teacher = None
     if model.cfg.distill:
         with torch.no_grad():
             text_m = model.momentum.text(masked_ids, batch.attention_mask)
             fused_m = built(model.momentum.fusion, "fusion")(text_m.tokens, batch.attention_mask, visual_m.tokens)
-            teacher = built(model.momentum.mlm_head, "mlm_head")(fused_m.text)
-    return logits, labels, teacher
+            teacher = built(model.momentum.mlm_head, "mlm_head")(
+                fused_m.text if scored is None else fused_m.text[scored]
+            )
+    return logits, labels if scored is None else labels[scored], teacher
 
 
 # --------------------------------------------------------------------------- the family
@@ -613,6 +622,7 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
             itm_hard_fraction=own.vtm_hard_fraction,
             itm_negatives_from=own.itm_negatives_from,
             same_video=own.same_video_vtc,
+            mlm_logits=own.mlm_logits,
             pixel_mean=rgb(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
             pixel_std=rgb(model.pixel_std) if model.pixel_std else CLIP_STD,
         )

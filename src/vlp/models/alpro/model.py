@@ -75,6 +75,7 @@ class AlproConfig:
     num_entities: int = 0  # M, the prompt-bank size; 0 = no PEM head
     losses: tuple[str, ...] = LOSS_TERMS  # enabled terms of eq. 6 (Table 1 ablations switch them off)
     mlm_prob: float = 0.15  # share of non-special text tokens masked for MLM
+    mlm_logits: Literal["all", "masked"] = "all"  # MLM's logits at every text position, or the masked ones alone
     pem_area: tuple[float, float] = (0.3, 0.5)  # PEM box area, fraction of the frame (paper §3.4)
     pem_ratio: tuple[float, float] = (0.3, 1 / 0.3)  # PEM box aspect ratio h/w (ALPRO code)
     pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
@@ -120,6 +121,8 @@ class AlproConfig:
                 f"needs pem_crop='resize' (a blacked-out frame keeps the frame size); got {size} with "
                 f"pem_crop={self.pem_crop!r}"
             )
+        if self.mlm_logits not in ("all", "masked"):
+            raise ValueError(f"mlm_logits must be 'all' or 'masked', got {self.mlm_logits!r}")
         if self.pem_prompter_precision not in ("fp32", "bf16"):
             raise ValueError(f"pem_prompter_precision must be 'fp32' or 'bf16', got {self.pem_prompter_precision!r}")
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
@@ -289,7 +292,8 @@ class AlproOutput:
         vtm_logits: ``(3B, 2)`` match logits in :func:`vlp.losses.matching.vtm_pair_indices` order.
         pem_logits, pem_target, pem_keep: ``(B, M)`` entity logits, ``(B, M)`` prompter pseudo-labels, ``(B,)``
             which pseudo-labels the discard rule keeps.
-        mlm_logits, mlm_labels: ``(B, L, V)`` and ``(B, L)`` (-100 = not masked).
+        mlm_logits, mlm_labels: ``(B, L, V)`` and ``(B, L)`` (-100 = not masked); with ``mlm_logits="masked"`` the
+            masked positions' alone, ``(P, V)`` and ``(P,)``.
     """
 
     terms: tuple[str, ...]
@@ -463,7 +467,11 @@ def _mlm(
     masked_ids, labels = masked_ids.to(batch.input_ids.device), labels.to(batch.input_ids.device)
     text_out = model.dual.text(masked_ids, batch.attention_mask)
     fused = model.fuse(text_out.tokens, batch.attention_mask, video_out.tokens)
-    return built(model.mlm_head, "mlm_head")(fused.text), labels  # (B, L, V), (B, L)
+    head = built(model.mlm_head, "mlm_head")
+    if model.cfg.mlm_logits == "masked":  # the positions with a loss alone: (P, V), (P,)
+        scored = labels != losses.IGNORE_INDEX
+        return head(fused.text[scored]), labels[scored]
+    return head(fused.text), labels  # (B, L, V), (B, L)
 
 
 def _video_index(batch: PretrainBatch) -> Tensor:
@@ -540,6 +548,7 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             vtm_hard_fraction=own.vtm_hard_fraction,
             same_video_vtc=own.same_video_vtc,
             same_video_vtm=own.same_video_vtm,
+            mlm_logits=own.mlm_logits,
         )
 
     def config_from_dict(self, data: dict[str, Any]) -> AlproConfig:
