@@ -134,12 +134,13 @@ class BertSelfAttention(nn.Module):
         return out.transpose(1, 2).contiguous().reshape(*x.shape[:-1], -1).contiguous()
 
 
-class BertSelfOutput(nn.Module):
-    """Projection, dropout, residual, LayerNorm after attention."""
+class BertOutput(nn.Module):
+    """Projection to the width (from the attention's ``width``, or the feed-forward's ``intermediate``: transformers'
+    ``BertSelfOutput`` and ``BertOutput``), dropout, residual, LayerNorm."""
 
-    def __init__(self, d: BertDims) -> None:
+    def __init__(self, d: BertDims, in_features: int) -> None:
         super().__init__()
-        self.dense = nn.Linear(d.width, d.width)
+        self.dense = nn.Linear(in_features, d.width)
         self.LayerNorm = nn.LayerNorm(d.width, eps=d.layer_norm_eps)
         self.dropout = nn.Dropout(d.dropout)
 
@@ -154,7 +155,7 @@ class BertAttention(nn.Module):
     def __init__(self, d: BertDims) -> None:
         super().__init__()
         self.self = BertSelfAttention(d)
-        self.output = BertSelfOutput(d)
+        self.output = BertOutput(d, d.width)
 
     def forward(self, x: Tensor, mask: Tensor | None, states: Tensor | None = None) -> Tensor:
         return self.output(self.self(x, mask, states), x)
@@ -169,17 +170,6 @@ class BertIntermediate(nn.Module):
         return F.gelu(self.dense(hidden))
 
 
-class BertOutput(nn.Module):
-    def __init__(self, d: BertDims) -> None:
-        super().__init__()
-        self.dense = nn.Linear(d.intermediate, d.width)
-        self.LayerNorm = nn.LayerNorm(d.width, eps=d.layer_norm_eps)
-        self.dropout = nn.Dropout(d.dropout)
-
-    def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
-        return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
-
-
 class BertLayer(nn.Module):
     """Self-attention, then the feed-forward block: ``(B, L, C)`` and its attention mask -> ``(B, L, C)``."""
 
@@ -187,7 +177,7 @@ class BertLayer(nn.Module):
         super().__init__()
         self.attention = BertAttention(d)
         self.intermediate = BertIntermediate(d)
-        self.output = BertOutput(d)
+        self.output = BertOutput(d, d.intermediate)
 
     def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
         x = self.attention(x, mask)

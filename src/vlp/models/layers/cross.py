@@ -46,7 +46,7 @@ class CrossAttentionLayer(nn.Module):
             self.crossattention.self.key = nn.Linear(visual_width, cfg.width)
             self.crossattention.self.value = nn.Linear(visual_width, cfg.width)
         self.intermediate = BertIntermediate(bert)
-        self.output = BertOutput(bert)
+        self.output = BertOutput(bert, bert.intermediate)
 
     def forward(self, x: Tensor, self_mask: Tensor | None, visual: Tensor, cross_mask: Tensor | None = None) -> Tensor:
         """``(B, L, C)`` queries, their 4-D self-attention mask (or None), ``(B, S, Cv)`` keys/values and their 4-D
