@@ -236,9 +236,11 @@ def test_bench_mfu(run, monkeypatch):
     assert "GFLOP/step" in out and "MFU %" in out
     row = re.compile(r"^((ALPRO|ALBEF|TS2-Net) \S+).*\sfp32\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.M)
     rows = {m[1]: [float(x) for x in m.groups()[2:]] for m in row.finditer(out)}
-    assert set(rows) == {"ALPRO retrieval", "ALBEF pre-training", "TS2-Net retrieval"}, out
+    assert set(rows) == {"ALPRO retrieval", "ALPRO pre-training", "ALBEF pre-training", "TS2-Net retrieval"}, out
     assert all(gflop > 0 and ms > 0 for gflop, ms, _ in rows.values())
-    assert out.count("% of the forward") >= 12  # the per-module split of each family
+    assert out.count("% of the forward") >= 17  # the per-module split of each family
+    assert re.search(r"^ALPRO pre-training \(vtc\+pem\+mlm\+vtm\)", out, re.M)
+    assert re.search(r"^    prompter \(frozen\)\s+[\d.]+ GFLOP\s+[\d.]+% of the forward$", out, re.M), out
     # bench_vs_reference.py reads this table: its pattern must still find the ALPRO and ALBEF rows
     monkeypatch.setattr(sys, "path", list(sys.path))
     pattern = runpy.run_path(str(BENCH / "speed/bench_vs_reference.py"))["ROW"]

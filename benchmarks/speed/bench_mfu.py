@@ -1,7 +1,9 @@
 """Benchmark: FLOPs, time and MFU (model FLOP utilisation) of one training step of each model family.
 
 Rows: the ALPRO retrieval fine-tuning step (VTC + VTM, the losses ``AlproFamily.task_config`` keeps for retrieval
-with the default ``retrieval`` section), the ALBEF pre-training step (ITC with queue + MLM + ITM, momentum
+with the default ``retrieval`` section), the ALPRO pre-training step (``--family alpro-pretrain``: VTC + PEM + MLM +
+VTM with a frozen prompter of the model's sizes and a random bank of ``--entities`` entities; ``--mlm-logits masked``
+scores MLM at the masked positions alone), the ALBEF pre-training step (ITC with queue + MLM + ITM, momentum
 distillation) and the TS2-Net retrieval step (symmetric InfoNCE over the frame scores). Models are built with
 random weights (``init=""``) at ``--preset tiny`` or ``paper`` size (ALPRO: TimeSformer-B + BERT-base split 6 + 6;
 ALBEF: ViT-B/16 + BERT-base split 6 + 6; TS2-Net: CLIP ViT-B/32) with the same sizes as ``bench_alpro_step.py``,
@@ -47,6 +49,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -104,6 +107,38 @@ def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
                groups)  # fmt: skip
 
 
+def alpro_pretrain_row(args: argparse.Namespace, device: torch.device) -> Row:
+    from vlp.models.alpro.model import Alpro, DualEncoder, PemContext, alpro_step
+
+    tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
+    vocab = len(tok) if args.preset == "tiny" else 30522
+    cfg = common.alpro_config(args.preset, args.frames, args.entities, vocab)
+    cfg = replace(cfg, mlm_logits=args.mlm_logits)  # VTC + PEM + MLM + VTM
+    model = Alpro(cfg).to(device).train()
+    # PEM's frozen prompter (a dual encoder of the model's sizes; its forward is part of the step, its parameters
+    # are not trained) and a random prompt bank of --entities unit vectors
+    prompter = DualEncoder(cfg.video, cfg.text, embed_dim=cfg.embed_dim, init_temp=cfg.init_temp)
+    prompter = prompter.to(device).eval().requires_grad_(False)
+    bank = F.normalize(torch.randn(args.entities, cfg.embed_dim, device=device), dim=-1)
+    size = cfg.video.img_size
+    batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
+                          mask.to(device))  # fmt: skip
+    ctx = StepContext(vocab=TextVocab.of(tok), extra=PemContext(prompter, bank),
+                      generator=torch.Generator(device=device).manual_seed(0))  # fmt: skip
+    groups = {
+        "video tower": ["Alpro.dual.video", "Alpro.dual.video_proj"],
+        "text tower": ["Alpro.dual.text", "Alpro.dual.text_proj"],
+        "fusion": ["Alpro.fusion"],
+        "heads": ["Alpro.vtm_head", "Alpro.mlm_head", "Alpro.pem_head"],
+        # the step calls the prompter's video tower and projection, never the DualEncoder module itself: the counter
+        # names them by their classes, as they are no part of Alpro
+        "prompter (frozen)": ["TimeSformer", "Linear"],
+    }
+    mlm = "" if cfg.mlm_logits == "all" else f", MLM logits {cfg.mlm_logits}"
+    return Row(f"ALPRO pre-training ({'+'.join(cfg.losses)}{mlm})", model,
+               lambda: alpro_step(model, batch, ctx)["loss"], groups)  # fmt: skip
+
+
 def albef_row(args: argparse.Namespace, device: torch.device) -> Row:
     from vlp.models.albef.model import Albef, albef_step
 
@@ -156,7 +191,7 @@ def ts2net_row(args: argparse.Namespace, device: torch.device) -> Row:
                lambda: frame_losses.ts2net_losses(model(batch, ctx))["loss"], groups)  # fmt: skip
 
 
-BUILDERS = {"alpro": alpro_row, "albef": albef_row, "ts2net": ts2net_row}
+BUILDERS = {"alpro": alpro_row, "alpro-pretrain": alpro_pretrain_row, "albef": albef_row, "ts2net": ts2net_row}
 
 
 def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
@@ -246,7 +281,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile every transformer block (compile); needs --warmup >= 1")  # fmt: skip
     parser.add_argument("--mlm-logits", choices=["all", "masked"], default="all",
-                        help="ALBEF's MLM logits at every position or the masked ones (mlm_logits)")  # fmt: skip
+                        help="MLM's logits at every position or the masked ones' (mlm_logits)")  # fmt: skip
+    parser.add_argument("--entities", type=int, default=1000, help="ALPRO pre-training's prompt bank (paper: 1,000)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
