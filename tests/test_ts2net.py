@@ -509,3 +509,22 @@ def test_clip_by_hub_name_loads_the_revision_asked_for_and_records_its_commit(mo
     random.text_init_revision = "v2"
     with pytest.raises(ValueError, match="init_revision 'v2' is set but init is empty"):
         FAMILY.config(random, vocab_size=50)
+
+
+def test_the_aggregator_says_it_starts_random_only_where_clips_weights_could_have_started_it(tmp_path, caplog):
+    """With CLIP's weights loaded and a text tower the aggregator cannot copy (another width), one line says so;
+    a random build (a model built to load its directory's weights: a search, an evaluation) says nothing."""
+    from dataclasses import replace
+
+    cfg = TS2NetConfig.tiny(vocab_size=50, embed_dim=32)  # text width 64: nothing to copy
+    torch.manual_seed(0)
+    (tmp_path / "clip").mkdir()
+    save_file({k: v.contiguous() for k, v in TS2Net(cfg).clip.state_dict().items()},
+              str(tmp_path / "clip" / "model.safetensors"))  # fmt: skip
+    line = "the aggregator (width 32) starts random"
+    with caplog.at_level("INFO", logger="vlp"):
+        TS2Net(cfg)
+        assert line not in caplog.text
+        init = {"init": str(tmp_path / "clip")}
+        TS2Net(replace(cfg, video=replace(cfg.video, **init), text=replace(cfg.text, **init)))
+    assert caplog.text.count(line) == 1

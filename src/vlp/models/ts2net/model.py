@@ -337,7 +337,9 @@ class TS2Net(nn.Module):
                              f"and {t.init!r} (revision {t.init_revision!r})")  # fmt: skip
         if source:
             load_clip_weights(self.clip, source, revision)
-        if self.aggregator is not None and not self.aggregator.init_from_text(self.clip.text_model):
+        copied = self.aggregator is None or self.aggregator.init_from_text(self.clip.text_model)
+        if source and not copied:  # CLIP's weights were there to copy (without them, e.g. a model built to be
+            # loaded from its directory, every part starts random and the line would mislead)
             log.info("ts2net: the aggregator (width %d) starts random: the text tower's width differs or it has "
                      "fewer blocks", cfg.embed_dim)  # fmt: skip
         self._frames = cfg.video.num_frames
