@@ -153,7 +153,7 @@ def infer_config(
     num_frames: int = 1,
     max_len: int = 30,
 ) -> Any:
-    """The :class:`vlp.models.albef.model.AlbefConfig` the shapes of ``state`` describe.
+    """The :class:`vlp.models.albef.towers.AlbefConfig` the shapes of ``state`` describe.
 
     Args:
         state: the source state dict.
@@ -164,7 +164,7 @@ def infer_config(
         max_len: text length for fine-tuning and evaluation (ALBEF: 30).
     """
     # here (with the two below): the model code loads once a file is known to be ALBEF's (--family auto asks all)
-    from vlp.models.albef.model import AlbefConfig
+    from vlp.models.albef.towers import AlbefConfig
     from vlp.models.layers.vit import FrameViTConfig
     from vlp.models.text import TextConfig
 
