@@ -160,9 +160,14 @@ def test_inference_takes_transformers_for_a_tokenizer_with_rules_of_its_own(toke
     assert isinstance(load_text_ids(str(tmp_path / "tok")), TextIds)
     path = tmp_path / "tok" / "tokenizer_config.json"
     config = json.loads(path.read_text())
-    for change in ({"tokenizer_class": "BertTokenizer"}, {"do_lower_case": False}, {"add_bos_token": True}):
+    for change in ({"tokenizer_class": "BertTokenizer"}, {"do_lower_case": False}, {"add_bos_token": True},
+                   {"pad_token": "[NOT-IN-THE-VOCABULARY]"}):  # fmt: skip
         path.write_text(json.dumps(config | change))
         assert not isinstance(load_text_ids(str(tmp_path / "tok")), TextIds), change
+    path.write_text(json.dumps(config))
+    spec = tmp_path / "tok" / "tokenizer.json"
+    spec.write_text(json.dumps(json.loads(spec.read_text()) | {"post_processor": None}))  # no [CLS] ... [SEP] rule
+    assert not isinstance(load_text_ids(str(tmp_path / "tok")), TextIds)
     with pytest.raises(FileNotFoundError):
         load_text_ids(str(tmp_path / "nothing-here"))
 

@@ -494,6 +494,11 @@ class TextIds:
     copy of the tokenizer per length)."""
 
     def __init__(self, spec: str, pad_token: str, padding_side: str, truncation_side: str) -> None:
+        """``spec``: the ``tokenizer.json`` text; the rest as ``tokenizer_config.json`` says.
+
+        Raises:
+            ValueError: ``pad_token`` is not in the vocabulary.
+        """
         self._spec, self._sides = spec, (padding_side, truncation_side)
         base = Tokenizer.from_str(spec)
         self._size = base.get_vocab_size(with_added_tokens=True)
@@ -501,6 +506,7 @@ class TextIds:
         if pad_id is None:
             raise ValueError(f"the padding token {pad_token!r} is not in the vocabulary")
         self._pad = (pad_token, pad_id)
+        self.adds_special_tokens = base.post_processor is not None
         self._by_length: dict[int, Tokenizer] = {}
 
     def __len__(self) -> int:
@@ -562,10 +568,13 @@ def load_text_ids(uri: str) -> TextIds | PreTrainedTokenizerBase:
         and config.get("tokenizer_class") in PLAIN_CLASSES
         and set(config) <= NEUTRAL_KEYS
         and isinstance(config.get("pad_token"), str)
-        and json.loads(spec).get("post_processor") is not None
     )
     if not plain:
         return load_tokenizer(name)
-    return TextIds(
-        spec, config["pad_token"], config.get("padding_side", "right"), config.get("truncation_side", "right")
-    )
+    try:
+        ids = TextIds(spec, config["pad_token"], config.get("padding_side", "right"),
+                      config.get("truncation_side", "right"))  # fmt: skip
+    except ValueError:  # no such padding token: transformers adds one of its own
+        return load_tokenizer(name)
+    # without a post-processor transformers writes one of its own (its special tokens around the text)
+    return ids if ids.adds_special_tokens else load_tokenizer(name)
