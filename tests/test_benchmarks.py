@@ -232,7 +232,7 @@ def test_a_script_runs_from_a_plain_interpreter_in_any_folder(tmp_path):
 
 def test_bench_mfu(run, monkeypatch):
     out = run("speed/bench_mfu.py", "--preset", "tiny", "--steps", "1", "--warmup", "0", "--precision", "fp32",
-              "--peak-size", "64", "--peak-repeat", "1").check()  # fmt: skip
+              "--peak-size", "64", "--peak-repeat", "1", "--profile", "3").check()  # fmt: skip
     assert "GFLOP/step" in out and "MFU %" in out
     row = re.compile(r"^((ALPRO|ALBEF|TS2-Net) \S+).*\sfp32\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)", re.M)
     rows = {m[1]: [float(x) for x in m.groups()[2:]] for m in row.finditer(out)}
@@ -243,8 +243,17 @@ def test_bench_mfu(run, monkeypatch):
     assert re.search(r"^    prompter \(frozen\)\s+[\d.]+ GFLOP\s+[\d.]+% of the forward$", out, re.M), out
     # bench_vs_reference.py reads this table: its pattern must still find the ALPRO and ALBEF rows
     monkeypatch.setattr(sys, "path", list(sys.path))
-    pattern = runpy.run_path(str(BENCH / "speed/bench_vs_reference.py"))["ROW"]
-    assert {m[1] for line in out.splitlines() if (m := pattern.match(line.strip()))} == {"ALPRO", "ALBEF"}
+    script = runpy.run_path(str(BENCH / "speed/bench_vs_reference.py"))
+    assert {m[1] for line in out.splitlines() if (m := script["ROW"].match(line.strip()))} == {"ALPRO", "ALBEF"}
+    # --profile: each row's three costliest ops, as bench_vs_reference.py reads them (the first row's)
+    profiles = re.findall(r"^Profile of one step, (.+) fp32: op", out, re.M)
+    assert len(profiles) == 4 and all(any(p.startswith(name) for name in rows) for p in profiles), out
+    got = script["read_vlp"](out)
+    assert got["gflop"] > 0 and got["peak"] > 0 and got["mfu"] > 0 and len(got["profile"]) == 3, got
+    ops = [re.match(r"^(\S+)\s+([\d.]+) ms\s+([\d.]+)%\s+(\d+) calls$", line) for line in got["profile"]]
+    assert all(ops) and ops[0][1].startswith("aten::"), got["profile"]
+    shares = [float(m[3]) for m in ops if m]
+    assert shares == sorted(shares, reverse=True) and sum(shares) <= 100.0
 
 
 def test_bench_alpro_step(run):

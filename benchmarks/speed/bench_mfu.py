@@ -218,10 +218,10 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
 def time_step(
     row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
 ) -> tuple[float, float, float]:
-    """Median seconds of forward + loss (autocast for bf16), backward and AdamW over ``steps`` after ``warmup``,
-    the median seconds of the AdamW update alone, and the first warm-up step's seconds (with ``--compile``, it
-    compiles the blocks). AdamW is the training loop's (``build_optimizer``, lr 1e-4, the default decay groups)
-    with the ``adamw`` kernels."""
+    """Median seconds of forward + loss (autocast for bf16), backward, AdamW and ``zero_grad`` (``set_to_none``, after
+    the update, as ``vlp.train.loop`` does) over ``steps`` after ``warmup``, the median seconds of the AdamW update
+    alone, and the first warm-up step's seconds (with ``--compile``, it compiles the blocks). AdamW is the training
+    loop's (``build_optimizer``, lr 1e-4, the default decay groups) with the ``adamw`` kernels."""
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -230,11 +230,11 @@ def time_step(
         start = time.perf_counter()
         with autocast:
             loss = row.loss()
-        opt.zero_grad(set_to_none=True)
         loss.backward()
         common.sync(device)
         update = time.perf_counter()
         opt.step()
+        opt.zero_grad(set_to_none=True)  # as the training loop does: no gradient is held through the next forward
         common.sync(device)
         end = time.perf_counter()
         return end - start, end - update
@@ -242,6 +242,35 @@ def time_step(
     first = [step()[0] for _ in range(warmup)]
     timed = [step() for _ in range(steps)]
     return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0]
+
+
+def profile_step(row: Row, device: torch.device, precision: str, adamw: str, top: int) -> list[str]:
+    """The ``top`` ops of one step (forward + loss, backward, AdamW; after one untimed step) by their own time
+    (``torch.profiler``, self CPU time on the CPU, self device time on CUDA), each with its share of the step's
+    profiled op time and its call count."""
+    from torch.profiler import ProfilerActivity, profile
+
+    opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+    def step() -> None:
+        with autocast:
+            loss = row.loss()
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        common.sync(device)
+
+    step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        step()
+    attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
+    total = sum(getattr(e, attr) for e in events)
+    events.sort(key=lambda e: getattr(e, attr), reverse=True)
+    return [f"{e.key:<44} {getattr(e, attr) / 1e3:10.1f} ms {100 * getattr(e, attr) / total:5.1f}% {e.count:7d} calls"
+            for e in events[:top]]  # fmt: skip
 
 
 def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inner: int) -> float:
@@ -283,6 +312,13 @@ def main() -> None:
     parser.add_argument("--mlm-logits", choices=["all", "masked"], default="all",
                         help="MLM's logits at every position or the masked ones' (mlm_logits)")  # fmt: skip
     parser.add_argument("--entities", type=int, default=1000, help="ALPRO pre-training's prompt bank (paper: 1,000)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile one step per row and precision: its N costliest ops by their own time",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
@@ -307,7 +343,7 @@ def main() -> None:
     peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
     for p, flops in peaks.items():
         print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
-    table, breakdowns, firsts = [], [], []
+    table, breakdowns, firsts, profiles = [], [], [], []
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
@@ -322,6 +358,8 @@ def main() -> None:
             seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw)
             timed.append((p, seconds, update, common.peak_memory_mib(device)))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s")
+            if args.profile:  # after the timing, so that the profiler's own cost is in no timed step
+                profiles.append((f"{row.name} {p}", profile_step(row, device, p, args.adamw, args.profile)))
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model, enable=False)
@@ -347,6 +385,10 @@ def main() -> None:
     print("\nThe first warm-up step (with --compile, it compiles; the precision after it compiles again):")
     for line in firsts:
         print(f"  {line}")
+    for label, lines in profiles:
+        print(f"\nProfile of one step, {label}: op, own time, share of the step's op time, calls")
+        for line in lines:
+            print(f"  {line}")
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
     for label, fwd, bwd, parts, params in breakdowns:
         print(f"  {label}: forward {fwd / 1e9:.3f} GFLOP, backward {bwd / 1e9:.3f} GFLOP ({bwd / fwd:.2f}x forward), "

@@ -46,7 +46,8 @@ then for each clip fuses its ``k_test`` best captions and for each caption its `
 direction's pairs fused apart, so a pair both directions pick is fused twice). The seconds spent in the text and
 video encoders' forwards are timed by wrapping them, so the JSON gives encode and re-rank seconds apart, per k.
 
-Output: one JSON line on stdout (model, precision, batch, step_s_median, step_s_all, peak_rss_mib, params = the
+Output: one JSON line on stdout (model, precision, batch, step_s_median, step_s_all, peak_rss_mib (after the timed
+steps), with ``--flops`` step_gflop, with ``--profile`` the top ops (op, ms, share, calls), params = the
 trainable parameter count, torch and lavis versions); everything else goes to stderr.
 """
 
@@ -94,6 +95,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--flops", action="store_true", help="also count one step's FLOPs (after the timed steps)")
+    parser.add_argument(
+        "--profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile one step (after the timed steps): its N costliest ops by own CPU time",
+    )
     parser.add_argument("--eval-videos", type=int, default=0, help="ALPRO: time the retrieval evaluation of N clips")
     parser.add_argument("--ks", type=int, nargs="+", default=[16, 4], help="--eval-videos: k_test values")
     parser.add_argument("--eval-batch", type=int, default=32, help="--eval-videos: clips per video-encoder batch")
@@ -275,25 +284,52 @@ def time_eval(model: torch.nn.Module, args: argparse.Namespace, words: list[str]
 
 def time_steps(
     model: torch.nn.Module, samples: dict[str, Any], args: argparse.Namespace, log: Callable[[str], None]
-) -> list[float]:
-    """Run ``args.warmup`` + ``args.steps`` training steps; return the timed steps' wall seconds."""
+) -> tuple[list[float], dict[str, Any]]:
+    """Run ``args.warmup`` + ``args.steps`` training steps; return the timed steps' wall seconds, and with
+    ``--flops`` / ``--profile`` what one more step counted: its FLOPs (forward and backward, as vlp's
+    ``bench_mfu.py`` counts them: ``torch.utils.flop_counter``, in the run's precision) and its costliest ops."""
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
     model.train()
-    times: list[float] = []
-    for step in range(args.warmup + args.steps):
+
+    def step() -> torch.Tensor:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if args.precision == "bf16" else contextlib.nullcontext()
-        start = time.perf_counter()
         optimizer.zero_grad(set_to_none=True)
         with autocast:
             loss = model(samples).loss
         loss.backward()
         optimizer.step()
+        return loss
+
+    times: list[float] = []
+    for i in range(args.warmup + args.steps):
+        start = time.perf_counter()
+        loss = step()
         seconds = time.perf_counter() - start
-        timed = step >= args.warmup
+        timed = i >= args.warmup
         if timed:
             times.append(seconds)
-        log(f"step {step} ({'timed' if timed else 'warmup'}): {seconds:.3f} s, loss {loss.item():.4f}")
-    return times
+        log(f"step {i} ({'timed' if timed else 'warmup'}): {seconds:.3f} s, loss {loss.item():.4f}")
+    # the memory high-water mark of the timed steps, before a counting or profiling step can raise it
+    counted: dict[str, Any] = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    if args.flops:
+        from torch.utils.flop_counter import FlopCounterMode
+
+        counter = FlopCounterMode(display=False)
+        with counter:
+            step()
+        counted["step_gflop"] = counter.get_total_flops() / 1e9
+        log(f"one step: {counted['step_gflop']:.2f} GFLOP")
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step()
+        events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
+        total = sum(e.self_cpu_time_total for e in events)
+        events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+        counted["profile"] = [{"op": e.key, "ms": e.self_cpu_time_total / 1e3, "share": e.self_cpu_time_total / total,
+                               "calls": e.count} for e in events[: args.profile]]  # fmt: skip
+    return times, counted
 
 
 @contextlib.contextmanager
@@ -332,11 +368,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             log(f"caption tokens: {tuple(ids.shape)}; text encoder word rows: {text_encoder.config.vocab_size}")
             params = sum(p.numel() for p in model.parameters() if p.requires_grad)
             log(f"trainable parameters: {params:,}; torch threads: {torch.get_num_threads()}")
-            times, evaluation = [], {}
+            times, evaluation, counted = [], {}, {}
             if args.eval_videos:
                 evaluation = time_eval(model, args, words, log)
             else:
-                times = time_steps(model, samples, args, log)
+                times, counted = time_steps(model, samples, args, log)
         finally:
             dist.destroy_process_group()
 
@@ -347,7 +383,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "batch": args.batch,
         "step_s_median": statistics.median(times) if times else None,
         "step_s_all": times,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "peak_rss_mib": counted.pop("peak_rss_mib", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+        **counted,
         "params": params,
         "torch": torch.__version__,
         "lavis": importlib.metadata.version("salesforce-lavis"),
