@@ -256,6 +256,15 @@ def test_bench_mfu(run, monkeypatch):
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 100.0
 
 
+def test_bench_attention(run):
+    out = run("speed/bench_attention.py", "--repeat", "1", "--threads", "1").check()
+    rows = re.findall(r"^(.+?)\s+(fp32|bf16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
+    precisions = {"fp32"} if "bf16 skipped: this CPU has" in out else {"fp32", "bf16"}
+    assert {p for _, p, *_ in rows} >= precisions and len(rows) >= 7, out
+    assert all(float(s) > 0 and float(e) > 0 and float(r) == pytest.approx(float(e) / float(s), abs=0.01)
+               for _, _, s, e, r in rows), out  # fmt: skip
+
+
 def test_bench_alpro_step(run):
     out = run("speed/bench_alpro_step.py", "--preset", "tiny", "--batch", "2", "--steps", "1").check()
     step = re.search(r"full step \(fwd\+bwd\+AdamW\):\s+([\d.]+) ms\s+([\d.]+) clips/s", out)
@@ -629,6 +638,7 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_adamw.py": "test_bench_adamw",
     "speed/bench_albef_step.py": "test_bench_albef_step",
     "speed/bench_alpro_step.py": "test_bench_alpro_step",
+    "speed/bench_attention.py": "test_bench_attention",
     "speed/bench_eval_paper.py": "test_bench_eval_paper",
     "speed/bench_mfu.py": "test_bench_mfu",
     "speed/bench_prompter.py": "test_bench_prompter",

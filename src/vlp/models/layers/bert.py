@@ -10,6 +10,8 @@ every training and evaluation step, ``vlp search``, ``vlp serve``; this module i
 
 Masks follow transformers' conventions for each attention path: ``sdpa`` takes a boolean ``(B, 1, Q, K)`` mask
 (True = attend) or None when nothing is masked; ``eager`` adds a float mask (0 = attend, the dtype's minimum = not).
+``sdpa`` is :func:`vlp.models.layers.attention.attend`: torch's kernel, except in bf16 on the CPU, where explicit
+matmuls are faster (that module says by how much).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vlp.models.layers.attention import attend
 
 __all__ = [
     "BertAttention",
@@ -123,7 +127,7 @@ class BertSelfAttention(nn.Module):
         v = self.value(source).view(*source.shape[:-1], -1, self.attention_head_size).transpose(1, 2)
         p = self.dropout.p if self.training else 0.0
         if self.attn == "sdpa":
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=self.scaling)
+            out = attend(q, k, v, mask, dropout_p=p, scale=self.scaling)
             out = out.reshape(out.shape[0], -1, q.shape[2], v.shape[-1])
         else:
             weights = torch.matmul(q, k.transpose(2, 3)) * self.scaling

@@ -5,7 +5,8 @@ Parameter names, construction order (a seeded build draws the same random number
 operations in the same order: the same bits forward and backward) are timm's; ``tests/test_vit_blocks.py`` compares
 them with timm's modules. Importing ``timm.layers`` costs about 1.2 s of start-up (it pulls ``torch._dynamo``) in
 every process that builds a model; this module imports torch alone. Only what the encoders use is here: fused
-attention (``F.scaled_dot_product_attention``, timm's default), no QK norm, layer scale, masks or gating; timm's
+attention (``F.scaled_dot_product_attention``, timm's default; in bf16 on the CPU explicit matmuls, which are faster
+there: :mod:`vlp.models.layers.attention`), no QK norm, layer scale, masks or gating; timm's
 ``LayerNorm`` is ``nn.LayerNorm`` with eps 1e-6 (timm's, without its fast-norm option, off by default);
 ``trunc_normal_`` draws as timm's (torch's ``nn.init.trunc_normal_`` draws otherwise).
 """
@@ -15,8 +16,9 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
+
+from vlp.models.layers.attention import attend
 
 __all__ = ["Attention", "Block", "DropPath", "Mlp", "PatchEmbed", "layer_norm", "trunc_normal_"]
 
@@ -56,7 +58,7 @@ class Attention(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         B, N, C = x.shape
         q, k, v = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        x = F.scaled_dot_product_attention(q, k, v)
+        x = attend(q, k, v)
         return self.proj(x.transpose(1, 2).reshape(B, N, C))
 
 

@@ -11,6 +11,8 @@ builds a model; this module imports torch alone.
 The text tower attends causally: with no padding in the batch through ``scaled_dot_product_attention``'s
 ``is_causal``, else with a boolean mask of the real keys up to each query (:func:`vlp.models.layers.bert.causal_mask`),
 as transformers does. Neither tower pools: TS2-Net reads the text tower's last real token and every vision token.
+In bf16 on the CPU attention runs as explicit matmuls, faster there than torch's kernel
+(:mod:`vlp.models.layers.attention`).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from vlp.models.layers.attention import attend
 from vlp.models.layers.bert import causal_mask
 
 __all__ = ["Clip", "ClipEncoderLayer", "ClipTower"]
@@ -58,7 +60,7 @@ class ClipAttention(nn.Module):
         k = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         v = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         causal = is_causal and mask is None and q.shape[2] > 1
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=0.0, scale=self.scale, is_causal=causal)
+        out = attend(q, k, v, mask, scale=self.scale, is_causal=causal)
         out = out.reshape(out.shape[0], -1, q.shape[2], v.shape[-1]).transpose(1, 2).contiguous()
         return self.out_proj(out.reshape(*hidden_states.shape[:-1], -1).contiguous())
 

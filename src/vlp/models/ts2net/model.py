@@ -238,11 +238,13 @@ class TokenSelector(nn.Module):
         self.score = nn.Sequential(nn.Linear(2 * half, half, bias=False), nn.GELU(), nn.Linear(half, 1, bias=False))
 
     def scores(self, tokens: Tensor) -> Tensor:
-        """``(R, N + 1)`` token scores: tanh (code) or a softmax over the frame's tokens (paper)."""
-        reduced = self.reduce(tokens)
-        joined = torch.cat([reduced, reduced[:, :1].expand_as(reduced)], dim=-1)
-        raw = self.score(joined).squeeze(-1)
-        return torch.softmax(raw, dim=-1) if self.cfg.select == "paper" else torch.tanh(raw)
+        """``(R, N + 1)`` token scores: tanh (code) or a softmax over the frame's tokens (paper). Always in fp32: under
+        bf16 autocast its 8-bit mantissa would make near-equal scores tie or swap, and the picks are discrete."""
+        with torch.autocast(tokens.device.type, enabled=False):
+            reduced = self.reduce(tokens.float())
+            joined = torch.cat([reduced, reduced[:, :1].expand_as(reduced)], dim=-1)
+            raw = self.score(joined).squeeze(-1)
+            return torch.softmax(raw, dim=-1) if self.cfg.select == "paper" else torch.tanh(raw)
 
     def forward(self, tokens: Tensor, generator: torch.Generator | None = None) -> Tensor:
         cfg = self.cfg
