@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vlp.models.layers.attention import attend, explicit_attention
+from vlp.models.layers.attention import attend
 from vlp.models.layers.bert import BertDims, BertLayer, padding_mask
 from vlp.models.layers.blocks import Attention
 
@@ -57,7 +57,7 @@ def test_explicit_matches_kernel_in_fp32(case: str) -> None:
     kwargs = CASES[case]
     sdpa_kwargs = {"attn_mask" if key == "mask" else key: value for key, value in kwargs.items()}
     ours, theirs = (tuple(t.clone().requires_grad_() for t in qkv(keys=7)) for _ in range(2))
-    out = explicit_attention(*ours, **kwargs)
+    out = attend(*ours, **kwargs, explicit=True)
     ref = F.scaled_dot_product_attention(*theirs, **sdpa_kwargs)
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     grad = torch.randn_like(out)
@@ -72,7 +72,7 @@ def test_cross_attention_shapes() -> None:
     q, _, _ = qkv(queries=5)
     _, k, v = qkv(keys=7, seed=1)
     torch.testing.assert_close(
-        explicit_attention(q, k, v, key_mask()), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask())
+        attend(q, k, v, key_mask(), explicit=True), F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask())
     )
 
 
@@ -82,7 +82,7 @@ def test_bf16_on_cpu_takes_the_explicit_path() -> None:
     mask = key_mask()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         got = attend(*(t.bfloat16() for t in (q, k, v)), mask)
-        explicit = explicit_attention(*(t.bfloat16() for t in (q, k, v)), mask)
+        explicit = attend(*(t.bfloat16() for t in (q, k, v)), mask, explicit=True)
     assert got.dtype == torch.bfloat16
     assert torch.equal(got, explicit)
     exact = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -109,11 +109,11 @@ def test_explicit_dropout_keeps_the_expected_mass() -> None:
     q, k = torch.zeros(4, 8, 64, 16), torch.zeros(4, 8, 64, 16)
     v = torch.ones(4, 8, 64, 16)
     torch.manual_seed(0)
-    out = explicit_attention(q, k, v, dropout_p=0.2)
+    out = attend(q, k, v, dropout_p=0.2, explicit=True)
     assert abs(out.mean().item() - 1.0) < 0.02
     assert out.std().item() > 0.05  # the draws differ from entry to entry
     torch.manual_seed(0)
-    assert torch.equal(out, explicit_attention(q, k, v, dropout_p=0.2))  # the global generator: same seed, same bits
+    assert torch.equal(out, attend(q, k, v, dropout_p=0.2, explicit=True))  # the global generator: same seed, same bits
 
 
 def test_layers_use_it_in_bf16() -> None:

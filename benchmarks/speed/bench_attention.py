@@ -2,7 +2,7 @@
 
 For each shape, in fp32 and in bf16 (bf16 leaf tensors under CPU autocast, as ``cpu_bf16`` runs them), it times
 ``F.scaled_dot_product_attention`` (the kernel torch picks: flash on the CPU, math where dropout is on) and
-:func:`vlp.models.layers.attention.explicit_attention` (two matmuls, softmax in fp32), alternated, and prints the
+:func:`vlp.models.layers.attention.attend`'s explicit path (two matmuls and a softmax), alternated, and prints the
 median of ``--repeat`` forward + backward passes of each and their ratio. ``vlp.models.layers.attention.attend`` takes
 the explicit path for bf16 on the CPU because of these figures.
 
@@ -19,10 +19,9 @@ import time
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from vlp.models.layers.attention import explicit_attention
+from vlp.models.layers.attention import attend
 
 # name, (batch, heads, queries, head dim), keys, boolean key mask, dropout: the attentions of one paper-size step
 SHAPES = [
@@ -39,9 +38,7 @@ SHAPES = [
 def attention(kind: str, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout: float) -> Tensor:
     """One attention forward, under bf16 autocast where the inputs are bf16."""
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=q.dtype == torch.bfloat16):
-        if kind == "sdpa":
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
-        return explicit_attention(q, k, v, mask, dropout)
+        return attend(q, k, v, mask, dropout, explicit=kind == "explicit")
 
 
 def timed(fn: Callable[[], Tensor], grad: Tensor) -> float:

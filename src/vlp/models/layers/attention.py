@@ -18,10 +18,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["attend", "explicit_attention"]
+__all__ = ["attend"]
 
 
-def explicit_attention(
+def attend(
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -29,11 +29,24 @@ def explicit_attention(
     dropout_p: float = 0.0,
     scale: float | None = None,
     is_causal: bool = False,
+    *,
+    explicit: bool | None = None,
 ) -> Tensor:
-    """``softmax(q k^T * scale + mask) v`` in explicit ops, with ``F.scaled_dot_product_attention``'s arguments:
-    ``mask`` boolean (True = attend) or additive, broadcast to ``(..., Q, K)``; ``is_causal`` lets query ``i`` see
-    keys ``<= i``; ``dropout_p`` drops probabilities (``F.dropout``: the global generator). A query that may see no key
-    gets the mean of the values, where sdpa's fused kernels give NaN or zeros; no vlp layer masks a whole row."""
+    """``softmax(q k^T * scale + mask) v`` of ``q`` ``(..., Q, D)`` over ``k``, ``v`` ``(..., K, D)``, with
+    ``F.scaled_dot_product_attention``'s arguments: ``mask`` boolean (True = attend) or additive, broadcast to
+    ``(..., Q, K)``; ``is_causal`` lets query ``i`` see keys ``<= i``; ``dropout_p`` drops probabilities (the global
+    generator).
+
+    ``explicit``: None (the layers' choice) computes it in explicit ops for bf16 queries on the CPU and calls
+    ``F.scaled_dot_product_attention`` otherwise (the module docstring says why); True or False forces one path
+    (tests, ``benchmarks/speed/bench_attention.py``). In explicit ops a query that may see no key gets the mean of
+    the values, where sdpa's fused kernels give NaN or zeros; no vlp layer masks a whole row."""
+    if explicit is None:
+        explicit = q.dtype == torch.bfloat16 and q.device.type == "cpu"
+    if not explicit:
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, is_causal=is_causal
+        )
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
     if mask is not None and mask.dtype != torch.bool:
@@ -48,21 +61,3 @@ def explicit_attention(
     if dropout_p:
         probs = F.dropout(probs, p=dropout_p)
     return torch.matmul(probs, v)
-
-
-def attend(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    mask: Tensor | None = None,
-    dropout_p: float = 0.0,
-    scale: float | None = None,
-    is_causal: bool = False,
-) -> Tensor:
-    """Attention of ``q`` ``(..., Q, D)`` over ``k``, ``v`` ``(..., K, D)``: :func:`explicit_attention` for bf16
-    queries on the CPU, ``F.scaled_dot_product_attention`` otherwise (the module docstring says why)."""
-    if q.dtype == torch.bfloat16 and q.device.type == "cpu":
-        return explicit_attention(q, k, v, mask, dropout_p, scale, is_causal)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, is_causal=is_causal
-    )
