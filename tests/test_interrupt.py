@@ -122,6 +122,35 @@ def test_the_cli_puts_the_signal_handlers_back(tmp_path):
     assert {sig: signal.getsignal(sig) for sig in before} == before
 
 
+def test_a_signal_that_lands_where_python_cannot_raise_is_not_printed(monkeypatch):
+    """A signal handled inside a ``__del__`` or a weakref callback (the import system's module-lock cleanup, say)
+    cannot raise there: Python hands the exception to ``sys.unraisablehook``, which printed "Exception ignored in"
+    and a traceback into an interrupted step's one-line log. The interruption is dropped there (the list has it);
+    any other unraisable exception still reaches the hook that was installed."""
+    got = []
+    record = got.append
+    monkeypatch.setattr(sys, "unraisablehook", record)
+    monkeypatch.setattr(signals, "_received", [])  # this test's signals alone
+
+    class SignalledWhileCollected:
+        def __del__(self):
+            signals._on_signal(signal.SIGTERM, None)  # what the handler does when SIGTERM lands in a __del__
+
+    class Broken:
+        def __del__(self):
+            raise ValueError("not an interruption")
+
+    with signals.interrupt_on_signals() as seen:
+        SignalledWhileCollected()  # collected at once, its raise unraisable
+        Broken()
+        assert sys.unraisablehook is not record
+    assert sys.unraisablehook is record  # put back
+    assert [type(u.exc_value) for u in got] == [ValueError]
+    assert seen == [signal.SIGTERM]
+    SignalledWhileCollected()  # outside the context an interruption is not dropped
+    assert [type(u.exc_value) for u in got] == [ValueError, signals.Terminated]
+
+
 # --------------------------------------------------------------------------- MLflow statuses
 
 

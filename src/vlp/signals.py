@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -26,12 +27,27 @@ def _on_signal(signum: int, frame: Any) -> None:
     raise Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
 
 
+def _quiet_unraisable(previous: Any, start: int) -> Any:
+    """A ``sys.unraisablehook`` that drops the interruption :func:`_on_signal` raised where Python cannot raise it
+    (a ``__del__``, a weakref callback such as the import system's module-lock cleanup: Python would print "Exception
+    ignored in ..." with a traceback, and carry on); ``_received`` has the signal, so the command still stops as
+    interrupted. Everything else goes to ``previous``."""
+
+    def hook(unraisable: Any) -> None:
+        if not (isinstance(unraisable.exc_value, KeyboardInterrupt) and len(_received) > start):
+            previous(unraisable)
+
+    return hook
+
+
 @contextlib.contextmanager
 def interrupt_on_signals() -> Iterator[list[int]]:
     """While inside, SIGTERM raises :class:`Terminated` (a ``KeyboardInterrupt``) in the main thread, SIGINT a
     ``KeyboardInterrupt`` as usual, and the signals seen are in the yielded list (a raise inside a C callback, e.g.
     during video encoding, can be lost: the list still says the command was stopped). The previous handlers are
-    put back on the way out. A SIGINT that was ignored (``SIG_IGN``, e.g. a background job) stays ignored.
+    put back on the way out. A SIGINT that was ignored (``SIG_IGN``, e.g. a background job) stays ignored. A signal
+    that lands where Python cannot raise (a ``__del__`` or weakref callback) is not printed as an ignored exception:
+    the list has it.
     Elsewhere than in the main thread (where Python cannot install signal handlers) it does nothing. Under
     torchrun every worker is its own process and main thread: a SIGTERM the launcher sends to stop the workers
     ends each of them like this."""
@@ -40,15 +56,18 @@ def interrupt_on_signals() -> Iterator[list[int]]:
         yield seen
         return
     previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous_hook = sys.unraisablehook
     signal.signal(signal.SIGTERM, _on_signal)
     if previous[signal.SIGINT] is signal.default_int_handler:
         signal.signal(signal.SIGINT, _on_signal)
     start = len(_received)
+    sys.unraisablehook = _quiet_unraisable(previous_hook, start)
     try:
         yield seen
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        sys.unraisablehook = previous_hook
         seen += _received[start:]
         del _received[start:]
 
