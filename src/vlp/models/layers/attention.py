@@ -1,8 +1,8 @@
 """Scaled dot-product attention for every vlp layer: ``F.scaled_dot_product_attention``, except in bf16 on the CPU.
 
 On the CPU torch's attention kernels are slow in bf16: at the paper models' shapes, forward and backward, two bf16
-matmuls and a softmax took 0.2-0.7x the time of its flash kernel (0.48x for ALPRO's TimeSformer space attention,
-0.19x for TS2-Net's CLIP ViT-B/32) and of its math kernel, which it takes where dropout is on (every BERT layer in
+matmuls and a softmax took 0.2-0.75x the time of its flash kernel (0.56x for ALPRO's TimeSformer space attention,
+0.20x for TS2-Net's CLIP ViT-B/32) and of its math kernel, which it takes where dropout is on (every BERT layer in
 training), and which upcasts to fp32 (``benchmarks/speed/bench_attention.py``; ``docs/results/speed.md``). So where
 the queries are bf16 on the CPU (under ``cpu_bf16``'s autocast, or a bf16 model), :func:`attend` computes
 ``softmax(q k^T * scale + mask) v`` itself, in bf16: the matmuls accumulate in fp32 and so does the softmax's sum
