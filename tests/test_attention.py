@@ -104,8 +104,8 @@ def test_bf16_gradients_close_to_fp32() -> None:
 
 
 def test_explicit_dropout_keeps_the_expected_mass() -> None:
-    """Dropout drops about p of the probabilities and scales the rest by 1 / (1 - p), as the kernel's does: with
-    uniform probabilities over ones the output's mean stays 1 and about p of the mass is gone from each entry."""
+    """Dropout drops probabilities and scales the rest by 1 / (1 - p), as the kernel's does: with uniform
+    probabilities over ones the output's mean stays 1 (unscaled drops would give 1 - p) and its entries differ."""
     q, k = torch.zeros(4, 8, 64, 16), torch.zeros(4, 8, 64, 16)
     v = torch.ones(4, 8, 64, 16)
     torch.manual_seed(0)

@@ -215,13 +215,11 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
     return fwd, float(backward.get_total_flops()), parts
 
 
-def time_step(
-    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
-) -> tuple[float, float, float]:
-    """Median seconds of forward + loss (autocast for bf16), backward, AdamW and ``zero_grad`` (``set_to_none``, after
-    the update, as ``vlp.train.loop`` does) over ``steps`` after ``warmup``, the median seconds of the AdamW update
-    alone, and the first warm-up step's seconds (with ``--compile``, it compiles the blocks). AdamW is the training
-    loop's (``build_optimizer``, lr 1e-4, the default decay groups) with the ``adamw`` kernels."""
+def training_step(row: Row, device: torch.device, precision: str, adamw: str) -> Callable[[], tuple[float, float]]:
+    """One step as the training loop runs it, as a function returning its seconds and its AdamW update's: forward +
+    loss (autocast for bf16), backward, AdamW (the loop's ``build_optimizer``, lr 1e-4, the default decay groups, the
+    ``adamw`` kernels), then ``zero_grad`` (``set_to_none``, after the update, as ``vlp.train.loop`` does: no gradient
+    is held through the next forward)."""
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -234,33 +232,32 @@ def time_step(
         common.sync(device)
         update = time.perf_counter()
         opt.step()
-        opt.zero_grad(set_to_none=True)  # as the training loop does: no gradient is held through the next forward
+        opt.zero_grad(set_to_none=True)
         common.sync(device)
         end = time.perf_counter()
         return end - start, end - update
 
+    return step
+
+
+def time_step(
+    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
+) -> tuple[float, float, float]:
+    """Median seconds of :func:`training_step` over ``steps`` after ``warmup``, the median seconds of its AdamW
+    update, and the first warm-up step's seconds (with ``--compile``, it compiles the blocks)."""
+    step = training_step(row, device, precision, adamw)
     first = [step()[0] for _ in range(warmup)]
     timed = [step() for _ in range(steps)]
     return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0]
 
 
 def profile_step(row: Row, device: torch.device, precision: str, adamw: str, top: int) -> list[str]:
-    """The ``top`` ops of one step (forward + loss, backward, AdamW; after one untimed step) by their own time
-    (``torch.profiler``, self CPU time on the CPU, self device time on CUDA), each with its share of the step's
-    profiled op time and its call count."""
+    """The ``top`` ops of one :func:`training_step` (after one unprofiled step) by their own time (``torch.profiler``,
+    self CPU time on the CPU, self device time on CUDA), each with its share of the step's profiled op time and its
+    call count."""
     from torch.profiler import ProfilerActivity, profile
 
-    opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
-
-    def step() -> None:
-        with autocast:
-            loss = row.loss()
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        common.sync(device)
-
+    step = training_step(row, device, precision, adamw)
     step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:

@@ -49,10 +49,8 @@ def attend(
         )
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale
-    if mask is not None and mask.dtype != torch.bool:
-        scores = scores + mask
-    elif mask is not None:
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    if mask is not None:  # boolean: True = attend; else additive
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min) if mask.dtype == torch.bool else scores + mask
     if is_causal:
         hidden = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).triu(1)
         scores = scores.masked_fill(hidden, torch.finfo(scores.dtype).min)
