@@ -18,6 +18,7 @@ from vlp.data import manifest
 from vlp.data.video_text import normalize_answer
 from vlp.losses import distill
 from vlp.models.albef.model import FAMILY, Albef, AlbefConfig, AlbefOutput, albef_losses, albef_step
+from vlp.models.albef.queue import QueueRows
 from vlp.models.albef.spec import AlbefSettings
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.tokenizer import train_wordpiece
@@ -100,6 +101,74 @@ def test_a_training_forward_scores_against_the_queue_then_enqueues(tok):
     assert out.itc_positives[:, :4].tolist()[0] == [True, True, False, False] and not out.itc_positives[:, 4:].any()
     assert model.idx_queue[:4].tolist() == [5, 5, 6, 7] and int(model.queue_ptr) == 4
     assert int(model.steps) == 1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_queue_rows_are_the_cat_bit_for_bit_and_kept_between_steps(dtype):
+    """QueueRows.with_batch returns torch.cat([feat, queue.t().to(feat)]) (values, dtype, strides) through writes,
+    wraps, batch sizes and writes it did not make; its rows are rebuilt only where it must."""
+    g = torch.Generator().manual_seed(0)
+    queue, rows = torch.randn(8, 12, generator=g), QueueRows()
+    built, ptr = [], 0
+    for step, b in enumerate([4, 4, 2, 4, 6] * 2):
+        if step == 7:
+            queue[:, 3] = 5.0  # written around it (a test, a hook): rebuilt
+        if step == 8:
+            queue.copy_(torch.randn(8, 12, generator=g))  # as load_state_dict writes a buffer: rebuilt
+        feat = torch.randn(b, 8, generator=g).to(dtype)
+        before = rows.rebuilds
+        got, want = rows.with_batch(queue, feat), torch.cat([feat, queue.t().to(feat)])
+        assert torch.equal(got, want) and got.dtype == want.dtype and got.stride() == want.stride(), step
+        if rows.rebuilds > before:
+            built.append(step)
+        rows.write(queue, ptr, torch.randn(4, 8, generator=g))  # the enqueued (gathered) batch: 4 columns
+        ptr = (ptr + 4) % 12
+    assert built == [0, 4, 7, 8]  # the first read, the first batch of 6 (room made once), the two outside writes
+    other = torch.randn(8, 12, generator=g)  # another tensor (a buffer replaced, a model moved): rebuilt
+    feat = torch.randn(4, 8, generator=g)
+    assert torch.equal(rows.with_batch(other, feat), torch.cat([feat, other.t()])) and rows.rebuilds == 5
+    assert rows.with_batch(other, feat.to(torch.float64)).dtype == torch.float64 and rows.rebuilds == 6  # dtype
+
+
+def test_a_graph_kept_across_a_second_queue_read_fails_loudly():
+    """The rows are reused: a backward after the next step's read refuses (autograd's check), never miscomputes."""
+    queue, rows = torch.randn(8, 12), QueueRows()
+    x = torch.randn(2, 8, requires_grad=True)
+    loss = (x @ rows.with_batch(queue, torch.randn(2, 8)).t()).sum()
+    rows.with_batch(queue, torch.randn(2, 8))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
+class _CatRows(QueueRows):
+    """The released code's step: the batch and the transposed queue concatenated afresh."""
+
+    def with_batch(self, queue, feat):
+        return torch.cat([feat, queue.t().to(feat)])
+
+
+def test_training_steps_with_kept_rows_are_the_cat_steps_bit_for_bit(tok):
+    """Three training steps (each enqueues) with the kept rows and with a fresh cat: every ITC score, every loss and
+    every weight, queue and momentum weight after them bit for bit; the kept rows were built once."""
+    runs = []
+    for rows in (QueueRows, _CatRows):
+        model = _model(tok, queue_size=8)
+        model.queue_rows = {"image_queue": rows(), "text_queue": rows()}
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+        torch.manual_seed(1)
+        scores = []
+        for step in range(3):
+            out = model(_batch(tok), _ctx(tok, seed=step))
+            loss = albef_losses(out, _ctx(tok))["loss"]
+            scores += [out.itc_i2t.detach(), out.itc_t2i.detach(), out.itc_i2t_m, out.itc_t2i_m, loss.detach()]
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        runs.append((scores, model.state_dict(), model.queue_rows["text_queue"].rebuilds))
+    (kept, kept_state, builds), (cat, cat_state, _) = runs
+    assert all(torch.equal(a, b) for a, b in zip(kept, cat, strict=True))
+    assert kept_state.keys() == cat_state.keys() and all(torch.equal(kept_state[k], cat_state[k]) for k in kept_state)
+    assert builds == 1
 
 
 # --------------------------------------------------------------------------- distillation

@@ -265,6 +265,13 @@ def test_bench_attention(run):
                for _, _, s, e, r in rows), out  # fmt: skip
 
 
+def test_bench_albef_queue(run):
+    out = run("speed/bench_albef_queue.py", "--queue", "64", "--dim", "8", "--batch", "4", "--repeat", "2").check()
+    rows = re.findall(r"^(float32|bfloat16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(True|False)$", out, re.M)
+    assert [r[0] for r in rows] == ["float32", "bfloat16"] and all(r[4] == "True" for r in rows), out
+    assert all(float(c) > 0 and float(k) > 0 for _, c, k, _, _ in rows), out
+
+
 def test_bench_alpro_step(run):
     out = run("speed/bench_alpro_step.py", "--preset", "tiny", "--batch", "2", "--steps", "1").check()
     step = re.search(r"full step \(fwd\+bwd\+AdamW\):\s+([\d.]+) ms\s+([\d.]+) clips/s", out)
@@ -638,6 +645,7 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_adamw.py": "test_bench_adamw",
     "speed/bench_albef_step.py": "test_bench_albef_step",
     "speed/bench_alpro_step.py": "test_bench_alpro_step",
+    "speed/bench_albef_queue.py": "test_bench_albef_queue",
     "speed/bench_attention.py": "test_bench_attention",
     "speed/bench_eval_paper.py": "test_bench_eval_paper",
     "speed/bench_mfu.py": "test_bench_mfu",

@@ -43,6 +43,7 @@ from vlp import losses
 from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import distill
 from vlp.models import pretrained
+from vlp.models.albef.queue import QueueRows
 from vlp.models.albef.spec import KINDS, AlbefSettings
 from vlp.models.albef.towers import LOSS_TERMS, AlbefConfig, Towers
 from vlp.models.family import (
@@ -99,6 +100,7 @@ class Albef(nn.Module):
         self.register_buffer("idx_queue", torch.full((m,), -1, dtype=torch.long))
         self.register_buffer("queue_ptr", torch.zeros((), dtype=torch.long))
         self.register_buffer("steps", torch.zeros((), dtype=torch.long))  # training forwards: alpha's ramp
+        self.queue_rows = {"image_queue": QueueRows(), "text_queue": QueueRows()}  # the cat's rows, kept (queue.py)
 
     def temperature(self) -> Tensor:
         return losses.clamp_temperature(self.temp) if self.cfg.temp_clamp else self.temp
@@ -126,8 +128,8 @@ class Albef(nn.Module):
             return
         self.cfg.check_queue(n)
         ptr = int(self.queue_ptr)
-        self.image_queue[:, ptr : ptr + n] = image_feat.t()
-        self.text_queue[:, ptr : ptr + n] = text_feat.t()
+        self.queue_rows["image_queue"].write(self.image_queue, ptr, image_feat)
+        self.queue_rows["text_queue"].write(self.text_queue, ptr, text_feat)
         self.idx_queue[ptr : ptr + n] = idx
         self.queue_ptr.fill_((ptr + n) % size)
 
@@ -345,8 +347,9 @@ def albef_forward(model: Albef, batch: PretrainBatch, ctx: StepContext) -> Albef
             model.momentum_update()
         image_feat_m, visual_m = model.momentum.encode_video(batch.video)
         text_feat_m, _ = model.momentum.encode_text(batch.input_ids, batch.attention_mask)
-        image_all = torch.cat([image_feat_m, model.image_queue.t().to(image_feat_m)])  # (B + M, D)
-        text_all = torch.cat([text_feat_m, model.text_queue.t().to(text_feat_m)])
+        # (B + M, D): torch.cat([image_feat_m, model.image_queue.t().to(image_feat_m)]), without transposing the queue
+        image_all = model.queue_rows["image_queue"].with_batch(model.image_queue, image_feat_m)
+        text_all = model.queue_rows["text_queue"].with_batch(model.text_queue, text_feat_m)
         if same_clip:
             positives = idx[:, None] == torch.cat([idx, model.idx_queue])[None, :]  # (B, B + M)
         else:
