@@ -270,6 +270,9 @@ def test_bench_albef_queue(run):
     rows = re.findall(r"^(float32|bfloat16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(True|False)$", out, re.M)
     assert [r[0] for r in rows] == ["float32", "bfloat16"] and all(r[4] == "True" for r in rows), out
     assert all(float(c) > 0 and float(k) > 0 for _, c, k, _, _ in rows), out
+    out = run("speed/bench_albef_queue.py", "--step", "--preset", "tiny", "--queue", "8", "--repeat", "2").check()
+    steps = re.findall(r"^(fp32|bf16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+, [\d.]+, [\d.]+\s+(\d+)$", out, re.M)
+    assert [s[0] for s in steps] == ["fp32", "bf16"] and steps[0][4] == "1", out  # one rebuild: the first read
 
 
 def test_bench_alpro_step(run):
