@@ -254,6 +254,12 @@ def test_bench_mfu(run, monkeypatch):
     assert all(ops), got["profile"]
     shares = [float(m[3]) for m in ops if m]
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 100.0
+    # cpu_linear=onednn: the step's fp32 linears and the fp32 peak both through oneDNN
+    out = run("speed/bench_mfu.py", "--preset", "tiny", "--family", "albef", "--steps", "1", "--warmup", "0",
+              "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-linear", "onednn")  # fmt: skip
+    out = out.check()
+    assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
+    assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
 
 
 def test_bench_attention(run):
@@ -273,6 +279,13 @@ def test_bench_albef_queue(run):
     out = run("speed/bench_albef_queue.py", "--step", "--preset", "tiny", "--queue", "8", "--repeat", "2").check()
     steps = re.findall(r"^(fp32|bf16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+, [\d.]+, [\d.]+\s+(\d+)$", out, re.M)
     assert [s[0] for s in steps] == ["fp32", "bf16"] and steps[0][4] == "1", out  # one rebuild: the first read
+
+
+def test_bench_linear(run):
+    out = run("speed/bench_linear.py", "--scale", "0.05", "--repeat", "1").check()
+    rows = re.findall(r"(forward|grad in|grad W)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.e+-]+)\s+([\d.e+-]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["forward", "grad in", "grad W"] * 6, out
+    assert all(float(err) < 1e-5 for r in rows for err in r[4:]), out  # both kernels compute the fp64 product to fp32
 
 
 def test_bench_alpro_step(run):
@@ -651,6 +664,7 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_albef_queue.py": "test_bench_albef_queue",
     "speed/bench_attention.py": "test_bench_attention",
     "speed/bench_eval_paper.py": "test_bench_eval_paper",
+    "speed/bench_linear.py": "test_bench_linear",
     "speed/bench_mfu.py": "test_bench_mfu",
     "speed/bench_prompter.py": "test_bench_prompter",
     "speed/bench_retrieval_eval.py": "test_bench_retrieval_eval",

@@ -54,6 +54,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
+from vlp.models.layers.linear import CPU_LINEARS, cpu_linears
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import compile_blocks, enable_grad_checkpointing
 from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
@@ -215,20 +216,24 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
     return fwd, float(backward.get_total_flops()), parts
 
 
-def training_step(row: Row, device: torch.device, precision: str, adamw: str) -> Callable[[], tuple[float, float]]:
+def training_step(
+    row: Row, device: torch.device, precision: str, adamw: str, linears: str = "torch"
+) -> Callable[[], tuple[float, float]]:
     """One step as the training loop runs it, as a function returning its seconds and its AdamW update's: forward +
     loss (autocast for bf16), backward, AdamW (the loop's ``build_optimizer``, lr 1e-4, the default decay groups, the
     ``adamw`` kernels), then ``zero_grad`` (``set_to_none``, after the update, as ``vlp.train.loop`` does: no gradient
-    is held through the next forward)."""
+    is held through the next forward). ``linears``: the fp32 CPU linears' kernels (``cpu_linear``), forward and
+    backward, as the loop runs them."""
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
     def step() -> tuple[float, float]:
         common.sync(device)
         start = time.perf_counter()
-        with autocast:
-            loss = row.loss()
-        loss.backward()
+        with cpu_linears(linears if device.type == "cpu" else "torch"):
+            with autocast:
+                loss = row.loss()
+            loss.backward()
         common.sync(device)
         update = time.perf_counter()
         opt.step()
@@ -241,23 +246,25 @@ def training_step(row: Row, device: torch.device, precision: str, adamw: str) ->
 
 
 def time_step(
-    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str
+    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str, linears: str = "torch"
 ) -> tuple[float, float, float]:
     """Median seconds of :func:`training_step` over ``steps`` after ``warmup``, the median seconds of its AdamW
     update, and the first warm-up step's seconds (with ``--compile``, it compiles the blocks)."""
-    step = training_step(row, device, precision, adamw)
+    step = training_step(row, device, precision, adamw, linears)
     first = [step()[0] for _ in range(warmup)]
     timed = [step() for _ in range(steps)]
     return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0]
 
 
-def profile_step(row: Row, device: torch.device, precision: str, adamw: str, top: int) -> list[str]:
+def profile_step(
+    row: Row, device: torch.device, precision: str, adamw: str, top: int, linears: str = "torch"
+) -> list[str]:
     """The ``top`` ops of one :func:`training_step` (after one unprofiled step) by their own time (``torch.profiler``,
     self CPU time on the CPU, self device time on CUDA), each with its share of the step's profiled op time and its
     call count."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = training_step(row, device, precision, adamw)
+    step = training_step(row, device, precision, adamw, linears)
     step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
@@ -270,18 +277,27 @@ def profile_step(row: Row, device: torch.device, precision: str, adamw: str, top
             for e in events[:top]]  # fmt: skip
 
 
-def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inner: int) -> float:
+def peak_flops(
+    device: torch.device, precision: str, size: int, repeat: int, inner: int, linears: str = "torch"
+) -> float:
     """FLOP/s of ``size`` x ``size`` matmuls in ``precision``: the fastest of ``repeat`` timings of ``inner``
-    back-to-back matmuls each (after one warm-up matmul)."""
+    back-to-back matmuls each (after one warm-up matmul). ``linears="onednn"``: an fp32 ``F.linear`` through oneDNN
+    on the CPU (the kernel the step's linears then run), not torch's ``mm``."""
     a = torch.randn(size, size, device=device, dtype=DTYPES[precision])
     b = torch.randn(size, size, device=device, dtype=DTYPES[precision])
+    onednn = linears == "onednn" and device.type == "cpu" and precision == "fp32"
+
+    def matmul() -> None:
+        with cpu_linears("onednn" if onednn else "torch"):
+            F.linear(a, b) if onednn else torch.mm(a, b)
+
     best = float("inf")
-    torch.mm(a, b)
+    matmul()
     for _ in range(repeat):
         common.sync(device)
         start = time.perf_counter()
         for _ in range(inner):
-            torch.mm(a, b)
+            matmul()
         common.sync(device)
         best = min(best, (time.perf_counter() - start) / inner)
     return 2 * size**3 / best
@@ -302,6 +318,8 @@ def main() -> None:
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
     parser.add_argument("--adamw", choices=list(ADAMW_KERNELS), default="foreach",
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
+    parser.add_argument("--cpu-linear", choices=list(CPU_LINEARS), default="torch",
+                        help="fp32 linears' kernels on the CPU (cpu_linear); onednn: the fp32 peak's too")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
                         help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
     parser.add_argument("--compile", action="store_true",
@@ -322,6 +340,8 @@ def main() -> None:
         parser.error("--batch must be at least 2: ALPRO's VTM and ALBEF's ITM draw in-batch negatives")
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup >= 1: the first step compiles")
+    if args.cpu_linear == "onednn" and (args.compile or args.grad_checkpointing):
+        parser.error("--cpu-linear onednn runs without --compile and --grad-checkpointing (as the training loop)")
     device = torch.device(args.device)
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if device.type == "cpu" and "bf16" in precisions:
@@ -337,9 +357,11 @@ def main() -> None:
     inner = 20 if device.type == "cuda" else 1  # back-to-back matmuls per timing (a GPU's launches are short)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{args.preset} preset, batch {args.batch} x {args.frames} frames, {name}, torch {torch.__version__}")
-    peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
+    peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear) for p in precisions}
     for p, flops in peaks.items():
-        print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
+        kernel = " through oneDNN" if args.cpu_linear == "onednn" and p == "fp32" and device.type == "cpu" else ""
+        print(f"peak ({args.peak_size}^2 matmul{kernel}, best of {args.peak_repeat} x {inner}) {p}: "
+              f"{flops / 1e12:.3f} TFLOP/s")  # fmt: skip
     table, breakdowns, firsts, profiles = [], [], [], []
     for family in families:
         torch.manual_seed(0)
@@ -352,11 +374,12 @@ def main() -> None:
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw)
+            seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw, args.cpu_linear)
             timed.append((p, seconds, update, common.peak_memory_mib(device)))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s")
             if args.profile:  # after the timing, so that the profiler's own cost is in no timed step
-                profiles.append((f"{row.name} {p}", profile_step(row, device, p, args.adamw, args.profile)))
+                profile = profile_step(row, device, p, args.adamw, args.profile, args.cpu_linear)
+                profiles.append((f"{row.name} {p}", profile))
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model, enable=False)
@@ -373,7 +396,8 @@ def main() -> None:
     memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
-    print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}")
+    print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}; "
+          f"cpu_linear: {args.cpu_linear}")  # fmt: skip
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip
     for r in table:

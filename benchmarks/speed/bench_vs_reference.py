@@ -20,6 +20,7 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --family albef --precision fp32 --rounds 1
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --compile  # vlp's fastest switches
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --rounds 1 --profile 5  # and the top ops
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-linear onednn   # fp32 linears: oneDNN
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
 """
 
@@ -57,7 +58,7 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
     out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
-               "--profile", str(args.profile)], args.threads)  # fmt: skip
+               "--cpu-linear", args.cpu_linear, "--profile", str(args.profile)], args.threads)  # fmt: skip
     if got := read_vlp(out):
         return got
     sys.exit(f"bench_mfu.py printed no row for {family} {precision}:\n{out}")
@@ -133,6 +134,8 @@ def main() -> None:
                         help="vlp's AdamW kernels (the paper-size configs set fused; the reference runs torch's "
                         "default)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
+    parser.add_argument("--cpu-linear", choices=["torch", "onednn"], default="torch",
+                        help="vlp's fp32 linears (cpu_linear); onednn: the MFUs against oneDNN's peak")  # fmt: skip
     parser.add_argument(
         "--profile",
         type=int,
@@ -150,7 +153,8 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
-    print(f"vlp: adamw {args.adamw}, compile {args.compile}; the reference: torch's default AdamW, eager")
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}; the reference: torch's "
+          "default AdamW and linears, eager")  # fmt: skip
     print(
         "GFLOP: one step as torch.utils.flop_counter counts it on each side; both MFUs against the matmul peak "
         "vlp's process measured in the same round"

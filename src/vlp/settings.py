@@ -169,6 +169,9 @@ class LoopSettings:
     # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size
     # (docs/results/speed.md)
     cpu_bf16: bool = False
+    # fp32 linear layers on the CPU: "torch" = torch's BLAS (MKL in the x86 wheels), "onednn" = oneDNN's matmuls,
+    # 2x faster on AMD CPUs, other rounding (vlp.models.layers.linear, docs/results/speed.md)
+    cpu_linear: Literal["torch", "onednn"] = "torch"
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
     # torch.compile each transformer block (training, and the section's evaluation); eager with a warning where
     # torch.compile cannot run (docs/results/speed.md)
