@@ -28,7 +28,10 @@ For each row the script
 
 MFU here = (counted FLOPs per step / median step time) / that measured matmul peak: the share of the rate a large
 dense GEMM reaches on this device, in this precision, that the whole step reaches. It is not the share of a
-data-sheet peak. Peak memory is ``torch.cuda.max_memory_allocated`` per row on CUDA; on CPU it is the process's
+data-sheet peak. The peak's GEMM is torch's ``mm`` (in fp32 on the CPU: MKL in the x86 wheels), or with
+``--cpu-linear onednn`` an fp32 ``F.linear`` through oneDNN, the kernel the step's linears then run: on the AMD CPU
+of ``docs/results/speed.md`` the second is twice the first, so MFUs of the two kinds of run do not compare.
+Peak memory is ``torch.cuda.max_memory_allocated`` per row on CUDA; on CPU it is the process's
 ``ru_maxrss`` (resident high-water mark), which only grows, so a row shows the maximum over itself and every row
 before it in the same run. A family's steps are timed before its FLOPs are counted, so that the counting pass does
 not set that mark.
