@@ -179,8 +179,8 @@ class TrainConfig(LoopSettings):
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"TrainConfig.cpu_linear must be one of {list(CPU_LINEARS)}, got {self.cpu_linear!r}")
         if self.cpu_linear == "onednn" and (self.compile or self.grad_checkpointing):
-            # compiled blocks and the backward's recomputation would not see the layers' kernels (a torch function
-            # mode), and a recomputed block must run the forward's
+            # the backward's recomputation did not see the layers' kernels (a torch function mode), and a recomputed
+            # block must run the forward's; compiled blocks were not tried under it
             raise ValueError("cpu_linear=onednn runs without compile and grad_checkpointing: set both to false, or "
                              "cpu_linear=torch")  # fmt: skip
 

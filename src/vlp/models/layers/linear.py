@@ -94,9 +94,9 @@ class _OneDnnLinears(TorchFunctionMode):
 @contextlib.contextmanager
 def cpu_linears(kind: str) -> Iterator[None]:
     """Run the fp32 CPU ``F.linear`` calls inside through ``kind``: ``"torch"`` (as they are) or ``"onednn"``.
-    :class:`OneDnnLinear`'s backward needs no context. A torch function mode does not reach the calls that
-    ``torch.utils.checkpoint`` recomputes in the backward, nor compiled code: the training loop refuses
-    ``cpu_linear=onednn`` with ``grad_checkpointing`` or ``compile``."""
+    :class:`OneDnnLinear`'s backward needs no context. The mode did not reach the calls ``torch.utils.checkpoint``
+    recomputes in the backward (the recomputation saved other tensors than the forward), and compiled blocks were
+    not tried under it: the training loop refuses ``cpu_linear=onednn`` with ``grad_checkpointing`` or ``compile``."""
     check_cpu_linear(kind)
     if kind == "torch":
         yield
