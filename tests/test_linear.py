@@ -96,3 +96,25 @@ def test_the_loop_runs_forward_and_backward_through_onednn(tmp_path, monkeypatch
     for switch in ("compile", "grad_checkpointing"):
         with pytest.raises(ValueError, match="cpu_linear=onednn runs without compile and grad_checkpointing"):
             TrainConfig(out_dir=str(tmp_path), cpu_linear="onednn", **{switch: True})
+
+
+def test_the_pretrain_step_runs_its_linears_as_its_config_says(tiny_world, tmp_path, monkeypatch):
+    """`vlp pretrain`'s step (ALBEF: it needs no prompter; the tiny world) with `pretrain.cpu_linear=onednn` from its
+    overrides: its linears go through oneDNN, and its losses are the default run's to rounding."""
+    from pathlib import Path
+
+    from vlp.config import load_config
+    from vlp.steps.pretrain import pretrain
+
+    calls = []
+    apply = OneDnnLinear.apply
+    monkeypatch.setattr(OneDnnLinear, "apply", lambda *a: calls.append(1) or apply(*a))
+    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
+    losses = {}
+    for kind in ("torch", "onednn"):
+        overrides = ["model.family=albef", "model.albef.queue_size=8", "pretrain.max_steps=2"]
+        cfg = load_config(tiny, [*overrides, f"pretrain.cpu_linear={kind}"])
+        summary = pretrain(tiny_world["dataset"], tiny_world["frames"], str(tmp_path / kind), cfg)
+        losses[kind] = {k: v for k, v in summary["metrics"].items() if k.startswith("train/loss")}
+        assert (len(calls) > 0) == (kind == "onednn"), kind
+    assert losses["torch"] and losses["onednn"] == pytest.approx(losses["torch"], rel=1e-4)
