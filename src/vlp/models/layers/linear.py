@@ -3,8 +3,8 @@
 torch computes an fp32 ``F.linear`` on the CPU with the BLAS it was built with: MKL in the x86 wheels. On the AMD
 CPUs this was measured on, MKL ran at the rate of AVX2 code while oneDNN (which torch also ships, and uses for bf16)
 computed the same products 1.6-2.6x faster in fp32 at the paper models' shapes, to fp32's accuracy
-(``benchmarks/speed/bench_linear.py``; 2-core AMD EPYC with AVX-512: ~220 against ~370-470 GFLOP/s; largest error
-against fp64 4e-7 and 1e-6 of the product's largest entry). Every FLOP-heavy layer of the three families is an
+(``benchmarks/speed/bench_linear.py``; 2-core AMD EPYC, Zen 5: 138-234 against 311-471 GFLOP/s; largest error
+against fp64 3-5e-7 and 3e-7-1.3e-6 of the product's largest entry). Every FLOP-heavy layer of the three families is an
 ``F.linear`` (the towers' projections and MLPs, the heads), so routing those through oneDNN moves most of an fp32
 training step.
 
@@ -41,9 +41,9 @@ def onednn_available() -> bool:
         return False
 
 
-def onednn_matmul(x: Tensor, weight: Tensor) -> Tensor:
-    """``x @ weight.t()`` through oneDNN (``x``: ``(..., K)``, ``weight``: ``(N, K)``, any strides)."""
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
+def onednn_matmul(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``x @ weight.t() (+ bias)`` through oneDNN (``x``: ``(..., K)``, ``weight``: ``(N, K)``, any strides)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
 
 
 class OneDnnLinear(torch.autograd.Function):
@@ -53,7 +53,7 @@ class OneDnnLinear(torch.autograd.Function):
     def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.has_bias = bias is not None
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return onednn_matmul(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
