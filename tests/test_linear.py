@@ -25,7 +25,11 @@ def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(7, 96), (2, 33, 96), (33, 2, 96)])
-def test_a_linear_under_onednn_is_torchs_to_rounding_forward_and_backward(shape, bias):
+def test_a_linear_under_onednn_is_torchs_to_rounding_forward_and_backward(shape, bias, monkeypatch):
+    """Forward and all gradients to fp32 rounding of torch's, each of the three products through oneDNN."""
+    products = []
+    matmul = linear.onednn_matmul
+    monkeypatch.setattr(linear, "onednn_matmul", lambda *a: products.append(a[0].shape) or matmul(*a))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(*shape, generator=g)
     if shape[0] == 33:
@@ -41,6 +45,9 @@ def test_a_linear_under_onednn_is_torchs_to_rounding_forward_and_backward(shape,
         assert (type(out.grad_fn).__name__ == "OneDnnLinearBackward") == (kind == "onednn")
         out.backward(grad)
         runs.append([out.detach(), *(t.grad for t in inputs)])
+    rows = grad.numel() // 80
+    # the forward, the input's gradient, the weight's gradient (an (N, M) x (K, M)^T product)
+    assert products == [x.shape, grad.shape, (80, rows)], products
     assert all(_close(got, want) for got, want in zip(runs[1], runs[0], strict=True))
     with cpu_linears("onednn"):
         again = F.linear(*[t.detach() for t in leaves])
