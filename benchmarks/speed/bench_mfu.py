@@ -31,7 +31,10 @@ dense GEMM reaches on this device, in this precision, that the whole step reache
 data-sheet peak. The peak's GEMM is torch's ``mm`` (in fp32 on the CPU: MKL in the x86 wheels), or with
 ``--cpu-linear onednn`` an fp32 ``F.linear`` through oneDNN, the kernel the step's linears then run: on the AMD CPU
 of ``docs/results/speed.md`` the second is twice the first, so MFUs of the two kinds of run do not compare.
-Peak memory is ``torch.cuda.max_memory_allocated`` per row on CUDA; on CPU it is the process's
+The process keeps the memory it frees, as the training loop does (``--freed-memory keep``, ``vlp.host_memory``);
+``release`` leaves glibc's defaults, under which the kernel maps in the pages of every large tensor afresh at every
+step: the report gives the minor page faults of a timed step. Peak memory is ``torch.cuda.max_memory_allocated`` per
+row on CUDA; on CPU it is the process's
 ``ru_maxrss`` (resident high-water mark), which only grows, so a row shows the maximum over itself and every row
 before it in the same run. A family's steps are timed before its FLOPs are counted, so that the counting pass does
 not set that mark.
@@ -44,6 +47,7 @@ not set that mark.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import sys
 import time
@@ -56,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.linear import CPU_LINEARS, cpu_linears
 from vlp.models.tokenizer import train_wordpiece
@@ -250,13 +255,17 @@ def training_step(
 
 def time_step(
     row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str, linears: str = "torch"
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Median seconds of :func:`training_step` over ``steps`` after ``warmup``, the median seconds of its AdamW
-    update, and the first warm-up step's seconds (with ``--compile``, it compiles the blocks)."""
+    update, the first warm-up step's seconds (with ``--compile``, it compiles the blocks) and the process's minor
+    page faults per timed step (``ru_minflt``: pages the kernel mapped in, e.g. for blocks glibc took from it
+    afresh; see ``--freed-memory``)."""
     step = training_step(row, device, precision, adamw, linears)
     first = [step()[0] for _ in range(warmup)]
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     timed = [step() for _ in range(steps)]
-    return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0]
+    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
+    return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0], faults
 
 
 def profile_step(
@@ -323,6 +332,8 @@ def main() -> None:
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
     parser.add_argument("--cpu-linear", choices=list(CPU_LINEARS), default="torch",
                         help="fp32 linears' kernels on the CPU (cpu_linear); onednn: the fp32 peak's too")  # fmt: skip
+    parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="keep",
+                        help="what glibc does with freed memory (freed_memory; keep: the loop's default)")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
                         help="recompute activations in the backward (grad_checkpointing)")  # fmt: skip
     parser.add_argument("--compile", action="store_true",
@@ -346,6 +357,7 @@ def main() -> None:
     if args.cpu_linear == "onednn" and (args.compile or args.grad_checkpointing):
         parser.error("--cpu-linear onednn runs without --compile and --grad-checkpointing (as the training loop)")
     device = torch.device(args.device)
+    kept = apply_freed_memory(args.freed_memory)  # before anything large is allocated, as the training loop
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if device.type == "cpu" and "bf16" in precisions:
         from vlp.distributed import cpu_bf16_support
@@ -377,9 +389,11 @@ def main() -> None:
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds, update, first = time_step(row, device, p, args.steps, args.warmup, args.adamw, args.cpu_linear)
+            seconds, update, first, faults = time_step(row, device, p, args.steps, args.warmup, args.adamw,
+                                                       args.cpu_linear)  # fmt: skip
             timed.append((p, seconds, update, common.peak_memory_mib(device)))
-            firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s")
+            firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s, "
+                          f"{faults:,.0f} minor page faults a timed step")  # fmt: skip
             if args.profile:  # after the timing, so that the profiler's own cost is in no timed step
                 profile = profile_step(row, device, p, args.adamw, args.profile, args.cpu_linear)
                 profiles.append((f"{row.name} {p}", profile))
@@ -400,13 +414,15 @@ def main() -> None:
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
     print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}; "
-          f"cpu_linear: {args.cpu_linear}")  # fmt: skip
+          f"cpu_linear: {args.cpu_linear}; freed_memory: {args.freed_memory}"
+          f"{' (not glibc: its defaults)' if args.freed_memory == 'keep' and not kept else ''}")  # fmt: skip
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip
     for r in table:
         print(f"{r[0]:<36} {r[1]:>9} {r[2]:>11.2f} {r[3]:>10.1f} {r[4]:>9.1f} {r[5]:>9.4f} {r[6]:>12.3f} "
               f"{r[7]:>6.1f} {r[8]:>24.0f}")  # fmt: skip
-    print("\nThe first warm-up step (with --compile, it compiles; the precision after it compiles again):")
+    print("\nThe first warm-up step (with --compile, it compiles; the precision after it compiles again), and the "
+          "timed steps' page faults:")  # fmt: skip
     for line in firsts:
         print(f"  {line}")
     for label, lines in profiles:

@@ -21,7 +21,12 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --compile  # vlp's fastest switches
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --rounds 1 --profile 5  # and the top ops
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-linear onednn   # fp32 linears: oneDNN
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --reference-freed-memory keep  # LAVIS's allocator as vlp's
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
+
+vlp's process keeps the memory it frees, as its training loop does (``--freed-memory keep``, ``vlp.host_memory``);
+the reference's runs with glibc's defaults, as LAVIS does, unless ``--reference-freed-memory keep`` (the same
+``mallopt`` calls) asks for what the allocator setting alone is worth on its side.
 """
 
 from __future__ import annotations
@@ -58,7 +63,8 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
     out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
-               "--cpu-linear", args.cpu_linear, "--profile", str(args.profile)], args.threads)  # fmt: skip
+               "--cpu-linear", args.cpu_linear, "--freed-memory", args.freed_memory, "--profile", str(args.profile)],
+              args.threads)  # fmt: skip
     if got := read_vlp(out):
         return got
     sys.exit(f"bench_mfu.py printed no row for {family} {precision}:\n{out}")
@@ -82,8 +88,8 @@ def reference_step(family: str, precision: str, args: argparse.Namespace) -> dic
     model, frames = REFERENCE[family]
     out = run([str(args.reference_python), f"{SPEED}/reference_step.py", "--model", model, "--precision", precision,
                "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps), "--warmup",
-               str(args.warmup), "--threads", str(args.threads), "--flops", "--profile", str(args.profile)],
-              args.threads)  # fmt: skip
+               str(args.warmup), "--threads", str(args.threads), "--flops", "--profile", str(args.profile),
+               "--freed-memory", args.reference_freed_memory], args.threads)  # fmt: skip
     got = json.loads(out.strip().splitlines()[-1])
     profile = [f"{p['op']:<44} {p['ms']:10.1f} ms {100 * p['share']:5.1f}% {p['calls']:7d} calls"
                for p in got.get("profile", [])]  # fmt: skip
@@ -136,6 +142,10 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
     parser.add_argument("--cpu-linear", choices=["torch", "onednn"], default="torch",
                         help="vlp's fp32 linears (cpu_linear); onednn: the MFUs against oneDNN's peak")  # fmt: skip
+    parser.add_argument("--freed-memory", choices=["keep", "release"], default="keep",
+                        help="what glibc does with vlp's freed memory (freed_memory; keep: the default)")  # fmt: skip
+    parser.add_argument("--reference-freed-memory", choices=["keep", "release"], default="release",
+                        help="the reference's: release = glibc's defaults, as LAVIS runs; keep = as vlp's")  # fmt: skip
     parser.add_argument(
         "--profile",
         type=int,
@@ -153,8 +163,9 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
-    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}; the reference: torch's "
-          "default AdamW and linears, eager")  # fmt: skip
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}, freed_memory "
+          f"{args.freed_memory}; the reference: torch's default AdamW and linears, eager, freed memory "
+          f"{args.reference_freed_memory}")  # fmt: skip
     print(
         "GFLOP: one step as torch.utils.flop_counter counts it on each side; both MFUs against the matmul peak "
         "vlp's process measured in the same round"

@@ -1,7 +1,8 @@
 """Reference step time: one training step of LAVIS's own ALPRO and ALBEF models, to compare with vlp's.
 
 Runs ONLY under the scratch venv that holds PyPI ``salesforce-lavis`` 1.0.2 (``scripts/reference-venv.sh`` builds
-it beside the checkout), never under the project's .venv, and never imports ``vlp``. From the repo root:
+it beside the checkout), never under the project's .venv, and never imports the ``vlp`` package (``--freed-memory
+keep`` loads the one stdlib-only file ``src/vlp/host_memory.py`` by its path). From the repo root:
 
     scripts/reference-venv.sh                     # once: ../scratch/lavis-venv
     ../scratch/lavis-venv/bin/python benchmarks/speed/reference_step.py --model alpro_retrieval --threads 2
@@ -11,7 +12,8 @@ it beside the checkout), never under the project's .venv, and never imports ``vl
 What it times, per step: ``zero_grad``, the model's own ``forward(samples)`` (which tokenizes the captions and
 computes the losses) and ``loss``, ``loss.backward()``, and one step of torch's default ``AdamW`` (lr 1e-4) over the
 trainable parameters. ``--precision bf16`` runs forward + loss under ``torch.autocast("cpu", dtype=torch.bfloat16)``.
-The random inputs are made once, before the timer.
+The random inputs are made once, before the timer. ``--freed-memory keep`` has glibc keep the memory the process
+frees, as vlp's training loop does (``vlp.host_memory``); the default, ``release``, is glibc's own behaviour, LAVIS's.
 
 - ``--model alpro_retrieval``: ``lavis.models.alpro_models.alpro_retrieval.AlproRetrieval`` built by its own
   ``from_config`` from LAVIS's ``configs/models/alpro_retrieval_msrvtt.yaml`` (TimeSformer-B/16 at 224 px, divided
@@ -95,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--freed-memory", choices=["release", "keep"], default="release",
+                        help="what glibc does with freed memory: release = its defaults (LAVIS's), keep = vlp's "
+                        "training default (vlp.host_memory)")  # fmt: skip
     parser.add_argument("--flops", action="store_true", help="also count one step's FLOPs (after the timed steps)")
     parser.add_argument(
         "--profile",
@@ -114,6 +119,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.model == "albef_pretrain" and args.queue % args.batch:
         parser.error("ALBEF's queue size must be a multiple of --batch (LAVIS asserts it)")
     return args
+
+
+def host_memory() -> types.ModuleType:
+    """vlp's ``host_memory`` module, loaded alone from its file (it imports the standard library only)."""
+    path = Path(__file__).resolve().parents[2] / "src" / "vlp" / "host_memory.py"
+    spec = importlib.util.spec_from_file_location("vlp_host_memory", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def import_lavis() -> types.SimpleNamespace:
@@ -345,6 +360,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    if args.freed_memory == "keep":
+        log(f"freed memory kept: {host_memory().keep_freed_memory()}")
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

@@ -172,6 +172,9 @@ class LoopSettings:
     # fp32 linear layers on the CPU: "torch" = torch's BLAS (MKL in the x86 wheels), "onednn" = oneDNN's matmuls,
     # 2x faster on AMD CPUs, other rounding (vlp.models.layers.linear, docs/results/speed.md)
     cpu_linear: Literal["torch", "onednn"] = "torch"
+    # what the C allocator does with freed memory: "keep" = glibc keeps it for the next step's tensors (no page
+    # faults at every step; resident memory stays at its peak), "release" = glibc's defaults (vlp.host_memory)
+    freed_memory: Literal["keep", "release"] = "keep"
     grad_checkpointing: bool = False  # recompute activations in backward (the towers that support it): less memory
     # torch.compile each transformer block (training, and the section's evaluation); eager with a warning where
     # torch.compile cannot run (docs/results/speed.md)
