@@ -260,6 +260,9 @@ def test_bench_mfu(run, monkeypatch):
     out = out.check()
     assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
     assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
+    assert "freed_memory: keep" in out  # the loop's default
+    assert re.search(r"^  ALBEF pre-training \S+ fp32: first step [\d.]+ s, median [\d.]+ s, [\d,]+ minor page faults "
+                     r"a timed step$", out, re.M), out  # fmt: skip
 
 
 def test_bench_attention(run):
