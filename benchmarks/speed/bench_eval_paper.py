@@ -8,7 +8,9 @@ part), the family's ``similarity``, and for each ``k`` of ``--ks`` :func:`vlp.ev
 :func:`vlp.inference.pair_scorer` (the re-rank part), which fuses the union of both directions' top-k pairs,
 each pair once, ``--eval-batch`` pairs per forward, scored ``match_plus_sim`` (LAVIS's rule). ``--precision bf16``
 sets ``retrieval.eval_precision=bf16``. Encoding is timed after one untimed pass, each k's re-ranking after one
-untimed call (the reference's first ``compute_sim_matrix`` call is untimed too).
+untimed call (the reference's first ``compute_sim_matrix`` call is untimed too). ``--freed-memory keep`` has glibc
+keep the memory the process frees, as the training loop does (the evaluation steps leave glibc's defaults:
+``docs/results/speed.md``, round 4).
 
 Output: one JSON line on stdout (encode seconds, and per k the re-rank seconds and the pairs fused), which
 ``bench_vs_reference.py --eval`` reads beside LAVIS's ``compute_sim_matrix`` on the same sizes
@@ -31,6 +33,7 @@ import torch
 
 from vlp.config import Config
 from vlp.eval.retrieval import topk_rerank
+from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.inference import encode_clips, encode_texts, pair_scorer
 from vlp.models import family
 from vlp.models.alpro.model import Alpro, AlproFamily
@@ -52,7 +55,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", choices=["paper", "tiny"], default="paper", help="model size (tiny: a smoke run)")
+    parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="release",
+                        help="what glibc does with freed memory (release: its defaults, as the step runs)")  # fmt: skip
     args = parser.parse_args()
+    apply_freed_memory(args.freed_memory)
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
