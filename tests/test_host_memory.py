@@ -62,7 +62,7 @@ def _run(choice: str, out: str) -> dict:
 def test_kept_memory_is_not_mapped_again_and_changes_no_trained_byte(tmp_path):
     """The loop applies its config's choice: after training with ``keep`` the process allocates its temporaries
     with no page fault, with ``release`` the kernel maps them in again at every step (64 MiB each: 16,384 faults
-    with 4 KiB pages, and still dozens with 2 MiB ones); the trained weights are the same bytes."""
+    with 4 KiB pages, still hundreds a step with 2 MiB ones); the trained weights are the same bytes."""
     kept, released = _run("keep", str(tmp_path / "keep")), _run("release", str(tmp_path / "release"))
     assert kept["faults_per_step"] <= 16, kept
     assert released["faults_per_step"] >= 128, released

@@ -34,10 +34,9 @@ of ``docs/results/speed.md`` the second is twice the first, so MFUs of the two k
 The process keeps the memory it frees, as the training loop does (``--freed-memory keep``, ``vlp.host_memory``);
 ``release`` leaves glibc's defaults, under which the kernel maps in the pages of every large tensor afresh at every
 step: the report gives the minor page faults of a timed step. Peak memory is ``torch.cuda.max_memory_allocated`` per
-row on CUDA; on CPU it is the process's
-``ru_maxrss`` (resident high-water mark), which only grows, so a row shows the maximum over itself and every row
-before it in the same run. A family's steps are timed before its FLOPs are counted, so that the counting pass does
-not set that mark.
+row on CUDA; on CPU it is the process's ``ru_maxrss`` (resident high-water mark), which only grows, so a row shows
+the maximum over itself and every row before it in the same run. A family's steps are timed before its FLOPs are
+counted, so that the counting pass does not set that mark.
 
     python benchmarks/speed/bench_mfu.py --preset tiny --steps 3 --warmup 1                  # CPU, seconds
     python benchmarks/speed/bench_mfu.py --preset paper --family alpro --steps 2 --warmup 1  # CPU, minutes
