@@ -254,10 +254,12 @@ def test_bench_mfu(run, monkeypatch):
     assert all(ops), got["profile"]
     shares = [float(m[3]) for m in ops if m]
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 100.0
-    # cpu_linear=onednn: the step's fp32 linears and the fp32 peak both through oneDNN
+    # cpu_linear=onednn: the step's fp32 linears and the fp32 peak both through oneDNN; cpu_dropout=16bit
     out = run("speed/bench_mfu.py", "--preset", "tiny", "--family", "albef", "--steps", "1", "--warmup", "0",
-              "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-linear", "onednn")  # fmt: skip
+              "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-linear", "onednn",
+              "--cpu-dropout", "16bit")  # fmt: skip
     out = out.check()
+    assert "cpu_dropout: 16bit" in out, out
     assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
     assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
     assert "freed_memory: keep" in out  # the loop's default

@@ -61,6 +61,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
+from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
 from vlp.models.layers.linear import CPU_LINEARS, cpu_linears
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import compile_blocks, enable_grad_checkpointing
@@ -331,6 +332,8 @@ def main() -> None:
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
     parser.add_argument("--cpu-linear", choices=list(CPU_LINEARS), default="torch",
                         help="fp32 linears' kernels on the CPU (cpu_linear); onednn: the fp32 peak's too")  # fmt: skip
+    parser.add_argument("--cpu-dropout", choices=list(CPU_DROPOUTS), default="torch",
+                        help="dropout's masks on the CPU (cpu_dropout): torch's, or from 16-bit draws")  # fmt: skip
     parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="keep",
                         help="what glibc does with freed memory (freed_memory; keep: the loop's default)")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
@@ -380,6 +383,7 @@ def main() -> None:
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
+        set_cpu_dropout(row.model, args.cpu_dropout)  # as the training loop sets it
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model)
         if args.compile:
@@ -413,7 +417,7 @@ def main() -> None:
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
     print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}; "
-          f"cpu_linear: {args.cpu_linear}; freed_memory: {args.freed_memory}"
+          f"cpu_linear: {args.cpu_linear}; cpu_dropout: {args.cpu_dropout}; freed_memory: {args.freed_memory}"
           f"{' (not glibc: its defaults)' if args.freed_memory == 'keep' and not kept else ''}")  # fmt: skip
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip

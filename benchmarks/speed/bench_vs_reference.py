@@ -22,6 +22,7 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --rounds 1 --profile 5  # and the top ops
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-linear onednn   # fp32 linears: oneDNN
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --reference-freed-memory keep  # LAVIS's allocator as vlp's
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-dropout 16bit  # vlp's dropout masks
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
 
 vlp's process keeps the memory it frees, as its training loop does (``--freed-memory keep``, ``vlp.host_memory``);
@@ -63,7 +64,8 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
     out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
-               "--cpu-linear", args.cpu_linear, "--freed-memory", args.freed_memory, "--profile", str(args.profile)],
+               "--cpu-linear", args.cpu_linear, "--cpu-dropout", args.cpu_dropout, "--freed-memory", args.freed_memory,
+               "--profile", str(args.profile)],
               args.threads)  # fmt: skip
     if got := read_vlp(out):
         return got
@@ -142,6 +144,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
     parser.add_argument("--cpu-linear", choices=["torch", "onednn"], default="torch",
                         help="vlp's fp32 linears (cpu_linear); onednn: the MFUs against oneDNN's peak")  # fmt: skip
+    parser.add_argument("--cpu-dropout", choices=["torch", "16bit"], default="torch",
+                        help="vlp's dropout masks on the CPU (cpu_dropout); 16bit: not LAVIS's masks")  # fmt: skip
     parser.add_argument("--freed-memory", choices=["keep", "release"], default="keep",
                         help="what glibc does with vlp's freed memory (freed_memory; keep: the default)")  # fmt: skip
     parser.add_argument("--reference-freed-memory", choices=["keep", "release"], default="release",
@@ -163,9 +167,9 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
-    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}, freed_memory "
-          f"{args.freed_memory}; the reference: torch's default AdamW and linears, eager, freed memory "
-          f"{args.reference_freed_memory}")  # fmt: skip
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}, cpu_dropout "
+          f"{args.cpu_dropout}, freed_memory {args.freed_memory}; the reference: torch's default AdamW, linears and "
+          f"dropout, eager, freed memory {args.reference_freed_memory}")  # fmt: skip
     print(
         "GFLOP: one step as torch.utils.flop_counter counts it on each side; both MFUs against the matmul peak "
         "vlp's process measured in the same round"

@@ -172,6 +172,9 @@ class LoopSettings:
     # fp32 linear layers on the CPU: "torch" = torch's BLAS (MKL in the x86 wheels), "onednn" = oneDNN's matmuls,
     # 2x faster on AMD CPUs, other rounding (vlp.models.layers.linear, docs/results/speed.md)
     cpu_linear: Literal["torch", "onednn"] = "torch"
+    # dropout's masks on the CPU: "torch" = F.dropout's, "16bit" = from 16-bit draws, 3-4x faster, other masks
+    # (vlp.models.layers.dropout, docs/results/speed.md)
+    cpu_dropout: Literal["torch", "16bit"] = "torch"
     # what the C allocator does with freed memory: "keep" = glibc keeps it for the next step's tensors (no page
     # faults at every step; resident memory stays at its peak), "release" = glibc's defaults (vlp.host_memory)
     freed_memory: Literal["keep", "release"] = "keep"

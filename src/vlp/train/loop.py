@@ -39,8 +39,10 @@ in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over
 logs, shows progress and writes model/optimiser (every rank writes its own RNG file). The forward and the
 loss run under bf16 autocast on CUDA when ``cfg.bf16`` is set, on the CPU when ``cfg.cpu_bf16`` is; the
 backward and the optimiser keep fp32 weights and gradients. ``cfg.cpu_linear="onednn"`` runs the fp32 linear layers
-of the forward and the backward through oneDNN on the CPU (:mod:`vlp.models.layers.linear`). ``cfg.freed_memory="keep"``
-(the default) has glibc keep the memory the process frees for the next step's tensors (:mod:`vlp.host_memory`).
+of the forward and the backward through oneDNN on the CPU (:mod:`vlp.models.layers.linear`); ``cfg.cpu_dropout=
+"16bit"`` draws the dropout masks of vlp's layers from 16-bit integers there (:mod:`vlp.models.layers.dropout`).
+``cfg.freed_memory="keep"`` (the default) has glibc keep the memory the process frees for the next step's tensors
+(:mod:`vlp.host_memory`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,7 @@ from torch import Tensor, nn
 from vlp import distributed, storage
 from vlp.data.loader import move_to_device
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
+from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
 from vlp.models.layers.linear import CPU_LINEARS, check_cpu_linear, cpu_linears
 from vlp.rng import seed_everything
 from vlp.settings import LoopSettings
@@ -180,6 +183,8 @@ class TrainConfig(LoopSettings):
             raise ValueError(f"TrainConfig.ckpt_every must be >= 0 (0 = only at the end), got {self.ckpt_every}")
         if self.cpu_linear not in CPU_LINEARS:
             raise ValueError(f"TrainConfig.cpu_linear must be one of {list(CPU_LINEARS)}, got {self.cpu_linear!r}")
+        if self.cpu_dropout not in CPU_DROPOUTS:
+            raise ValueError(f"TrainConfig.cpu_dropout must be one of {list(CPU_DROPOUTS)}, got {self.cpu_dropout!r}")
         if self.freed_memory not in FREED_MEMORY:
             raise ValueError(f"TrainConfig.freed_memory must be one of {list(FREED_MEMORY)}, got {self.freed_memory!r}")
         if self.cpu_linear == "onednn" and (self.compile or self.grad_checkpointing):
@@ -524,6 +529,7 @@ def train(
     optim_cfg = optim_cfg or OptimConfig()
     seed_everything(cfg.seed + distributed.rank())
     apply_freed_memory(cfg.freed_memory)
+    set_cpu_dropout(model, cfg.cpu_dropout)
     if cfg.grad_checkpointing:
         enable_grad_checkpointing(model)
     if cfg.compile:
