@@ -228,13 +228,19 @@ class _BertStack(nn.Module):
         self.layers = nn.ModuleList(BertLayer(self.dims) for _ in range(count))
         self.grad_checkpointing = cfg.grad_checkpointing
 
-    def run_layers(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, C), (B, S) -> (B, S, C)
+    def run_layers(self, x: Tensor, mask: Tensor, cls_only: bool = False) -> Tensor:
+        """``(B, S, C)`` tokens and their ``(B, S)`` mask -> ``(B, S, C)``; with ``cls_only`` the last layer computes
+        the first token's output alone: ``(B, 1, C)`` (:meth:`BertLayer.forward`'s ``queries``)."""
         attn = padding_mask(mask, x.shape[1], self.dims.attn, x.dtype)
-        for layer in self.layers:
+        last = len(self.layers) - 1
+        for i, layer in enumerate(self.layers):
+            args: tuple[Tensor | None, ...] = (x, attn)
+            if cls_only and i == last:
+                args = (x, padding_mask(mask, 1, self.dims.attn, x.dtype), x[:, :1])
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, x, attn, use_reentrant=False)
+                x = checkpoint(layer, *args, use_reentrant=False)
             else:
-                x = layer(x, attn)
+                x = layer(*args)
         return x
 
 
@@ -304,6 +310,25 @@ class MultimodalEncoder(_BertStack):
         Returns:
             :class:`FusionOutput` over the concatenated sequence (B, L + N, C).
         """
+        x, mask = self._joined(text_tokens, text_mask, video_tokens, video_mask)
+        return FusionOutput(tokens=self.run_layers(x, mask), attention_mask=mask, text_len=text_mask.shape[1])
+
+    def cls(
+        self,
+        text_tokens: Tensor,
+        text_mask: Tensor,
+        video_tokens: Tensor | None = None,
+        video_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The fused [CLS] token alone, ``(B, C)``: :meth:`forward`'s ``.cls`` to float rounding, with the last
+        layer's queries, attention and feed-forward computed for that token only (VTM reads nothing else)."""
+        x, mask = self._joined(text_tokens, text_mask, video_tokens, video_mask)
+        return self.run_layers(x, mask, cls_only=True)[:, 0]
+
+    def _joined(
+        self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor | None, video_mask: Tensor | None
+    ) -> tuple[Tensor, Tensor]:
+        """``[text; video]`` tokens ``(B, L + N, C)`` and their mask ``(B, L + N)``, checked."""
         b, text_len = text_mask.shape
         if text_tokens.shape[:2] != (b, text_len):
             raise ValueError(f"text tokens {tuple(text_tokens.shape)} do not match text mask {tuple(text_mask.shape)}")
@@ -316,7 +341,7 @@ class MultimodalEncoder(_BertStack):
                 video_mask = torch.ones(v.shape[:2], dtype=text_mask.dtype, device=v.device)
             x = torch.cat([x, v.to(x.dtype)], dim=1)  # (B, L + N, C): text first, as ALPRO
             mask = torch.cat([mask, video_mask.to(mask.dtype)], dim=1)  # (B, L + N)
-        return FusionOutput(tokens=self.run_layers(x, mask), attention_mask=mask, text_len=text_len)
+        return x, mask
 
 
 class MLMHead(nn.Module):
