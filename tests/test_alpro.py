@@ -301,6 +301,10 @@ def test_vtm_on_the_cls_token_alone_gives_the_full_scores_and_gradients(tokenize
         with torch.no_grad():
             logits = vtm_logits(model, text_out.tokens, text_out.attention_mask, video_out.tokens)
         got[mode] = (out, grads, logits)
+    fused = model.fusion(text_out.tokens, text_out.attention_mask, video_out.tokens, cls_only=True)
+    assert fused.tokens.shape[1] == 1 and fused.cls.shape == (batch.input_ids.shape[0], fused.tokens.shape[2])
+    with pytest.raises(ValueError, match=r"computed the \[CLS\] token alone"):
+        _ = fused.video  # a pass for [CLS] alone has no video tokens to read
     assert widths == {"all": batch.input_ids.shape[1] + video_out.tokens.shape[1], "cls": 1}, widths
     (full, g_full, l_full), (cls, g_cls, l_cls) = got["all"], got["cls"]
     assert torch.equal(full["loss_vtc"], cls["loss_vtc"])

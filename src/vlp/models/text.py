@@ -185,17 +185,23 @@ class TextOutput:
 class FusionOutput:
     """Output of :class:`MultimodalEncoder` over ``[text; video]``."""
 
-    tokens: Tensor  # (B, L + N, C)
+    tokens: Tensor  # (B, L + N, C); with cls_only (B, 1, C)
     attention_mask: Tensor  # (B, L + N)
     text_len: int  # L
+    cls_only: bool = False  # the last layer computed the [CLS] token alone: no text or video tokens
 
     @property
     def text(self) -> Tensor:  # (B, L, C), a view
-        return self.tokens[:, : self.text_len]
+        return self._tokens()[:, : self.text_len]
 
     @property
     def video(self) -> Tensor:  # (B, N, C), a view; video [CLS] first when the video encoder emits one
-        return self.tokens[:, self.text_len :]
+        return self._tokens()[:, self.text_len :]
+
+    def _tokens(self) -> Tensor:
+        if self.cls_only:
+            raise ValueError("this fused pass computed the [CLS] token alone (cls_only): no text or video tokens")
+        return self.tokens
 
     @property
     def cls(self) -> Tensor:  # (B, C): the text [CLS] at position 0, input of the VTM head
@@ -298,6 +304,7 @@ class MultimodalEncoder(_BertStack):
         text_mask: Tensor,
         video_tokens: Tensor | None = None,
         video_mask: Tensor | None = None,
+        cls_only: bool = False,
     ) -> FusionOutput:
         """Fuse text and video tokens.
 
@@ -306,12 +313,15 @@ class MultimodalEncoder(_BertStack):
             text_mask: (B, L), 1 = real token.
             video_tokens: (B, N, Cv) video-encoder tokens (video [CLS] first); ``None`` = text only.
             video_mask: (B, N); ``None`` = all ones (ALPRO never pads video tokens).
+            cls_only: compute the last layer's queries, attention and feed-forward for the [CLS] token alone (all
+                VTM reads): its output is the full pass's ``.cls`` to float rounding.
 
         Returns:
-            :class:`FusionOutput` over the concatenated sequence (B, L + N, C).
+            :class:`FusionOutput` over the concatenated sequence (B, L + N, C); with ``cls_only`` its tokens are
+            ``(B, 1, C)`` and only ``.cls`` is there.
         """
         x, mask = self._joined(text_tokens, text_mask, video_tokens, video_mask)
-        return FusionOutput(tokens=self.run_layers(x, mask), attention_mask=mask, text_len=text_mask.shape[1])
+        return FusionOutput(self.run_layers(x, mask, cls_only), mask, text_mask.shape[1], cls_only)
 
     def cls(
         self,
@@ -320,10 +330,8 @@ class MultimodalEncoder(_BertStack):
         video_tokens: Tensor | None = None,
         video_mask: Tensor | None = None,
     ) -> Tensor:
-        """The fused [CLS] token alone, ``(B, C)``: :meth:`forward`'s ``.cls`` to float rounding, with the last
-        layer's queries, attention and feed-forward computed for that token only (VTM reads nothing else)."""
-        x, mask = self._joined(text_tokens, text_mask, video_tokens, video_mask)
-        return self.run_layers(x, mask, cls_only=True)[:, 0]
+        """The fused [CLS] token alone, ``(B, C)``: ``forward(..., cls_only=True).cls``."""
+        return self(text_tokens, text_mask, video_tokens, video_mask, cls_only=True).cls
 
     def _joined(
         self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor | None, video_mask: Tensor | None
