@@ -23,6 +23,7 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-linear onednn   # fp32 linears: oneDNN
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --reference-freed-memory keep  # LAVIS's allocator as vlp's
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-dropout 16bit  # vlp's dropout masks
+    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --matching-fusion cls  # ALPRO's VTM: [CLS]
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
 
 vlp's process keeps the memory it frees, as its training loop does (``--freed-memory keep``, ``vlp.host_memory``);
@@ -65,7 +66,7 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
                "--cpu-linear", args.cpu_linear, "--cpu-dropout", args.cpu_dropout, "--freed-memory", args.freed_memory,
-               "--profile", str(args.profile)],
+               "--matching-fusion", args.matching_fusion, "--profile", str(args.profile)],
               args.threads)  # fmt: skip
     if got := read_vlp(out):
         return got
@@ -146,6 +147,8 @@ def main() -> None:
                         help="vlp's fp32 linears (cpu_linear); onednn: the MFUs against oneDNN's peak")  # fmt: skip
     parser.add_argument("--cpu-dropout", choices=["torch", "16bit"], default="torch",
                         help="vlp's dropout masks on the CPU (cpu_dropout); 16bit: not LAVIS's masks")  # fmt: skip
+    parser.add_argument("--matching-fusion", choices=["all", "cls"], default="all",
+                        help="ALPRO's VTM pass (matching_fusion); cls: the last fusion layer for [CLS]")  # fmt: skip
     parser.add_argument("--freed-memory", choices=["keep", "release"], default="keep",
                         help="what glibc does with vlp's freed memory (freed_memory; keep: the default)")  # fmt: skip
     parser.add_argument("--reference-freed-memory", choices=["keep", "release"], default="release",
@@ -168,8 +171,9 @@ def main() -> None:
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}, cpu_dropout "
-          f"{args.cpu_dropout}, freed_memory {args.freed_memory}; the reference: torch's default AdamW, linears and "
-          f"dropout, eager, freed memory {args.reference_freed_memory}")  # fmt: skip
+          f"{args.cpu_dropout}, matching_fusion {args.matching_fusion}, freed_memory {args.freed_memory}; the "
+          f"reference: torch's default AdamW, linears and dropout, eager, freed memory "
+          f"{args.reference_freed_memory}")  # fmt: skip
     print(
         "GFLOP: one step as torch.utils.flop_counter counts it on each side; both MFUs against the matmul peak "
         "vlp's process measured in the same round"
