@@ -246,7 +246,7 @@ def test_bench_mfu(run, monkeypatch):
     script = runpy.run_path(str(BENCH / "speed/bench_vs_reference.py"))
     assert {m[1] for line in out.splitlines() if (m := script["ROW"].match(line.strip()))} == {"ALPRO", "ALBEF"}
     # --profile: each row's three costliest ops, as bench_vs_reference.py reads them (the first row's)
-    profiles = re.findall(r"^Profile of one step, (.+) fp32: op", out, re.M)
+    profiles = re.findall(r"^Profile of one step, (.+) fp32 \([\d,]+ minor page faults\): op", out, re.M)
     assert len(profiles) == 4 and all(any(p.startswith(name) for name in rows) for p in profiles), out
     got = script["read_vlp"](out)
     assert got["gflop"] > 0 and got["peak"] > 0 and got["mfu"] > 0 and len(got["profile"]) == 3, got
@@ -257,9 +257,17 @@ def test_bench_mfu(run, monkeypatch):
     # cpu_linear=onednn: the step's fp32 linears and the fp32 peak both through oneDNN; cpu_dropout=16bit
     out = run("speed/bench_mfu.py", "--preset", "tiny", "--family", "albef", "--steps", "1", "--warmup", "0",
               "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-linear", "onednn",
-              "--cpu-dropout", "16bit")  # fmt: skip
+              "--cpu-dropout", "16bit", "--op-times", "3")  # fmt: skip
     out = out.check()
     assert "cpu_dropout: 16bit" in out, out
+    # --op-times: one step's three costliest aten ops, timed around their calls, their shares of the ops' time
+    head = re.search(r"^Op times of one step, ALBEF \S+ \S+ fp32 \(([\d.]+) s; its ops ([\d.]+) s; [\d,]+ minor page "
+                     r"faults\)", out, re.M)  # fmt: skip
+    assert head and 0 < float(head[2]) <= float(head[1]) + 0.01, out
+    timed = re.findall(r"^  (\w+)\s+([\d.]+) ms\s+([\d.]+)%\s+(\d+) calls$", out[head.end() :], re.M)[:3]
+    assert len(timed) == 3 and [float(s) for _, _, s, _ in timed] == sorted((float(s) for _, _, s, _ in timed),
+                                                                               reverse=True), out  # fmt: skip
+    assert "mm" in {op for op, *_ in timed} or "addmm" in {op for op, *_ in timed}, timed
     assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
     assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
     assert "freed_memory: keep" in out  # the loop's default

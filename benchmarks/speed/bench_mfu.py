@@ -255,40 +255,71 @@ def training_step(
     return step
 
 
-def time_step(
-    row: Row, device: torch.device, precision: str, steps: int, warmup: int, adamw: str, linears: str = "torch"
-) -> tuple[float, float, float, float]:
-    """Median seconds of :func:`training_step` over ``steps`` after ``warmup``, the median seconds of its AdamW
-    update, the first warm-up step's seconds (with ``--compile``, it compiles the blocks) and the process's minor
-    page faults per timed step (``ru_minflt``: pages the kernel mapped in, e.g. for blocks glibc took from it
-    afresh; see ``--freed-memory``)."""
-    step = training_step(row, device, precision, adamw, linears)
+def minor_faults() -> int:
+    """The process's minor page faults so far (``ru_minflt``: pages the kernel mapped in, e.g. for blocks glibc took
+    from it afresh; see ``--freed-memory``)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def time_step(step: Callable[[], tuple[float, float]], steps: int, warmup: int) -> tuple[float, float, float, float]:
+    """Median seconds of ``step`` (:func:`training_step`) over ``steps`` after ``warmup``, the median seconds of its
+    AdamW update, the first warm-up step's seconds (with ``--compile``, it compiles the blocks) and the minor page
+    faults per timed step."""
     first = [step()[0] for _ in range(warmup)]
-    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    faults = minor_faults()
     timed = [step() for _ in range(steps)]
-    faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
+    faults = (minor_faults() - faults) / max(steps, 1)
     return statistics.median(t for t, _ in timed), statistics.median(u for _, u in timed), (first or [0.0])[0], faults
 
 
-def profile_step(
-    row: Row, device: torch.device, precision: str, adamw: str, top: int, linears: str = "torch"
-) -> list[str]:
-    """The ``top`` ops of one :func:`training_step` (after one unprofiled step) by their own time (``torch.profiler``,
-    self CPU time on the CPU, self device time on CUDA), each with its share of the step's profiled op time and its
-    call count."""
+def profile_step(step: Callable[[], tuple[float, float]], device: torch.device, top: int) -> tuple[int, list[str]]:
+    """The ``top`` ops of one more ``step`` (the timed steps' model and optimizer: a new optimizer's state would be
+    new memory, whose pages the step would fault in) by their own time (``torch.profiler``, self CPU time on the CPU,
+    self device time on CUDA), each with its share of the step's profiled op time and its call count; and the
+    step's minor page faults."""
     from torch.profiler import ProfilerActivity, profile
 
-    step = training_step(row, device, precision, adamw, linears)
-    step()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    faults = minor_faults()
     with profile(activities=activities) as prof:
         step()
+    faults = minor_faults() - faults
     attr = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     events = [e for e in prof.key_averages() if getattr(e, attr) > 0]
     total = sum(getattr(e, attr) for e in events)
     events.sort(key=lambda e: getattr(e, attr), reverse=True)
-    return [f"{e.key:<44} {getattr(e, attr) / 1e3:10.1f} ms {100 * getattr(e, attr) / total:5.1f}% {e.count:7d} calls"
-            for e in events[:top]]  # fmt: skip
+    return faults, [f"{e.key:<44} {getattr(e, attr) / 1e3:10.1f} ms {100 * getattr(e, attr) / total:5.1f}% "
+                    f"{e.count:7d} calls" for e in events[:top]]  # fmt: skip
+
+
+def op_times_step(step: Callable[[], tuple[float, float]], top: int) -> tuple[float, float, int, list[str]]:
+    """One more ``step`` (as :func:`profile_step`) with each aten op timed around its call (a ``TorchDispatchMode``;
+    an op that another calls counts in the outer one's time, so the times add up to the op time of the step): the
+    step's seconds, the ops' total seconds, its minor page faults, and the ``top`` ops by time, each with its share
+    of that total and its call count. CPU only (CUDA ops return before they run)."""
+    from collections import defaultdict
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+
+    class Timer(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            start = time.perf_counter()
+            out = func(*args, **(kwargs or {}))
+            entry = totals[func.__name__.split(".")[0]]
+            entry[0] += time.perf_counter() - start
+            entry[1] += 1
+            return out
+
+    faults = minor_faults()
+    with Timer():
+        seconds, _ = step()
+    faults = minor_faults() - faults
+    total = sum(s for s, _ in totals.values())
+    ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
+    return seconds, total, faults, [f"{op:<44} {1e3 * s:10.1f} ms {100 * s / total:5.1f}% {int(n):7d} calls"
+                                    for op, (s, n) in ranked]  # fmt: skip
 
 
 def peak_flops(
@@ -354,6 +385,13 @@ def main() -> None:
         metavar="N",
         help="also profile one step per row and precision: its N costliest ops by their own time",
     )
+    parser.add_argument(
+        "--op-times",
+        type=int,
+        default=0,
+        metavar="N",
+        help="CPU: also time each aten op of one step around its call; print the N costliest",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.batch < 2:
@@ -363,6 +401,8 @@ def main() -> None:
     if args.cpu_linear == "onednn" and (args.compile or args.grad_checkpointing):
         parser.error("--cpu-linear onednn runs without --compile and --grad-checkpointing (as the training loop)")
     device = torch.device(args.device)
+    if args.op_times and device.type != "cpu":
+        parser.error("--op-times times ops on the CPU (CUDA ops return before they run): use --profile there")
     kept = apply_freed_memory(args.freed_memory)  # before anything large is allocated, as the training loop
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
     if device.type == "cpu" and "bf16" in precisions:
@@ -383,7 +423,7 @@ def main() -> None:
         kernel = " through oneDNN" if args.cpu_linear == "onednn" and p == "fp32" and device.type == "cpu" else ""
         print(f"peak ({args.peak_size}^2 matmul{kernel}, best of {args.peak_repeat} x {inner}) {p}: "
               f"{flops / 1e12:.3f} TFLOP/s")  # fmt: skip
-    table, breakdowns, firsts, profiles = [], [], [], []
+    table, breakdowns, firsts, profiles, op_times = [], [], [], [], []
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
@@ -396,14 +436,17 @@ def main() -> None:
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            seconds, update, first, faults = time_step(row, device, p, args.steps, args.warmup, args.adamw,
-                                                       args.cpu_linear)  # fmt: skip
+            step = training_step(row, device, p, args.adamw, args.cpu_linear)
+            seconds, update, first, faults = time_step(step, args.steps, args.warmup)
             timed.append((p, seconds, update, common.peak_memory_mib(device)))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s, "
                           f"{faults:,.0f} minor page faults a timed step")  # fmt: skip
             if args.profile:  # after the timing, so that the profiler's own cost is in no timed step
-                profile = profile_step(row, device, p, args.adamw, args.profile, args.cpu_linear)
-                profiles.append((f"{row.name} {p}", profile))
+                profile_faults, profile = profile_step(step, device, args.profile)
+                profiles.append((f"{row.name} {p}", profile_faults, profile))
+            if args.op_times:
+                op_times.append((f"{row.name} {p}", *op_times_step(step, args.op_times)))
+            del step  # its optimizer's state
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model, enable=False)
@@ -432,8 +475,14 @@ def main() -> None:
           "timed steps' page faults:")  # fmt: skip
     for line in firsts:
         print(f"  {line}")
-    for label, lines in profiles:
-        print(f"\nProfile of one step, {label}: op, own time, share of the step's op time, calls")
+    for label, profile_faults, lines in profiles:
+        print(f"\nProfile of one step, {label} ({profile_faults:,} minor page faults): op, own time, share of the "
+              "step's op time, calls")  # fmt: skip
+        for line in lines:
+            print(f"  {line}")
+    for label, seconds, total, op_faults, lines in op_times:
+        print(f"\nOp times of one step, {label} ({seconds:.2f} s; its ops {total:.2f} s; {op_faults:,} minor page "
+              "faults): op, time around its calls, share of the ops' time, calls")  # fmt: skip
         for line in lines:
             print(f"  {line}")
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
