@@ -583,8 +583,7 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
     def task_config(self, config: AlproConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlproConfig:
         """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses (contrastive: VTC,
         matching: VTM), its VTM negative and same-clip rules and its fused pass (``matching_fusion``) from ``section``;
-        QA keeps the towers and the fusion
-        only."""
+        QA keeps the towers and the fusion only."""
         if task == "qa":
             return replace(config, num_entities=0, losses=("vtc",))
         section = retrieval_section(section)
