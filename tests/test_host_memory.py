@@ -17,7 +17,9 @@ from vlp.host_memory import apply_freed_memory
 from vlp.train.loop import TrainConfig
 
 # Three updates of an MLP through vlp's training loop with freed_memory from argv, then the weights' digest and the
-# minor page faults of five steps of large temporaries (64 MiB each): what the setting left the process with.
+# median minor page faults of seven steps of large temporaries (64 MiB each): what the setting left the process with.
+# The median, as with ``keep`` glibc's heap can still grow once (a small block of another thread left at its top keeps
+# a freed 64 MiB block from serving the next one: seen in 3 runs of about 40, 16,384 faults in one step of five).
 SCRIPT = textwrap.dedent(
     """
     import hashlib, json, resource, sys
@@ -44,10 +46,12 @@ SCRIPT = textwrap.dedent(
         return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
     step(); step()
-    before = faults()
-    for _ in range(5):
+    per_step = []
+    for _ in range(7):
+        before = faults()
         step()
-    print(json.dumps({"digest": digest, "faults_per_step": (faults() - before) / 5}))
+        per_step.append(faults() - before)
+    print(json.dumps({"digest": digest, "faults_per_step": sorted(per_step)[3], "each": per_step}))
     """
 )
 
@@ -61,8 +65,9 @@ def _run(choice: str, out: str) -> dict:
 @pytest.mark.skipif(host_memory._glibc() is None, reason="the C library is not glibc: freed_memory does nothing")
 def test_kept_memory_is_not_mapped_again_and_changes_no_trained_byte(tmp_path):
     """The loop applies its config's choice: after training with ``keep`` the process allocates its temporaries
-    with no page fault, with ``release`` the kernel maps them in again at every step (64 MiB each: 16,384 faults
-    with 4 KiB pages, still hundreds a step with 2 MiB ones); the trained weights are the same bytes."""
+    with no page fault in a typical step (the median of seven), with ``release`` the kernel maps them in again at
+    every step (64 MiB each: 16,384 faults with 4 KiB pages, still hundreds a step with 2 MiB ones); the trained
+    weights are the same bytes."""
     kept, released = _run("keep", str(tmp_path / "keep")), _run("release", str(tmp_path / "release"))
     assert kept["faults_per_step"] <= 16, kept
     assert released["faults_per_step"] >= 128, released

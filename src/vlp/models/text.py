@@ -320,23 +320,6 @@ class MultimodalEncoder(_BertStack):
             :class:`FusionOutput` over the concatenated sequence (B, L + N, C); with ``cls_only`` its tokens are
             ``(B, 1, C)`` and only ``.cls`` is there.
         """
-        x, mask = self._joined(text_tokens, text_mask, video_tokens, video_mask)
-        return FusionOutput(self.run_layers(x, mask, cls_only), mask, text_mask.shape[1], cls_only)
-
-    def cls(
-        self,
-        text_tokens: Tensor,
-        text_mask: Tensor,
-        video_tokens: Tensor | None = None,
-        video_mask: Tensor | None = None,
-    ) -> Tensor:
-        """The fused [CLS] token alone, ``(B, C)``: ``forward(..., cls_only=True).cls``."""
-        return self(text_tokens, text_mask, video_tokens, video_mask, cls_only=True).cls
-
-    def _joined(
-        self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor | None, video_mask: Tensor | None
-    ) -> tuple[Tensor, Tensor]:
-        """``[text; video]`` tokens ``(B, L + N, C)`` and their mask ``(B, L + N)``, checked."""
         b, text_len = text_mask.shape
         if text_tokens.shape[:2] != (b, text_len):
             raise ValueError(f"text tokens {tuple(text_tokens.shape)} do not match text mask {tuple(text_mask.shape)}")
@@ -349,7 +332,7 @@ class MultimodalEncoder(_BertStack):
                 video_mask = torch.ones(v.shape[:2], dtype=text_mask.dtype, device=v.device)
             x = torch.cat([x, v.to(x.dtype)], dim=1)  # (B, L + N, C): text first, as ALPRO
             mask = torch.cat([mask, video_mask.to(mask.dtype)], dim=1)  # (B, L + N)
-        return x, mask
+        return FusionOutput(self.run_layers(x, mask, cls_only), mask, text_len, cls_only)
 
 
 class MLMHead(nn.Module):

@@ -229,18 +229,17 @@ class Alpro(nn.Module):
                 self.dual.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head, revision=cfg.text.init_revision
             )
 
-    def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
-        """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
+    def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor, cls_only: bool = False) -> Any:
+        """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput` (``cls_only``:
+        its last layer for the [CLS] token alone)."""
         if self.fusion is None:
             raise ValueError(f"this ALPRO has no multimodal encoder: losses {list(self.cfg.losses)} use none")
-        return self.fusion(text_tokens, text_mask, video_tokens)
+        return self.fusion(text_tokens, text_mask, video_tokens, cls_only=cls_only)
 
     def fused_cls(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        """The fused [CLS] token ``(B, C)`` VTM scores: :meth:`fuse`'s, or with ``vtm_fusion="cls"`` the multimodal
-        encoder's last layer computed for that token alone (the same to float rounding)."""
-        if self.fusion is not None and self.cfg.vtm_fusion == "cls":
-            return self.fusion.cls(text_tokens, text_mask, video_tokens)
-        return self.fuse(text_tokens, text_mask, video_tokens).cls
+        """The fused [CLS] token ``(B, C)`` VTM scores: with ``vtm_fusion="cls"`` the multimodal encoder's last layer
+        computed for that token alone (the full pass's to float rounding)."""
+        return self.fuse(text_tokens, text_mask, video_tokens, cls_only=self.cfg.vtm_fusion == "cls").cls
 
     def forward(self, batch: PretrainBatch, ctx: StepContext | None = None) -> AlproOutput:
         """Everything the enabled objectives score, for one batch (:func:`alpro_forward`)."""
