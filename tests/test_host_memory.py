@@ -18,8 +18,8 @@ from vlp.train.loop import TrainConfig
 
 # Three updates of an MLP through vlp's training loop with freed_memory from argv, then the weights' digest and the
 # median minor page faults of seven steps of large temporaries (64 MiB each): what the setting left the process with.
-# The median, as with ``keep`` glibc's heap can still grow once (a small block of another thread left at its top keeps
-# a freed 64 MiB block from serving the next one: seen in 3 runs of about 40, 16,384 faults in one step of five).
+# The median, as with ``keep`` glibc's heap can still grow once: seen in 3 runs of about 40, 16,384 faults in one step
+# of five and none in the others (why it grew was not found).
 SCRIPT = textwrap.dedent(
     """
     import hashlib, json, resource, sys
