@@ -269,11 +269,51 @@ def test_bench_mfu(run, monkeypatch):
     assert len(timed) == 3 and [float(s) for _, _, s, _ in timed] == sorted((float(s) for _, _, s, _ in timed),
                                                                                reverse=True), out  # fmt: skip
     assert "mm" in {op for op, *_ in timed} or "addmm" in {op for op, *_ in timed}, timed
+    # ... and by what each op works on: every group, the shares adding up to the ops' time; oneDNN's linears are
+    # matmuls, ALBEF's moving average runs in the forward, AdamW in the update, and fp32 casts no weight
+    table = re.search(r"^Op times of one step by what the op works on, ALBEF \S+ \S+ fp32: group, time, share of the "
+                      r"ops' time\n((?:  .+\n)+)", out, re.M)  # fmt: skip
+    assert table, out
+    groups = {g: (float(ms), float(share)) for g, ms, share in
+              re.findall(r"^  (\S.*?)\s+([\d.]+) ms\s+([\d.]+)%$", table[1], re.M)}  # fmt: skip
+    assert list(groups) == ["matmuls", "attention kernels", "per parameter: optimizer step, zero_grad",
+                            "per parameter: in-place in the forward (EMA)", "per parameter: weight casts",
+                            "per parameter: gradient casts", "everything else"], groups  # fmt: skip
+    assert sum(share for _, share in groups.values()) == pytest.approx(100, abs=0.5), groups
+    assert groups["matmuls"][0] > 0 and groups["per parameter: optimizer step, zero_grad"][0] > 0, groups
+    assert groups["per parameter: in-place in the forward (EMA)"][0] > 0, groups
+    assert groups["per parameter: weight casts"][0] == groups["per parameter: gradient casts"][0] == 0, groups
     assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
     assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
     assert "freed_memory: keep" in out  # the loop's default
     assert re.search(r"^  ALBEF pre-training \S+ fp32: first step [\d.]+ s, median [\d.]+ s, [\d,]+ minor page faults "
                      r"a timed step$", out, re.M), out  # fmt: skip
+
+
+def test_bench_mfu_op_groups():
+    """--op-times' groups of single ops: a weight's bf16 cast, its gradient's cast back, a parameter updated in place
+    in the forward, the whole update phase, matmuls (oneDNN's linear too), and the rest."""
+    import torch
+
+    group = runpy.run_path(str(BENCH / "speed/bench_mfu.py"))["op_group"]
+    weight, frozen = torch.nn.Parameter(torch.randn(4, 3)), torch.nn.Parameter(torch.randn(5), requires_grad=False)
+    params, shapes = {weight.data_ptr(), frozen.data_ptr()}, {(4, 3)}
+    act, act16 = torch.randn(4, 3), torch.randn(4, 3, dtype=torch.bfloat16)
+    cast16, cast32 = weight.detach().bfloat16(), act16.float()
+
+    def of(name, args, out, phase):
+        return group(name, args, out, phase, params, shapes)
+
+    assert of("_to_copy", (weight,), cast16, "forward") == "per parameter: weight casts"
+    assert of("_to_copy", (act,), act.bfloat16(), "forward") == "everything else"  # an activation's cast
+    assert of("_to_copy", (act16,), cast32, "backward") == "per parameter: gradient casts"  # a weight's shape
+    assert of("_to_copy", (act16[:2],), cast32[:2], "backward") == "everything else"  # no trainable shape
+    assert of("_to_copy", (act16,), cast32, "forward") == "everything else"  # not a gradient
+    assert of("mul_", (frozen, 0.995), frozen, "forward") == "per parameter: in-place in the forward (EMA)"
+    assert of("mul_", (act, 2.0), act, "forward") == "everything else"
+    assert of("mul", (act, 2.0), act, "update") == "per parameter: optimizer step, zero_grad"
+    assert of("mm", (act, act.t()), act, "backward") == of("_linear_pointwise", (act,), act, "forward") == "matmuls"
+    assert of("_scaled_dot_product_flash_attention_for_cpu", (act,), act, "forward") == "attention kernels"
 
 
 def test_bench_attention(run):

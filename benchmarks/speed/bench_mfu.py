@@ -25,7 +25,10 @@ For each row the script
   (``torch.cuda.synchronize`` before reading the clock on CUDA); ``--precision bf16`` runs forward + loss under
   ``torch.autocast(device, dtype=torch.bfloat16)``;
 * measures this machine's peak in the same run: ``--peak-size`` square matmuls in that precision (fp32, or bf16
-  tensors), the best of ``--peak-repeat`` timings of one matmul on CPU, of 20 back-to-back ones on CUDA.
+  tensors), the best of ``--peak-repeat`` timings of one matmul on CPU, of 20 back-to-back ones on CUDA; once at the
+  start (the header) and again right before and right after each row's timed steps, whose MFU takes the higher of
+  those two (a shared machine's speed drifts over a run of several rows: a peak taken minutes away would not be
+  the rate the row's steps could reach).
 
 MFU here = (counted FLOPs per step / median step time) / that measured matmul peak: the share of the rate a large
 dense GEMM reaches on this device, in this precision, that the whole step reaches. It is not the share of a
@@ -227,13 +230,15 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
 
 
 def training_step(
-    row: Row, device: torch.device, precision: str, adamw: str, linears: str = "torch"
+    row: Row, device: torch.device, precision: str, adamw: str, linears: str = "torch", phase: list[str] | None = None
 ) -> Callable[[], tuple[float, float]]:
     """One step as the training loop runs it, as a function returning its seconds and its AdamW update's: forward +
     loss (autocast for bf16), backward, AdamW (the loop's ``build_optimizer``, lr 1e-4, the default decay groups, the
     ``adamw`` kernels), then ``zero_grad`` (``set_to_none``, after the update, as ``vlp.train.loop`` does: no gradient
     is held through the next forward). ``linears``: the fp32 CPU linears' kernels (``cpu_linear``), forward and
-    backward, as the loop runs them."""
+    backward, as the loop runs them. ``phase``: a one-item list the step sets to ``forward``, ``backward``, ``update``
+    and ``idle`` as it goes (``--op-times``' groups)."""
+    phase = [""] if phase is None else phase
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
@@ -241,15 +246,19 @@ def training_step(
         common.sync(device)
         start = time.perf_counter()
         with cpu_linears(linears if device.type == "cpu" else "torch"):
+            phase[0] = "forward"
             with autocast:
                 loss = row.loss()
+            phase[0] = "backward"
             loss.backward()
         common.sync(device)
         update = time.perf_counter()
+        phase[0] = "update"
         opt.step()
         opt.zero_grad(set_to_none=True)
         common.sync(device)
         end = time.perf_counter()
+        phase[0] = "idle"
         return end - start, end - update
 
     return step
@@ -292,24 +301,65 @@ def profile_step(step: Callable[[], tuple[float, float]], device: torch.device, 
                     f"{e.count:7d} calls" for e in events[:top]]  # fmt: skip
 
 
-def op_times_step(step: Callable[[], tuple[float, float]], top: int) -> tuple[float, float, int, list[str]]:
+MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_linear_pointwise"}  # aten's, and oneDNN's linear (cpu_linear)
+# --op-times' groups: what an op works on. The per-parameter ones cost the same at any batch
+OP_GROUPS = ("matmuls", "attention kernels", "per parameter: optimizer step, zero_grad",
+             "per parameter: in-place in the forward (EMA)", "per parameter: weight casts",
+             "per parameter: gradient casts", "everything else")  # fmt: skip
+
+
+def op_group(name: str, args: tuple, out: object, phase: str, params: set[int], shapes: set[tuple[int, ...]]) -> str:
+    """The :data:`OP_GROUPS` entry of one aten op of a training step: the optimizer's phase whole; a matmul; torch's
+    attention kernels; an in-place op on a parameter in the forward (ALBEF's and the QA decoders' momentum models'
+    moving average); a cast of a parameter (autocast's bf16 copy of a weight); in the backward, a bf16 -> fp32 cast
+    of a trainable parameter's shape (the weight's gradient back to the weight's dtype: by shape, so an activation's
+    gradient of the same shape would count too); else everything else."""
+    first = args[0] if args and isinstance(args[0], torch.Tensor) else None
+    if phase == "update":
+        return OP_GROUPS[2]
+    if name in MATMULS:
+        return OP_GROUPS[0]
+    if "scaled_dot_product" in name:
+        return OP_GROUPS[1]
+    if first is not None and first.data_ptr() in params:
+        if name.endswith("_") and phase == "forward":
+            return OP_GROUPS[3]
+        if name == "_to_copy":
+            return OP_GROUPS[4]
+    from_bf16 = first is not None and first.dtype == torch.bfloat16
+    to_fp32 = isinstance(out, torch.Tensor) and out.dtype == torch.float32
+    if name == "_to_copy" and phase == "backward" and from_bf16 and to_fp32 and tuple(out.shape) in shapes:
+        return OP_GROUPS[5]
+    return OP_GROUPS[6]
+
+
+def op_times_step(
+    step: Callable[[], tuple[float, float]], top: int, model: torch.nn.Module, phase: list[str]
+) -> tuple[float, float, int, list[str], list[str]]:
     """One more ``step`` (as :func:`profile_step`) with each aten op timed around its call (a ``TorchDispatchMode``;
     an op that another calls counts in the outer one's time, so the times add up to the op time of the step): the
-    step's seconds, the ops' total seconds, its minor page faults, and the ``top`` ops by time, each with its share
-    of that total and its call count. CPU only (CUDA ops return before they run)."""
+    step's seconds, the ops' total seconds, its minor page faults, the ``top`` ops by time, each with its share of
+    that total and its call count, and the time of each :data:`OP_GROUPS` entry (:func:`op_group`; ``phase`` is the
+    list :func:`training_step` writes its phase into). CPU only (CUDA ops return before they run)."""
     from collections import defaultdict
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
     totals: dict[str, list[float]] = defaultdict(lambda: [0.0, 0])
+    groups: dict[str, float] = dict.fromkeys(OP_GROUPS, 0.0)
+    params = {p.data_ptr() for p in model.parameters()}
+    shapes = {tuple(p.shape) for p in model.parameters() if p.requires_grad}
 
     class Timer(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             start = time.perf_counter()
             out = func(*args, **(kwargs or {}))
-            entry = totals[func.__name__.split(".")[0]]
-            entry[0] += time.perf_counter() - start
+            took = time.perf_counter() - start
+            name = func.__name__.split(".")[0]
+            entry = totals[name]
+            entry[0] += took
             entry[1] += 1
+            groups[op_group(name, args, out, phase[0], params, shapes)] += took
             return out
 
     faults = minor_faults()
@@ -318,8 +368,9 @@ def op_times_step(step: Callable[[], tuple[float, float]], top: int) -> tuple[fl
     faults = minor_faults() - faults
     total = sum(s for s, _ in totals.values())
     ranked = sorted(totals.items(), key=lambda kv: kv[1][0], reverse=True)[:top]
-    return seconds, total, faults, [f"{op:<44} {1e3 * s:10.1f} ms {100 * s / total:5.1f}% {int(n):7d} calls"
-                                    for op, (s, n) in ranked]  # fmt: skip
+    top_lines = [f"{op:<44} {1e3 * s:10.1f} ms {100 * s / total:5.1f}% {int(n):7d} calls" for op, (s, n) in ranked]
+    group_lines = [f"{group:<44} {1e3 * s:10.1f} ms {100 * s / total:5.1f}%" for group, s in groups.items()]
+    return seconds, total, faults, top_lines, group_lines
 
 
 def peak_flops(
@@ -436,16 +487,19 @@ def main() -> None:
         for p in precisions:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-            step = training_step(row, device, p, args.adamw, args.cpu_linear)
+            phase = ["idle"]
+            step = training_step(row, device, p, args.adamw, args.cpu_linear, phase)
+            peak = peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear)
             seconds, update, first, faults = time_step(step, args.steps, args.warmup)
-            timed.append((p, seconds, update, common.peak_memory_mib(device)))
+            peak = max(peak, peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear))
+            timed.append((p, seconds, update, common.peak_memory_mib(device), peak))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s, "
                           f"{faults:,.0f} minor page faults a timed step")  # fmt: skip
             if args.profile:  # after the timing, so that the profiler's own cost is in no timed step
                 profile_faults, profile = profile_step(step, device, args.profile)
                 profiles.append((f"{row.name} {p}", profile_faults, profile))
             if args.op_times:
-                op_times.append((f"{row.name} {p}", *op_times_step(step, args.op_times)))
+                op_times.append((f"{row.name} {p}", *op_times_step(step, args.op_times, row.model, phase)))
             del step  # its optimizer's state
         # the FLOPs the model needs, not the recomputation: a checkpointed block's extra forward is not counted
         if args.grad_checkpointing:
@@ -455,10 +509,10 @@ def main() -> None:
         total = fwd + bwd
         params = sum(p.numel() for p in row.model.parameters() if p.requires_grad)
         breakdowns.append((row.name, fwd, bwd, parts, params))
-        for p, seconds, update, memory in timed:
+        for p, seconds, update, memory, peak in timed:
             achieved = total / seconds
-            table.append((row.name, p, total / 1e9, seconds * 1e3, update * 1e3, achieved / 1e12, peaks[p] / 1e12,
-                          100 * achieved / peaks[p], memory))  # fmt: skip
+            table.append((row.name, p, total / 1e9, seconds * 1e3, update * 1e3, achieved / 1e12, peak / 1e12,
+                          100 * achieved / peak, memory))  # fmt: skip
         del row
     memory = "max allocated" if device.type == "cuda" else "ru_maxrss so far"
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
@@ -480,10 +534,13 @@ def main() -> None:
               "step's op time, calls")  # fmt: skip
         for line in lines:
             print(f"  {line}")
-    for label, seconds, total, op_faults, lines in op_times:
+    for label, seconds, total, op_faults, lines, group_lines in op_times:
         print(f"\nOp times of one step, {label} ({seconds:.2f} s; its ops {total:.2f} s; {op_faults:,} minor page "
               "faults): op, time around its calls, share of the ops' time, calls")  # fmt: skip
         for line in lines:
+            print(f"  {line}")
+        print(f"Op times of one step by what the op works on, {label}: group, time, share of the ops' time")
+        for line in group_lines:
             print(f"  {line}")
     print("\nForward FLOPs by top-level module (flop counter, fp32; the backward is counted as one total):")
     for label, fwd, bwd, parts, params in breakdowns:
