@@ -136,7 +136,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=3, help="timed steps per process (the median is reported)")
-    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="untimed steps per process (after 1, the first timed one may grow the heap)")  # fmt: skip
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--reference-python", type=Path, default=ROOT.parent / "scratch/lavis-venv/bin/python")
     parser.add_argument("--adamw", choices=["foreach", "fused", "loop"], default="foreach",
