@@ -60,8 +60,8 @@ def main() -> None:
         from vlp.distributed import cpu_bf16_support
 
         fast, what = cpu_bf16_support()
-        if not fast:  # hundreds of times slower than fp32 there
-            print(f"bf16 skipped: this CPU has {what}, and its bf16 matmuls run hundreds of times slower than fp32")
+        if not fast:  # several to hundreds of times slower than fp32 there
+            print(f"bf16 skipped: this CPU has {what}")
             precisions.remove("bf16")
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU {torch.backends.cpu.get_cpu_capability()}"

@@ -460,8 +460,8 @@ def main() -> None:
         from vlp.distributed import cpu_bf16_support
 
         fast, what = cpu_bf16_support()
-        if not fast:  # hundreds of times slower than fp32 there: the run would print nothing for hours
-            print(f"bf16 skipped: this CPU has {what}, and its bf16 matmuls run hundreds of times slower than fp32")
+        if not fast:  # several to hundreds of times slower than fp32 there: the run could print nothing for hours
+            print(f"bf16 skipped: this CPU has {what}")
             precisions.remove("bf16")
             if not precisions:
                 sys.exit(f"nothing to measure: --precision bf16 on a CPU with {what}; use --precision fp32")

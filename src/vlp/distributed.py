@@ -1,5 +1,6 @@
 """The one module of vlp that touches ``torch.distributed``, and where a process learns its device
-(:func:`device`) and whether its CPU can do bf16 (:func:`require_cpu_bf16`).
+(:func:`device`) and whether its CPU runs bf16 matmuls no slower than fp32 ones (:func:`probe_cpu_bf16`,
+:func:`require_cpu_bf16`).
 
 Every helper degrades to the single-process behaviour when no process group is initialised
 (plain ``python``, pytest, a one-GPU ``torchrun``), so library code can call them
@@ -20,14 +21,24 @@ checks both statements.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import hashlib
+import json
+import logging
+import math
 import os
+import platform
+import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "DistInfo",
@@ -217,44 +228,216 @@ def device() -> torch.device:
     return torch.device("cuda", local_rank()) if torch.cuda.is_available() else torch.device("cpu")
 
 
-BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")  # /proc/cpuinfo flags of bf16 arithmetic ("bf16": on Arm)
-ALLOW_SLOW_BF16 = "VLP_ALLOW_SLOW_BF16"  # "1": run bf16 on a CPU without it anyway (the tests on such machines)
+ALLOW_SLOW_BF16 = "VLP_ALLOW_SLOW_BF16"  # "1": run bf16 on a CPU where it is slow anyway (the tests on such machines)
+CPU_BF16 = "VLP_CPU_BF16"  # "fast" or "slow": the probe's verdict, taken as it is, with nothing measured
+PROBE_SIZES = (128, 512)  # n of the n x n matmuls timed, smallest first
+PROBE_REPEATS = 3  # timed calls of each matmul, after one warm-up call: the best counts
+# bf16 matmul time / fp32's above which bf16 is refused: slower than fp32. CPUs fall far on either side (0.25-0.55
+# with avx512_bf16 or AMX, 4 and more without), so noise never moves a verdict; at parity bf16 costs only its casts
+MAX_BF16_RATIO = 1.0
+# ... above which the smallest size decides alone, no larger matmul timed: AVX2's loops take 20-25x fp32's time at
+# both sizes (0.02 s for the small one, 0.7 s for both), a bf16 CPU's kernels at most about fp32's
+EARLY_BF16_RATIO = 8.0
+PROBE_VERSION = 1  # part of the cache's key: a change of the probe measures again
+
+
+class SlowCpuBf16Error(ValueError):
+    """bf16 asked for on a CPU whose bf16 matmuls are slower than its fp32 ones (:func:`require_cpu_bf16`)."""
+
+
+@dataclass(frozen=True)
+class Bf16Probe:
+    """What :func:`probe_cpu_bf16` found: the best time of a ``size`` x ``size`` matmul on one thread in bf16 and in
+    fp32, its verdict (``fast``: ``bf16_s`` at most :data:`MAX_BF16_RATIO` times ``fp32_s``) and where it comes from:
+    ``measured`` in this process, ``cached`` (an earlier process's measurement, read from ``path``) or ``forced``
+    (:data:`CPU_BF16`; no figures: ``size`` 0, times NaN)."""
+
+    fast: bool
+    size: int
+    bf16_s: float
+    fp32_s: float
+    source: str
+    path: str = ""
+
+    @property
+    def ratio(self) -> float:
+        """bf16's time over fp32's."""
+        return self.bf16_s / self.fp32_s
+
+    def figures(self) -> str:
+        """The measurement in words (one line), or the setting that stood in for it."""
+        if self.source == "forced":
+            return f"{CPU_BF16}={'fast' if self.fast else 'slow'} says so (nothing measured)"
+        ratio = f"{self.ratio:.2f}" if self.ratio < 10 else f"{self.ratio:.0f}"
+        return (
+            f"a {self.size} x {self.size} matmul on one thread takes {self.bf16_s * 1e3:.3g} ms in bf16 against "
+            f"{self.fp32_s * 1e3:.3g} ms in fp32, {ratio}x as long"
+        )
+
+
+_PROBED: dict[str, Bf16Probe] = {}  # this process's verdicts, by cache file (a verdict is found once per process)
+
+
+def _cpu_identity() -> tuple[str, list[str]]:
+    """This CPU's model name and its feature flags (``/proc/cpuinfo``; the platform's names where there is none)."""
+    model = ""
+    flags: list[str] = []
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == "model name" and not model:
+                    model = value.strip()
+                elif name.strip() in ("flags", "Features") and not flags:
+                    flags = sorted(value.split())
+    except OSError:
+        pass
+    return model or platform.processor() or platform.machine(), flags
+
+
+def _probe_key() -> dict[str, Any]:
+    """What the probe's verdict depends on: the CPU (model and flags), torch's version and kernels, the probe's own."""
+    model, flags = _cpu_identity()
+    return {
+        "cpu": model,
+        "flags": hashlib.sha256(" ".join(flags).encode()).hexdigest()[:16],
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "torch": str(torch.__version__),
+        "probe": PROBE_VERSION,
+    }
+
+
+def _cache_path(key: dict[str, Any]) -> Path | None:
+    """``$XDG_CACHE_HOME/vlp/cpu-bf16-<key's hash>.json`` (``~/.cache`` without it; None without a home directory
+    either): one file per key, so machines that share a home directory keep one each."""
+    base = os.environ.get("XDG_CACHE_HOME", "")
+    try:
+        root = Path(base) if os.path.isabs(base) else Path.home() / ".cache"
+    except RuntimeError:  # no $HOME and no passwd entry
+        return None
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return root / "vlp" / f"cpu-bf16-{digest}.json"
+
+
+def _time_matmuls(size: int) -> tuple[float, float]:
+    """``(bf16_s, fp32_s)``: the best of :data:`PROBE_REPEATS` timed calls of a ``size`` x ``size`` matmul in bf16 and
+    in fp32, each after one warm-up call (oneDNN builds its kernel at the first)."""
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(size, size, generator=g), torch.randn(size, size, generator=g)
+    best = []
+    for x, y in ((a.bfloat16(), b.bfloat16()), (a, b)):
+        torch.mm(x, y)
+        times = []
+        for _ in range(PROBE_REPEATS):
+            start = time.perf_counter()
+            torch.mm(x, y)
+            times.append(time.perf_counter() - start)
+        best.append(min(times))
+    return best[0], best[1]
+
+
+def _measure() -> tuple[int, float, float]:
+    """``(size, bf16_s, fp32_s)`` on one thread, outside autocast: each of :data:`PROBE_SIZES` in turn, stopping at
+    the first where bf16 takes over :data:`EARLY_BF16_RATIO` times fp32's time (on an AVX2-only CPU the smallest one
+    says it, at 1/64 of the next one's work)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with torch.autocast("cpu", enabled=False), torch.no_grad():
+            for size in PROBE_SIZES:
+                bf16_s, fp32_s = _time_matmuls(size)
+                if bf16_s > EARLY_BF16_RATIO * fp32_s:
+                    break
+    finally:
+        torch.set_num_threads(threads)
+    return size, bf16_s, fp32_s
+
+
+def _read_cached(path: Path, key: dict[str, Any]) -> Bf16Probe | None:
+    """The figures ``path`` holds for ``key``, judged again; None when it holds none (no file, another key, damaged)."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record["key"] != key:
+            return None
+        size, bf16_s, fp32_s = int(record["size"]), float(record["bf16_s"]), float(record["fp32_s"])
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.info("the bf16 probe's cache %s is unreadable (%s): measuring again", path, exc)
+        return None
+    if not (size > 0 and 0 < bf16_s < math.inf and 0 < fp32_s < math.inf):
+        log.info("the bf16 probe's cache %s holds no valid figures: measuring again", path)
+        return None
+    return Bf16Probe(bf16_s <= MAX_BF16_RATIO * fp32_s, size, bf16_s, fp32_s, "cached", str(path))
+
+
+def _write_cached(path: Path, key: dict[str, Any], probe: Bf16Probe) -> None:
+    """Keep ``probe``'s figures in ``path`` for the next process (atomically); a cache that cannot be written is
+    logged and left: the next process measures again."""
+    record = {"key": key, "size": probe.size, "bf16_s": probe.bf16_s, "fp32_s": probe.fp32_s}
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        log.info("cannot cache the bf16 probe's figures in %s (%s): the next process measures again", path, exc)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+
+
+def probe_cpu_bf16() -> Bf16Probe:
+    """Whether this CPU runs bf16 matmuls at least as fast as fp32 ones, found by timing both (:func:`_measure`: well
+    under a second on any CPU) once per machine: the figures are cached in a JSON file keyed by the CPU's model and
+    flags and torch's version (:func:`_cache_path`), and once per process in memory. ``VLP_CPU_BF16=fast|slow``
+    gives the verdict without measuring.
+
+    Measured, not read from flags: torch runs bf16 matmuls at about twice fp32's rate with ``avx512_bf16`` or AMX,
+    about four times slower than fp32 through oneDNN on AVX-512 without them, and 20 to hundreds of times slower in
+    plain loops on AVX2 alone; which kernel a CPU gets depends on torch's build as much as on the CPU.
+
+    Raises:
+        ValueError: ``VLP_CPU_BF16`` is set to something other than ``fast`` or ``slow``.
+    """
+    forced = os.environ.get(CPU_BF16)
+    if forced:
+        if forced not in ("fast", "slow"):
+            raise ValueError(f"{CPU_BF16} must be fast or slow (or unset, to measure), got {forced!r}")
+        return Bf16Probe(forced == "fast", 0, math.nan, math.nan, "forced")
+    key = _probe_key()
+    path = _cache_path(key)
+    probe = _PROBED.get(str(path)) or (_read_cached(path, key) if path else None)
+    if probe is None:
+        size, bf16_s, fp32_s = _measure()
+        probe = Bf16Probe(bf16_s <= MAX_BF16_RATIO * fp32_s, size, bf16_s, fp32_s, "measured", str(path or ""))
+        log.info("bf16 on this CPU: %s", probe.figures())
+        if path:
+            _write_cached(path, key, probe)
+    _PROBED[str(path)] = probe
+    return probe
 
 
 def cpu_bf16_support() -> tuple[bool, str]:
-    """``(fast, what)``: whether this CPU runs bf16 matmuls at speed, and what it has, in words.
-
-    Fast: instructions for bf16 arithmetic (``avx512_bf16``, ``amx_bf16``; ``bf16`` on Arm), or oneDNN's bf16
-    kernels, which need AVX-512 (they convert to fp32 in registers). Without either, as on an AVX2-only CPU, torch
-    falls back to plain loops: a 2048 x 2048 bf16 matmul took 54 s there against 0.11 s in fp32.
-    """
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = {word for line in f if line.startswith(("flags", "Features")) for word in line.split()}
-    except OSError:
-        flags = set()
-    capability = torch.backends.cpu.get_cpu_capability()
-    native = [flag for flag in BF16_FLAGS if flag in flags]
-    if native:
-        return True, f"{', '.join(native)}; torch's CPU capability {capability}"
-    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-        return True, f"oneDNN's bf16 kernels on AVX-512; torch's CPU capability {capability}"
-    return False, f"no bf16 instructions and no AVX-512; torch's CPU capability {capability}"
+    """``(fast, what)``: :func:`probe_cpu_bf16`'s verdict, and what it rests on in words (after "this CPU has")."""
+    probe = probe_cpu_bf16()
+    return probe.fast, f"bf16 matmuls {'no slower than' if probe.fast else 'slower than'} fp32's: {probe.figures()}"
 
 
 def require_cpu_bf16(setting: str, instead: str) -> None:
-    """Refuse ``setting`` (a config key asking for bf16 on the CPU) on a CPU that cannot do bf16 at speed
-    (:func:`cpu_bf16_support`), in one line naming what the CPU has and ``instead``, what to set: a run there would
-    be hundreds of times slower than asked, without a word. ``VLP_ALLOW_SLOW_BF16=1`` runs it anyway.
+    """Refuse ``setting`` (a config key asking for bf16 on the CPU) on a CPU whose bf16 matmuls are slower than fp32
+    (:func:`probe_cpu_bf16`), in one line naming the measured figures and ``instead``, what to set: a run there would
+    be several to hundreds of times slower than asked, without a word. ``VLP_ALLOW_SLOW_BF16=1`` runs it anyway
+    (and skips the probe).
 
     Raises:
-        RuntimeError: on such a CPU.
+        SlowCpuBf16Error: on such a CPU (a ``ValueError``: the CLI's one line and exit code 2).
     """
     if os.environ.get(ALLOW_SLOW_BF16) == "1":
         return
-    fast, what = cpu_bf16_support()
-    if not fast:
-        raise RuntimeError(
-            f"{setting} asks for bf16 on this CPU, which has {what}: its bf16 matmuls run hundreds of times slower "
-            f"than fp32; set {instead} (or {ALLOW_SLOW_BF16}=1 to run it anyway)"
+    probe = probe_cpu_bf16()
+    if not probe.fast:
+        cache = f"; delete {probe.path} to measure again" if probe.path else ""
+        raise SlowCpuBf16Error(
+            f"{setting} asks for bf16 on this CPU, where bf16 matmuls are slower than fp32: {probe.figures()}{cache}; "
+            f"set {instead} (or {ALLOW_SLOW_BF16}=1 to run it anyway)"
         )
