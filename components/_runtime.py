@@ -102,7 +102,7 @@ def config_param_credentials(config: Any) -> list[str]:
     """The dotted keys of a ``config`` run parameter that carry a credential: its YAML text, or the repo's file it
     names (e.g. ``configs/default.yaml``; the image holds the same files). Text that is not a YAML mapping, or a
     file only the image has, gives []: the step checks what it loads."""
-    import yaml
+    from vlp.schema import ConfigError, load_yaml
 
     text = str(config or "").strip()
     if "\n" not in text and text.endswith((".yaml", ".yml")):
@@ -111,8 +111,8 @@ def config_param_credentials(config: Any) -> list[str]:
             return []
         text = path.read_text(encoding="utf-8")
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
+        data = load_yaml(text, "the config parameter")
+    except ConfigError:
         return []
     return config_credentials(data) if isinstance(data, dict) else []
 

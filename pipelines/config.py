@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
 from vlp.config import ConfigError, from_dict
+from vlp.schema import load_yaml
 
 CONFIG_DIR = Path(__file__).resolve().parent / "config"
 STEPS = (
@@ -186,10 +185,7 @@ class PipelineConfig:
 def load(path: str | Path = CONFIG_DIR / "default.yaml") -> PipelineConfig:
     """Load and validate a pipeline config (``defaults`` merged under every ``steps.<name>``)."""
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    data = load_yaml(path.read_text(encoding="utf-8"), str(path)) or {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     defaults = _mapping(data.pop("defaults", None), "defaults")

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from vlp.schema import ConfigError, load_yaml, quote
+
 COMPILED_DIR = Path(__file__).resolve().parent / "compiled"
 
 
@@ -64,9 +66,12 @@ def parse_params(items: Sequence[str], package: str | Path) -> dict[str, Any]:
         if key not in inputs:
             raise SubmitError(f"unknown parameter {key!r} for {Path(package).name}; valid: {sorted(inputs)}")
         kind = inputs[key]["type"]
-        value: Any = raw if kind == "STRING" else yaml.safe_load(raw)
+        try:
+            value: Any = raw if kind == "STRING" else load_yaml(raw, f"parameter {key}")
+        except ConfigError as exc:
+            raise SubmitError(str(exc)) from None
         if (isinstance(value, bool) and kind != "BOOLEAN") or not isinstance(value, _TYPE_CHECKS.get(kind, (object,))):
-            raise SubmitError(f"parameter {key}: {raw!r} is not a {kind} (YAML syntax, e.g. lists as '[a, b]')")
+            raise SubmitError(f"parameter {key}: {quote(raw)} is not a {kind} (YAML syntax, e.g. lists as '[a, b]')")
         params[key] = value
     missing = sorted(k for k, v in inputs.items() if v["required"] and k not in params)
     if missing:

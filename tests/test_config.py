@@ -1,6 +1,10 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import subprocess
+import sys
+import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,6 +13,7 @@ from typing import Literal
 import pytest
 
 from vlp.config import Config, ConfigError, from_dict, load_config, parse_override
+from vlp.schema import MAX_YAML_CHARS, NONFINITE, nonfinite_values
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -362,3 +367,244 @@ def test_a_later_file_or_override_replaces_an_earlier_value_given_under_the_keys
     assert load_config([old_row, tiny]).retrieval.rerank_k == 4  # tiny's rerank_k replaces the old row's k
     old_k = _write(tmp_path / "old-k.yaml", {"retrieval": {"k": 2}})
     assert load_config([new_row, old_k]).retrieval.rerank_k == 2  # and an old k replaces an earlier rerank_k
+
+
+# --------------------------------------------------------------------------- finite numbers
+
+
+def _float_keys() -> dict[str, str]:
+    """``{dotted key: an override value that is not finite}`` for every float key of every section (a list or
+    tuple of floats too), each model family's included."""
+    sections = {f.name: getattr(Config(), f.name) for f in dataclasses.fields(Config)}
+    sections |= {f"model.{name}": own for name, own in Config().model.families.items()}
+    keys = {}
+    for name, section in sections.items():
+        if not dataclasses.is_dataclass(section):
+            continue
+        for f, hint in ((f, typing.get_type_hints(type(section))[f.name]) for f in dataclasses.fields(section)):
+            args = typing.get_args(hint)
+            if hint is float or (float in args and type(None) in args):
+                keys[f"{name}.{f.name}"] = ".inf"
+            elif args and all(a is float for a in args):  # list[float], tuple[float, float, float]
+                n = len(args) if typing.get_origin(hint) is tuple else 3
+                keys[f"{name}.{f.name}"] = "[" + ", ".join(["0.5"] * (n - 1) + [".nan"]) + "]"
+    return keys
+
+
+def test_every_float_key_of_every_section_refuses_a_value_that_is_not_finite():
+    keys = _float_keys()
+    assert {"pretrain.lr", "pretrain.eps", "qa.epochs", "fetch.timeout_s", "model.pixel_mean",
+            "model.albef.momentum", "model.ts2net.frame_lambda", "synth.val_fraction"} <= set(keys)  # fmt: skip
+    for key, value in keys.items():
+        with pytest.raises(ConfigError) as info:
+            load_config(None, [f"{key}={value}"])
+        message = str(info.value)
+        assert message.startswith(key) and "expected a finite number, got " in message, message
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("pretrain.lr=.inf", "pretrain.lr: expected a finite number, got inf"),
+        ("pretrain.lr=1.0e+309", "pretrain.lr: expected a finite number, got inf"),
+        ("pretrain.lr=-.inf", "pretrain.lr: expected a finite number, got -inf"),
+        ("pretrain.weight_decay=.inf", "pretrain.weight_decay: expected a finite number, got inf"),
+        ("pretrain.grad_clip=.nan", "pretrain.grad_clip: expected a finite number, got nan"),
+        ("pretrain.eps=.inf", "pretrain.eps: expected a finite number, got inf"),
+        (f"pretrain.lr=1{'0' * 400}", "pretrain.lr: expected a finite number, got 10000"),  # an int past floats
+        ("pretrain.betas=[0.9, .nan]", "pretrain.betas[1]: expected a finite number, got nan"),
+    ],
+)
+def test_a_number_that_is_not_finite_is_an_error_naming_the_key(override, said):
+    with pytest.raises(ConfigError) as info:
+        load_config(REPO / "configs" / "tiny.yaml", [override])
+    assert str(info.value).startswith(said)
+    assert "this key takes no inf, nan or number past 1.8e308" in str(info.value)
+
+
+def test_a_config_file_with_infinity_fails_at_load_and_from_the_cli_in_one_line(tmp_path):
+    path = tmp_path / "inf.yaml"
+    path.write_text("pretrain:\n  lr: .inf\nretrieval:\n  lr: 1.0e+309\n")
+    with pytest.raises(ConfigError, match=r"^pretrain\.lr: expected a finite number, got inf"):
+        load_config(path)
+    code, err = _cli(tmp_path, ["--config", str(path)])
+    assert code == 2 and err.startswith("vlp extract-frames: error: pretrain.lr: expected a finite number"), err
+    code, err = _cli(tmp_path, ["pretrain.eps=.inf"])
+    assert code == 2 and err.startswith("vlp extract-frames: error: pretrain.eps: expected a finite number"), err
+
+
+def test_a_config_built_in_code_with_a_number_that_is_not_finite_fails_validation():
+    from vlp.config import validate
+
+    cfg = Config()
+    cfg.pretrain.grad_clip = float("nan")
+    cfg.pretrain.lr = float("inf")
+    cfg.synth.val_fraction = float("-inf")
+    cfg.model.families["albef"].momentum = float("nan")
+    with pytest.raises(ConfigError) as info:
+        validate(cfg)
+    message = str(info.value)
+    for fragment in (
+        "pretrain.grad_clip=nan must be a finite number",
+        "pretrain.lr=inf must be a finite number",
+        "synth.val_fraction=-inf must be a finite number",
+        "model.albef.momentum=nan must be a finite",
+    ):
+        assert fragment in message, message
+    assert "pretrain.lr=inf must be >" not in message  # a key that is not finite is named once
+
+
+@dataclass
+class Timed:
+    limit_s: float = field(default=float("inf"), metadata={NONFINITE: True})  # takes inf: marked beside the key
+    wait_s: float = 1.0
+
+
+def test_a_float_key_marked_nonfinite_takes_infinity_and_no_other_does():
+    assert from_dict(Timed, {"limit_s": float("inf")}).limit_s == float("inf")
+    assert nonfinite_values(Timed(), "timed") == {}
+    assert nonfinite_values(Timed(wait_s=float("nan")), "timed").keys() == {"timed.wait_s"}
+    with pytest.raises(ConfigError, match=r"^wait_s: expected a finite number, got inf"):
+        from_dict(Timed, {"wait_s": float("inf")})
+
+
+def test_an_integer_key_holds_a_64_bit_value():
+    assert load_config(None, [f"pretrain.max_steps={2**63 - 1}"]).pretrain.max_steps == 2**63 - 1
+    with pytest.raises(ConfigError, match=r"^pretrain\.max_steps: 9223372036854775808 is past the range of a 64-bit"):
+        load_config(None, [f"pretrain.max_steps={2**63}"])
+    with pytest.raises(ConfigError) as info:  # 20,000 bits: past what Python prints as decimal digits
+        load_config(None, ["pretrain.max_steps=0x" + "f" * 5000])
+    assert len(str(info.value)) < 200
+
+
+# --------------------------------------------------------------------------- YAML read in bounded time and output
+
+
+def _laughs(levels: int, under: str) -> str:
+    """A "billion laughs" text: ``levels`` anchors, each a list of nine aliases of the one before, under ``under``
+    (9^levels strings once written out)."""
+    lines = [f"{under}", '    - &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"    - &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def _cli(tmp_path: Path, args: list[str]) -> tuple[int, str]:
+    """``vlp extract-frames ... args`` as a process: its exit code and stderr."""
+    script = Path(sys.executable).with_name("vlp")
+    command = [str(script)] if script.is_file() else [sys.executable, "-m", "vlp.cli"]
+    command += ["extract-frames", "--dataset", str(tmp_path / "d"), "--out", str(tmp_path / "o"), *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
+    assert not (tmp_path / "o").exists()
+    return done.returncode, done.stderr
+
+
+@pytest.mark.parametrize("under", ["bogus:\n  deep:", "pretrain:\n  batch_size:"])
+def test_a_billion_laughs_file_fails_at_once_in_one_short_line(tmp_path, under):
+    path = tmp_path / "laughs.yaml"
+    path.write_text(_laughs(9, under))
+    assert path.stat().st_size < 800
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert time.perf_counter() - start < 0.5
+    message = str(info.value)
+    assert message.startswith(f"{path}: its YAML aliases (*name) add 1,") and "write the values out" in message
+    assert len(message) < 300 and "\n" not in message
+    start = time.perf_counter()
+    code, err = _cli(tmp_path, ["--config", str(path)])
+    assert time.perf_counter() - start < 60  # the process's start; the file itself: the half second above
+    assert code == 2 and err == f"vlp extract-frames: error: {message}\n"
+
+
+def test_aliases_that_add_little_load_and_a_recursive_or_deep_one_fails(tmp_path):
+    shared = "pretrain:\n  lr: &lr 0.0002\n  betas: &betas [0.9, 0.99]\nqa:\n  lr: *lr\n  betas: *betas\n"
+    cfg = load_config(_text(tmp_path, shared))
+    assert (cfg.qa.lr, cfg.qa.betas) == (0.0002, [0.9, 0.99])
+    merged = "pretrain: &p\n  lr: 0.0002\n  eps: 1.0e-6\nqa:\n  <<: *p\n  eps: 1.0e-7\n"  # a merge key
+    assert (load_config(_text(tmp_path, merged)).qa.lr, load_config(_text(tmp_path, merged)).qa.eps) == (2e-4, 1e-7)
+    with pytest.raises(ConfigError, match=r"an alias \(\*name\) lies inside its own anchor"):
+        load_config(_text(tmp_path, "pretrain:\n  betas: &b [0.9, *b]\n"))
+    many_merges = "a0: &a0 {k: 1}\n" + "".join(f"a{i}: &a{i} {{<<: [{', '.join([f'*a{i - 1}'] * 9)}]}}\n"
+                                                for i in range(1, 9))  # fmt: skip
+    with pytest.raises(ConfigError, match="its YAML aliases"):
+        load_config(_text(tmp_path, many_merges))
+
+
+def _text(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [
+        ("pretrain:\n  betas: " + "[" * 5000 + "]" * 5000 + "\n", "mappings and lists nested more than 32 deep"),
+        ("pretrain:\n  betas: [" + "0.1, " * 20000 + "0.1]\n", "more than 10,000 values, mappings and lists"),
+        ("synth:\n  seed: 2001-02-30\n", "not valid YAML: day is out of range for month"),
+        ("pretrain:\n  betas: !!python/object:os.system [x]\n", "not valid YAML: could not determine a constructor"),
+    ],
+)
+def test_yaml_past_a_limit_or_not_yaml_fails_in_one_short_line(tmp_path, text, said):
+    with pytest.raises(ConfigError) as info:
+        load_config(_text(tmp_path, text))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'c.yaml'}: ") and said in message, message
+    assert len(message) < 400 and "\n" not in message
+
+
+def test_a_config_file_larger_than_the_limit_is_not_read(tmp_path):
+    path = _text(tmp_path, "pretrain:\n  lr: 0.1\n" + "#" * (MAX_YAML_CHARS + 10) + "\n")
+    with pytest.raises(ConfigError, match=r"larger than 262,144 bytes: a config holds settings, not data$"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="more than the 262,144 a config may hold"):
+        parse_override("pretrain.lr=" + "1" * (MAX_YAML_CHARS + 1))
+
+
+def test_an_error_quotes_at_most_a_few_hundred_characters_of_a_value(tmp_path):
+    long = "x" * 100_000
+    cases = [
+        ({"pretrain": {"batch_size": long}}, "pretrain.batch_size: expected an integer, got str 'xxx"),
+        ({"pretrain": {long: 1}}, "unknown config key 'pretrain.xxx"),
+        ({long: {}}, "unknown config key 'xxx"),
+        ({"model": {long: 1}}, "unknown config key 'model.xxx"),
+        ({"retrieval": {"score_rule": long}}, "retrieval.score_rule: 'xxx"),
+        ({"model": {"family": long}}, "model.family='xxx"),
+        ({"pretrain": {"betas": [[long]]}}, "pretrain.betas[0]: expected a number, got list ['xxx"),
+    ]
+    for data, said in cases:
+        with pytest.raises(ConfigError) as info:
+            load_config(_write(tmp_path / "long.yaml", data))
+        message = str(info.value)
+        quoted = message.partition("; valid keys: ")[0]  # the list of valid keys: bounded by the section
+        assert said in quoted and "... (100,0" in quoted and len(quoted) < 400 and len(message) < 2000, message[:400]
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"frames.size={long}"])
+    assert len(str(info.value)) < 400
+
+
+def test_unknown_keys_are_found_before_values_and_keys_of_any_type_are_named():
+    with pytest.raises(ConfigError, match=r"unknown config key 'inner\.sise'"):
+        from_dict(Outer, {"inner": {"size": "big", "sise": 3}})  # the bad value comes first, the unknown key wins
+    with pytest.raises(ConfigError, match=r"unknown config key 1 in section 'inner'"):
+        from_dict(Outer, {"inner": {"size": 3, 1: 2, "b": 3}})  # keys that do not sort together
+
+
+def test_every_other_reader_of_config_yaml_is_bounded_too(tmp_path):
+    """The pipeline config, a run's ``config`` parameter (its credential check) and a submitted run parameter read
+    YAML through the same loader."""
+    from components._runtime import config_param_credentials
+    from pipelines import config as pipeline_config
+    from pipelines.submit import SubmitError, parse_params
+
+    laughs = _laughs(9, "defaults:\n  deep:")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError, match=r"its YAML aliases \(\*name\) add 1,") as info:
+        pipeline_config.load(_text(tmp_path, laughs))
+    assert len(str(info.value)) < 300
+    assert config_param_credentials(laughs) == []
+    package = REPO / "pipelines" / "compiled" / "retrieval.yaml"
+    with pytest.raises(SubmitError, match=r"^parameter overrides: its YAML aliases"):
+        parse_params(["overrides=" + _laughs(9, "x:")], package)
+    assert time.perf_counter() - start < 2

@@ -1,10 +1,12 @@
 """Typed configuration: dataclasses loaded from YAML, with ``key=value`` overrides.
 
 Every section of a config file is a dataclass. Loading is strict: an unknown key, a value of
-the wrong type or a malformed override raises :class:`ConfigError` naming the dotted key, so a
-typo never silently falls back to a default. So does a count, size or rate out of its range
-(:data:`RANGES`, e.g. ``pretrain.batch_size=0 must be >= 1``): :func:`validate` runs at the end
-of :func:`load_config`, and again when a step starts, before it writes anything.
+the wrong type, a number that is not finite (``inf``, ``nan``, ``1.0e+309``) or a malformed override
+raises :class:`ConfigError` naming the dotted key, so a typo never silently falls back to a default.
+So does a count, size or rate out of its range (:data:`RANGES`, e.g. ``pretrain.batch_size=0 must
+be >= 1``): :func:`validate` runs at the end of :func:`load_config`, and again when a step starts,
+before it writes anything. YAML text, a file's or an override's, is read by
+:func:`vlp.schema.load_yaml`: aliases, nesting and size are bounded.
 
 Example::
 
@@ -15,11 +17,9 @@ Example::
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, get_type_hints
-
-import yaml
 
 from vlp.data.entities import EntitiesConfig
 from vlp.data.fetch.config import RANGES as FETCH_RANGES
@@ -29,6 +29,7 @@ from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
 from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
 from vlp.registry import names, randaug_presets
+from vlp.schema import MAX_YAML_CHARS, clip, load_yaml, nonfinite_values, quote
 from vlp.schema import ConfigError as ConfigError  # the loader's public names: vlp.config.ConfigError, ...
 from vlp.schema import from_dict as from_dict
 from vlp.schema import to_dict as to_dict
@@ -72,8 +73,8 @@ def load_config(path: str | Path | Sequence[str | Path] | None = None, overrides
         section, _, name = key.partition(".")
         _forget_other_names(data, section, [name])
         _set_dotted(data, key, value)
+    cfg = from_dict(Config, data)  # unknown keys first, each mapping's before its values
     _check_text(data)
-    cfg = from_dict(Config, data)
     validate(cfg)
     return cfg
 
@@ -86,7 +87,7 @@ def _check_text(node: Any, where: str = "") -> None:
         for key, value in node.items():
             name = f"{where}.{key}" if where else str(key)
             if isinstance(key, str) and (problem := invalid_utf8(key)):
-                raise ConfigError(f"the config key {name!r} {problem}")
+                raise ConfigError(f"the config key {quote(name)} {problem}")
             _check_text(value, name)
     elif isinstance(node, list):
         for i, value in enumerate(node):
@@ -99,15 +100,16 @@ def _read_yaml(path: str | Path) -> dict[str, Any]:
     if not Path(path).is_file():
         what = "is a directory" if Path(path).is_dir() else "does not exist"
         raise ConfigError(f"config file {path} {what}: --config takes a YAML file, e.g. configs/default.yaml")
-    data = Path(path).read_bytes()
+    with open(path, "rb") as file:
+        data = file.read(MAX_YAML_CHARS + 1)
+    if len(data) > MAX_YAML_CHARS:
+        raise ConfigError(f"config file {path} is larger than {MAX_YAML_CHARS:,} bytes: a config holds settings, "
+                          "not data")  # fmt: skip
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not UTF-8 text: the byte 0x{data[exc.start]:02x} at offset {exc.start}") from None
-    try:
-        loaded = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    loaded = load_yaml(text, str(path))
     if loaded is not None and not isinstance(loaded, dict):
         raise ConfigError(f"{path}: top level must be a mapping of sections, got {type(loaded).__name__}")
     return loaded or {}
@@ -142,14 +144,11 @@ def parse_override(item: str) -> tuple[str, Any]:
     key, sep, raw = item.partition("=")
     key = key.strip()
     if not sep or not key:
-        raise ConfigError(f"override {item!r} is not of the form section.key=value")
+        raise ConfigError(f"override {quote(item)} is not of the form section.key=value")
     problem = invalid_utf8(item)
     if problem:
-        raise ConfigError(f"override {key}: the text {problem}")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {' '.join(str(exc).split())}") from exc
+        raise ConfigError(f"override {clip(key)}: the text {problem}")
+    value = load_yaml(raw, f"override {clip(key)}") if raw.strip() else ""
     return key, value
 
 
@@ -184,7 +183,7 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise ConfigError(f"override {key}: {part!r} is a value, not a section")
+            raise ConfigError(f"override {clip(key)}: {quote(part)} is a value, not a section")
         node = child
     node[parts[-1]] = value
 
@@ -256,31 +255,38 @@ def check_sampled_frames(cfg: Config, section: str) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Check every count, size and rate of ``cfg`` against :data:`RANGES` (and ``synth`` against its own rules).
+    """Check that every float of ``cfg`` is finite, and every count, size and rate against :data:`RANGES` (and
+    ``synth`` against its own rules).
 
     Raises:
-        ConfigError: one line naming every key out of range, e.g. ``pretrain.batch_size=0 must be >= 1``.
+        ConfigError: one line naming every key out of range, e.g. ``pretrain.batch_size=0 must be >= 1``, or not
+            finite (``pretrain.lr=inf must be a finite number``).
     """
     sections = {name: getattr(cfg, name) for name in RANGES}
     sections |= {f"model.{name}": own for name, own in cfg.model.families.items()}
-    problems = [
-        f"{name}.{key}={value!r} must be {what}"
+    nonfinite: dict[str, Any] = {}  # every section's, synth's and ingest's too
+    for name, section in ({f.name: getattr(cfg, f.name) for f in fields(cfg)} | sections).items():
+        nonfinite |= nonfinite_values(section, name)
+    problems = [f"{key}={quote(value)} must be a finite number" for key, value in nonfinite.items()]
+    problems += [
+        f"{name}.{key}={quote(value)} must be {what}"
         for name, section in sections.items()
         for key, (ok, what) in {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}.items()
-        if not ok(value := getattr(section, key))
+        if f"{name}.{key}" not in nonfinite and not ok(value := getattr(section, key))
     ]
     if cfg.model.family not in cfg.model.families:
-        problems.append(f"model.family={cfg.model.family!r} is not a registered family; choose one of {list(names())}")
+        problems.append(f"model.family={quote(cfg.model.family)} is not a registered family; choose one of "
+                        f"{list(names())}")  # fmt: skip
     presets = randaug_presets()
     for name in ("pretrain", "retrieval", "qa"):
         if (ops := getattr(cfg, name).randaug_ops) and ops not in presets:
-            problems.append(f'{name}.randaug_ops={ops!r} must be "" (the family\'s) or one of {sorted(presets)}')
+            problems.append(f'{name}.randaug_ops={quote(ops)} must be "" (the family\'s) or one of {sorted(presets)}')
     try:
         cfg.synth.validate()
     except ValueError as exc:
         problems.append(str(exc).removeprefix("invalid synth config: "))
     if cfg.pretrain.group_by and cfg.pretrain.order != "global":
-        problems.append(f"pretrain.group_by={cfg.pretrain.group_by!r} needs pretrain.order=global (grouped batches "
-                        "are cut from the global permutation)")  # fmt: skip
+        problems.append(f"pretrain.group_by={quote(cfg.pretrain.group_by)} needs pretrain.order=global (grouped "
+                        "batches are cut from the global permutation)")  # fmt: skip
     if problems:
         raise ConfigError(f"invalid config: {'; '.join(problems)}")

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal
 
 from vlp.ranges import SHARE, Range
 from vlp.registry import DEFAULT_FAMILY, spec, specs
-from vlp.schema import ConfigError, from_dict
+from vlp.schema import ConfigError, clip, from_dict, quote
 
 log = logging.getLogger("vlp")
 
@@ -106,13 +106,14 @@ class ModelConfig:
             owners = [name for name, one in known.items() if key in {f.name for f in fields(one.settings)}]
             if not owners:
                 valid = sorted(shared) + [f"{name} (a section)" for name in known]
-                raise ConfigError(f"unknown config key '{prefix}.{key}' in section {prefix!r}; valid keys: {valid}")
+                raise ConfigError(f"unknown config key {quote(f'{prefix}.{key}')} in section {prefix!r}; valid keys: "
+                                  f"{valid}")  # fmt: skip
             value = rest.pop(key)
             for name in owners:
                 section = sections.setdefault(name, {})
                 if isinstance(section, dict) and key in section and section[key] != value:
-                    raise ConfigError(f"{prefix}.{key}={value!r} and {prefix}.{name}.{key}={section[key]!r} disagree: "
-                                      f"keep {prefix}.{name}.{key}")  # fmt: skip
+                    raise ConfigError(f"{prefix}.{key}={quote(value)} and {prefix}.{name}.{key}={quote(section[key])} "
+                                      f"disagree: keep {prefix}.{name}.{key}")  # fmt: skip
                 if isinstance(section, dict):
                     section.setdefault(key, value)
             new = " and ".join(f"{prefix}.{name}.{key}" for name in owners)
@@ -225,10 +226,10 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
                 if data.get("weight_decay", 0) not in (0, 0.0):
                     decay = data["weight_decay"]
                     raise ConfigError(f"{prefix}.alpro_code_weight_decay=true (no weight decay) and {prefix}."
-                                      f"weight_decay={decay} disagree: keep {prefix}.weight_decay")  # fmt: skip
+                                      f"weight_decay={quote(decay)} disagree: keep {prefix}.weight_decay")  # fmt: skip
                 data["weight_decay"] = 0.0
             elif old is not False:
-                raise ConfigError(f"{prefix}.alpro_code_weight_decay: expected true/false, got {old!r}")
+                raise ConfigError(f"{prefix}.alpro_code_weight_decay: expected true/false, got {quote(old)}")
             log.warning("config key %s.alpro_code_weight_decay is gone: %s", prefix,
                         f"{prefix}.weight_decay: 0 is the released ALPRO code's one group without decay" if old
                         else "false was the default; remove it")  # fmt: skip
@@ -341,8 +342,8 @@ class RetrievalConfig(FinetuneConfig):
                 continue
             value = data.pop(old)
             if new in data and data[new] != value:
-                raise ConfigError(f"{prefix}.{old}={value!r} and {prefix}.{new}={data[new]!r} disagree: {old} is the "
-                                  f"old name of {new}; keep {prefix}.{new}")  # fmt: skip
+                raise ConfigError(f"{prefix}.{old}={quote(value)} and {prefix}.{new}={quote(data[new])} disagree: "
+                                  f"{old} is the old name of {new}; keep {prefix}.{new}")  # fmt: skip
             data[new] = value
             log.warning("config key %s.%s is now %s.%s: rename it (the old name still loads)", prefix, old, prefix, new)
         return super().__config_load__(data, prefix)
@@ -350,7 +351,7 @@ class RetrievalConfig(FinetuneConfig):
 
 def _yaml(value: Any) -> str:
     """``value`` as a config file writes it: ``[contrastive, matching]``, ``match``."""
-    return f"[{', '.join(map(str, value))}]" if isinstance(value, list) else str(value)
+    return clip(f"[{', '.join(map(str, value))}]" if isinstance(value, list) else str(value))
 
 
 @dataclass
