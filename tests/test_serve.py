@@ -64,7 +64,8 @@ def index(tiny_world, tmp_path_factory) -> str:
     return build_index(tiny_world, tmp_path_factory.mktemp("serve"))
 
 
-TOKEN = "test-token-0123456789abcdef"  # the module's server requires it (VLP_SERVE_TOKEN)
+# the module's server requires it (VLP_SERVE_TOKEN); "!" is a character uvicorn's access log would quote (%21)
+TOKEN = "Tk0!Qz8Vr2.xW9kLm!pJ4nB7"
 
 
 class Server:
@@ -295,7 +296,10 @@ def test_text_that_is_not_text_and_requests_that_are_not_http_get_one_line(serve
     assert get_json(infer, v2(["a \udc80 star"])) == (400, {"error": byte})
     status, got = get_json(f"{url}/v1/models/{NAME}:predict", {"instances": [{"text": "a \udc80 star"}]})
     assert status == 400 and "surrogate" in got["error"], got  # KServe's JSON parser (orjson) refuses it first
-    assert get_json(f"{url}/api/search?q=" + urllib.parse.quote("a \ud800", errors="surrogatepass"))[0] == 200
+    surrogate = f"{url}/api/search?q=" + urllib.parse.quote("a \ud800", errors="surrogatepass")  # %ED%A0%80
+    assert get_json(surrogate) == (400, {"error": "the query parameter 'q' is not valid UTF-8: the byte 0xed at "
+                                                  f"character 2 is not text {HINT}"})  # fmt: skip
+    assert get_json(f"{url}/api/search?q=caf%C3%A9+au+lait&k=2")[1]["query"] == "café au lait"  # UTF-8: searched
     for raw in (b'{"inputs": [{"name": "text", "datatype": "BYTES", "shape": [1], "data": ["\xff"]}]}', b"{not json"):
         for target in (infer, f"{url}/v1/models/{NAME}:predict", f"{url}/api/answer"):
             status, headers, body = call(target, raw=raw)
@@ -329,6 +333,81 @@ def test_oip_inputs_are_checked_against_the_declared_metadata(server, shape):
     assert get_json(infer, two) == (400, {"error": said})
 
 
+HINT = "(a query parameter is text: UTF-8, percent-encoded)"
+NOT_TEXT = {  # percent-encoded bytes a query parameter may not hold, and how the refusal names them
+    "%ff": "is not valid UTF-8: the byte 0xff at character 1 is not text",  # never in UTF-8
+    "%ED%B2%80": "is not valid UTF-8: the byte 0xed at character 1 is not text",  # a surrogate, U+DC80, as UTF-8
+    "%C3%28": "is not valid UTF-8: the byte 0xc3 at character 1 is not text",  # a lead byte without its follower
+    "%00": "holds a NUL byte (0x00) at character 1",
+}
+
+
+@pytest.fixture(scope="module")
+def open_server(index, tmp_path_factory) -> Iterator[Server]:
+    """The module's index served without a token (``VLP_SERVE_TOKEN`` unset); Ctrl-C stops it in the module's last
+    test."""
+    srv = Server(tmp_path_factory.mktemp("open_log") / "serve.log", "--index", index, "--port", "0")
+    srv.wait_listening()
+    yield srv
+    if srv.proc.poll() is None:
+        srv.proc.kill()
+        srv.proc.wait(10)
+
+
+def every_route(server: Server, index: str) -> list[tuple[str, str]]:
+    """``(method, path)`` of every route the server has (its OpenAPI spec's, its parameters filled in, and those the
+    spec leaves out), and of one it does not have."""
+    clip = urllib.parse.quote(sorted(ClipIndex.open(index).video_ids())[0], safe="")
+    spec = get_json(f"{server.url}/openapi.json")[1]
+    fill = {"{video_id}": clip, "{model_name}": NAME, "{slot}": "0", "{model_version}": "1"}
+    routes = {("GET", "/"), ("GET", "/metrics"), ("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/no/such/route"),
+              ("POST", f"/v2/repository/models/{NAME}/unload")}  # fmt: skip
+    for path, methods in spec["paths"].items():
+        for key, value in fill.items():
+            path = path.replace(key, value)
+        routes |= {(method.upper(), path) for method in methods}
+    assert len(routes) > 20 and not [path for _, path in routes if "{" in path], routes
+    return sorted(routes)
+
+
+@pytest.mark.parametrize("auth", ["token", "token-not-sent", "no-token-configured"])
+def test_a_query_string_that_is_not_text_is_refused_on_every_route(server, open_server, index, auth):
+    """Each byte sequence, in a parameter's value and in its name, on every route: 400 and the text gate's line,
+    checked on the bytes the client sent (before the framework makes them U+FFFD), and before the token check."""
+    srv = open_server if auth == "no-token-configured" else server
+    header = f"Bearer {TOKEN}" if auth == "token" else None
+    for method, path in every_route(server, index):
+        for bad, said in NOT_TEXT.items():
+            for query, error in [(f"k=2&q=a{bad}b", f"the query parameter 'q' {said} {HINT}"),
+                                 (f"a{bad}b=star", f"a query parameter's name {said} {HINT}")]:  # fmt: skip
+                body = {} if method == "POST" else None
+                status, headers, raw = call(f"{srv.url}{path}?{query}", body, auth=header, method=method)
+                assert (status, json.loads(raw)) == (400, {"error": error}), (method, path, query, raw[:200])
+                assert headers["Content-Type"] == "application/json"
+    assert call(f"{srv.url}/api/search?q=a+star&k=2", auth=header)[0] == (401 if auth == "token-not-sent" else 200)
+    assert f"GET /api/search: 400 the query parameter 'q' {NOT_TEXT['%00']}" in srv.text()
+
+
+def test_the_gate_sees_the_parameters_the_routes_see():
+    """:func:`vlp.serve.querystring.parameters` splits and decodes a query string as Starlette does, so the gate
+    checks what a route reads; a credential in it is found by name or by value, and never shown."""
+    from starlette.datastructures import QueryParams
+
+    from vlp.serve.auth import in_url
+    from vlp.serve.querystring import parameters
+
+    for query in ["q=a+red+star&k=3", "q=caf%C3%A9", "a&&b=&=c&q=x%3Dy%26z", "q=%zz%2", "q=1;k=2", "q=a%2Bb+c"]:
+        got = [(name.decode(), value.decode()) for name, value in parameters(query.encode())]
+        assert got == QueryParams(query).multi_items(), query
+    token = TOKEN.encode()
+    quoted = urllib.parse.quote(TOKEN, safe="")
+    for query, where in [("q=star&token=x", "the query parameter 'token'"), ("ACCESS_TOKEN=", "the query parameter "
+                         "'ACCESS_TOKEN'"), (f"q={quoted}", "a query parameter holding the token"),
+                         (f"{quoted}&q=star", "a query parameter holding the token"), ("q=star&k=2", None),
+                         (f"q={quoted}x", None), ("tokens=1", None)]:  # fmt: skip
+        assert in_url(query.encode(), token) == where, query
+
+
 def basic(user: str, password: str) -> str:
     return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
 
@@ -352,6 +431,53 @@ def test_without_the_token_only_the_health_probes_answer(server):
     assert get_json(f"{url}/api/search?q=star&k=2", auth=basic("anyone", TOKEN))[0] == 200
     assert call(url + "/", auth=basic("", TOKEN))[0] == 200  # the page, as a browser asks for it
     assert "401 no credential" in server.text() and TOKEN not in server.text()
+
+
+SECRET_TEXT = "zebra umbrella quartz"  # searched for: no log line may show it
+
+
+def test_no_log_line_shows_the_token_or_the_search_text(server):
+    """The token sent every way a client may send it, the search text in queries: every request is in the server's
+    log (method, path, status), and no line of it (the access log included) shows either, in any form."""
+    url, quoted, q = server.url, urllib.parse.quote(TOKEN, safe=""), urllib.parse.quote_plus(SECRET_TEXT)
+    bearer, in_url = f"Bearer {TOKEN}", "a credential in the URL ({}) is refused"
+    sent = [  # how, target, Authorization, body, status, the error's start
+        ("bearer header", f"/api/search?q={q}&k=2", bearer, None, 200, None),
+        ("basic auth", f"/api/search?q={q}", basic("me", TOKEN), None, 200, None),
+        ("?token=", f"/api/search?token={quoted}&q={q}", None, None, 400, in_url.format("the query parameter 'token'")),
+        ("&access_token=", f"/api/search?q={q}&access_token={quoted}", None, None, 400,
+         in_url.format("the query parameter 'access_token'")),
+        ("?token= beside the header", f"/api/search?q={q}&token={quoted}", bearer, None, 400, None),
+        ("on a health probe", f"/healthz?access_token={quoted}", None, None, 400, None),
+        ("as the search text", f"/api/search?q={quoted}", bearer, None, 400,
+         in_url.format("a query parameter holding the token")),
+        ("as a parameter's name", f"/api/search?{quoted}&q={q}", bearer, None, 400, None),
+        ("in the path", f"/api/clips/{quoted}/thumbnail.jpg", None, None, 401, "no credential"),
+        ("in the path, with the header", f"/api/clips/{quoted}/thumbnail.jpg", bearer, None, 404, "no clip "),
+        ("as the model's name", f"/v2/models/{quoted}/infer", bearer, v2([SECRET_TEXT]), 404, None),
+        ("in a path no route has", f"/{quoted}", bearer, None, 404, "Not Found"),
+        ("in the body", f"/v2/models/{NAME}/infer", bearer, v2([TOKEN, SECRET_TEXT]), 200, None),
+        ("a wrong one", f"/api/search?q={q}", f"Bearer {TOKEN[1:]}", None, 401, "a wrong credential"),
+        ("another scheme", f"/api/search?q={q}", f"Token {TOKEN}", None, 401, None),
+    ]  # fmt: skip
+    for how, target, auth, body, status, error in sent:
+        got, _, raw = call(url + target, body, auth=auth)
+        assert got == status, (how, raw[:300])
+        if got == 400:
+            assert "in the Authorization header, as 'Authorization: Bearer <token>'" in json.loads(raw)["error"], how
+        if error:
+            assert json.loads(raw)["error"].startswith(error), (how, raw[:300])
+    assert get_json(f"{url}/healthz")[0] == 200
+    time.sleep(0.5)  # KServe's timing lines come just after a response
+    lines = server.text().splitlines()
+    forms = [TOKEN, quoted, urllib.parse.quote(TOKEN), *re.findall(r"[A-Za-z0-9]{4,}", TOKEN), *SECRET_TEXT.split()]
+    assert not [(form, line) for line in lines for form in forms if form in line]
+    access = [line for line in lines if "uvicorn.access" in line]
+    assert len(access) > len(sent) and not [line for line in access if "?" in line]
+    for line in ['"GET /api/search HTTP/1.1" 200', '"GET /api/search HTTP/1.1" 400', '"GET /healthz HTTP/1.1" 400',
+                 '"GET /api/clips/<VLP_SERVE_TOKEN>/thumbnail.jpg HTTP/1.1" 401',
+                 '"POST /v2/models/<VLP_SERVE_TOKEN>/infer HTTP/1.1" 404']:  # fmt: skip
+        assert line in server.text(), line
 
 
 def test_no_route_takes_the_model_offline(server):
@@ -468,11 +594,16 @@ def test_a_port_in_use_is_refused_and_sigterm_stops_the_server(server, index, ca
 
 
 @pytest.mark.parametrize("sigint", [signal.SIG_DFL, signal.SIG_IGN], ids=["foreground", "background-job"])
-def test_ctrl_c_stops_the_server(index, tmp_path, sigint):
+def test_ctrl_c_stops_the_server(index, tmp_path, sigint, request):
     """SIGINT stops the server with 130 and one line, also where it started ignored (``vlp serve ... &`` in a
-    script): uvicorn stops on it regardless, and raises it again into the ignoring handler."""
-    srv = Server(tmp_path / "serve.log", "--index", index, "--port", "0", sigint=sigint)
-    url = srv.wait_listening()
+    script): uvicorn stops on it regardless, and raises it again into the ignoring handler. In the foreground: the
+    module's server without a token."""
+    if sigint == signal.SIG_DFL:
+        srv = request.getfixturevalue("open_server")
+    else:
+        srv = Server(tmp_path / "serve.log", "--index", index, "--port", "0", sigint=sigint)
+        srv.wait_listening()
+    url = srv.url
     assert get_json(f"{url}/healthz")[0] == 200
     assert srv.stop(signal.SIGINT) == 130, srv.text()
     assert srv.text().rstrip().endswith("vlp serve: stopped") and "Traceback" not in srv.text()

@@ -6,7 +6,8 @@ the ``surrogateescape`` of ``sys.argv`` and of :func:`vlp.data.ingest` readers) 
 surrogate outright (``"\\udc80"``). Such a ``str`` cannot be encoded, so the first library that does (a tokenizer, a
 Parquet writer, a log line) fails with an error that names neither the input nor the fix. :func:`text_problem` says
 what is wrong in words; :func:`checked_text` is the gate for a query or a question, with the one length limit
-(``index.max_text_chars``) that ``vlp search``, ``vlp answer`` and ``vlp serve`` share.
+(``index.max_text_chars``) that ``vlp search``, ``vlp answer`` and ``vlp serve`` share. Bytes that have not been made
+a ``str`` yet (a URL's query string, percent-decoded) go through :func:`bytes_problem`, the same gate.
 
 A module of its own at the bottom of the layers: it imports nothing of vlp, so the CLI, the server and the data
 readers can all use it.
@@ -15,6 +16,7 @@ readers can all use it.
 from __future__ import annotations
 
 MAX_TEXT_CHARS = 1000  # a query or a question (the default of index.max_text_chars)
+NUL = "\x00"
 
 
 class TextError(ValueError):
@@ -51,6 +53,18 @@ def text_problem(text: object, max_chars: int = 0) -> str | None:
     if max_chars and len(text) > max_chars:
         return f"is {len(text)} characters long; at most {max_chars} are taken (index.max_text_chars)"
     return None
+
+
+def bytes_problem(data: bytes, max_chars: int = 0) -> str | None:
+    """Why ``data``, bytes taken off the wire as they came (a percent-decoded query parameter), is not usable text of
+    at most ``max_chars`` characters, or None: :func:`text_problem`'s reasons (a byte that is not UTF-8 named as
+    :func:`invalid_utf8` names it), or a NUL byte (0x00).
+    """
+    text = data.decode("utf-8", "surrogateescape")
+    problem = text_problem(text, max_chars)
+    if problem is None and NUL in text:
+        return f"holds a NUL byte (0x00) at character {text.index(NUL)}"
+    return problem
 
 
 def checked_text(text: object, what: str = "query", max_chars: int = MAX_TEXT_CHARS) -> str:

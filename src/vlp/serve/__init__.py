@@ -6,6 +6,7 @@ KServe InferenceService's custom predictor in Kubeflow and a local server.
   QA model meets.
 - :mod:`vlp.serve.api`: the JSON API on the same app and port (search, thumbnails, answers, health).
 - :mod:`vlp.serve.auth`: the token every route but the health probes needs, when ``VLP_SERVE_TOKEN`` is set.
+- :mod:`vlp.serve.querystring`: every request's query string put through the text gate as the bytes that came.
 - :mod:`vlp.serve.server`: binds the port, loads the models and runs KServe's REST server until SIGINT/SIGTERM.
 
 Importing this package imports nothing else; its modules import KServe through :mod:`vlp.serve.sdk` (with an empty

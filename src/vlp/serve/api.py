@@ -5,10 +5,12 @@
 ``GET /healthz``, and ``GET /``: a page that searches, shows a hit's frames and asks about it (``page.html``, no
 assets from elsewhere) (docs/guides/serve.md). A bad request gets a 4xx and ``{"error": "<one line>"}``, and the server
 logs that line: a blank or over-long query or question, or one that is not valid UTF-8 (400), ``k`` outside 1..1000
-(400), a parameter or body field of the wrong type or missing (422, for KServe's routes too), an unknown clip or
-frame (404), an unknown route (404) or method (405), ``/api/answer`` without a QA model (404), a request body over
-:data:`MAX_BODY` bytes (413, on every route), a missing or wrong token where the server has one (401,
-:mod:`vlp.serve.auth`), and a request uvicorn cannot parse (400, :class:`vlp.serve.server.OneLineErrors`).
+(400), a query parameter (name or value) that is not text, on every route (400, before anything else:
+:class:`vlp.serve.querystring.QueryText`), a parameter or body field of the wrong type or missing (422, for KServe's
+routes too), an unknown clip or frame (404), an unknown route (404) or method (405), ``/api/answer`` without a QA
+model (404), a request body over :data:`MAX_BODY` bytes (413, on every route), a missing or wrong token where the
+server has one (401, :mod:`vlp.serve.auth`) or a credential in the URL (400), and a request uvicorn cannot parse
+(400, :class:`vlp.serve.server.OneLineErrors`).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from vlp.data.frames import FrameStore
 from vlp.index.query import MAX_K
 from vlp.serve.auth import RequireToken
 from vlp.serve.model import DEFAULT_K, Answerer, SearchModel
+from vlp.serve.querystring import QueryText
 from vlp.serve.sdk import InvalidInput, ModelNotFound
 from vlp.text import MAX_TEXT_CHARS, checked_text
 
@@ -103,8 +106,8 @@ def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
 def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = None, token: str | None = None) -> None:
     """Add the JSON API to ``app`` (KServe's app in ``vlp serve``; any FastAPI app works): its routes searching
     through ``model`` and answering through ``answerer`` (none: ``POST /api/answer`` is 404), the body size limit,
-    the one-line error responses and, with a ``token``, authentication of every route but the health probes
-    (:mod:`vlp.serve.auth`)."""
+    the check of every query string (:class:`~vlp.serve.querystring.QueryText`), the one-line error responses and,
+    with a ``token``, authentication of every route but the health probes (:mod:`vlp.serve.auth`)."""
     router = APIRouter(tags=["vlp"])
 
     @router.get("/healthz", response_model=Health, responses=_errors(503))
@@ -211,6 +214,7 @@ def add_routes(app: FastAPI, model: SearchModel, answerer: Answerer | None = Non
     app.add_middleware(BodyLimit, limit=MAX_BODY)
     if token is not None:  # outside the body limit: a request without the token is refused before its body is read
         app.add_middleware(RequireToken, token=token)
+    app.add_middleware(QueryText)  # outermost: a query string that is not text is refused before anything reads it
 
 
 def log_client_errors_in_one_line(app: FastAPI) -> None:

@@ -7,6 +7,11 @@ health probes (:data:`OPEN_PATHS`) stay open, so a kubelet or a load balancer ne
 credential gets 401 and ``{"error": ...}``, and the token is compared in constant time. Unset, every route is open,
 as before; the server then warns when it listens on an address other than loopback.
 
+A credential in the URL is refused on every route, the probes included (400, naming the ``Authorization`` header): a
+query parameter named as one (:data:`URL_CREDENTIALS`: ``?token=``, ``?access_token=``, ...) or whose name or value is
+the token (``?q=<token>``). A URL lands in proxies' logs and browsers' histories; the server's own log never shows a
+query string, nor the token where a client puts it in a path (:func:`vlp.serve.server.private_logs`).
+
 The token never comes from the command line: arguments are visible to every user of the machine (``ps``) and land in
 shell histories and pod specs.
 """
@@ -23,12 +28,17 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from vlp.serve.querystring import parameters
+
 log = logging.getLogger(__name__)
 
 TOKEN_ENV = "VLP_SERVE_TOKEN"
 MIN_TOKEN_CHARS = 16
 OPEN_PATHS = frozenset({"/healthz", "/v2/health/live", "/v2/health/ready"})  # the probes: no credential needed
 CHALLENGE = 'Basic realm="vlp serve", charset="UTF-8", Bearer realm="vlp serve"'
+# query parameters that name a credential: refused, whatever their value
+URL_CREDENTIALS = frozenset({"token", "access_token", "auth_token", "api_key", "apikey", "auth", "authorization",
+                             "password", "bearer"})  # fmt: skip
 
 
 def token_from(environ: Mapping[str, str] = os.environ) -> str | None:
@@ -66,15 +76,39 @@ def presented(authorization: bytes) -> bytes | None:
     return None
 
 
+def in_url(query_string: bytes, token: bytes) -> str | None:
+    """Which parameter of ``query_string`` carries a credential (see the module's docstring), or None. The message
+    never shows the token."""
+    for name, value in parameters(query_string):
+        said = name.decode("utf-8", "replace")
+        if said.strip().lower() in URL_CREDENTIALS:
+            return f"the query parameter {said!r}"
+        if hmac.compare_digest(name, token) or hmac.compare_digest(value, token):
+            return "a query parameter holding the token"
+    return None
+
+
 class RequireToken:
     """ASGI middleware: a request to any path but :data:`OPEN_PATHS` needs ``token`` (see the module's docstring),
-    else it gets 401 before the app (or the request body) is read."""
+    else it gets 401 before the app (or the request body) is read; one with a credential in its URL gets 400 on every
+    path."""
 
     def __init__(self, app: Any, token: str) -> None:
         self.app, self.token = app, token.encode("ascii")
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope.get("path") in OPEN_PATHS:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        where = in_url(scope.get("query_string") or b"", self.token)
+        if where is not None:
+            log.warning("%s %s: 400 a credential in the URL", scope.get("method"), scope.get("path"))
+            message = (f"a credential in the URL ({where}) is refused: a URL lands in logs and browser histories; "
+                       f"send the token of {TOKEN_ENV} in the Authorization header, as 'Authorization: Bearer <token>' "
+                       "or as basic auth's password")  # fmt: skip
+            await JSONResponse({"error": message}, status_code=400)(scope, receive, send)
+            return
+        if scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
         headers = dict(scope.get("headers") or [])

@@ -11,7 +11,8 @@ handlers of a bad inference request and an unknown model log a traceback each; t
 instead (:func:`vlp.serve.api.log_client_errors_in_one_line`). With ``VLP_SERVE_TOKEN`` set, every route but the
 health probes needs it (:mod:`vlp.serve.auth`); KServe's model-repository routes, which could only take the model
 offline, are closed (:class:`NoModelRepository`); a request uvicorn cannot parse gets the same one-line JSON refusal
-as every other (:class:`OneLineErrors`).
+as every other (:class:`OneLineErrors`). uvicorn's access log keeps a line per request (method, path, status) but
+never its query string, and no log line shows the token (:func:`private_logs`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
+from urllib.parse import quote
 
 from starlette.responses import JSONResponse
 from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -92,6 +96,60 @@ class OneLineErrors(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         head = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: %d\r\n\r\n" % len(body) + body)
         self.transport.close()
+
+
+REDACTED = "<VLP_SERVE_TOKEN>"  # what a log line shows where it would show the token
+
+
+class NoQueryString(logging.Filter):
+    """On uvicorn's access log (``CLIENT - "METHOD PATH HTTP/V" STATUS``): the path without its query string, which
+    holds search text and may hold a credential a client put there. Every request stays in the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):  # the path is the one argument that starts with "/"
+            record.args = tuple(a.split("?", 1)[0] if isinstance(a, str) and a.startswith("/") else a
+                                for a in record.args)  # fmt: skip
+        return True
+
+
+class Redacting(logging.Formatter):
+    """A handler's formatter, each line it makes with the token replaced by :data:`REDACTED`, in every form a line
+    may hold it: as sent, as uvicorn's access log quotes a path, as KServe's timing log names one (``/`` as ``.``),
+    as ``repr`` shows it."""
+
+    def __init__(self, inner: logging.Formatter, token: str) -> None:
+        super().__init__()
+        self.inner = inner
+        forms = {token, quote(token), quote(token, safe=""), token.replace("/", "."), repr(token)[1:-1]}
+        self.forms = sorted(forms, key=len, reverse=True)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = self.inner.format(record)
+        for form in self.forms:
+            line = line.replace(form, REDACTED)
+        return line
+
+
+@contextmanager
+def private_logs(token: str | None) -> Iterator[None]:
+    """While it lasts, uvicorn's access log shows no query string (:class:`NoQueryString`) and, with a ``token``,
+    every handler of every logger there is now writes it as :data:`REDACTED` (:class:`Redacting`): a client may put
+    it in a path, which the access log and the one-line refusals show. Both are undone when it ends."""
+    access, hide = logging.getLogger("uvicorn.access"), NoQueryString()
+    loggers = [
+        logging.getLogger(),
+        *(v for v in logging.Logger.manager.loggerDict.values() if isinstance(v, logging.Logger)),
+    ]
+    handlers = {h: h.formatter for lg in loggers for h in lg.handlers} if token is not None else {}
+    access.addFilter(hide)
+    for handler, formatter in handlers.items():
+        handler.setFormatter(Redacting(formatter or logging.Formatter(), token or ""))
+    try:
+        yield
+    finally:
+        access.removeFilter(hide)
+        for handler, formatter in handlers.items():
+            handler.setFormatter(formatter)
 
 
 class IndexAnswerer:
@@ -175,7 +233,8 @@ def serve(index: str, cfg: Config, qa_model: str = "", host: str = "127.0.0.1", 
         url = f"http://[{host}]:{bound}" if ":" in host else f"http://{host}:{bound}"
         log.info("vlp serve: listening on %s (model %s; %s/v2/models/%s/infer, %s/api/search?q=...)", url, NAME,
                  url, NAME, url)  # fmt: skip
-        rest.run(sockets=[sock])
+        with private_logs(token):
+            rest.run(sockets=[sock])
     finally:
         sock.close()
     # uvicorn stops on SIGINT even where it was ignored when it started (a job started in the background, where
