@@ -225,8 +225,10 @@ def _run_synth(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
 def _run_sync(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp import storage, tracking
+    from vlp.inputs import check_output
 
     storage.configure(cfg.storage)
+    check_output(args.out)  # it updates OUT's summary.json and tracking.json
     return tracking.sync(cfg.tracking, args.out, args.status)
 
 
@@ -337,6 +339,7 @@ def _run_search(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp.index.query import search
 
+    _check_dirs(args, "index")
     return {"hits": [hit.as_dict() for hit in search(args.index, args.query, args.k, cfg)]}
 
 
@@ -344,6 +347,7 @@ def _run_answer(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp.index.answer import answer
 
+    _check_dirs(args, "model", "frames", "index")
     found = answer(args.model, args.clip, args.question, args.k, cfg, frames=args.frames, index=args.index)
     return {"clip": args.clip, "question": args.question, "answers": [a.as_dict() for a in found]}
 
@@ -352,8 +356,28 @@ def _run_serve(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
     from vlp.serve.server import serve
 
+    _check_dirs(args, "index", "qa_model")
     serve(args.index, cfg, qa_model=args.qa_model, host=args.host, port=args.port)
     return {}
+
+
+# what a query command's directories are made by: (flag, what to do when one is a file)
+_DIRS = {
+    "index": ("--index", "pass the output of `vlp index`"),
+    "model": ("--model", "pass a model directory (the output of a training step or of `vlp import-checkpoint`)"),
+    "qa_model": ("--qa-model", "pass the output of `vlp finetune-qa` (or of `vlp import-checkpoint`)"),
+    "frames": ("--frames", "pass the output of `vlp extract-frames`"),
+}
+
+
+def _check_dirs(args: argparse.Namespace, *names: str) -> None:
+    """Refuse a directory a query command reads (``--index``, ``--model``, ...) that is a file, before it loads
+    anything (:func:`vlp.inputs.check_input_dir`); the steps check theirs with their other inputs."""
+    from vlp.inputs import check_input_dir  # here: with the command that reads it
+
+    for name in names:
+        if getattr(args, name):
+            check_input_dir(getattr(args, name), *_DIRS[name])
 
 
 # --------------------------------------------------------------------------- the command table

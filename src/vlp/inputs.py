@@ -1,6 +1,8 @@
 """A step's or a query's inputs, checked before anything expensive is loaded: the dataset, its split, the frames
-store, the model directories and other files (:func:`check_inputs`). A missing or unusable input is a
-:class:`StepInputError` whose one-line message names it and says what to do; the CLI prints it and exits 2.
+store, the model directories and other files (:func:`check_inputs`), and a directory a query reads
+(:func:`check_input_dir`); and a step's output, checked before the step starts (:func:`check_output`). A missing or
+unusable input is a :class:`StepInputError`, an output that cannot be written a :class:`StepOutputError`; each
+message is one line that names the path and says what to do, and the CLI prints it and exits 2.
 
 The steps and serving (``vlp index``, ``answer``) both check their inputs here, below the steps (ARCHITECTURE.md).
 """
@@ -8,6 +10,7 @@ The steps and serving (``vlp index``, ``answer``) both check their inputs here, 
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -23,6 +26,12 @@ log = logging.getLogger("vlp")
 class StepInputError(ValueError):
     """A step's input (dataset, split, frames, model directory) is missing or unusable. The message is one line
     that names the input, what is missing and what to do; the CLI prints it and exits 2."""
+
+
+class StepOutputError(ValueError):
+    """A step's output cannot be written where it is named (a file, under a file, a link to nothing, a directory
+    this process may not write). The message is one line that names the path and what to do; the CLI prints it
+    and exits 2."""
 
 
 class ModelInput(NamedTuple):
@@ -197,3 +206,60 @@ def _usable_pairs(dataset: str, store: FrameStore, table: str, split: str, setti
     usable = int(pc.sum(pc.is_in(ids, value_set=pa.array(covered, ids.type))).as_py())
     log.info("inputs: %d %s %s of %d videos with frames", usable, split, pairs, len(covered))
     return usable
+
+
+def check_output(uri: str) -> None:
+    """Refuse an output a step could not write, before the step reads or writes anything.
+
+    A local output is a directory, or does not exist yet and is made below the nearest directory above it that
+    does; that directory (the output's own, or the one it is made in) must be writable by this process. Like the
+    outputs a later step reads back (:func:`vlp.storage.refuse_links`), the output holds no symbolic link: a link
+    inside it would lead the step's writes anywhere, and its readers would refuse it afterwards. ``uri`` itself may
+    be a link to a directory (the caller's own argument, as for the readers). An ``s3://`` prefix is left to the
+    store: object storage has no directories, and a missing bucket or a refused write is the step's storage error.
+
+    Raises:
+        StepOutputError: ``uri`` is a file, lies under a file or a link to nothing, or cannot be written.
+        vlp.storage.LinkError: ``uri`` holds a symbolic link.
+    """
+    if storage.is_s3(uri):
+        return
+    problem = _unwritable(uri)
+    if problem:
+        raise StepOutputError(f"the output {uri} {problem}")
+    storage.refuse_links(uri, "output")
+
+
+def _unwritable(path: str) -> str:
+    """Why the local directory ``path`` cannot be written or made (the end of a sentence that names it), or ""."""
+    here = os.path.normpath(path)
+    while not os.path.lexists(here):  # up to the nearest path that exists: the output, or a directory above it
+        up = os.path.dirname(here) or os.curdir
+        if up == here:
+            break
+        here = up
+    mine = here == os.path.normpath(path)
+    where = "" if mine else f"lies under {here}, which "
+    if os.path.islink(here) and not os.path.exists(here):
+        fix = "remove the link or pass another directory"
+        return f"{where}is a symbolic link to {os.readlink(here)}, which does not exist: {fix}"
+    if not os.path.isdir(here):
+        what = "a file" if os.path.isfile(here) else "not a directory"
+        fix = "pass a directory, or move the file away" if mine else "pass a path under a directory"
+        return f"{where}is {what}: {fix}"
+    if not os.access(here, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):  # as open()
+        subject = "is a directory this user" if mine else f"is made in {here}, which this user"
+        return f"{subject} may not write: pass a directory it can write to, or change its permissions"
+    return ""
+
+
+def check_input_dir(uri: str, flag: str, remedy: str) -> None:
+    """Refuse a local ``uri`` that a query reads as a directory (``--index``, ``--model``, ``--frames``) when it is
+    a file or anything else but a directory; a missing one is left to its reader, which says what to make.
+
+    Raises:
+        StepInputError: ``uri`` exists and is not a directory; the message names ``flag`` and ``remedy``.
+    """
+    if not storage.is_s3(uri) and os.path.lexists(uri) and not os.path.isdir(uri):
+        what = "a file" if os.path.isfile(uri) else "not a directory"
+        raise StepInputError(f"{flag} {uri} is {what}, not a directory: {remedy}")

@@ -1,7 +1,7 @@
 """What every step does around its work (storage set-up, timing, the summary file), and what the training steps
 share: the model family and tokenizer, seeding a model's initialisation, the training loop with its loggers, the
-summary of a training run. The check of a step's inputs is :mod:`vlp.inputs`; the device is
-:func:`vlp.distributed.device`."""
+summary of a training run. The check of a step's inputs, and of its output (every step's, in :func:`run_step`), is
+:mod:`vlp.inputs`; the device is :func:`vlp.distributed.device`."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from vlp import __version__, registry, storage
 from vlp.config import Config, check_sampled_frames, to_dict, validate
 from vlp.data import manifest
+from vlp.inputs import check_output
 from vlp.models import directory
 from vlp.tracking import MlflowLogger, MultiLogger
 
@@ -30,15 +31,22 @@ log = logging.getLogger("vlp")
 
 
 def run_step(name: str, out: str, cfg: Config, section: str, work: Callable[[], StepResult]) -> StepResult:
-    """Configure storage, run ``work``, write ``<out>/summary.json``; return the summary.
+    """Configure storage, check ``out``, run ``work``, write ``<out>/summary.json``; return the summary.
 
     The summary records the step's own config ``section`` (never ``storage``: it may hold keys). The whole config is
     validated first (:func:`vlp.config.validate`), so a value out of range fails before the step writes anything,
-    whether ``cfg`` came from :func:`vlp.config.load_config` or was built in code.
+    whether ``cfg`` came from :func:`vlp.config.load_config` or was built in code; then ``out``
+    (:func:`vlp.inputs.check_output`), so an output that is a file, lies under one, holds a symbolic link or may
+    not be written fails before the step reads its inputs.
+
+    Raises:
+        vlp.inputs.StepOutputError: ``out`` cannot be written (one line that names it and says what to do).
+        vlp.storage.LinkError: ``out`` holds a symbolic link.
     """
     validate(cfg)
     check_sampled_frames(cfg, section)
     storage.configure(cfg.storage)
+    check_output(out)
     start = time.perf_counter()
     log.info("%s -> %s", name, out)
     result = work()

@@ -7,6 +7,7 @@ from vlp.config import Config
 from vlp.data.fetch import fetch_part as _fetch_part
 from vlp.data.fetch import merge as _merge
 from vlp.data.fetch import part_dir
+from vlp.inputs import check_output
 from vlp.steps.common import StepResult, run_step
 
 
@@ -18,6 +19,7 @@ def fetch(source: str, out: str, cfg: Config) -> StepResult:
 
 def fetch_part(source: str, out: str, cfg: Config, index: int, count: int) -> StepResult:
     """Part ``index`` of ``count`` of the list, into ``out`` (its summary in the part's folder)."""
+    check_output(out)  # the part writes OUT/videos too, not only its own folder (which run_step checks)
     where = part_dir(out, index, count)
     return run_step("fetch", where, cfg, "fetch", lambda: _fetch_part(source, out, cfg.fetch, index, count))
 
