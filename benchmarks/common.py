@@ -707,7 +707,9 @@ class UrlServer:
             server.url("/html/a.mp4")       # 200 with text/html
             server.url("/redirect/3/a.mp4") # a chain of 3 redirects, then the video
             server.url("/to?u=http://...")  # a redirect to any URL
-            server.url("/bomb")             # gzip-encoded: 1 GiB of zeros in about 1 MB
+            server.url("/bomb")             # gzip-encoded `bomb_bytes` zeros (1 GiB in about 1 MB), made at start
+            server.url("/robots/noai/a.mp4")  # the video with `X-Robots-Tag: noai` (any value, "+" for a space)
+            server.url("/slowhead/a.mp4")   # the status line and headers a byte every 0.2 s, then the video
             server.url("/gzip/a.mp4")       # the video, gzip-encoded (a legitimate compressed body)
             server.url("/noise")            # 200 video/mp4 of random bytes: not a decodable video
 
@@ -716,7 +718,7 @@ class UrlServer:
     A context manager, listening on 127.0.0.1 on a free port.
     """
 
-    def __init__(self, files: dict[str, bytes], stall_s: float = 30.0, bomb_bytes: int = 1 << 30) -> None:
+    def __init__(self, files: dict[str, bytes], stall_s: float = 30.0, bomb_bytes: int = 0) -> None:
         self.files, self.stall_s = files, stall_s
         self.hits: Counter[str] = Counter()
         self.arrivals: list[float] = []  # time.monotonic() of every request, in arrival order
@@ -743,6 +745,8 @@ class UrlServer:
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 
     def __enter__(self) -> UrlServer:
+        if self.bomb_bytes:  # before the first request: a bomb made on demand would delay its response's head
+            self._bomb = _bomb(self.bomb_bytes)
         self.thread.start()
         return self
 
@@ -812,12 +816,21 @@ class UrlServer:
                 left = int(parts[1])
                 target = f"/redirect/{left - 1}/{name}" if left > 1 else f"/v/{name}"
                 return self._send(h, 302, b"", "text/plain", {"Location": target})
-            if kind == "to":
-                return self._send(h, 302, b"", "text/plain", {"Location": query["u"][0]})
-            if kind == "bomb":
-                if self._bomb is None:
-                    self._bomb = _bomb(self.bomb_bytes)
+            if kind == "to":  # the Location's bytes are the target's UTF-8 (http.server writes headers as Latin-1)
+                target = query["u"][0].encode().decode("latin-1")
+                return self._send(h, 302, b"", "text/plain", {"Location": target})
+            if kind == "bomb" and self._bomb is not None:
                 return self._send(h, 200, self._bomb, "video/mp4", {"Content-Encoding": "gzip"})
+            if kind == "robots" and data is not None:
+                return self._send(h, 200, data, "video/mp4", {"X-Robots-Tag": parts[1].replace("+", " ")})
+            if kind == "slowhead" and data is not None:
+                head = f"HTTP/1.1 200 OK\r\nContent-Type: video/mp4\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+                for i in range(len(head)):
+                    h.wfile.write(head[i : i + 1])
+                    h.wfile.flush()
+                    time.sleep(0.2)
+                h.wfile.write(data)
+                return None
             if kind == "gzip" and data is not None:
                 return self._send(h, 200, gzip.compress(data), "video/mp4", {"Content-Encoding": "gzip"})
             if kind == "noise":

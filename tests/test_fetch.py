@@ -4,6 +4,7 @@ aiohttp, the real decoder probe, real files and (where marked) a real S3 server.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,7 +22,8 @@ from common import UrlServer
 from vlp import storage
 from vlp.config import load_config
 from vlp.data.fetch import FetchConfig, fetch_part, guard, lists, merge
-from vlp.data.fetch.client import retry_after_s
+from vlp.data.fetch.client import Fetcher, retry_after_s, robots_opt_out
+from vlp.data.fetch.part import scratch_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 VLP = str(Path(sys.executable).with_name("vlp"))
@@ -73,6 +76,9 @@ FAULTS = {  # path -> (status, a piece of the detail)
     "/bomb": ("too large", "more than fetch.max_bytes=8000000 bytes decompressed (gzip)"),
     "/gzip/v2.mp4": ("ok", ""),
     "/noise": ("not a video", "not decodable"),
+    "/robots/noai/v0.mp4": ("opted out", "X-Robots-Tag: noai (fetch.honor_opt_out)"),
+    "/robots/otherbot:+noindex/v1.mp4": ("ok", ""),  # meant for another crawler
+    "/slowhead/v1.mp4": ("timeout", "no status line and headers within fetch.read_timeout_s=1 s"),
 }
 
 
@@ -112,6 +118,7 @@ def test_every_fault_ends_as_designed_and_nothing_is_lost(tmp_path, videos):
     # a raw dataset: one video per content, every good row's caption; every failure a reject with its reason
     vids = _records(tmp_path / "out", "videos.parquet")
     assert [v["video_id"] for v in vids] == ["row0", "row2", "row4"] and {v["source"] for v in vids} == {"urls"}
+    assert records[17]["sha256"] == records[2]["sha256"]  # the other crawler's opt-out: v1 again, the same video
     assert len(_records(tmp_path / "out", "captions.parquet")) == len(ok)
     rejects = _records(tmp_path / "out", "rejects.parquet")
     assert len(rejects) + len(ok) == len(urls)
@@ -173,7 +180,7 @@ def test_a_name_that_resolves_to_a_refused_address_is_refused_at_the_connection(
         hits = sum(server.hits.values())
     records = _records(tmp_path / "out")
     assert [r["status"] for r in records] == ["refused address", "refused address"]
-    assert "localhost resolves to 127.0.0.1 is loopback" in records[0]["detail"], records[0]
+    assert "localhost is loopback (a localhost name)" in records[0]["detail"], records[0]
     assert "127.0.0.1 is loopback" in records[1]["detail"] and hits == 0
 
 
@@ -190,7 +197,8 @@ def test_urls_that_cannot_be_fetched_are_rejects_not_requests(tmp_path):
     _fetch(listed, tmp_path / "out")
     got = [(r["status"], r["detail"][:40]) for r in _records(tmp_path / "out")]
     assert [s for s, _ in got] == ["bad url", "bad url", "bad url", "bad row", "bad row", "bad url"], got
-    assert "scheme 'ftp'" in got[0][1] and "scheme 'file'" in got[1][1] and got[3][1] == "no URL"
+    assert "scheme 'ftp'" in got[0][1] and "scheme 'file'" in got[1][1] and got[3][1] == "no URL (line 4)"
+    assert got[4][1].startswith("not JSON") and "(line 5)" in _records(tmp_path / "out")[4]["detail"]
 
 
 def test_a_webvid_csv_names_videos_by_videoid_with_its_name_as_caption(tmp_path, videos):
@@ -269,11 +277,14 @@ def test_kill_9_mid_part_then_rerun_ends_as_an_uninterrupted_run(tmp_path, video
         proc.wait()
         journaled = sum(pq.read_metadata(p).num_rows for p in part.glob("journal-*.parquet"))
         assert 0 < journaled < len(urls) and not (part / "records.parquet").exists()
+        scratch = Path(scratch_dir(str(tmp_path / "killed"), 0, 1))
+        assert scratch.is_dir()  # what the kill left: the rerun empties it, and removes it when it ends
         before = sum(server.hits.values())
         _fetch(listed, tmp_path / "killed", *slow)
         rerun_hits = sum(server.hits.values()) - before
         assert rerun_hits <= len(urls) - journaled  # the journaled rows were not fetched again
         server.hits.clear()
+        assert not scratch.exists()
         _fetch(listed, tmp_path / "killed", *slow)  # finished: nothing to fetch
         assert sum(server.hits.values()) == 0 and whole_hits == len(urls)
 
@@ -284,6 +295,34 @@ def test_kill_9_mid_part_then_rerun_ends_as_an_uninterrupted_run(tmp_path, video
     assert _stored(tmp_path / "killed") == _stored(tmp_path / "whole")
     for name in ("videos.parquet", "captions.parquet", "rejects.parquet"):
         assert (tmp_path / "killed" / name).read_bytes() == (tmp_path / "whole" / name).read_bytes(), name
+
+
+def test_sigterm_mid_fetch_is_one_line_and_leaves_no_download_behind(tmp_path, videos):
+    """SIGTERM while downloads, probes and uploads are in flight: exit 143, the interruption line and the log, no
+    traceback or asyncio complaint, the part's scratch folder gone; a second process on the same part meanwhile is
+    refused at once, naming the first."""
+    with UrlServer(videos) as server:
+        urls = [server.url(f"/drip/big.mp4?n={i}") for i in range(4)] + [
+            server.url(f"/v/v0.mp4?n={i}") for i in range(80)
+        ]
+        listed = _write_list(tmp_path / "list.csv", urls)
+        cmd = [VLP, "fetch", "--source", str(listed), "--out", str(tmp_path / "out"), *FAST, "fetch.min_bytes_per_s=0",
+               "fetch.batch=8", "fetch.per_host_rate=40"]  # fmt: skip
+        proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
+        part = tmp_path / "out" / "parts" / "00000-of-00001"
+        deadline = time.monotonic() + 60
+        while not list(part.glob("journal-*.parquet")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        proc.send_signal(signal.SIGTERM)
+        stderr = proc.communicate(timeout=60)[1]
+    assert second.returncode == 2 and f"is being fetched by another process (pid {proc.pid})" in second.stderr
+    assert second.stderr.strip().splitlines()[-1].startswith("vlp fetch: error: part 0/1 of ")
+    assert "Traceback" not in second.stderr
+    assert proc.returncode == 143, stderr[-2000:]
+    assert stderr.strip().splitlines()[-1] == "vlp fetch: interrupted; rerun the same command to run it again"
+    assert not any(word in stderr for word in ("Traceback", "Task was destroyed", "coroutine", "Exception")), stderr
+    assert not Path(scratch_dir(str(tmp_path / "out"), 0, 1)).exists()
 
 
 def test_the_per_host_rate_spaces_the_requests(tmp_path, videos):
@@ -369,3 +408,138 @@ def test_the_retrieval_dag_from_a_url_list_served_on_loopback(tmp_path, tiny_wor
     assert ingested["videos"]["accepted"] == len(files) and ingested["captions"]["accepted"] == len(captions)
     summary = Path(result["outputs"]["report"]["summary"]).read_text()
     assert "| retrieval | text → video R@1 |" in summary and result["mlflow"]["steps"]["fetch"] == "FINISHED"
+
+
+def _spellings(port: int) -> list[str]:
+    """The loopback (and 0.0.0.0, which Linux connects to the loopback) as a URL list might spell it: Unicode
+    digits and dots that IDNA/UTS 46 folds to ASCII, trailing dots, other bases, IPv6 forms, localhost names."""
+    hosts = ["１２７.０.０.１", "127。0。0。1", "127．0．0．1", "127｡0｡0｡1", "①②⑦.0.0.1", "𝟏𝟐𝟕.𝟎.𝟎.𝟏", "₁₂₇.0.0.1",
+             "¹²⁷.⁰.⁰.¹", "1２7.0.0.１", "127.0.0.1.", "127.1", "0x7f.1", "0177.0.0.1", "2130706433", "０.０.０.０",
+             "0.0.0.0", "0", "[::1]", "[0::1]", "[０::1]", "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[::]",
+             "localhost", "LOCALHOST.", "ｌｏｃａｌｈｏｓｔ", "a.b.localhost", "127.0.0.2"]  # fmt: skip
+    return [f"http://{host}:{port}/v/v0.mp4" for host in hosts]
+
+
+def test_every_spelling_of_the_loopback_is_refused_without_a_request(tmp_path, videos):
+    """No allowlist: every spelling is refused (an address, or a URL the client cannot read), and the server
+    (which logs every request) sees none."""
+    with UrlServer(videos) as server:
+        urls = _spellings(server.port)
+        run = _fetch(_write_list(tmp_path / "list.csv", urls), tmp_path / "out", "fetch.allow=[]")
+        hits = sum(server.hits.values())
+    records = _records(tmp_path / "out")
+    assert hits == 0 and len(records) == len(urls)
+    assert {r["status"] for r in records} <= {"refused address", "bad url"}, [(r["url"], r["status"]) for r in records]
+    bad = [r["url"].split("//")[-1].split(":")[0] for r in records if r["status"] == "bad url"]
+    assert bad == ["127.0.0.1.", "127.1", "0177.0.0.1", "2130706433", "0", "(unparseable URL)"]  # aiohttp's refusals
+    assert "Traceback" not in run.stderr
+
+
+def test_a_redirect_to_a_spelling_of_a_refused_address_is_refused(tmp_path, videos):
+    """With 127.0.0.0/8 allowed, the first hop is fetched; its redirect to 0.0.0.0 or [::1] in other spellings is
+    refused (0.0.0.0 is not in the allowlist) and never requested."""
+    with UrlServer(videos) as server:
+        targets = [f"http://{h}:{server.port}/v/v1.mp4" for h in ("０.０.０.０", "0。0。0。0", "[::1]", "[::]")]
+        urls = [server.url("/to?u=" + t) for t in targets]
+        _fetch(_write_list(tmp_path / "list.csv", urls), tmp_path / "out", 'fetch.allow=["127.0.0.0/8"]')
+        hits = dict(server.hits)
+    assert [r["status"] for r in _records(tmp_path / "out")] == ["refused address"] * 4
+    assert not any(path.startswith("/v/") for path in hits) and sum(hits.values()) == 4
+
+
+def test_the_connection_itself_refuses_a_refused_address(tmp_path, videos):
+    """The last guard: with the URL check bypassed, a literal address never meets the resolver, and the socket's
+    connect refuses it; the server sees nothing."""
+    cfg = FetchConfig(retries=0, read_timeout_s=2)
+
+    async def fetch_all(port: int, dest: str) -> list[str]:
+        async with Fetcher(cfg) as fetcher:
+            fetcher.policy.check_url = lambda url: ("", "")  # type: ignore[method-assign]
+            hosts = ("127.0.0.1", "[::1]", "１２７.０.０.１", "127.0.0.3")
+            return [(await fetcher.fetch(f"http://{h}:{port}/v/v0.mp4", dest)).detail for h in hosts]
+
+    with UrlServer(videos) as server:
+        details = asyncio.run(fetch_all(server.port, str(tmp_path / "dest")))
+        hits = sum(server.hits.values())
+    assert details == ["connection to 127.0.0.1 is loopback", "connection to ::1 is loopback",
+                       "connection to 127.0.0.1 is loopback", "connection to 127.0.0.3 is loopback"]  # fmt: skip
+    assert hits == 0
+
+
+@pytest.mark.parametrize(
+    ("host", "refused"),
+    [("１２７.０.０.１", "127.0.0.1 is loopback"), ("①②⑦.0.0.1", "127.0.0.1 is loopback"),
+     ("127。0。0。1", "127.0.0.1 is loopback"), ("[::ffff:127.0.0.1]", "::ffff:7f00:1 is loopback"),
+     ("LOCALHOST.", "localhost. is loopback (a localhost name)"),
+     ("x.localhost", "x.localhost is loopback (a localhost name)"),
+     ("１６９.２５４.１６９.２５４", "169.254.169.254 is link-local"), ("①⓪.0.0.1", "10.0.0.1 is private")],
+)  # fmt: skip
+def test_the_url_check_reads_the_host_as_the_client_does(host, refused):
+    assert guard.Policy().check_url(f"http://{host}/a.mp4") == ("refused address", refused)
+
+
+def test_control_characters_make_a_bad_url_and_nested_urls_are_redacted():
+    policy = guard.Policy()
+    assert policy.check_url("http://example.com/a\x00b.mp4")[0] == "bad url"
+    assert policy.check_url("http://example.com/a\nb.mp4") == ("bad url", "it holds the control character U+000A")
+    nested = "http://h/r?next=" + urllib.parse.quote("http://bob:pa55@i/x.mp4?X-Amz-Signature=s3cr3t&n=2", safe="")
+    redacted = guard.redact(nested)
+    assert "pa55" not in redacted and "s3cr3t" not in redacted and "bob" not in redacted
+    assert urllib.parse.parse_qs(urllib.parse.urlsplit(redacted).query)["next"] == [
+        "http://i/x.mp4?X-Amz-Signature=REDACTED&n=2"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("values", "found"),
+    [(["noai"], "noai"), (["noindex, nofollow"], "noindex"), (["NoImageAI"], "noimageai"), (["none"], "none"),
+     (["otherbot: noindex"], ""), (["vlp-fetch: noai"], "noai"), (["*: noai, noindex"], "noai, noindex"),
+     (["nofollow", "noai"], "noai"), (["nofollow, max-snippet: 20"], ""), ([], "")],
+)  # fmt: skip
+def test_the_opt_out_directives(values, found):
+    assert robots_opt_out(values, "vlp-fetch/1.0") == found
+
+
+def test_a_csv_list_is_parsed_as_csv(tmp_path):
+    """Quoted newlines, commas and quotes stay in their caption; CRLF and a byte-order mark are read; a NUL byte,
+    bytes that are not UTF-8 and a broken quote are bad rows naming their line, never URLs."""
+    data = ("\ufeffid,url,caption\r\n"
+            'a,http://h/1.mp4,"first line\r\nsecond line, with ""quotes"""\r\n'
+            "b,http://h/2.mp4,plain\r\n"
+            "c,http://h/3\x00.mp4,a NUL\r\n"
+            'd,http://h/4.mp4,"two\nlines"\r\n').encode() + b"e,http://h/5.mp4,caf\xe9\r\n" + \
+           b'f,http://h/6.mp4,"a quote"that goes on\r\ng,http://h/7.mp4,last\r\n'  # fmt: skip
+    (tmp_path / "l.csv").write_bytes(data)
+    fmt, rows = lists.read(str(tmp_path / "l.csv"))
+    assert fmt == "urls" and [r.row for r in rows] == list(range(7))
+    assert rows[0] == lists.Row(0, "a", "http://h/1.mp4", 'first line\r\nsecond line, with "quotes"')
+    assert rows[1] == lists.Row(1, "b", "http://h/2.mp4", "plain") and rows[3].caption == "two\nlines"
+    assert rows[2] == lists.Row(2, "row2", "", "", "bad row: its URL holds a NUL byte (line 5)")
+    assert rows[4].url == "" and rows[4].problem.startswith("bad row: its caption is not valid UTF-8: the byte 0xe9")
+    assert rows[4].problem.endswith("(line 8)")
+    assert (
+        rows[5].url == "" and rows[5].problem.startswith("bad row: not a CSV record") and "(line 9)" in rows[5].problem
+    )
+    assert rows[6] == lists.Row(6, "g", "http://h/7.mp4", "last")
+
+
+def test_a_webvid_csv_with_a_bom_and_quoted_newlines_keeps_its_ids(tmp_path):
+    (tmp_path / "results_10M_train.csv").write_bytes(
+        "\ufeffvideoid,contentUrl,duration,page_dir,name\n"
+        '31353427,http://h/1.mp4,PT00H00M12S,1,"Aerial shot\nof a city"\n'
+        "31353428,http://h/2.mp4,PT00H00M10S,1,A dog\n".encode()
+    )
+    fmt, rows = lists.read(str(tmp_path / "results_10M_train.csv"))
+    assert fmt == "webvid" and [(r.row, r.video_id, r.caption) for r in rows] == [
+        (0, "31353427", "Aerial shot\nof a city"), (1, "31353428", "A dog")]  # fmt: skip
+
+
+def test_a_quoted_newline_is_never_requested(tmp_path, videos):
+    """The issue's case through the real command: the second half of a caption is not a row and not a request."""
+    with UrlServer(videos) as server:
+        listed = tmp_path / "list.csv"
+        listed.write_text(f'url,caption\n{server.url("/v/v0.mp4")},"one\n/v/41.mp4 second line"\n')
+        _fetch(listed, tmp_path / "out")
+        hits = dict(server.hits)
+    assert hits == {"/v/v0.mp4": 1}
+    assert [(r["status"], r["caption"]) for r in _records(tmp_path / "out")] == [("ok", "one\n/v/41.mp4 second line")]

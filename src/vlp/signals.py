@@ -5,12 +5,17 @@ components' step runner use it; it imports nothing of vlp."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import ctypes
+import os
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 class Terminated(KeyboardInterrupt):
@@ -75,3 +80,58 @@ def interrupt_on_signals() -> Iterator[list[int]]:
 def signal_exception(signum: int) -> KeyboardInterrupt:
     """The exception a signal raises in the main thread: :class:`Terminated` for SIGTERM, else KeyboardInterrupt."""
     return Terminated() if signum == signal.SIGTERM else KeyboardInterrupt()
+
+
+def run_interruptible(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)``, where SIGTERM and SIGINT cancel ``main`` (its tasks unwind: connections close, ``finally``
+    blocks run) and are then raised as :func:`signal_exception` from here, rather than wherever a coroutine happened
+    to be, which would leave tasks pending and print them on the way out. Outside the main thread, plain
+    ``asyncio.run``."""
+    if threading.current_thread() is not threading.main_thread():
+        return asyncio.run(main)
+    got: list[int] = []
+
+    async def guarded() -> T:
+        loop, task = asyncio.get_running_loop(), asyncio.current_task()
+        assert task is not None
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+
+        def stop(signum: int) -> None:
+            got.append(signum)
+            task.cancel()
+
+        for sig, handler in previous.items():
+            if handler is not signal.SIG_IGN:
+                loop.add_signal_handler(sig, stop, sig)
+        try:
+            return await main
+        finally:
+            for sig, handler in previous.items():
+                loop.remove_signal_handler(sig)
+                signal.signal(sig, handler)
+
+    try:
+        result = asyncio.run(guarded())
+    except asyncio.CancelledError:
+        if not got:
+            raise
+    finally:
+        _received.extend(got)  # what interrupt_on_signals reports, whatever the unwinding raised
+    if got:
+        raise signal_exception(got[0])
+    return result
+
+
+_PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+def die_with_parent(parent: int) -> None:
+    """Call first thing in a worker process whose parent is ``parent`` (a pid): the worker is SIGKILLed when its
+    parent dies, however it dies (SIGKILL and the OOM killer included), even in the middle of a call that never
+    returns (Linux's parent-death signal; elsewhere nothing is set). A parent already gone ends the worker at once.
+    The signal follows the thread that started the worker: start workers from a thread that outlives them."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(1)

@@ -63,6 +63,11 @@ def is_s3(uri: str | os.PathLike[str]) -> bool:
     return str(uri).startswith("s3://")
 
 
+def canonical(uri: str | os.PathLike[str]) -> str:
+    """One spelling per place: a local path absolute and with its links resolved, an object URI as it is."""
+    return str(uri).rstrip("/") if is_s3(uri) else os.path.realpath(uri)
+
+
 def join(base: str | os.PathLike[str], *parts: str) -> str:
     """Join URI parts with ``/`` (``s3://b/a`` + ``x`` -> ``s3://b/a/x``; local paths likewise)."""
     out = str(base)

@@ -7,8 +7,10 @@ is checked and counted. Bodies are asked for uncompressed (``Accept-Encoding: id
 anyway (a gzip bomb among them) is decompressed here under ``fetch.max_bytes``.
 
 Each attempt ends in an :class:`Outcome` whose ``status`` is ``ok`` or the reason: ``http <code>``, ``timeout``,
-``too slow``, ``too large``, ``not a video``, ``refused address``, ``bad url``, ``too many redirects``,
-``cut off`` (the body ended early or the connection was reset), ``connection failed``. 408, 429, 5xx, ``cut off``
+``too slow``, ``too large``, ``not a video``, ``opted out`` (an ``X-Robots-Tag`` of ``noai``, ``noimageai``,
+``noindex`` or ``none``), ``refused address``, ``bad url``, ``too many redirects``, ``cut off`` (the body ended early
+or the connection was reset), ``connection failed``. The status line and headers must arrive within
+``fetch.read_timeout_s`` of the request, the body at ``fetch.min_bytes_per_s`` on average. 408, 429, 5xx, ``cut off``
 and ``connection failed`` are tried again up to ``fetch.retries`` times after a doubling wait with jitter, or after
 the server's ``Retry-After`` when it asks for longer (up to ``fetch.max_retry_after_s``; a longer one gives up).
 """
@@ -29,7 +31,7 @@ from typing import Any
 
 from vlp import __version__
 from vlp.data.fetch.config import FetchConfig
-from vlp.data.fetch.guard import GuardedResolver, Policy, RefusedAddress, redact
+from vlp.data.fetch.guard import GuardedResolver, Policy, RefusedAddress, redact, socket_factory
 
 REDIRECTS = (301, 302, 303, 307, 308)
 RETRY_STATUS = frozenset({408, 429, 500, 502, 503, 504})
@@ -97,6 +99,7 @@ class Fetcher:
         self.cfg = cfg
         self.policy = Policy(cfg.allow)
         self.rate = HostRate(cfg.per_host_rate)
+        self.agent = cfg.user_agent or f"vlp-fetch/{__version__}"
         self.session: Any = None
 
     async def __aenter__(self) -> Fetcher:
@@ -106,16 +109,20 @@ class Fetcher:
             limit=self.cfg.concurrency,
             limit_per_host=self.cfg.per_host_concurrency,
             resolver=GuardedResolver(self.policy),  # type: ignore[arg-type]  # aiohttp's resolver protocol
+            socket_factory=socket_factory(self.policy),  # every connect() checks the address it connects to
             ttl_dns_cache=60,
         )
+        trace = aiohttp.TraceConfig()
+        trace.on_request_headers_sent.append(_start_head_clock)
         timeout = aiohttp.ClientTimeout(sock_connect=self.cfg.connect_timeout_s, sock_read=self.cfg.read_timeout_s)
-        agent = self.cfg.user_agent or f"vlp-fetch/{__version__}"
+        agent = self.agent
         self.session = aiohttp.ClientSession(
             connector=connector,
             timeout=timeout,
             auto_decompress=False,  # decompressed here, within max_bytes
             trust_env=False,  # no proxy or .netrc from the environment
             headers={"User-Agent": agent, "Accept-Encoding": "identity"},
+            trace_configs=[trace],
         )
         return self
 
@@ -163,7 +170,7 @@ class Fetcher:
             host = urllib.parse.urlsplit(current).hostname or ""
             await self.rate.wait(host)
             try:
-                async with self.session.get(current, allow_redirects=False) as resp:
+                async with await self._head(current) as resp:
                     if resp.status in REDIRECTS:
                         location = resp.headers.get("Location", "")
                         if not location:
@@ -193,11 +200,27 @@ class Fetcher:
                 raise _Failed("connection failed", _short(exc), retry_after=-1) from None
         raise _Failed("too many redirects", f"more than fetch.max_redirects={self.cfg.max_redirects}")
 
+    async def _head(self, url: str) -> Any:
+        """The response to a GET of ``url`` once its status line and headers are in: they must arrive within
+        ``fetch.read_timeout_s`` of the request being sent (a byte at a time resets no clock here)."""
+        head = _HeadClock(self.cfg.read_timeout_s)
+        try:
+            async with head.timeout:
+                return await self.session.get(url, allow_redirects=False, trace_request_ctx=head)
+        except TimeoutError:
+            if not head.timeout.expired():
+                raise  # the attempt's own limit, or aiohttp's
+            limit = f"fetch.read_timeout_s={self.cfg.read_timeout_s:g} s"
+            raise _Failed("timeout", f"no status line and headers within {limit} of the request") from None
+
     async def _body(self, resp: Any, url: str, dest: str) -> Outcome:
         cfg = self.cfg
         if resp.status != 200:
             wait = retry_after_s(resp.headers.get("Retry-After")) if resp.status in RETRY_STATUS else None
             raise _Failed(f"http {resp.status}", resp.reason or "", retry_after=wait)
+        opted_out = robots_opt_out(resp.headers.getall("X-Robots-Tag", []), self.agent) if cfg.honor_opt_out else ""
+        if opted_out:
+            raise _Failed("opted out", f"X-Robots-Tag: {opted_out} (fetch.honor_opt_out)")
         ctype = resp.headers.get("Content-Type", "").split(";")[0].strip().lower()
         if ctype.startswith(NOT_VIDEO_TYPES):
             raise _Failed("not a video", f"Content-Type {ctype}")
@@ -231,6 +254,44 @@ class Fetcher:
         if written == 0:
             raise _Failed("not a video", "an empty body")
         return Outcome("ok", "", written, digest.hexdigest(), redact(url), ctype)
+
+
+class _HeadClock:
+    """The deadline of one request's status line and headers: none until the request is sent, then ``limit_s``."""
+
+    def __init__(self, limit_s: float) -> None:
+        self.limit_s, self.sent = limit_s, False
+        self.timeout = asyncio.timeout(None)
+
+
+async def _start_head_clock(_session: Any, context: Any, _params: Any) -> None:
+    """aiohttp's ``on_request_headers_sent``: the request is out (a connection was had), the head's clock starts."""
+    head = context.trace_request_ctx
+    if isinstance(head, _HeadClock):
+        head.sent = True
+        head.timeout.reschedule(asyncio.get_running_loop().time() + head.limit_s)
+
+
+OPT_OUT = frozenset({"noai", "noimageai", "noindex", "none"})  # X-Robots-Tag directives that refuse use
+
+
+def robots_opt_out(values: list[str], agent: str) -> str:
+    """The opt-out directives among ``X-Robots-Tag`` header ``values`` that apply to ``agent``, joined, or ``""``.
+
+    A value is a comma-separated list of directives, optionally after ``<user agent>:`` naming whom they are for
+    (``otherbot: noindex`` does not apply here; ``*`` and the first word of ``agent`` do).
+    """
+    me = agent.split("/", 1)[0].strip().lower()
+    found: list[str] = []
+    for value in values:
+        head, sep, rest = value.partition(":")
+        whom = head.strip().lower()
+        if sep and "," not in whom and whom not in OPT_OUT:  # "<user agent>: <directives>"
+            if whom not in ("*", me):
+                continue
+            value = rest
+        found += [d.strip().lower() for d in value.split(",") if d.strip().lower() in OPT_OUT]
+    return ", ".join(dict.fromkeys(found))
 
 
 _URL = re.compile(r"https?://[^\s'\"<>]+")

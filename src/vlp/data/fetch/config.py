@@ -23,7 +23,7 @@ class FetchConfig:
     read_timeout_s: float = 30.0  # longest wait for the next bytes of a response
     timeout_s: float = 600.0  # one attempt at one URL, redirects and body included
     min_bytes_per_s: float = 16384.0  # a body slower than this on average, after read_timeout_s, is cut (0 = off)
-    max_bytes: int = 512 << 20  # a larger video (Content-Length, the bytes streamed, or decompressed) is refused
+    max_bytes: int = 128 << 20  # a larger video (Content-Length, streamed, decompressed) is refused; WebVid's are MBs
     max_redirects: int = 5  # redirects followed per attempt
     retries: int = 3  # further attempts after a 408/429/5xx, a reset connection or a body cut off
     backoff_s: float = 1.0  # wait before the first retry, doubled before each further one, with jitter
@@ -36,6 +36,7 @@ class FetchConfig:
     batch: int = 64  # downloads probed, stored and recorded together: what a killed part may fetch again
     store_workers: int = 8  # uploads of a batch side by side
     user_agent: str = ""  # "" = vlp-fetch/<version>
+    honor_opt_out: bool = True  # an X-Robots-Tag of noai, noimageai, noindex or none ends the row as "opted out"
     progress: bool = True  # a progress line on stderr
 
 

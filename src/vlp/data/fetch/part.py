@@ -12,7 +12,9 @@ Layout under the fetch output ``OUT`` (a folder or an ``s3://`` prefix):
   (every row's record) and ``summary.json``.
 
 A part rerun after a kill reads its journal and fetches only the rows it lacks; a finished part (its
-``records.parquet`` there) fetches nothing. A video is stored once: its object is written only when absent, and
+``records.parquet`` there) fetches nothing. One process at a time fetches a part of an output (a lock beside the
+part's local scratch folder, where downloads wait for their probe and upload; a run empties what a killed one left
+there, and removes it when it ends). A video is stored once: its object is written only when absent, and
 rows whose bytes are equal become one video (the first row's id) with every row's caption.
 """
 
@@ -20,17 +22,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
+import fcntl
 import hashlib
 import json
 import logging
 import os
 import posixpath
 import shutil
+import stat
 import tempfile
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,6 +49,7 @@ from vlp.data.fetch.config import FetchConfig
 from vlp.data.fetch.guard import redact
 from vlp.data.ingest.probe import probe_file
 from vlp.data.isolate import isolated_map
+from vlp.signals import run_interruptible
 
 log = logging.getLogger(__package__)
 
@@ -135,12 +141,14 @@ def fetch_part(source: str, out: str, cfg: FetchConfig, index: int, count: int) 
         log.info("fetch part %d/%d: %s has finished already", index, count, target)
         table, fetched = storage.read_parquet(target), 0
     else:
-        done, seq = _journal(where, mine)
-        todo = [r for r in mine if r.row not in done]
-        log.info("fetch part %d/%d: %d of %d rows (%d recorded before)", index, count, len(todo), len(mine), len(done))
-        records = dict(done)
-        if todo:
-            asyncio.run(_Run(out, where, cfg, seq, records).fetch(todo))
+        with _scratch(out, index, count) as tmp:
+            done, seq = _journal(where, mine)
+            todo = [r for r in mine if r.row not in done]
+            log.info("fetch part %d/%d: %d of %d rows (%d recorded before)", index, count, len(todo), len(mine),
+                     len(done))  # fmt: skip
+            records = dict(done)
+            if todo:
+                run_interruptible(_Run(out, where, cfg, seq, records, tmp).fetch(todo))
         table = _table(list(records.values()))
         finished = meta | {"wall_s": round(time.perf_counter() - start, 3)}  # the run that finished it
         storage.write_parquet(target, table.replace_schema_metadata({_META: json.dumps(finished, sort_keys=True)}))
@@ -156,14 +164,64 @@ def _counts(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "download_s": round(sum(r["seconds"] for r in records), 3)}  # fmt: skip
 
 
+def scratch_dir(out: str, index: int, count: int) -> str:
+    """The local folder of part ``index`` of ``count`` of ``out``'s downloads: the same on every run, this user's."""
+    key = hashlib.sha256(f"{storage.canonical(out)}\0{index}\0{count}".encode()).hexdigest()[:20]
+    return os.path.join(tempfile.gettempdir(), f"vlp-fetch-{os.getuid()}", key)
+
+
+@contextlib.contextmanager
+def _scratch(out: str, index: int, count: int) -> Iterator[str]:
+    """An empty local folder for part ``index`` of ``count`` of ``out``'s downloads, held by this process alone.
+
+    The folder is the same on every run (under the system's temporary directory, named by a hash of the output and
+    the part), so a run empties what a killed run left; it is removed when the run ends. A second process on the
+    same part fails at once, naming the first.
+
+    Raises:
+        PartBusy: another process holds the part.
+    """
+    work = scratch_dir(out, index, count)
+    root = os.path.dirname(work)
+    os.makedirs(root, mode=0o700, exist_ok=True)
+    found = os.lstat(root)
+    if not stat.S_ISDIR(found.st_mode) or found.st_uid != os.getuid():
+        raise PermissionError(f"{root} is not a folder of this user's: remove it, or set TMPDIR elsewhere")
+    fd = os.open(f"{work}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise PartBusy(f"part {index}/{count} of {out} is being fetched by another process (pid {holder}): wait "
+                           "for it to end, or stop it, then run this again") from None  # fmt: skip
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        shutil.rmtree(work, ignore_errors=True)  # a killed run's partial downloads
+        os.mkdir(work, 0o700)
+        try:
+            yield work
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    finally:
+        os.close(fd)  # the lock goes with it
+
+
+class PartBusy(ValueError):
+    """Another process is fetching the same part into the same output."""
+
+
 class _Run:
     """One run of a part: downloads (``cfg.concurrency`` at a time) feed batches that are probed, stored and
     journaled in a thread while the downloads go on."""
 
-    def __init__(self, out: str, where: str, cfg: FetchConfig, seq: int, records: dict[int, dict[str, Any]]) -> None:
-        self.out, self.where, self.cfg, self.seq, self.records = out, where, cfg, seq, records
+    def __init__(
+        self, out: str, where: str, cfg: FetchConfig, seq: int, records: dict[int, dict[str, Any]], tmp: str
+    ) -> None:
+        self.out, self.where, self.cfg, self.seq, self.records, self.tmp = out, where, cfg, seq, records, tmp
         self.stored: set[str] = set()  # objects this run knows exist
-        self.tmp = ""
         self.total = self.finished = self.bytes = 0
         self.started = time.perf_counter()
         self.last_log = 0.0
@@ -177,29 +235,25 @@ class _Run:
             else:
                 by_url.setdefault(r.url, []).append(r)  # the same URL twice: fetched once, for both rows
         self.total = len(todo)
-        self.tmp = tempfile.mkdtemp(prefix="vlp-fetch-")
         done: asyncio.Queue[tuple[list[lists.Row], Outcome, str] | None] = asyncio.Queue(maxsize=2 * self.cfg.batch)
         queue: asyncio.Queue[list[lists.Row]] = asyncio.Queue()
         for group in by_url.values():
             queue.put_nowait(group)
-        try:
-            async with Fetcher(self.cfg) as fetcher:
+        async with Fetcher(self.cfg) as fetcher:
 
-                async def worker() -> None:
-                    while not queue.empty():
-                        group = queue.get_nowait()
-                        dest = os.path.join(self.tmp, str(group[0].row))
-                        outcome = await fetcher.fetch(group[0].url, dest, seed=group[0].row)
-                        await done.put((group, outcome, dest))
+            async def worker() -> None:
+                while not queue.empty():
+                    group = queue.get_nowait()
+                    dest = os.path.join(self.tmp, str(group[0].row))
+                    outcome = await fetcher.fetch(group[0].url, dest, seed=group[0].row)
+                    await done.put((group, outcome, dest))
 
-                async def workers() -> None:
-                    await asyncio.gather(*(worker() for _ in range(min(self.cfg.concurrency, len(by_url)))))
-                    await done.put(None)
+            async def workers() -> None:
+                await asyncio.gather(*(worker() for _ in range(min(self.cfg.concurrency, len(by_url)))))
+                await done.put(None)
 
-                finishing = asyncio.create_task(self._finisher(done, now))
-                await asyncio.gather(workers(), finishing)
-        finally:
-            shutil.rmtree(self.tmp, ignore_errors=True)
+            finishing = asyncio.create_task(self._finisher(done, now))
+            await asyncio.gather(workers(), finishing)
 
     async def _finisher(self, done: asyncio.Queue[Any], first: list[dict[str, Any]]) -> None:
         loop = asyncio.get_running_loop()
