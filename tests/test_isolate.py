@@ -125,3 +125,67 @@ def test_extract_frames_quarantines_a_crashing_and_a_hanging_file(tmp_path, mp4_
         "crash": "decoder crashed: exit code 11 (frames.timeout_s=2)",
         "hang": "decoder timed out after 2 s (frames.timeout_s=2)",
     }
+
+
+_PARENT = """
+import time
+from vlp.data.isolate import isolated_map
+
+def work(item):
+    if item == "hang":
+        time.sleep(600)
+    return item.upper()
+
+results = isolated_map(work, {items!r}, workers=3, timeout_s=0, on_failure=lambda i, w: None)
+print(next(results), flush=True)  # the first result: every worker started, some idle, some busy
+time.sleep(600)
+"""
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _alive(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
+                    alive.add(pid)
+        except OSError:
+            pass
+    return alive
+
+
+@pytest.mark.parametrize("items", [["a", "b", "c"], ["a", "hang", "hang"]], ids=["idle", "busy"])
+def test_workers_end_when_their_parent_is_killed(items):
+    """SIGKILL of the parent (what the OOM killer and a pod eviction do): every worker, waiting for work or in the
+    middle of an item that never returns, is gone within seconds."""
+    import signal
+    import subprocess
+    import sys
+
+    script = _PARENT.format(items=items)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "A"
+        workers = _children(parent.pid)
+        assert len(workers) == 3, workers
+    finally:
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(workers), f"workers outlived their parent: {_alive(workers)}"

@@ -6,13 +6,16 @@ item a worker holds: a worker that dies (a decoder segfault, the kernel's OOM ki
 ``timeout_s`` is killed and replaced, and that item alone gets ``on_failure(item, reason)`` as its
 result; the other items carry on. An exception raised by ``fn`` is re-raised in the parent (the
 functions used here turn every defect of a file into a result, and raise only for what must fail the
-step, e.g. a storage outage).
+step, e.g. a storage outage). A worker ends with its parent, however the parent dies: it holds no copy of any
+parent's end of a pipe (so its next read sees the end), and Linux kills it with the parent
+(:func:`vlp.signals.die_with_parent`), even in the middle of an item.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -20,9 +23,16 @@ from multiprocessing.connection import Connection, wait
 from typing import Any
 
 from vlp import storage
+from vlp.signals import die_with_parent
+
+_PARENT_ENDS: set[Connection] = set()  # this process's ends of its workers' pipes, which a forked worker inherits
 
 
-def _serve(conn: Connection, fn: Callable[[Any], Any], settings: storage.StorageConfig) -> None:
+def _serve(conn: Connection, fn: Callable[[Any], Any], settings: storage.StorageConfig, parent: int) -> None:
+    die_with_parent(parent)
+    for end in list(_PARENT_ENDS):  # a fork's copies: held here, they would keep this pipe open past the parent
+        end.close()
+    _PARENT_ENDS.clear()
     storage.configure(settings)
     while True:
         try:
@@ -42,7 +52,8 @@ def _serve(conn: Connection, fn: Callable[[Any], Any], settings: storage.Storage
 class _Worker:
     def __init__(self, ctx: Any, fn: Callable[[Any], Any]) -> None:
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_serve, args=(child, fn, storage._config), daemon=True)
+        _PARENT_ENDS.add(self.conn)
+        self.proc = ctx.Process(target=_serve, args=(child, fn, storage._config, os.getpid()), daemon=True)
         self.proc.start()
         child.close()
         self.index: int | None = None  # the item it holds
@@ -63,6 +74,7 @@ class _Worker:
             self.proc.kill()
             self.proc.join()
         self.conn.close()
+        _PARENT_ENDS.discard(self.conn)
 
 
 def isolated_map(

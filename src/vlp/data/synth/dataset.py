@@ -24,6 +24,7 @@ from vlp.data.synth.language import captions_for, questions_for
 from vlp.data.synth.plan import ItemPlan, assign_splits, item_rng, plan_item
 from vlp.data.synth.render import render
 from vlp.data.synth.world import SynthConfig
+from vlp.signals import die_with_parent
 
 # --------------------------------------------------------------------------- one item (runs in a worker)
 
@@ -83,7 +84,8 @@ def _run(tasks: list[_Task], workers: int) -> Iterator[ItemResult]:
         return
     chunk = max(1, min(8, len(tasks) // (4 * workers)))
     ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads (boto3)
-    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(tasks)), mp_context=ctx, initializer=die_with_parent,
+                             initargs=(os.getpid(),)) as pool:  # fmt: skip
         yield from pool.map(_build_item, tasks, chunksize=chunk)
 
 
