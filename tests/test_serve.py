@@ -433,6 +433,27 @@ def test_without_the_token_only_the_health_probes_answer(server):
     assert "401 no credential" in server.text() and TOKEN not in server.text()
 
 
+def test_two_authorization_headers_are_refused_whichever_holds_the_token(server):
+    import http.client
+
+    host, port = urllib.parse.urlsplit(server.url).netloc.split(":")
+    wrong = "Bearer wrong-token-0123456789"
+    for pair in [(f"Bearer {TOKEN}", wrong), (wrong, f"Bearer {TOKEN}"),
+                 (f"Bearer {TOKEN}", f"Bearer {TOKEN}")]:  # fmt: skip
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("GET", "/api/search?q=star")
+        for value in pair:
+            conn.putheader("Authorization", value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        body = json.loads(resp.read())
+        conn.close()
+        assert (resp.status, body) == (
+            400,
+            {"error": "2 Authorization headers: send the token of VLP_SERVE_TOKEN in one"},
+        )
+
+
 SECRET_TEXT = "zebra umbrella quartz"  # searched for: no log line may show it
 
 

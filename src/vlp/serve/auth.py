@@ -111,8 +111,13 @@ class RequireToken:
         if scope.get("path") in OPEN_PATHS:
             await self.app(scope, receive, send)
             return
-        headers = dict(scope.get("headers") or [])
-        secret = presented(headers[b"authorization"]) if b"authorization" in headers else None
+        given = [value for name, value in scope.get("headers") or [] if name == b"authorization"]
+        if len(given) > 1:  # which one holds? A proxy and the app may each read another: none does
+            log.warning("%s %s: 400 %d Authorization headers", scope.get("method"), scope.get("path"), len(given))
+            message = f"{len(given)} Authorization headers: send the token of {TOKEN_ENV} in one"
+            await JSONResponse({"error": message}, status_code=400)(scope, receive, send)
+            return
+        secret = presented(given[0]) if given else None
         if secret is not None and hmac.compare_digest(secret, self.token):
             await self.app(scope, receive, send)
             return
