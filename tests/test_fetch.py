@@ -514,7 +514,7 @@ def test_a_csv_list_is_parsed_as_csv(tmp_path):
     assert fmt == "urls" and [r.row for r in rows] == list(range(7))
     assert rows[0] == lists.Row(0, "a", "http://h/1.mp4", 'first line\r\nsecond line, with "quotes"')
     assert rows[1] == lists.Row(1, "b", "http://h/2.mp4", "plain") and rows[3].caption == "two\nlines"
-    assert rows[2] == lists.Row(2, "row2", "", "", "bad row: its URL holds a NUL byte (line 5)")
+    assert rows[2] == lists.Row(2, "row2", "", "", "bad row: its URL holds a NUL byte (0x00) at character 10 (line 5)")
     assert rows[4].url == "" and rows[4].problem.startswith("bad row: its caption is not valid UTF-8: the byte 0xe9")
     assert rows[4].problem.endswith("(line 8)")
     assert (

@@ -294,6 +294,9 @@ def test_text_that_is_not_text_and_requests_that_are_not_http_get_one_line(serve
     url, infer = server.url, f"{server.url}/v2/models/{NAME}/infer"
     byte = "the query is not valid UTF-8: the byte 0x80 at character 2 is not text"
     assert get_json(infer, v2(["a \udc80 star"])) == (400, {"error": byte})
+    nul = "the query holds a NUL byte (0x00) at character 1"  # in a body as in a query string: refused
+    assert get_json(infer, v2(["a\x00b"])) == (400, {"error": nul})
+    assert get_json(f"{url}/v1/models/{NAME}:predict", {"instances": [{"text": "a\x00b"}]}) == (400, {"error": nul})
     status, got = get_json(f"{url}/v1/models/{NAME}:predict", {"instances": [{"text": "a \udc80 star"}]})
     assert status == 400 and "surrogate" in got["error"], got  # KServe's JSON parser (orjson) refuses it first
     surrogate = f"{url}/api/search?q=" + urllib.parse.quote("a \ud800", errors="surrogatepass")  # %ED%A0%80

@@ -61,19 +61,21 @@ def bytes_problem(data: bytes, max_chars: int = 0) -> str | None:
     :func:`invalid_utf8` names it), or a NUL byte (0x00).
     """
     text = data.decode("utf-8", "surrogateescape")
-    problem = text_problem(text, max_chars)
-    if problem is None and NUL in text:
-        return f"holds a NUL byte (0x00) at character {text.index(NUL)}"
-    return problem
+    return text_problem(text, max_chars) or nul_problem(text)
+
+
+def nul_problem(text: str) -> str | None:
+    """Why ``text`` cannot be a query, a question or a field of a list: it holds a NUL, or None."""
+    return f"holds a NUL byte (0x00) at character {text.index(NUL)}" if NUL in text else None
 
 
 def checked_text(text: object, what: str = "query", max_chars: int = MAX_TEXT_CHARS) -> str:
-    """``text`` if it is valid UTF-8, not blank and at most ``max_chars`` characters (0 = no limit).
+    """``text`` if it is valid UTF-8 without a NUL, not blank and at most ``max_chars`` characters (0 = no limit).
 
     Raises:
         TextError: one line naming ``what`` (``query``, ``question``) and what is wrong with it.
     """
-    problem = text_problem(text, max_chars)
+    problem = text_problem(text, max_chars) or nul_problem(text)  # type: ignore[arg-type]  # a str if no problem
     if problem:
         raise TextError(f"the {what} {problem}")
     assert isinstance(text, str)

@@ -22,7 +22,7 @@ from typing import IO
 from vlp import storage
 from vlp.data import manifest
 from vlp.data.fetch.config import FORMATS
-from vlp.text import invalid_utf8
+from vlp.text import invalid_utf8, nul_problem
 
 BOM = "\ufeff"
 
@@ -70,7 +70,7 @@ def _text_problem(fields: dict[str, object]) -> str:
     """Why one of a record's text fields cannot be used (not UTF-8, a NUL byte), or ``""``."""
     for name, value in fields.items():
         if isinstance(value, str):
-            bad = "holds a NUL byte" if "\x00" in value else invalid_utf8(value)
+            bad = invalid_utf8(value) or nul_problem(value)
             if bad:
                 return f"its {name} {bad}"
     return ""
