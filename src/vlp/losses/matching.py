@@ -48,7 +48,9 @@ def hard_negative_weights(sim: Tensor, exclude: Tensor | None = None) -> Tensor:
     Returns:
         ``(B, B)`` float32 probabilities, ``softmax`` of each row with the diagonal (and excluded pairs) set to
         exactly 0. Because the row maximum over allowed entries gets weight ``exp(0)``, a row never
-        underflows to all zeros, even for near-one-hot similarities.
+        underflows to all zeros, even for near-one-hot similarities. A row whose similarities are NaN or infinite
+        (a diverged model) is uniform over its allowed items instead, so sampling never fails on it: the NaN
+        reaches the loss, where the training loop stops with one line.
     """
     if sim.ndim != 2 or sim.shape[0] != sim.shape[1]:
         raise ValueError(
@@ -59,7 +61,9 @@ def hard_negative_weights(sim: Tensor, exclude: Tensor | None = None) -> Tensor:
         raise ValueError("hard negatives need a batch of at least 2 pairs (B=1 has no in-batch negative)")
     allowed = _allowed(sim.shape[0], exclude, sim.device)
     masked = sim.detach().float().masked_fill(~allowed, float("-inf"))  # (B, B)
-    return F.softmax(masked, dim=1)
+    probs = F.softmax(masked, dim=1)
+    finite = probs.isfinite().all(dim=1, keepdim=True)  # (B, 1), no sync
+    return torch.where(finite, probs, allowed.float() / allowed.sum(dim=1, keepdim=True))
 
 
 @torch.no_grad()

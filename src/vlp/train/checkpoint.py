@@ -25,10 +25,12 @@ every rank). The training loop in :mod:`vlp.train.loop` does exactly that.
 from __future__ import annotations
 
 import json
+import math
 import random
 import re
 import shutil
 import warnings
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,9 @@ __all__ = [
     "CheckpointError",
     "DamagedCheckpointError",
     "LoadedCheckpoint",
+    "NonFiniteCheckpointError",
     "RngState",
+    "all_finite",
     "capture_rng_state",
     "checkpoint_dir",
     "checkpoint_step",
@@ -69,9 +73,11 @@ __all__ = [
     "load_checkpoint",
     "load_model_weights",
     "load_pretrained_weights",
+    "nonfinite_names",
     "prune_checkpoints",
     "read_model_weights",
     "read_state",
+    "refuse_output_links",
     "restore_rng_state",
     "rng_file",
     "save_checkpoint",
@@ -84,6 +90,11 @@ STATE_FILE = "state.json"
 OPTIM_FILE = "optimizer.safetensors"
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 _KERNEL_KEYS = ("foreach", "fused", "capturable", "differentiable")  # how an optimiser runs, not what it holds
+
+
+class NonFiniteCheckpointError(DamagedCheckpointError):
+    """A checkpoint's weights or optimiser state hold a NaN or an infinity (the message names the file and tensors):
+    no run can continue from it, so it is skipped or refused as a damaged file is."""
 
 
 @dataclass
@@ -127,6 +138,60 @@ def checkpoint_step(uri: str) -> int:
 def rng_file(rank: int) -> str:
     """File name of rank ``rank``'s generator states inside a checkpoint directory."""
     return f"rng-rank{rank:05d}.safetensors"
+
+
+# --------------------------------------------------------------------------- what may be read and written
+
+
+def all_finite(tensors: Iterable[Tensor]) -> Tensor:
+    """0-d bool tensor, True when no floating tensor of ``tensors`` holds a NaN or an infinity (False: one may).
+
+    One reduction per call on CUDA (``torch._foreach_norm`` with ``ord=inf``, one fused kernel: a NaN or an infinity
+    survives a max of ``|x|`` and no finite value overflows it). On the CPU, where that runs tensor by tensor with a
+    scalar kernel, one vectorised sum per tensor instead: a NaN or an infinity survives a sum, but finite values
+    summing past the float range read False too, so a False is confirmed with :func:`nonfinite_names`. The result
+    stays on the tensors' device: the caller decides when to wait for it.
+    """
+    floats = [t.detach() for t in tensors if t.is_floating_point()]
+    if not floats:
+        return torch.tensor(True)
+    if floats[0].device.type == "cuda":
+        peaks = torch.stack(torch._foreach_norm(floats, math.inf))  # (N,)
+    else:
+        peaks = torch.stack([t.sum() for t in floats])  # (N,)
+    return peaks.isfinite().all()
+
+
+def nonfinite_names(tensors: Mapping[str, Tensor]) -> list[str]:
+    """The names of the floating tensors that hold a NaN or an infinity (exact, one tensor at a time: to confirm and
+    say which, once :func:`all_finite` said that some may)."""
+    return [name for name, t in tensors.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())]
+
+
+def _refuse_nonfinite(uri: str, tensors: Mapping[str, Tensor]) -> None:
+    """Raise :class:`NonFiniteCheckpointError` when a floating tensor of ``tensors`` (read from file ``uri``) holds
+    a NaN or an infinity."""
+    bad = [] if bool(all_finite(tensors.values())) else nonfinite_names(tensors)
+    if not bad:
+        return
+    shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+    raise NonFiniteCheckpointError(
+        f"{uri} holds NaN or infinite values in {len(bad)} of {len(tensors)} tensors ({shown}): no run can continue "
+        "from it"
+    )
+
+
+def refuse_output_links(out_dir: str) -> None:
+    """Refuse a training output ``out_dir`` that holds a symbolic link anywhere below it: ``checkpoints/`` itself,
+    a checkpoint's directory or any file in it, ``metrics.jsonl``. The readers of a model directory refuse one
+    (:func:`vlp.storage.refuse_links`), so the loop applies that same rule before it reads a checkpoint to resume
+    and before it writes one: it never reads or writes through a link, so nothing lands outside ``out_dir``.
+    ``out_dir`` itself may be a link (the caller's own argument); on S3 there are no links.
+
+    Raises:
+        LinkError: naming the link and where it points.
+    """
+    storage.refuse_links(out_dir, "training output")
 
 
 # --------------------------------------------------------------------------- RNG
@@ -298,6 +363,7 @@ def save_checkpoint(
         The checkpoint directory URI.
     """
     ckpt = checkpoint_dir(root, step)
+    storage.delete(storage.join(ckpt, STATE_FILE))  # one of this step already there (skipped on resume): not counted
     state_dict = unwrap(model).state_dict()
     storage.write_bytes(storage.join(ckpt, MODEL_FILE), st_save(tensors_for_safetensors(state_dict, "model")))
     if optimizer is not None:
@@ -429,6 +495,7 @@ def load_checkpoint(
 
     Raises:
         DamagedCheckpointError: a file of ``uri`` is missing, truncated or unreadable (nothing was restored).
+        NonFiniteCheckpointError: the weights or the optimiser state hold a NaN or an infinity (nothing was restored).
         CheckpointError: if ``uri`` is not a complete checkpoint or does not fit the objects.
         LinkError: ``uri`` holds a symbolic link (:func:`vlp.storage.refuse_links`).
     """
@@ -436,11 +503,15 @@ def load_checkpoint(
     state = read_state(uri)
     # read and check every file before anything is restored: a damaged file leaves the objects untouched
     weights, _ = read_safetensors(storage.join(uri, MODEL_FILE))
+    _refuse_nonfinite(storage.join(uri, MODEL_FILE), weights)
     optim_state = None
     if optimizer is not None:
         if not state.get("has_optimizer", True):
             raise CheckpointError(f"{uri} holds no optimiser state")
         optim_state = _decode_optimizer(storage.join(uri, OPTIM_FILE))
+        tensors = {f"state.{pid}.{k}": v for pid, values in optim_state["state"].items() for k, v in values.items()
+                   if isinstance(v, Tensor)}  # fmt: skip
+        _refuse_nonfinite(storage.join(uri, OPTIM_FILE), tensors)
     rng = _load_rng(uri, rank, int(state["world_size"])) if restore_rng else None
     try:
         unwrap(model).load_state_dict(weights)

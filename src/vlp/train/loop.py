@@ -10,6 +10,15 @@ every ``cfg.ckpt_every`` updates and at the end (:mod:`vlp.train.checkpoint`) an
 position. Checkpoints record the caller's ``identity`` (e.g. the tokenizer's digest) and the last
 logged metrics; a resume against another identity is refused.
 
+Nothing NaN or infinite is trained on or saved: the starting weights are checked, and after every update one
+fused reduction over the parameters and the loss terms (``loss``, ``loss_*``) stops the run with
+:class:`NonFiniteTrainingError` (the step, the terms or the parameters, where a rerun resumes) before the next
+forward reads the weights and before a checkpoint could hold them. A checkpoint whose weights or optimiser state
+hold a NaN or an infinity counts as damaged: a resume skips it with a warning that names it and takes the newest
+finite one. ``<out_dir>`` may hold no symbolic link (``checkpoints/`` itself, a checkpoint's directory, any file):
+the readers of a model directory refuse one, so the loop refuses one too, before the resume reads and before each
+checkpoint is written (:func:`vlp.train.checkpoint.refuse_output_links`).
+
 Contract for ``step_fn``
     * it must run the model through ``model(...)`` (the forward of the possibly DDP-wrapped module),
       or DDP does not synchronise gradients; use :func:`unwrap` for other methods;
@@ -76,10 +85,13 @@ from vlp.train.checkpoint import (
     STATE_FILE,
     CheckpointError,
     DamagedCheckpointError,
+    all_finite,
     checkpoint_step,
     list_checkpoints,
     load_checkpoint,
+    nonfinite_names,
     read_state,
+    refuse_output_links,
     save_checkpoint,
     save_rank_rng,
 )
@@ -205,6 +217,11 @@ class TrainingInterrupted(KeyboardInterrupt):
     def __init__(self, step: int, resume_step: int, checkpoint: str | None, signum: int) -> None:
         super().__init__(f"interrupted at step {step}; a rerun resumes from step {resume_step}")
         self.step, self.resume_step, self.checkpoint, self.signum = step, resume_step, checkpoint, signum
+
+
+class NonFiniteTrainingError(ValueError):
+    """A loss term or the weights became NaN or infinite: :func:`train` stopped before anything read them (the next
+    forward, a checkpoint). The message names the step, the term or the parameters, and where a rerun resumes."""
 
 
 @dataclass
@@ -360,6 +377,9 @@ class _Run:
             distributed.require_cpu_bf16("cpu_bf16=true", instead)
         self.optimizer = build_optimizer(model, optim_cfg)
         self.scheduler = build_scheduler(self.optimizer, optim_cfg, cfg.max_steps)
+        # what an update changes; the rest (frozen, or moved in the forward as a momentum encoder's running mean of
+        # these) cannot turn NaN or infinite while these stay finite
+        self.trained = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.ckpt_root = storage.join(cfg.out_dir, "checkpoints")
         self.step, self.last_lr = 0, float("nan")
         self.iterator: Iterator[Any] | None = None
@@ -371,8 +391,9 @@ class _Run:
     def resume(self) -> str | None:
         """Load the newest intact checkpoint (all ranks), if any; returns its URI.
 
-        A damaged checkpoint (a truncated or unreadable file) is skipped with a warning that names the file,
-        and the previous one is tried; nothing is restored from a damaged one.
+        A damaged checkpoint (a truncated or unreadable file, or NaN or infinite weights or optimiser state: no run
+        continues from those) is skipped with a warning that names the file, and the previous one is tried; nothing
+        is restored from a damaged one. Call it after :func:`refuse_output_links`: the listing does not follow links.
 
         Raises:
             CheckpointError: the checkpoint records another ``identity`` value (e.g. another tokenizer), or
@@ -459,13 +480,52 @@ class _Run:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
+        self.check_finite()
         return grad_norm
+
+    def check_finite(self) -> None:
+        """Stop when a loss term of this update, or a weight after it, is NaN or infinite: before the next forward
+        (where e.g. hard-negative sampling would draw from NaN similarities) and before a checkpoint could hold it.
+        One reduction over the trained parameters (:func:`all_finite`) and one over the window's loss sums (a NaN or
+        an infinity stays in a sum), read with one synchronisation (and one all-reduce under DDP, so that every
+        rank stops); only when they say something may be wrong are the tensors checked one by one.
+
+        Raises:
+            NonFiniteTrainingError: naming the step, the loss terms or the parameters, and where a rerun resumes.
+        """
+        terms = {k: v for k, v in self.sums.items() if k == "loss" or k.startswith("loss_")}
+        ok = all_finite(self.trained).to(self.device)
+        if terms:
+            ok = ok & torch.stack(list(terms.values())).isfinite().all()
+        if _everywhere(ok):
+            return
+        bad = [f"{k}={float(v):g}" for k, v in terms.items() if not math.isfinite(float(v))]
+        what = f"the loss term{'s' if len(bad) > 1 else ''} {', '.join(bad)}" if bad else self.nonfinite_weights()
+        if _everywhere(torch.tensor(not what, device=self.device)):  # every rank: finite weights, sums overflowed
+            return
+        before = [step for step, _ in _listed(self.ckpt_root) or [] if step < self.step]
+        fix = "lower the learning rate or check the inputs"
+        if before:  # a resume continues with the optimiser state and schedule saved there: the config's lr is not read
+            fix = (f"a rerun resumes from step {before[-1]} with the weights and learning rate saved there: {fix}, "
+                   "and train into a new --out (or delete its checkpoints)")  # fmt: skip
+        raise NonFiniteTrainingError(
+            f"{self.cfg.name} diverged at step {self.step} (lr {self.last_lr:g}): {what or 'on another rank'}; no "
+            f"checkpoint holds this step; {fix}"
+        )
+
+    def nonfinite_weights(self) -> str:
+        """Which parameters hold a NaN or an infinity, e.g. ``NaN or infinite weights in 2 of 9 parameters (a, b)``;
+        "" when none does."""
+        named = dict(self.model.named_parameters())
+        wrong = nonfinite_names(named)
+        if not wrong:
+            return ""
+        shown = ", ".join(wrong[:3]) + (", ..." if len(wrong) > 3 else "")
+        return f"NaN or infinite weights in {len(wrong)} of {len(named)} parameters ({shown})"
 
     def metrics(self, grad_norm: Tensor) -> dict[str, float]:
         """Window averages (over micro-batches and ranks), lr, grad norm, clips/s, memory; resets the window."""
         means = {f"train/{k}": distributed.all_reduce_mean(v / self.window_micro).item() for k, v in self.sums.items()}
-        if not math.isfinite(means["train/loss"]):
-            raise FloatingPointError(f"non-finite training loss {means['train/loss']} at step {self.step}")
         elapsed = max(time.perf_counter() - self.window_start, 1e-9)
         means |= {
             "train/lr": self.last_lr,
@@ -476,7 +536,9 @@ class _Run:
         return means
 
     def checkpoint(self) -> str:
-        """Every rank saves its RNG, then rank 0 the rest (``state.json`` last)."""
+        """Every rank saves its RNG, then rank 0 the rest (``state.json`` last); first every rank refuses an output
+        that holds a link (:func:`refuse_output_links`: one may have been put there while it trained)."""
+        refuse_output_links(self.cfg.out_dir)
         if self.rank != 0:
             save_rank_rng(self.ckpt_root, self.step, self.rank)
         distributed.barrier()
@@ -536,8 +598,13 @@ def train(
         compile_blocks(model)
     run = _Run(model, step_fn, data, cfg, optim_cfg)
     run.identity = dict(identity or {})
+    refuse_output_links(cfg.out_dir)  # the readers' rule, before anything is read or written there
     resumed_from = run.resume() if resume else None
     start = run.step
+    wrong = "" if bool(all_finite(model.parameters())) else run.nonfinite_weights()
+    if wrong:
+        raise NonFiniteTrainingError(f"{cfg.name} cannot start from step {start}: {wrong} (the model was built or "
+                                     "loaded with them)")  # fmt: skip
     logger = metrics_logger
     if logger is None and run.rank == 0:
         logger = JsonlMetricsLogger(storage.join(cfg.out_dir, "metrics.jsonl"))
@@ -579,14 +646,27 @@ def train(
     return result
 
 
+def _everywhere(ok: Tensor) -> bool:
+    """True when the 0-d bool ``ok`` is True on every rank (one synchronisation; one all-reduce under DDP)."""
+    return bool(distributed.all_reduce_mean(ok.float()).item() == 1.0)
+
+
 def _newest_checkpoint(root: str, known: str | None) -> tuple[int, str | None]:
     """``(step, uri)`` of the newest complete checkpoint under ``root`` (``(0, None)``: none); when it cannot be
     listed, ``known`` (the one this run wrote or resumed from last)."""
-    try:
-        found = list_checkpoints(root)
-    except Exception:  # e.g. an unreachable bucket: say what this run knows
+    found = _listed(root)
+    if found is None:  # e.g. an unreachable bucket: say what this run knows
         return (checkpoint_step(known), known) if known else (0, None)
     return found[-1] if found else (0, None)
+
+
+def _listed(root: str) -> list[tuple[int, str]] | None:
+    """:func:`list_checkpoints` of ``root``, or None when it cannot be listed (said while failing for another
+    reason: that reason is the error to raise)."""
+    try:
+        return list_checkpoints(root)
+    except Exception:
+        return None
 
 
 def format_duration(seconds: float) -> str:

@@ -101,6 +101,12 @@ class OptimConfig(OptimSettings):
             raise ValueError(f"OptimConfig.weight_decay must be >= 0, got {self.weight_decay}")
         if len(self.betas) != 2 or not all(0.0 <= b < 1.0 for b in self.betas):
             raise ValueError(f"OptimConfig.betas must be two values in [0, 1), got {self.betas}")
+        # AdamW's first update hands float32 kernels lr / (1 - beta1) and lr * weight_decay for each group
+        scale = max(self.fusion_lr_mult, self.backbone_lr_mult, 1.0) * max(1 / (1 - self.betas[0]), self.weight_decay)
+        if not self.lr * scale <= torch.finfo(torch.float32).max:  # also inf and nan
+            raise ValueError(f"OptimConfig.lr={self.lr:g} is too large: AdamW's first update scales a step by "
+                             f"{self.lr * scale:g}, past float32's largest value; a learning rate is a small "
+                             "number such as 1e-4")  # fmt: skip
         if not 0.0 <= self.warmup_ratio <= 1.0:
             raise ValueError(f"OptimConfig.warmup_ratio must be in [0, 1], got {self.warmup_ratio}")
         if self.warmup_steps < 0:
