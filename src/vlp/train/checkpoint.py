@@ -152,14 +152,15 @@ def all_finite(tensors: Iterable[Tensor]) -> Tensor:
     summing past the float range read False too, so a False is confirmed with :func:`nonfinite_names`. The result
     stays on the tensors' device: the caller decides when to wait for it.
     """
-    floats = [t.detach() for t in tensors if t.is_floating_point()]
+    floats = [t for t in tensors if t.is_floating_point()]
     if not floats:
         return torch.tensor(True)
-    if floats[0].device.type == "cuda":
-        peaks = torch.stack(torch._foreach_norm(floats, math.inf))  # (N,)
-    else:
-        peaks = torch.stack([t.sum() for t in floats])  # (N,)
-    return peaks.isfinite().all()
+    with torch.no_grad():
+        if floats[0].device.type == "cuda":
+            peaks = torch.stack(torch._foreach_norm(floats, math.inf))  # (N,)
+        else:
+            peaks = torch.stack([t.sum() for t in floats])  # (N,)
+        return peaks.isfinite().all()
 
 
 def nonfinite_names(tensors: Mapping[str, Tensor]) -> list[str]:
