@@ -46,6 +46,20 @@ links out of a store   a shard, a frames index, an index data or version file, m
 a video is a video     a one-frame GIF, PNG, h264 mp4 and VP9 WebM and an animated WebP under video names: rejects
                        naming what the file is; an animated GIF is kept
 refusals exit 2        200 runs each (two at a time) of the two error paths that aborted with 134 after their line
+loopback spellings     ``vlp fetch`` of hosts that spell the loopback in Unicode digits and dots, other bases, IPv6 and
+                       localhost forms, direct and behind a redirect: all refused; the server counts no request
+lists that are CSV     quoted newlines, commas and quotes, CRLF, a BOM; a NUL, non-UTF-8, a broken quote: rows parsed
+                       whole or ``bad row`` with their line; no caption text requested as a URL
+fetch stops            SIGTERM/SIGINT at three moments: one line, no scratch left; SIGKILL then a rerun: cleaned,
+                       complete; two processes on a part: the second refused; headers a byte at a time: a timeout
+workers and parent     ingest, extract-frames, fetch, synth with two workers, the parent SIGKILLed: workers gone in 10 s
+unwritable outputs     every writing command's ``--out`` a file, under a file, a dangling link; a file as ``--index``:
+                       exit 2, one line, nothing written
+numbers, YAML bombs    ``inf``/``nan``/``1e309`` for float keys (override and file), a billion-laughs file under an
+                       unknown and a typed key: exit 2, one short line, in seconds
+slow bf16              bf16 asked for where the probe measures it slower than fp32: exit 2, one line, no checkpoint
+serve: secrets, bytes  the token sent nine ways, secret search words, not-text query bytes on five routes: answers as
+                       designed, and neither the token nor the words in any log line
 =====================  =====================================================================================
 
 A case "crashes" when it raises where the design says it must not, "hangs" when it runs past its limit (it is
@@ -84,6 +98,7 @@ from common import (
     ROOT,
     FaultyProxy,
     MlflowServer,
+    UrlServer,
     fail_first,
     free_port,
     png_header,
@@ -754,9 +769,9 @@ def serve_access(tmp: Path) -> Outcome:
                 outcome.tried += 1
                 challenged = "www-authenticate" in {k.lower() for k in headers}
                 outcome.handled += int(status == 401 and _one_line_error(raw) and challenged)
-            outcome.tried += 1  # the token in the query string instead of the header
-            status, _, _ = _http(url + route + ("&" if "?" in route else "?") + f"token={token}", body)
-            outcome.handled += int(status == 401)
+            outcome.tried += 1  # the token in the query string instead of the header: refused, with the way to send it
+            status, _, raw = _http(url + route + ("&" if "?" in route else "?") + f"token={token}", body)
+            outcome.handled += int(status == 400 and _one_line_error(raw) and b"Authorization" in raw)
         good = f"Bearer {token}"
         for path in ("/v2/repository/models/vlp-search/unload", "/v2/repository/models/vlp-search/unload/",
                      "/v2/repository/models/vlp-search/%75nload", "//v2/repository/models/vlp-search/unload",
@@ -797,8 +812,7 @@ def text_not_text(tmp: Path) -> Outcome:
         for query in ("a" * 1001, "a" * (1 << 20), "%FF%FE"):
             status, _, raw = _http(f"{url}/api/search?q={query}")
             outcome.tried += 1
-            refused = 400 <= status < 500 and _one_line_error(raw)
-            outcome.handled += int(refused or (query == "%FF%FE" and status == 200))  # read as U+FFFD: text
+            outcome.handled += int(400 <= status < 500 and _one_line_error(raw))
         log = (tmp / "serve.log").read_text(errors="replace")
         outcome.tried += 1
         outcome.handled += int("Traceback" not in log and " 500 " not in log)
@@ -956,6 +970,379 @@ def exit_codes(tmp: Path, runs: int = 200) -> Outcome:
     return outcome
 
 
+# --------------------------------------------------------------------------- the edges of issue 58: URLs, lists, logs,
+# processes, outputs, numbers
+
+
+def _fetch_cli(source: Path, out: Path, *overrides: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    fast = ["fetch.read_timeout_s=2", "fetch.backoff_s=0.05", "fetch.progress=false", "fetch.retries=0"]
+    return subprocess.run([sys.executable, "-m", "vlp.cli", "fetch", "--source", str(source), "--out", str(out),
+                           *fast, *overrides], capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def _fetched(out: Path) -> list[dict]:
+    return storage.read_parquet(str(out / "fetch.parquet")).to_pylist()
+
+
+def _one_line(err: str, prefix: str) -> bool:
+    lines = [line for line in err.strip().splitlines() if " INFO " not in line and " WARNING " not in line]
+    return len(lines) == 1 and lines[0].startswith(prefix) and "Traceback" not in err
+
+
+# Spellings of this machine's loopback (127.0.0.0/8, ::1, and 0.0.0.0, which Linux connects to the loopback) that the
+# URL library folds to ASCII (IDNA/UTS 46) or that another reader might take for a name: only loopback addresses, so a
+# bypass can only reach this machine.
+LOOPBACK_SPELLINGS = ["１２７.０.０.１", "127。0。0。2", "127．9．8．7", "127｡1｡1｡1", "⑫⑦.0.0.1", "①②⑦.0.0.1",
+                      "𝟭𝟮𝟳.0.0.1", "𝟙𝟚𝟟.0.0.1", "١٢٧.0.0.1", "۱۲۷.0.0.1", "१२७.0.0.1", "₁₂₇.₀.₀.₁", "¹²⁷.0.0.1",
+                      "127.0.0.1.", "127.0.0.1..", "127.000.000.001", "0x7f000001", "0x7f.0.0.1", "017700000001",
+                      "127.1", "127.0.1", "2130706433", "０.０.０.０", "0.0.0.0.", "0", "[::1]", "[0:0:0:0:0:0:0:1]",
+                      "[::ffff:127.0.0.1]", "[::ffff:7f00:1]", "[0::ffff:127.0.0.1]", "[::127.0.0.1]", "[::]",
+                      "localhost", "LocalHost.", "ｌｏｃａｌｈｏｓｔ", "x.localhost", "localhost.localdomain",
+                      "127.0.0.1:80@127.0.0.1", "127.0.0.1%2e"]  # fmt: skip
+
+
+def loopback_spellings(tmp: Path) -> Outcome:
+    """``vlp fetch`` of a list whose hosts spell the loopback every way above (no allowlist), and of redirects from
+    an allowed 127.0.0.1 to spellings of other loopback addresses and 0.0.0.0: no row fetched (an address the rule
+    refuses, a URL the client cannot read, or a name that resolves nowhere: digits IDNA does not fold, such as
+    Arabic-Indic ones, make a name), and a server that counts every request sees none but the redirecting hops.
+    lost = rows without a record."""
+    data = write_mp4(tmp / "a.mp4").read_bytes()
+    outcome = Outcome()
+    with UrlServer({"a.mp4": data}) as server:
+        urls = [f"http://{host}:{server.port}/v/a.mp4" for host in LOOPBACK_SPELLINGS]
+        put(tmp / "direct.txt", "\n".join(urls) + "\n")
+        _fetch_cli(tmp / "direct.txt", tmp / "direct", "fetch.allow=[]")
+        direct_hits = sum(server.hits.values())
+        hosts = ("０.０.０.０", "127。0。0。2", "[::1]", "[::]", "127.0.0.1.", "[::ffff:127.0.0.2]", "①②⑦.0.0.3")
+        targets = [f"http://{host}:{server.port}/v/a.mp4" for host in hosts]
+        put(tmp / "hops.txt", "\n".join(server.url("/to?u=" + t) for t in targets) + "\n")
+        _fetch_cli(tmp / "hops.txt", tmp / "hops", 'fetch.allow=["127.0.0.1/32"]')
+        hop_hits = {path for path in server.hits if not path.startswith("/to")}
+    for out, n in ((tmp / "direct", len(urls)), (tmp / "hops", len(targets))):
+        records = _fetched(out) if (out / "fetch.parquet").exists() else []
+        outcome.tried += n
+        outcome.handled += sum(r["status"] != "ok" for r in records)  # refused, unreadable, or a name none resolves
+        outcome.lost += n - len(records)
+    if direct_hits or hop_hits:
+        outcome.handled = 0
+    return outcome
+
+
+def lists_as_csv(tmp: Path) -> Outcome:
+    """URL lists as spreadsheets and scripts write them: quoted newlines, commas and doubled quotes in captions, CRLF,
+    a byte-order mark, blank lines; and records that are not records (a NUL, bytes that are not UTF-8, a broken
+    quote): the good rows fetched with their captions whole, the others ``bad row`` rejects naming their line, and
+    no request for any text of a caption. Each row is a fault tried."""
+    data = write_mp4(tmp / "a.mp4").read_bytes()
+    outcome = Outcome()
+    with UrlServer({"a.mp4": data}) as server:
+        u = [server.url(f"/v/a.mp4?n={i}") for i in range(8)]
+        good = {0: 'one\r\n/v/41.mp4 two', 1: 'a, "quoted", caption', 2: "plain", 4: "three\nlines\nhere",
+                6: "after a broken one"}  # fmt: skip
+        text = ("\ufeffurl,caption,id\r\n"
+                f'{u[0]},"one\r\n/v/41.mp4 two",a\r\n{u[1]},"a, ""quoted"", caption",b\r\n\r\n{u[2]},plain,c\r\n'
+                f"{u[3]},a \x00 NUL,d\r\n" f'{u[4]},"three\nlines\nhere",e\r\n').encode()  # fmt: skip
+        text += (
+            f"{u[5]},caf".encode()
+            + b"\xe9,f\r\n"
+            + f'{u[6]},"broken"quote,g\r\n{u[7]},after a broken one,h\r\n'.encode()
+        )
+        (tmp / "list.csv").write_bytes(text)
+        _fetch_cli(tmp / "list.csv", tmp / "out", 'fetch.allow=["127.0.0.1/32"]', "fetch.probe=false")
+        asked = set(server.hits)
+        webvid = ("\ufeffvideoid,contentUrl,duration,page_dir,name\n"
+                  f'31,{u[0]},PT10S,1,"Aerial\nview, a city"\n32,{u[1]},PT10S,1,A dog\n')  # fmt: skip
+        (tmp / "results_10M_train.csv").write_text(webvid, encoding="utf-8")
+        _fetch_cli(tmp / "results_10M_train.csv", tmp / "webvid", 'fetch.allow=["127.0.0.1/32"]', "fetch.probe=false")
+    records = _fetched(tmp / "out")
+    expect_ok = {0: good[0], 1: good[1], 2: good[2], 4: good[4], 7: "after a broken one"}
+    for r in records:
+        outcome.tried += 1
+        if r["row"] in expect_ok:
+            outcome.handled += int(r["status"] == "ok" and r["caption"] == expect_ok[r["row"]])
+        else:
+            outcome.handled += int(r["status"] == "bad row" and "(line " in r["detail"] and r["url"] == "")
+    outcome.lost += 8 - len(records)
+    wv = _fetched(tmp / "webvid")
+    outcome.tried += 2
+    want = [("31", "Aerial\nview, a city"), ("32", "A dog")]
+    outcome.handled += sum((r["video_id"], r["caption"]) == pair for r, pair in zip(wv, want, strict=False))
+    outcome.lost += 2 - len(wv)
+    if any("41" in path or "two" in path for path in asked):
+        outcome.handled = 0
+    return outcome
+
+
+def fetch_stops_cleanly(tmp: Path) -> Outcome:
+    """``vlp fetch`` stopped: SIGTERM or SIGINT at three moments (downloads in flight, batches being probed and
+    stored, just started): exit 143/130 and the one line, no traceback or asyncio complaint, no scratch folder left;
+    SIGKILL, then a rerun: the rerun empties what the kill left and ends with every row; a second process on the
+    same part: exit 2, one line naming the first; a server sending its headers a byte every 0.2 s: a timeout within
+    a few seconds, not the attempt's 10 minutes."""
+    from vlp.data.fetch.part import scratch_dir
+
+    data = write_mp4(tmp / "a.mp4", num_frames=48, size=(160, 120)).read_bytes()
+    outcome = Outcome()
+    allow = ['fetch.allow=["127.0.0.1/32"]', "fetch.read_timeout_s=2", "fetch.progress=false", "fetch.batch=8",
+             "fetch.min_bytes_per_s=0"]  # fmt: skip
+
+    def command(listed: Path, out: Path) -> list[str]:
+        return [sys.executable, "-m", "vlp.cli", "fetch", "--source", str(listed), "--out", str(out), *allow]
+
+    with UrlServer({"a.mp4": data}) as server:
+        urls = [server.url(f"/drip/a.mp4?n={i}") for i in range(3)] + [
+            server.url(f"/v/a.mp4?n={i}") for i in range(300)
+        ]
+        listed = put(tmp / "list.txt", "\n".join(urls) + "\n")
+        for i, (sig, after) in enumerate([(signal.SIGTERM, 0.3), (signal.SIGTERM, 4.0), (signal.SIGINT, 2.0)]):
+            out = tmp / f"stopped-{i}"
+            proc = subprocess.Popen(command(listed, out), stderr=subprocess.PIPE, text=True)
+            time.sleep(after)
+            proc.send_signal(sig)
+            err = proc.communicate(timeout=120)[1]
+            last = err.strip().splitlines()[-1] if err.strip() else ""
+            clean = not any(w in err for w in ("Traceback", "Task was destroyed", "coroutine", "Exception ignored"))
+            outcome.tried += 1
+            said = last.endswith("interrupted; rerun the same command to run it again")
+            gone = not Path(scratch_dir(str(out), 0, 1)).exists()
+            outcome.handled += int(proc.returncode == 128 + sig and clean and said and gone)
+        out = tmp / "killed"
+        proc = subprocess.Popen(command(listed, out), stderr=subprocess.DEVNULL)
+        scratch = Path(scratch_dir(str(out), 0, 1))
+        deadline = time.monotonic() + 60
+        while not any(scratch.glob("*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        second = subprocess.run(command(listed, out), capture_output=True, text=True, timeout=120)
+        outcome.tried += 1
+        outcome.handled += int(second.returncode == 2 and f"another process (pid {proc.pid})" in second.stderr)
+        proc.kill()
+        proc.wait()
+        left = scratch.exists() and any(scratch.iterdir())
+        rerun = subprocess.run(command(listed, out), capture_output=True, text=True, timeout=600)
+        outcome.tried += 1
+        done = rerun.returncode == 0 and len(_fetched(out)) == len(urls)
+        outcome.handled += int(left and done and not scratch.exists())
+        outcome.lost += len(urls) - len(_fetched(out)) if (out / "fetch.parquet").exists() else len(urls)
+        start = time.monotonic()
+        slow = _fetch_cli(put(tmp / "slow.txt", server.url("/slowhead/a.mp4") + "\n"), tmp / "slow", *allow)
+        record = _fetched(tmp / "slow")[0]
+        outcome.tried += 1
+        outcome.handled += int(slow.returncode == 0 and record["status"] == "timeout" and time.monotonic() - start < 60)
+    return outcome
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, IndexError):
+            if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _living(pids: set[int]) -> set[int]:
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+    return alive
+
+
+def workers_with_their_parent(tmp: Path) -> Outcome:
+    """``vlp ingest`` (``ingest.workers=2``), ``vlp extract-frames`` (``frames.workers=2``), ``vlp fetch``
+    (``fetch.probe_workers=2``) and ``vlp data synth`` (workers=2): the parent SIGKILLed once two workers run (what
+    the OOM killer or a pod eviction does); every worker gone within 10 s. A command whose workers were never seen
+    counts as not handled."""
+    from vlp.config import load_config
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+
+    cfg = load_config(TINY, ["synth.num_videos=48"])
+    synth(str(tmp / "raw"), cfg)
+    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
+    data = write_mp4(tmp / "a.mp4").read_bytes()
+    outcome = Outcome()
+    vlp = [sys.executable, "-m", "vlp.cli"]
+    with UrlServer({"a.mp4": data}) as server:
+        listed = put(tmp / "list.txt", "\n".join(server.url(f"/v/a.mp4?n={i}") for i in range(2000)) + "\n")
+        commands = {
+            "ingest": [*vlp, "ingest", "--source", str(tmp / "raw"), "--out", str(tmp / "o1"), "ingest.workers=2"],
+            "extract-frames": [*vlp, "extract-frames", "--dataset", str(tmp / "dataset"), "--out", str(tmp / "o2"),
+                               "--config", str(TINY), "frames.workers=2"],
+            "fetch": [*vlp, "fetch", "--source", str(listed), "--out", str(tmp / "o3"), 'fetch.allow=["127.0.0.1/32"]',
+                      "fetch.probe_workers=2", "fetch.batch=200", "fetch.progress=false"],
+            "data synth": [*vlp, "data", "synth", "--out", str(tmp / "o4"), "--config", str(TINY), "synth.workers=2",
+                           "synth.num_videos=64"],
+        }  # fmt: skip
+        for name, cmd in commands.items():
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            workers: set[int] = set()
+            deadline = time.monotonic() + 120
+            while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
+                workers = _children(proc.pid)
+                time.sleep(0.01)
+            proc.kill()
+            proc.wait()
+            end = time.monotonic() + 10
+            while _living(workers) and time.monotonic() < end:
+                time.sleep(0.1)
+            left = _living(workers)
+            for pid in left:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            print(f"  {name}: {len(workers)} workers seen, {len(left)} alive 10 s after the parent's SIGKILL",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            outcome.tried += 1
+            outcome.handled += int(len(workers) >= 2 and not left)
+    return outcome
+
+
+def outputs_that_cannot_be_written(tmp: Path) -> Outcome:
+    """Every command that writes, its output an existing file, a path under a file, or a link to nothing; and the
+    query commands given a file for an index: exit 2 with one line naming the path, nothing written."""
+    uris = _tiny_index(tmp)
+    put(tmp / "afile", "not a folder")
+    (tmp / "dangling").symlink_to(tmp / "nowhere")
+    data = ["--dataset", uris["dataset"], "--frames", uris["frames"], "--config", str(TINY)]
+    writers = [["data", "synth", "--config", str(TINY)], ["ingest", "--source", uris["raw"]],
+               ["extract-frames", "--dataset", uris["dataset"], "--config", str(TINY)],
+               ["mine-entities", "--dataset", uris["dataset"], "--config", str(TINY)],
+               ["index", "--model", uris["model"], "--frames", uris["frames"], "--config", str(TINY)],
+               ["evaluate-retrieval", "--model", uris["model"], *data], ["pretrain", "--model", "albef", *data],
+               ["finetune-retrieval", "--model", "ts2net", *data],
+               ["fetch", "--source", str(tmp / "afile")]]  # fmt: skip
+    outcome = Outcome()
+    for argv in writers:
+        for out in (tmp / "afile", tmp / "afile" / "below", tmp / "dangling"):
+            before = sorted(p.name for p in tmp.iterdir())
+            code, err = _cli([*argv, "--out", str(out)])
+            outcome.tried += 1
+            said = _one_line(err, f"vlp {argv[0]}: error: the output {out} ")
+            outcome.handled += int(code == 2 and said and sorted(p.name for p in tmp.iterdir()) == before)
+    for argv in (["search", "--index", str(tmp / "afile"), "a star"], ["serve", "--index", str(tmp / "afile")],
+                 ["answer", "--model", uris["model"], "--index", str(tmp / "afile"), "v", "what?"]):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "vlp.cli", *argv], capture_output=True, text=True, timeout=120)
+        outcome.tried += 1
+        outcome.handled += int(done.returncode == 2 and _one_line(done.stderr, f"vlp {argv[0]}: error: "))
+    return outcome
+
+
+def numbers_and_yaml(tmp: Path) -> Outcome:
+    """Values that are not finite numbers (``.inf``, ``1.0e+309``, ``.nan``, ``-.inf``; as overrides and in a YAML
+    file) for the training keys the battery poisoned runs with, and YAML aliases nested nine deep, nine wide (a
+    billion-laughs file of under 1 KB) under an unknown section and under a typed key: exit 2 with one line of at
+    most 400 characters, within 20 s, nothing written."""
+    keys = ["pretrain.lr=.inf", "pretrain.lr=1.0e+309", "pretrain.weight_decay=.inf", "pretrain.grad_clip=.nan",
+            "pretrain.eps=.inf", "retrieval.lr=-.inf", "fetch.timeout_s=.inf",
+            "ingest.max_duration_s=.nan"]  # fmt: skip
+    outcome = Outcome()
+    configs: list[list[str]] = []
+    for i, key in enumerate(keys):
+        section, rest = key.split(".", 1)
+        name, value = rest.split("=", 1)
+        configs.append([key])
+        configs.append(["--config", str(put(tmp / f"c{i}.yaml", f"{section}:\n  {name}: {value}\n"))])
+    laughs = "a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]\n" + "".join(
+        f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 9)
+    )
+    indented = "".join(f"    {line}\n" for line in laughs.splitlines())
+    configs.append(["--config", str(put(tmp / "unknown.yaml", f"bogus:\n  laughs:\n{indented}"))])
+    configs.append(["--config", str(put(tmp / "typed.yaml", f"pretrain:\n  batch_size:\n{indented}"))])
+    for i, extra in enumerate(configs):
+        out = tmp / f"out-{i}"
+        start = time.monotonic()
+        done = subprocess.run([sys.executable, "-m", "vlp.cli", "extract-frames", "--dataset", str(tmp / "none"),
+                               "--out", str(out), *extra], capture_output=True, text=True, timeout=120)  # fmt: skip
+        lines = done.stderr.strip().splitlines()
+        says = "finite" if i < 2 * len(keys) else "YAML"
+        outcome.tried += 1
+        outcome.handled += int(done.returncode == 2 and len(lines) == 1 and len(lines[0]) <= 400 and says in lines[0]
+                               and time.monotonic() - start < 20 and not out.exists())  # fmt: skip
+    return outcome
+
+
+def bf16_by_measurement(tmp: Path) -> Outcome:
+    """Training and evaluation asked for bf16 on a CPU the probe calls slow (forced: ``VLP_CPU_BF16=slow``): exit 2
+    with one line that gives the setting to change, before the first update (no checkpoint, no model)."""
+    from vlp.config import load_config
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+
+    cfg = load_config(TINY)
+    synth(str(tmp / "raw"), cfg)
+    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
+    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+    env = {k: v for k, v in os.environ.items() if k != "VLP_ALLOW_SLOW_BF16"} | {"VLP_CPU_BF16": "slow"}
+    data = ["--dataset", str(tmp / "dataset"), "--frames", str(tmp / "frames"), "--config", str(TINY)]
+    outcome = Outcome()
+    asks = [["pretrain", "--model", "albef", *data, "pretrain.cpu_bf16=true"],
+            ["finetune-retrieval", "--model", "ts2net", *data, "retrieval.cpu_bf16=true"]]  # fmt: skip
+    for i, argv in enumerate(asks):
+        out = tmp / f"out-{i}"
+        done = subprocess.run([sys.executable, "-m", "vlp.cli", *argv, "--out", str(out)], capture_output=True,
+                              text=True, timeout=600, env=env)  # fmt: skip
+        outcome.tried += 1
+        wrote = (out / "checkpoints").exists() or (out / "model.json").exists()
+        outcome.handled += int(done.returncode == 2 and _one_line(done.stderr, f"vlp {argv[0]}: error: ")
+                               and "cpu_bf16" in done.stderr and not wrote)  # fmt: skip
+    return outcome
+
+
+def serve_secrets_and_bytes(tmp: Path) -> Outcome:
+    """``vlp serve`` with a token: the token sent nine ways (as a bearer and basic credential, in ``?token=``,
+    ``&access_token=``, ``?Auth_Token=``, in a path, as the search text, in a header of its own, two Authorization
+    headers) and a search for secret words; then not-text bytes (not UTF-8, a NUL, an overlong form, past U+10FFFF) in
+    a parameter's name and value on five routes, without the token. Every answer as designed, and no line of the
+    server's log shows the token, its percent-encoded form or the searched words."""
+    import base64
+    import http.client
+    import urllib.parse
+
+    uris, token = _tiny_index(tmp), "battery-Tk!0123456789/abcdef"
+    quoted = urllib.parse.quote(token, safe="")
+    outcome = Outcome()
+    secret = "zebra+umbrella+quartz"
+    with _serving(tmp, uris, token) as url:
+        good = f"Bearer {token}"
+        asks: list[tuple[str, str | None, int]] = [
+            (f"/api/search?q={secret}&k=2", good, 200),
+            (f"/api/search?q={secret}", "Basic " + base64.b64encode(f"me:{token}".encode()).decode(), 200),
+            (f"/api/search?q=star&token={quoted}", None, 400), (f"/api/search?q=star&access_token={quoted}", None, 400),
+            (f"/api/search?Auth_Token={quoted}&q=star", good, 400), (f"/api/clips/{quoted}/thumbnail.jpg", None, 401),
+            (f"/api/search?q={quoted}", good, 400), (f"/api/search?q={secret}", f"Token {token}", 401),
+        ]  # fmt: skip
+        for path, auth, want in asks:
+            status, _, raw = _http(url + path, None, auth)
+            outcome.tried += 1
+            outcome.handled += int(status == want and (status == 200 or _one_line_error(raw)))
+        host, port = urllib.parse.urlsplit(url).netloc.split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        conn.putrequest("GET", f"/api/search?q={secret}")
+        conn.putheader("Authorization", good)
+        conn.putheader("Authorization", "Bearer wrong-0123456789abcdef")
+        conn.putheader("X-Api-Key", token)
+        conn.endheaders()
+        resp = conn.getresponse()
+        outcome.tried += 1
+        outcome.handled += int(resp.status == 400 and _one_line_error(resp.read()))
+        conn.close()
+        routes = ["/api/search", "/healthz", "/v2/models/vlp-search", "/api/clips/x/thumbnail.jpg", "/no/such/route"]
+        for route in routes:
+            for bad in ("%ff", "%ED%B2%80", "%C3%28", "%00", "%C0%AF", "%F4%90%80%80"):
+                for query in (f"q=a{bad}b", f"a{bad}b=1"):
+                    status, _, raw = _http(f"{url}{route}?{query}")
+                    outcome.tried += 1
+                    outcome.handled += int(status == 400 and _one_line_error(raw))
+        log = (tmp / "serve.log").read_text(errors="replace")
+    outcome.tried += 1
+    leaked = [word for word in (token, quoted, "zebra", "umbrella", "quartz") if word in log]
+    outcome.handled += int(not leaked and "Traceback" not in log)
+    return outcome
+
+
 CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("corrupt media", corrupt_media, 120),
     ("hostile paths", hostile_paths, 60),
@@ -980,6 +1367,14 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("links out of a store", links_out_of_a_store, 600),
     ("a video is a video (>= 2 frames, a duration)", video_is_a_video, 120),
     ("refusals exit 2 (200 runs of each path)", exit_codes, 900),
+    ("fetch: the loopback spelled every way", loopback_spellings, 300),
+    ("fetch: lists that are CSV", lists_as_csv, 300),
+    ("fetch: stopped, killed, twice at once, a slow head", fetch_stops_cleanly, 900),
+    ("workers end with their parent (SIGKILL)", workers_with_their_parent, 600),
+    ("outputs that cannot be written", outputs_that_cannot_be_written, 600),
+    ("numbers that are not finite, YAML bombs", numbers_and_yaml, 600),
+    ("bf16 on a CPU that runs it slowly", bf16_by_measurement, 600),
+    ("serve: secrets out of the log, query bytes", serve_secrets_and_bytes, 600),
 ]
 
 
