@@ -293,3 +293,27 @@ def test_the_families_table_lists_every_registered_family_as_its_spec_says():
         assert pretrained.startswith("yes" if spec.pretrains else "no"), name
         dag = pretrain.name_of(name) if spec.pretrains else retrieval.NAME
         assert pipeline.startswith(f"`{dag}`"), (name, pipeline)
+
+
+# --------------------------------------------------------------------------- claims that drift with the code
+
+
+def test_every_config_section_has_its_row_in_configuration_md():
+    """docs/reference/configuration.md's table has a row for every section of ``vlp.config.Config`` (from the
+    dataclass, so a section added to the code and not to the page fails here) naming that section's dataclass, and a
+    row for the family sections that names every registered family."""
+    import dataclasses
+    import typing
+
+    from vlp.config import Config
+    from vlp.models import family
+
+    text = (ROOT / "docs" / "reference" / "configuration.md").read_text(encoding="utf-8")
+    rows = {name: line for line in text.splitlines() if line.startswith("| `")
+            for name in re.findall(r"`([\w.]+)`", line.split("|")[1])}  # fmt: skip
+    hints = typing.get_type_hints(Config)
+    for section in dataclasses.fields(Config):
+        row = rows.get(section.name)
+        assert row, f"configuration.md's table has no row for the config section `{section.name}`"
+        assert hints[section.name].__name__ in row, f"the `{section.name}` row does not name {hints[section.name]}"
+    assert all(f"model.{name}" in rows for name in family.names()), "the family sections' row misses a family"
