@@ -57,6 +57,9 @@ unwritable outputs     every writing command's ``--out`` a file, under a file, a
                        exit 2, one line, nothing written
 numbers, YAML bombs    ``inf``/``nan``/``1e309`` for float keys (override and file), a billion-laughs file under an
                        unknown and a typed key: exit 2, one short line, in seconds
+poison, linked ckpts   a run diverging (lr 1e30): one line, no checkpoint of the step; a NaN in the newest checkpoint:
+                       skipped, the rerun ends as a straight one; a checkpoint or ``checkpoints/`` linked outside:
+                       exit 2, one line, the copy unchanged
 slow bf16              bf16 asked for where the probe measures it slower than fp32: exit 2, one line, no checkpoint
 serve: secrets, bytes  the token sent nine ways, secret search words, not-text query bytes on five routes: answers as
                        designed, and neither the token nor the words in any log line
@@ -137,6 +140,20 @@ def _cfg(video_root: Path, workers: int = 2, **kw: object) -> IngestConfig:
 
 def _lost(summary: dict) -> int:
     return sum(abs(c["input"] - c["accepted"] - c["rejected"]) for c in (summary[k] for k in ("videos", "captions")))
+
+
+def _tiny_world(tmp: Path, *overrides: str) -> list[str]:
+    """The tiny synthetic world ingested and frame-extracted under ``tmp``; the training steps' data arguments."""
+    from vlp.config import load_config
+    from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.ingest import ingest as ingest_step
+    from vlp.steps.synth import synth
+
+    cfg = load_config(TINY, list(overrides))
+    synth(str(tmp / "raw"), cfg)
+    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
+    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+    return ["--dataset", str(tmp / "dataset"), "--frames", str(tmp / "frames"), "--config", str(TINY)]
 
 
 # --------------------------------------------------------------------------- cases
@@ -396,16 +413,7 @@ def hostile_checkpoints(tmp: Path) -> Outcome:
 def config_out_of_range(tmp: Path) -> Outcome:
     """Counts out of range and settings that cannot work, given to the training steps on a tiny world: exit 2 with
     one line naming the key, before the step writes anything. lost = files found under a refused ``--out``."""
-    from vlp.config import load_config
-    from vlp.steps.extract_frames import extract_frames
-    from vlp.steps.ingest import ingest as ingest_step
-    from vlp.steps.synth import synth
-
-    cfg = load_config(TINY)
-    synth(str(tmp / "raw"), cfg)
-    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
-    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
-    data = ["--dataset", str(tmp / "dataset"), "--frames", str(tmp / "frames"), "--config", str(TINY)]
+    data = _tiny_world(tmp)
     cases = [
         (["pretrain-prompter", *data], "pretrain.batch_size=0", "pretrain.batch_size=0 must be >= 1"),
         (["pretrain-prompter", *data], "pretrain.max_steps=-1", "pretrain.max_steps=-1 must be >= 1"),
@@ -637,19 +645,10 @@ def s3_faults(tmp: Path) -> Outcome:
 
 
 def kill_and_resume(tmp: Path) -> Outcome:
-    from vlp.config import load_config
-    from vlp.steps.extract_frames import extract_frames
-    from vlp.steps.ingest import ingest as ingest_step
-    from vlp.steps.synth import synth
-
-    cfg = load_config(TINY)
-    synth(str(tmp / "raw"), cfg)
-    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
-    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+    data = _tiny_world(tmp)
 
     def cmd(out: Path) -> list[str]:
-        return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", "--dataset", str(tmp / "dataset"), "--frames",
-                str(tmp / "frames"), "--out", str(out), "--config", str(TINY), "pretrain.max_steps=6",
+        return [sys.executable, "-m", "vlp.cli", "pretrain-prompter", *data, "--out", str(out), "pretrain.max_steps=6",
                 "pretrain.ckpt_every=1"]  # fmt: skip
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -1263,20 +1262,66 @@ def numbers_and_yaml(tmp: Path) -> Outcome:
     return outcome
 
 
+def training_poison_and_links(tmp: Path) -> Outcome:
+    """Training that diverges (ALBEF with ``pretrain.lr=1.0e+30``, a checkpoint every step): exit 2 with one line
+    naming the step, and no checkpoint of it or after; the newest checkpoint of a healthy run given a NaN weight: the
+    rerun warns naming it, resumes from the one before and ends as the straight run; that checkpoint's directory, then
+    ``checkpoints/`` itself, replaced by a link to a copy outside ``--out``: exit 2 with one line, the copy unchanged.
+    lost = checkpoints written at or after a diverged step."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from vlp.train.checkpoint import MODEL_FILE
+
+    data = _tiny_world(tmp)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def pretrain(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+        argv = ["pretrain", "--model", "albef", *data, "--out", str(out), "pretrain.ckpt_every=1", *extra]
+        return subprocess.run([sys.executable, "-m", "vlp.cli", *argv], capture_output=True, text=True, timeout=900,
+                              env=env)  # fmt: skip
+
+    def steps(out: Path) -> list[int]:
+        return sorted(int(p.name.split("-")[1]) for p in (out / "checkpoints").glob("step-*"))
+
+    outcome = Outcome(tried=4)
+    diverged = pretrain(tmp / "diverged", "pretrain.lr=1.0e+30", "pretrain.max_steps=4")
+    said = diverged.stderr.strip().splitlines()[-1] if diverged.stderr.strip() else ""
+    at = int(said.split("diverged at step ")[1].split()[0]) if "diverged at step " in said else 0
+    late = [s for s in steps(tmp / "diverged") if s >= at]
+    outcome.handled += int(diverged.returncode == 2 and _one_line(diverged.stderr, "vlp pretrain: error: ") and at > 0
+                           and not late)  # fmt: skip
+    outcome.lost += len(late)
+    straight = pretrain(tmp / "straight", "pretrain.max_steps=3")
+    pretrain(tmp / "poisoned", "pretrain.max_steps=3")
+    newest = tmp / "poisoned" / "checkpoints" / "step-000003" / MODEL_FILE
+    with safe_open(str(newest), "pt") as f:
+        tensors, meta = {k: f.get_tensor(k) for k in f.keys()}, f.metadata()  # noqa: SIM118 (safe_open has no iter)
+    first = next(name for name, t in tensors.items() if t.is_floating_point())
+    tensors[first].view(-1)[0] = float("nan")
+    save_file(tensors, str(newest), metadata=meta)
+    rerun = pretrain(tmp / "poisoned", "pretrain.max_steps=3")
+    last = Path("checkpoints") / "step-000003" / MODEL_FILE
+    same = (tmp / "poisoned" / last).read_bytes() == (tmp / "straight" / last).read_bytes()
+    outcome.handled += int(straight.returncode == rerun.returncode == 0 and "step-000003" in rerun.stderr and same)
+    for i, linked in enumerate(("checkpoints/step-000003", "checkpoints")):
+        out, outside = tmp / f"linked-{i}", tmp / f"outside-{i}"
+        shutil.copytree(tmp / "straight", out)
+        shutil.move(out / linked, outside)
+        (out / linked).symlink_to(outside, target_is_directory=True)
+        before = {p: p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()}
+        done = pretrain(out, "pretrain.max_steps=4")
+        after = {p: p.read_bytes() for p in sorted(outside.rglob("*")) if p.is_file()}
+        outcome.handled += int(done.returncode == 2 and _one_line(done.stderr, "vlp pretrain: error: ")
+                               and "symbolic link" in done.stderr and before == after)  # fmt: skip
+    return outcome
+
+
 def bf16_by_measurement(tmp: Path) -> Outcome:
     """Training and evaluation asked for bf16 on a CPU the probe calls slow (forced: ``VLP_CPU_BF16=slow``): exit 2
     with one line that gives the setting to change, before the first update (no checkpoint, no model)."""
-    from vlp.config import load_config
-    from vlp.steps.extract_frames import extract_frames
-    from vlp.steps.ingest import ingest as ingest_step
-    from vlp.steps.synth import synth
-
-    cfg = load_config(TINY)
-    synth(str(tmp / "raw"), cfg)
-    ingest_step(str(tmp / "raw"), str(tmp / "dataset"), cfg)
-    extract_frames(str(tmp / "dataset"), str(tmp / "frames"), cfg)
+    data = _tiny_world(tmp)
     env = {k: v for k, v in os.environ.items() if k != "VLP_ALLOW_SLOW_BF16"} | {"VLP_CPU_BF16": "slow"}
-    data = ["--dataset", str(tmp / "dataset"), "--frames", str(tmp / "frames"), "--config", str(TINY)]
     outcome = Outcome()
     asks = [["pretrain", "--model", "albef", *data, "pretrain.cpu_bf16=true"],
             ["finetune-retrieval", "--model", "ts2net", *data, "retrieval.cpu_bf16=true"]]  # fmt: skip
@@ -1373,6 +1418,7 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("workers end with their parent (SIGKILL)", workers_with_their_parent, 600),
     ("outputs that cannot be written", outputs_that_cannot_be_written, 600),
     ("numbers that are not finite, YAML bombs", numbers_and_yaml, 600),
+    ("training that diverges, poisoned or linked checkpoints", training_poison_and_links, 900),
     ("bf16 on a CPU that runs it slowly", bf16_by_measurement, 600),
     ("serve: secrets out of the log, query bytes", serve_secrets_and_bytes, 600),
 ]
