@@ -150,18 +150,18 @@ def mp4_factory(tmp_path: Path):
     return make
 
 
-# The longest test files (seconds of one serial `make test`, `--durations=0`), run first: `make test` hands whole
-# files to two workers (pytest-xdist `--dist loadfile --no-loadscope-reorder`), so a file started last would leave
-# one worker idle while the other finishes it. The main job's file alone is about 40% of the suite.
+# The longest test files, longest first (by `PYTEST_ADDOPTS=--durations=0 make test`; docs/guides/testing.md states
+# the suite's time), run first: `make test` hands whole files to two workers (pytest-xdist `--dist loadfile
+# --no-loadscope-reorder`), so a file started last would leave one worker idle while the other finishes it.
 LONGEST_FIRST = (
-    "test_pipeline_local.py",  # 478 s: the main job and the other families' DAGs
+    "test_pipeline_local.py",  # the main job and the other families' DAGs
     "test_pipeline_s3.py",  # the whole DAG on Ceph RGW (`make test TEST_S3=rgw`, CI); skipped on moto
-    "test_pretrain_steps.py",  # 77 s
-    "test_pipeline_cache.py",  # 76 s
-    "test_tracking_outage.py",  # 52 s
-    "test_pipeline_reevaluate.py",  # 40 s
-    "test_pipelines.py",  # 37 s
-    "test_interrupt.py",  # 34 s
+    "test_pretrain_steps.py",
+    "test_pipeline_cache.py",
+    "test_tracking_outage.py",
+    "test_pipeline_reevaluate.py",
+    "test_pipelines.py",
+    "test_interrupt.py",
 )
 
 

@@ -317,3 +317,17 @@ def test_every_config_section_has_its_row_in_configuration_md():
         assert row, f"configuration.md's table has no row for the config section `{section.name}`"
         assert hints[section.name].__name__ in row, f"the `{section.name}` row does not name {hints[section.name]}"
     assert all(f"model.{name}" in rows for name in family.names()), "the family sections' row misses a family"
+
+
+def test_the_suite_is_counted_and_timed_in_one_place():
+    """Only docs/guides/testing.md states how many tests the suite has and how long it takes (a measurement, with
+    its machine and date); any count of test files a page states is the tree's."""
+    testing = ROOT / "docs" / "guides" / "testing.md"
+    suite = re.compile(r"(?<![\w.])\d{1,3}(?:,\d{3})+ (?:tests|passed)\b|\bpytest \d[\d,]* s\b|make test`? took")
+    elsewhere = {page.name: suite.findall(page.read_text(encoding="utf-8")) for page in PAGES if page != testing}
+    assert not {name: found for name, found in elsewhere.items() if found}, "link to docs/guides/testing.md instead"
+    assert suite.search(testing.read_text(encoding="utf-8")), "testing.md gives the suite's time, or the pattern broke"
+    files = len(list((ROOT / "tests").glob("test_*.py")))
+    for page in PAGES:
+        for stated in re.findall(r"(\d[\d,]*) test files", page.read_text(encoding="utf-8")):
+            assert int(stated.replace(",", "")) == files, f"{page.name} counts {stated} test files; tests/ has {files}"
