@@ -3,19 +3,19 @@
 caption (``caption`` or ``text``; WebVid: ``name``), id (``id`` or ``video_id``; WebVid: ``videoid``) and split
 (``split``: train, val or test; default ``fetch.split``).
 
-A list is read as a stream, one record at a time: a CSV by the standard parser (a quoted field may hold commas,
-quotes and newlines; CRLF or LF line ends), a JSONL or text file a line at a time; a UTF-8 byte-order mark at the
-start is dropped, whatever the format. Every record becomes a :class:`Row` numbered from 0 in file order (the
-header excluded), so that a part, a record and a reject all name the same row. A record that cannot be read (not
-UTF-8, a NUL byte, a broken quote, not JSON, no URL) is a row whose ``problem`` says why and on which line of the
-file it ends; it is recorded as a reject and never fetched. A row without an id gets ``row<number>``.
+A list is read as a stream (:func:`stream`), one record at a time: a CSV by the standard parser (a quoted field may
+hold commas, quotes and newlines; CRLF or LF line ends), a JSONL or text file a line at a time; a UTF-8 byte-order
+mark at the start is dropped, whatever the format. Every record becomes a :class:`Row` numbered from 0 in file order
+(the header excluded), so that a part, a record and a reject all name the same row. A record that cannot be read
+(not UTF-8, a NUL byte, a broken quote, not JSON, no URL) is a row whose ``problem`` says why and on which line of
+the file it ends; it is recorded as a reject and never fetched. A row without an id gets ``row<number>``.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import IO
 
@@ -45,19 +45,29 @@ def detect(source: str, head: bytes) -> str:
     return "webvid" if source.lower().endswith(".csv") and b"contenturl" in first else "urls"
 
 
-def read(source: str, fmt: str = "auto") -> tuple[str, list[Row]]:
-    """``(format, rows)`` of the list at ``source`` (a local path or ``s3://`` URI)."""
+def stream(source: str, fmt: str = "auto") -> tuple[str, Iterator[Row]]:
+    """``(format, rows)`` of the list at ``source`` (a local path or ``s3://`` URI), the rows read as they are
+    iterated (an object is downloaded to a temporary file first)."""
     if fmt not in ("auto", *FORMATS):
         raise ValueError(f"fetch.format={fmt!r} is not one of auto, {', '.join(FORMATS)}")
     if not storage.exists(source):
         raise FileNotFoundError(f"URL list {source} does not exist")
-    with storage.local_copy(source) as path:
-        if fmt == "auto":
-            with open(path, "rb") as f:
-                fmt = detect(source, f.read(4096))
-        # undecodable bytes become lone surrogates, found per record; newline="" lets csv see quoted line ends
-        with open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
-            return fmt, _unique_ids(list(_records(f, source.lower(), fmt)))
+    if fmt == "auto":
+        head = storage.read_range(source, 0, 4096) if storage.size(source) else b""
+        fmt = detect(source, head)
+    return fmt, _stream(source, fmt)
+
+
+def _stream(source: str, fmt: str) -> Iterator[Row]:
+    # undecodable bytes become lone surrogates, found per record; newline="" lets csv see quoted line ends
+    with storage.local_copy(source) as path, open(path, encoding="utf-8", errors="surrogateescape", newline="") as f:
+        yield from _unique_ids(_records(f, source.lower(), fmt))
+
+
+def read(source: str, fmt: str = "auto") -> tuple[str, list[Row]]:
+    """``(format, rows)`` of the list at ``source``: :func:`stream`'s rows, all of them."""
+    fmt, rows = stream(source, fmt)
+    return fmt, list(rows)
 
 
 def _records(f: IO[str], name: str, fmt: str) -> Iterator[Row]:
@@ -165,15 +175,13 @@ def _lines(f: IO[str]) -> Iterator[Row]:
         yield _row(n, number, line)
 
 
-def _unique_ids(rows: list[Row]) -> list[Row]:
+def _unique_ids(rows: Iterable[Row]) -> Iterator[Row]:
     """A row repeating an earlier row's id with another URL is not fetched (whose clip would the id name?); with
     the same URL it is fetched once, with the earlier row (:mod:`vlp.data.fetch.part`)."""
     first: dict[str, str] = {}
-    out = []
     for r in rows:
         if not r.problem and first.setdefault(r.video_id, r.url) != r.url:
             r = Row(
                 r.row, r.video_id, r.url, r.caption, f"duplicate id: {r.video_id} names another URL earlier", r.split
             )
-        out.append(r)
-    return out
+        yield r
