@@ -7,8 +7,8 @@ A list is read as a stream (:func:`stream`), one record at a time: a CSV by the 
 hold commas, quotes and newlines; CRLF or LF line ends), a JSONL or text file a line at a time; a UTF-8 byte-order
 mark at the start is dropped, whatever the format. Every record becomes a :class:`Row` numbered from 0 in file order
 (the header excluded), so that a part, a record and a reject all name the same row. A record that cannot be read
-(not UTF-8, a NUL byte, a broken quote, not JSON, no URL) is a row whose ``problem`` says why and on which line of
-the file it ends; it is recorded as a reject and never fetched. A row without an id gets ``row<number>``.
+(not UTF-8, a NUL byte, a broken quote, not JSON, no URL) is a row whose ``problem`` says why and the line of the
+file it starts on; it is recorded as a reject and never fetched. A row without an id gets ``row<number>``.
 """
 
 from __future__ import annotations
