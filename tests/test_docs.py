@@ -331,3 +331,10 @@ def test_the_suite_is_counted_and_timed_in_one_place():
     for page in PAGES:
         for stated in re.findall(r"(\d[\d,]*) test files", page.read_text(encoding="utf-8")):
             assert int(stated.replace(",", "")) == files, f"{page.name} counts {stated} test files; tests/ has {files}"
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: p.name)
+def test_no_page_is_over_20000_characters(page: Path):
+    """A page that grows past this is a page that repeats itself or keeps history: link, or let git keep it."""
+    size = len(page.read_text(encoding="utf-8"))
+    assert size <= 20000, f"{page.name} is {size:,} characters (limit 20,000)"
