@@ -336,3 +336,73 @@ def test_a_family_named_like_a_shared_model_key_is_refused_at_once():
         with pytest.raises(ValueError, match=rf"^a family cannot be called '{name}': model\.{name} is a shared key$"):
             family.register(clash)
         assert name not in family.names()
+
+
+# --------------------------------------------------------------------------- sizes as data
+
+
+def built_in_sizes() -> list[str]:
+    return [name for name, one in family.specs().items() if one.sizes]
+
+
+def test_the_built_in_families_declare_their_sizes_in_their_spec_tables():
+    from vlp.models.alpro.spec import SIZES as ALPRO
+    from vlp.models.ts2net.spec import SIZES as TS2NET
+
+    assert built_in_sizes() == ["albef", "alpro", "ts2net"]
+    assert family.spec("alpro").sizes is ALPRO and family.spec("ts2net").sizes is TS2NET
+    assert list(ALPRO) == list(family.spec("albef").sizes) == ["tiny", "small", "small-pretrained", "paper"]
+    assert list(TS2NET) == ["tiny", "small", "paper"]
+    assert family.size("albef", "paper").weights == ("deit_base_patch16_224.fb_in1k", "bert-base-uncased")
+
+
+@pytest.mark.parametrize("name", built_in_sizes())
+def test_a_size_added_to_a_family_table_is_a_preset_that_builds_and_trains(name, tok, monkeypatch):
+    """Adding a size is one table entry: a width-32 size beside ``tiny`` in the family's own table (no other file)
+    loads from a config, gives towers of that width, and runs a retrieval training step to a finite loss whose
+    backward reaches the towers."""
+    from vlp.config import load_config
+
+    tiny = family.size(name, "tiny")
+    wide = dataclasses.replace(tiny, video={**tiny.video, "width": 32}, text={**tiny.text, "width": 32})
+    monkeypatch.setitem(family.spec(name).sizes, "narrow", wide)
+    overrides = [f"model.family={name}", "model.preset=narrow", "model.max_len=10", "model.num_frames=2"]
+    section = load_config(None, overrides).model
+    fam = family.get(name)
+    cfg = fam.config(section, len(tok), 4 if "bank" in family.spec(name).pretrain_inputs else 0)
+    assert (cfg.video.width, cfg.text.width) == (32, 32)
+    cfg = fam.prepare(fam.task_config(cfg, "retrieval", RetrievalConfig(num_frames=2, max_len=10)), 1, 4)
+    torch.manual_seed(0)
+    model = fam.build(fam.kinds.retrieval, cfg)
+    out = fam.train_step(model, _batch(tok), StepContext())
+    assert torch.isfinite(out["loss"])
+    out["loss"].backward()
+    grads = [p.grad for n, p in model.named_parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("name", built_in_sizes())
+def test_a_preset_the_family_lacks_is_refused_at_config_load_naming_its_sizes(name):
+    from vlp.config import ConfigError, load_config
+
+    sizes = ", ".join(family.spec(name).sizes)
+    with pytest.raises(ConfigError, match=rf"^model\.preset='huge' is not a size of {name}: {sizes}$"):
+        load_config(None, [f"model.family={name}", "model.preset=huge"])
+    section = ModelConfig(family=name)
+    section.preset = "huge"  # set after the section's own check: the family's lookup refuses it as well
+    with pytest.raises(ValueError, match=rf"^model\.preset='huge' is not a size of {name}: {sizes}$"):
+        family.get(name).config(section, 60)
+
+
+def test_the_cli_refuses_a_size_the_family_lacks_with_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "vlp.cli", "finetune-retrieval", "--model", "ts2net", "--dataset", str(tmp_path),
+           "--frames", str(tmp_path), "--out", str(tmp_path / "out"), "model.preset=small-pretrained"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "vlp finetune-retrieval: error: model.preset='small-pretrained' is not a size of ts2net: tiny, small, paper"
+    ]
+    assert not (tmp_path / "out").exists()

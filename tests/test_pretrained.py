@@ -121,8 +121,12 @@ def test_ts2net_has_no_small_pretrained_preset() -> None:
     from vlp.models.family import get
     from vlp.settings import ModelConfig
 
-    with pytest.raises(ValueError, match="not offered by this family"):
-        get("ts2net").config(ModelConfig(family="ts2net", preset="small-pretrained"), vocab_size=30522)
+    sizes = r"is not a size of ts2net: tiny, small, paper$"
+    with pytest.raises(ValueError, match=rf"^model\.preset='small-pretrained' {sizes}"):
+        ModelConfig(family="ts2net", preset="small-pretrained")
+    alpro_section = ModelConfig(preset="small-pretrained")  # ALPRO's size, handed to TS2-Net
+    with pytest.raises(ValueError, match=sizes):
+        get("ts2net").config(alpro_section, vocab_size=30522)
 
 
 def test_a_run_from_the_preset_records_the_weights_it_started_from(tiny_world, minilm: Path, tmp_path: Path) -> None:

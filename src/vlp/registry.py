@@ -15,8 +15,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import re
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
@@ -57,6 +57,39 @@ class Prepared:
     help: str = ""
     title: str = ""
     trains: bool = False
+
+
+@dataclass(frozen=True)
+class Size:
+    """One of a family's sizes, a value of ``model.preset``: its towers' dimensions and the weights it starts from.
+    A family's ``spec`` module holds its sizes in a table (:attr:`FamilySpec.sizes`), as timm's ``default_cfgs``
+    and open_clip's ``model_configs`` do: a new size is one entry, which its model module reads.
+
+    Attributes:
+        video: keyword arguments of the family's video tower config (``patch_size``, ``width``, ``depth``, ...).
+            The ``model`` section's ``img_size`` and ``num_frames`` are the tower's unless a key here fixes them.
+        text: the same for its text tower config (over the tokenizer's vocabulary and ``model.max_len``).
+        weights: ``(video, text)`` weights it starts from: a timm or hub name, or ``"all-MiniLM-L6-v2"`` (the
+            installed copy); ``""`` = random init. ``model.video_init`` / ``model.text_init`` replace them.
+        text_from_weights: the text tower takes the sizes of its text weights (their ``config.json``), its first
+            ``text["text_layers"]`` layers as the text encoder and the rest as the fusion; the tokenizer must be
+            the weights' own.
+        fine_patch: ``(side, patch)``: frames of at most ``side`` pixels are cut into ``patch`` pixel patches in
+            place of ``video["patch_size"]``; ``(0, 0)``: no such rule.
+        embed_dim: the projection size this size fixes (CLIP's 512); ``0`` = ``model.embed_dim``.
+    """
+
+    video: Mapping[str, Any] = field(default_factory=dict)
+    text: Mapping[str, Any] = field(default_factory=dict)
+    weights: tuple[str, str] = ("", "")
+    text_from_weights: bool = False
+    fine_patch: tuple[int, int] = (0, 0)
+    embed_dim: int = 0
+
+    def video_sizes(self, img_size: int) -> dict[str, Any]:
+        """:attr:`video` for frames of ``img_size`` pixels (:attr:`fine_patch` applied)."""
+        side, patch = self.fine_patch
+        return {**self.video, "patch_size": patch} if patch and img_size <= side else dict(self.video)
 
 
 class Kinds(NamedTuple):
@@ -105,6 +138,8 @@ class FamilySpec:
             equal (the contract test holds them so; the built-in families take theirs from here): what
             :func:`of_kind` and :func:`kinds` read without importing the family's model code, so that reading a
             model directory imports one family. ``None``: the family is imported to be asked.
+        sizes: its sizes by name, the values ``model.preset`` takes (:class:`Size`; :func:`size` looks one up);
+            empty: the family reads no ``model.preset`` (its sizes come from the ``model`` section alone).
     """
 
     name: str
@@ -120,6 +155,7 @@ class FamilySpec:
     randaug: tuple[tuple[str, tuple[str, ...]], ...] = ()
     tasks: tuple[Task, ...] = ("retrieval", "qa")
     kinds: Kinds | None = None
+    sizes: Mapping[str, Size] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.prepared or self.pretrain_component) and not self.pretrains:
@@ -243,6 +279,16 @@ def spec(name: str) -> FamilySpec:
     if name not in known:
         raise ValueError(f"unknown model family {name!r}; choose one of {sorted(known)}")
     return known[name]
+
+
+def size(name: str, preset: str) -> Size:
+    """The size called ``preset`` (``model.preset``) of the family called ``name``; a name its table lacks is an
+    error that lists the sizes it has."""
+    sizes = spec(name).sizes
+    if preset not in sizes:
+        shown = repr(preset)[:100] + ("..." if len(repr(preset)) > 100 else "")
+        raise ValueError(f"model.preset={shown} is not a size of {name}: {', '.join(sizes)}")
+    return sizes[preset]
 
 
 def families() -> dict[str, Family]:

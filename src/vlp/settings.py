@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
 from vlp.ranges import SHARE, Range
-from vlp.registry import DEFAULT_FAMILY, spec, specs
+from vlp.registry import DEFAULT_FAMILY, size, spec, specs
 from vlp.schema import ConfigError, clip, from_dict, quote
 
 log = logging.getLogger("vlp")
@@ -49,9 +49,10 @@ class ModelConfig:
     """
 
     family: str = DEFAULT_FAMILY  # a registered family (vlp.registry.names()): alpro, albef, ts2net
-    # tiny: width 64 (tests); small: width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384,
-    # installed from PyPI, vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
-    preset: Literal["tiny", "small", "small-pretrained", "paper"] = "tiny"
+    # one of the family's sizes, the table in its spec module (vlp.registry.Size): tiny: width 64 (tests); small:
+    # width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384, installed from PyPI,
+    # vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
+    preset: str = "tiny"
     img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
     num_frames: int = 4  # frames per clip (ALPRO pre-training: 4); at most frames.num_frames
     max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
@@ -83,6 +84,11 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         self.families = family_sections(self.families)
+        if self.family in specs() and spec(self.family).sizes:  # an unknown family: vlp.config.validate names it
+            try:
+                size(self.family, self.preset)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
 
     def own(self) -> Any:
         """The section of :attr:`family` (its ``spec``'s settings dataclass)."""

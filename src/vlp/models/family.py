@@ -13,12 +13,13 @@ The contract, in the order a model's life uses it:
 - ``name``, ``kinds`` (its ``model.json`` kinds), ``default_losses``, ``lr_groups`` (the parameters the sections'
   ``fusion_lr_mult`` and ``backbone_lr_mult`` scale, :class:`LrGroups`); whether it pre-trains is its spec's
   (``finetune-retrieval`` without ``--pretrained`` starts any family from the ``model`` section's weights).
-- ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its preset's
+- ``weights(model)`` -> ``(visual, text)`` starting weights a ``model`` config section names (its size's
   unless set; ``""`` = random init).
 - ``config(model, vocab_size, num_entities)`` -> the family's model config from the step config's ``model``
-  section; ``config_from_dict`` rebuilds it from a ``model.json``. Every family config has ``pixel_mean``,
-  ``pixel_std`` (the normalisation its weights expect), ``video.img_size`` (frame side), ``text.max_len``
-  (text positions) and ``text.vocab_size``: the data steps read those, nothing else.
+  section, at the size ``model.preset`` names in the family's table (its spec's ``sizes``, :class:`Size`);
+  ``config_from_dict`` rebuilds it from a ``model.json``. Every family config has ``pixel_mean``, ``pixel_std``
+  (the normalisation its weights expect), ``video.img_size`` (frame side), ``text.max_len`` (text positions) and
+  ``text.vocab_size``: the data steps read those, nothing else.
 - ``build(kind, config, num_answers)`` -> a randomly initialised module of one of ``kinds``.
 - ``task_config(config, task, section)`` -> the config of a model fine-tuned for ``task`` from a pre-trained one;
   ``prepare(config, batches_per_epoch, global_batch)`` -> the config once the training data is known (ALBEF:
@@ -57,11 +58,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 from vlp import registry
-from vlp.registry import Kinds as Kinds  # the specs declare their kinds (re-exported here)
+from vlp.registry import Kinds as Kinds  # the specs declare their kinds and sizes (re-exported here)
+from vlp.registry import Size as Size
+from vlp.registry import size as size
 
 if TYPE_CHECKING:
     from torch import Tensor, nn
 
+    from vlp.models.text import TextConfig
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 _T = TypeVar("_T")
@@ -311,12 +315,12 @@ class ForwardAnswers:
         return model(video, input_ids, attention_mask)
 
 
-RANDOM = "random"  # model.video_init / text_init: random init even where the family's preset names weights
+RANDOM = "random"  # model.video_init / text_init: random init even where the family's size names weights
 
 
-def preset_weights(model: ModelConfig, presets: dict[str, tuple[str, str]]) -> tuple[str, str]:
-    """``(visual, text)`` weight sources of a ``model`` config section: ``presets[model.preset]`` unless
-    ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in a preset, is random init."""
+def size_weights(model: ModelConfig, chosen: Size) -> tuple[str, str]:
+    """``(visual, text)`` weight sources of a ``model`` config section at size ``chosen``: the size's weights unless
+    ``model.video_init`` / ``model.text_init`` are set; ``"random"`` there, or ``""`` in the size, is random init."""
 
     # here: the family contract is read without torch or transformers (the CLI's choices, the config's checks)
     from vlp.models.pretrained import resolve_init
@@ -324,10 +328,30 @@ def preset_weights(model: ModelConfig, presets: dict[str, tuple[str, str]]) -> t
     def pick(value: str, default: str) -> str:
         return resolve_init(default if not value else "" if value == RANDOM else value)
 
-    if model.preset not in presets:
-        raise ValueError(f"model.preset={model.preset!r} is not offered by this family; its presets: {list(presets)}")
-    video, text = presets[model.preset]
+    video, text = chosen.weights
     return pick(model.video_init, video), pick(model.text_init, text)
+
+
+def bert_text(chosen: Size, vocab_size: int, max_len: int, init: str) -> TextConfig:
+    """The :class:`vlp.models.text.TextConfig` of size ``chosen`` (ALPRO's and ALBEF's BERT split into a text and
+    a fusion encoder), starting from ``init``: its ``text`` sizes, or with ``text_from_weights`` the sizes of its
+    default text weights (their ``config.json``), whatever ``init`` is.
+
+    Raises:
+        ValueError: ``text_from_weights`` and a ``vocab_size`` other than the weights' own (another tokenizer).
+    """
+    from vlp.models.pretrained import resolve_init, text_config
+    from vlp.models.text import TextConfig
+
+    if not chosen.text_from_weights:
+        return TextConfig(**({"vocab_size": vocab_size, "max_len": max_len} | dict(chosen.text)), init=init)
+    cfg = text_config(resolve_init(chosen.weights[1]), **({"max_len": max_len} | dict(chosen.text)), init=init)
+    if vocab_size != cfg.vocab_size:
+        raise ValueError(
+            f"model.preset's text weights, {chosen.weights[1]}, have a vocabulary of {cfg.vocab_size:,} entries but "
+            f"the tokenizer has {vocab_size:,}: leave model.tokenizer empty so the weights' own tokenizer is used"
+        )
+    return cfg
 
 
 def init_revisions(model: ModelConfig) -> tuple[str, str]:

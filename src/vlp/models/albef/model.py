@@ -42,7 +42,6 @@ from torch import Tensor, nn
 from vlp import losses
 from vlp.data.video_text import CLIP_MEAN, CLIP_STD
 from vlp.losses import distill
-from vlp.models import pretrained
 from vlp.models.albef.queue import QueueRows
 from vlp.models.albef.spec import KINDS, AlbefSettings
 from vlp.models.albef.towers import LOSS_TERMS, AlbefConfig, Towers
@@ -54,15 +53,16 @@ from vlp.models.family import (
     Task,
     TextVocab,
     TwoTowerMethods,
+    bert_text,
     built,
     generator_on,
     init_revisions,
-    preset_weights,
     rgb,
+    size,
+    size_weights,
 )
 from vlp.models.layers.cross import AnswerDecoder
 from vlp.models.layers.vit import FrameOutput, FrameViTConfig
-from vlp.models.text import TextConfig
 from vlp.settings import qa_section, retrieval_section
 from vlp.weights import load_pretrained_weights, read_model_weights
 
@@ -452,12 +452,6 @@ def _mlm(
 # --------------------------------------------------------------------------- the family
 
 
-PRESET_WEIGHTS = {
-    "tiny": ("", ""),
-    "small": ("", ""),
-    "small-pretrained": ("", pretrained.MINILM),
-    "paper": ("deit_base_patch16_224.fb_in1k", "bert-base-uncased"),
-}
 if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
@@ -472,32 +466,23 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
     lr_groups = LrGroups(fusion=("online.fusion.", "online.mlm_head.", "itm_head.", "decoder."))
 
     def weights(self, model: ModelConfig) -> tuple[str, str]:
-        return preset_weights(model, PRESET_WEIGHTS)
+        return size_weights(model, size(self.name, model.preset))
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlbefConfig:
-        """The ALBEF config of a ``model`` config section (:class:`vlp.settings.ModelConfig`)."""
+        """The ALBEF config of a ``model`` config section (:class:`vlp.settings.ModelConfig`) at the size
+        ``model.preset`` names (:data:`vlp.models.albef.spec.SIZES`)."""
         if num_entities:
             raise ValueError("ALBEF has no prompt-entity head (PEM is ALPRO's)")
         own: AlbefSettings = model.families[self.name]
-        video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
+        chosen = size(self.name, model.preset)
+        video_init, text_init = size_weights(model, chosen)
         video_rev, text_rev = init_revisions(model)
-        frames: dict[str, Any] = {"img_size": model.img_size, "num_frames": model.num_frames, "init": video_init}
-        frames["init_revision"] = video_rev
-        frames["temporal"] = own.temporal
-        if model.preset == "tiny":
-            video, text = FrameViTConfig.tiny(**frames), TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len)
-        elif model.preset == "small":
-            video = FrameViTConfig(patch_size=16, width=256, depth=4, heads=4, **frames)
-            text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, width=256, heads=4, intermediate=1024)
-        elif model.preset == "small-pretrained":  # MiniLM layers 4-6 gain ALBEF's cross-attention (random init)
-            video = FrameViTConfig(**pretrained.small_video(model.img_size), **frames)
-            text = pretrained.minilm_text(vocab_size, model.max_len, text_init)
-        else:
-            video = FrameViTConfig.paper(**frames)
-            text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len)
+        frames = {"img_size": model.img_size, "num_frames": model.num_frames} | chosen.video_sizes(model.img_size)
+        video = FrameViTConfig(**frames, init=video_init, init_revision=video_rev, temporal=own.temporal)
+        text = bert_text(chosen, vocab_size, model.max_len, text_init)
         return AlbefConfig(
             video,
-            replace(text, init=text_init, init_revision=text_rev),
+            replace(text, init_revision=text_rev),
             embed_dim=model.embed_dim,
             losses=tuple(model.losses or LOSS_TERMS),
             momentum=own.momentum,

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import SHARE, Range, at_least
-from vlp.registry import FamilySpec, Kinds
+from vlp.registry import FamilySpec, Kinds, Size
 from vlp.settings import VTMSettings
 
 
@@ -38,6 +38,33 @@ RANDAUG = (
                     "TranslateYRel", "Rotate")),
 )  # fmt: skip
 
+# Its sizes, model.preset's values: the frame ViT's (video) and the BERT's (text, split into text and fusion layers)
+# dimensions, and the weights each starts from ("" = random init). The model section gives the frame side, the
+# frames, the text length and the tokenizer's vocabulary.
+SIZES = {
+    "tiny": Size(  # seconds on a CPU (tests)
+        video={"patch_size": 8, "width": 64, "depth": 2, "heads": 2},
+        text={"width": 64, "text_layers": 2, "fusion_layers": 2, "heads": 4, "intermediate": 256, "max_positions": 64},
+    ),
+    "small": Size(  # CPU runs
+        video={"patch_size": 16, "width": 256, "depth": 4, "heads": 4},
+        text={"width": 256, "text_layers": 2, "fusion_layers": 2, "heads": 4, "intermediate": 1024,
+              "max_positions": 64},
+    ),
+    "small-pretrained": Size(  # all-MiniLM-L6-v2 (installed): layers 1-3 text, 4-6 fusion (cross-attention: random)
+        video={"patch_size": 16, "width": 384, "depth": 4, "heads": 6},
+        text={"text_layers": 3},
+        weights=("", "all-MiniLM-L6-v2"),
+        text_from_weights=True,
+        fine_patch=(64, 8),  # a 4 x 4 grid at the main job's 32 px
+    ),
+    "paper": Size(  # ViT-B/16 from DeiT ImageNet-1k (§3.1), BERT-base split 6 + 6
+        video={"patch_size": 16, "width": 768, "depth": 12, "heads": 12},
+        text={"width": 768, "text_layers": 6, "fusion_layers": 6, "heads": 12, "intermediate": 3072},
+        weights=("deit_base_patch16_224.fb_in1k", "bert-base-uncased"),
+    ),
+}  # fmt: skip
+
 # The model.json kinds of its models (the family object's too: vlp.models.albef.model)
 KINDS = Kinds(pretrained="albef", retrieval="albef_retrieval", qa="albef_qa")
 
@@ -51,4 +78,5 @@ SPEC = FamilySpec(
     pretrains=True,
     randaug=RANDAUG,
     kinds=KINDS,
+    sizes=SIZES,
 )

@@ -37,8 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp import losses
-from vlp.models import pretrained
-from vlp.models.alpro.spec import KINDS, AlproSettings
+from vlp.models.alpro.spec import KINDS, SIZES, AlproSettings
 from vlp.models.family import (
     ForwardAnswers,
     LrGroups,
@@ -47,11 +46,13 @@ from vlp.models.family import (
     Task,
     TextVocab,
     TwoTowerMethods,
+    bert_text,
     built,
     generator_on,
     init_revisions,
-    preset_weights,
     rgb,
+    size,
+    size_weights,
 )
 from vlp.models.layers.timesformer import TimeSformer, TimeSformerConfig, VideoEncoderOutput
 from vlp.models.text import MLMHead, MultimodalEncoder, TextConfig, TextEncoder, TextOutput, load_bert_weights
@@ -498,22 +499,11 @@ def _video_index(batch: PretrainBatch) -> Tensor:
 # --------------------------------------------------------------------------- the family
 
 
-# Weights each preset starts from (ALPRO §3.4): "" = random init. model.video_init / text_init override them.
-PRESET_WEIGHTS = {
-    "tiny": ("", ""),
-    "small": ("", ""),
-    "small-pretrained": ("", pretrained.MINILM),
-    "paper": ("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
-}
-
-
 def small_towers(img_size: int, num_frames: int, vocab_size: int, max_len: int) -> tuple[Any, Any]:
-    """The ``small`` preset: 4-layer width-256 TimeSformer (16 px patches) and 2+2-layer width-256 BERT."""
-    video = TimeSformerConfig(
-        img_size=img_size, patch_size=16, num_frames=num_frames, width=256, depth=4, heads=4, drop_path=0.0
-    )
-    text = TextConfig.tiny(vocab_size=vocab_size, max_len=max_len, width=256, heads=4, intermediate=1024)
-    return video, text
+    """The ``small`` size's towers (:data:`vlp.models.alpro.spec.SIZES`) at random init."""
+    chosen = SIZES["small"]
+    video = TimeSformerConfig(img_size=img_size, num_frames=num_frames, **chosen.video_sizes(img_size))
+    return video, bert_text(chosen, vocab_size, max_len, "")
 
 
 class AlproFamily(TwoTowerMethods, ForwardAnswers):
@@ -526,29 +516,21 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
 
     def weights(self, model: ModelConfig) -> tuple[str, str]:
         """``(video, text)`` starting weights of a ``model`` config section (``""`` = random init)."""
-        return preset_weights(model, PRESET_WEIGHTS)
+        return size_weights(model, size(self.name, model.preset))
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> AlproConfig:
         """The ALPRO config of a ``model`` config section (:class:`vlp.settings.ModelConfig`; ALPRO's own
-        keys from ``model.alpro``, :class:`vlp.models.alpro.spec.AlproSettings`)."""
+        keys from ``model.alpro``, :class:`vlp.models.alpro.spec.AlproSettings`) at the size ``model.preset``
+        names (:data:`vlp.models.alpro.spec.SIZES`)."""
         own: AlproSettings = model.families[self.name]
-        video_init, text_init = preset_weights(model, PRESET_WEIGHTS)
+        chosen = size(self.name, model.preset)
+        video_init, text_init = size_weights(model, chosen)
         video_rev, text_rev = init_revisions(model)
-        if model.preset == "tiny":
-            video = TimeSformerConfig.tiny(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
-            text = TextConfig.tiny(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
-        elif model.preset == "small":
-            video, text = small_towers(model.img_size, model.num_frames, vocab_size, model.max_len)
-            video, text = replace(video, init=video_init), replace(text, init=text_init)
-        elif model.preset == "small-pretrained":
-            video = TimeSformerConfig(img_size=model.img_size, num_frames=model.num_frames, init=video_init,
-                                      drop_path=0.0, **pretrained.small_video(model.img_size))  # fmt: skip
-            text = pretrained.minilm_text(vocab_size, model.max_len, text_init)
-        else:
-            video = TimeSformerConfig.paper(img_size=model.img_size, num_frames=model.num_frames, init=video_init)
-            text = TextConfig.paper(vocab_size=vocab_size, max_len=model.max_len, init=text_init)
+        frames = {"img_size": model.img_size, "num_frames": model.num_frames} | chosen.video_sizes(model.img_size)
+        video = TimeSformerConfig(**frames, init=video_init, init_revision=video_rev)
+        text = bert_text(chosen, vocab_size, model.max_len, text_init)
         return AlproConfig(
-            replace(video, init_revision=video_rev),
+            video,
             replace(text, init_revision=text_rev),
             embed_dim=model.embed_dim,
             num_entities=num_entities,

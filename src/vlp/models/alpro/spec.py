@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import Range, at_least
-from vlp.registry import FamilySpec, Kinds, Prepared
+from vlp.registry import FamilySpec, Kinds, Prepared, Size
 from vlp.settings import VTMSettings
 
 
@@ -41,6 +41,33 @@ class AlproSettings(VTMSettings):
 # leaves frames untouched); timm's TranslateX/YRel are its relative translations.
 RANDAUG = (("alpro", ("Contrast", "Brightness", "Sharpness", "ShearX", "ShearY", "TranslateXRel", "TranslateYRel",
                       "Rotate")),)  # fmt: skip
+
+# Its sizes, model.preset's values: the TimeSformer's (video) and the BERT's (text, split into text and fusion layers)
+# dimensions, and the weights each starts from (ALPRO §3.4; "" = random init). The model section gives the frame
+# side, the frames, the text length and the tokenizer's vocabulary.
+SIZES = {
+    "tiny": Size(  # seconds on a CPU (tests)
+        video={"patch_size": 8, "width": 64, "depth": 2, "heads": 2, "drop_path": 0.0},
+        text={"width": 64, "text_layers": 2, "fusion_layers": 2, "heads": 4, "intermediate": 256, "max_positions": 64},
+    ),
+    "small": Size(  # CPU runs
+        video={"patch_size": 16, "width": 256, "depth": 4, "heads": 4, "drop_path": 0.0},
+        text={"width": 256, "text_layers": 2, "fusion_layers": 2, "heads": 4, "intermediate": 1024,
+              "max_positions": 64},
+    ),
+    "small-pretrained": Size(  # all-MiniLM-L6-v2 (installed, vlp.models.pretrained): layers 1-3 text, 4-6 fusion
+        video={"patch_size": 16, "width": 384, "depth": 4, "heads": 6, "drop_path": 0.0},
+        text={"text_layers": 3},
+        weights=("", "all-MiniLM-L6-v2"),
+        text_from_weights=True,
+        fine_patch=(64, 8),  # a 4 x 4 grid at the main job's 32 px
+    ),
+    "paper": Size(  # TimeSformer-B/16 from ViT ImageNet-21k, BERT-base split 6 + 6
+        video={"patch_size": 16, "width": 768, "depth": 12, "heads": 12, "drop_path": 0.1},
+        text={"width": 768, "text_layers": 6, "fusion_layers": 6, "heads": 12, "intermediate": 3072},
+        weights=("vit_base_patch16_224.orig_in21k", "bert-base-uncased"),
+    ),
+}  # fmt: skip
 
 # The model.json kinds of its models (the family object's too: vlp.models.alpro.model)
 KINDS = Kinds(pretrained="alpro", retrieval="alpro_retrieval", qa="alpro_qa", prompter="prompter")
@@ -78,4 +105,5 @@ SPEC = FamilySpec(
     ),
     randaug=RANDAUG,
     kinds=KINDS,
+    sizes=SIZES,
 )

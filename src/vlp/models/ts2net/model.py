@@ -48,16 +48,18 @@ from vlp.models.family import (
     Encoded,
     LrGroups,
     PretrainBatch,
+    Size,
     StepContext,
     Task,
     init_revisions,
-    preset_weights,
+    size,
+    size_weights,
 )
 from vlp.models.layers.clip import Clip, ClipEncoderLayer, ClipTower
 from vlp.models.layers.shift import token_shift
 from vlp.models.layers.topk import hard_topk, perturbed_topk
 from vlp.models.text import read_bert_state_dict
-from vlp.models.ts2net.spec import KINDS, TS2NetSettings
+from vlp.models.ts2net.spec import HUB, KINDS, TS2NetSettings
 from vlp.settings import retrieval_section
 from vlp.weights import load_pretrained_weights
 
@@ -65,7 +67,6 @@ if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 log = logging.getLogger("vlp")
-HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}
 # The aggregator's LayerNorm eps of a model.json written before ``aggregator_ln_eps`` existed: such a model was
 # trained and evaluated with a CLIP block's default, CLIP's 1e-5
 LEGACY_AGGREGATOR_LN_EPS = 1e-5
@@ -437,7 +438,12 @@ def load_clip_weights(clip: nn.Module, source: str, revision: str = "") -> None:
     clip.load_state_dict({k: v for k, v in state.items() if k in own}, strict=False)
 
 
-PRESET_WEIGHTS = {"tiny": ("", ""), "small": ("", ""), "paper": (HUB[32], HUB[32])}
+def clip_size(chosen: Size, patch: int) -> Size:
+    """``chosen`` with ``model.ts2net.clip_patch`` = ``patch``: a size that starts from OpenAI's CLIP takes its
+    ViT-B/``patch`` (that patch and those weights); one from random init keeps its own patch."""
+    if not set(chosen.weights) & set(HUB.values()):
+        return chosen
+    return replace(chosen, video={**chosen.video, "patch_size": patch}, weights=(HUB[patch], HUB[patch]))
 
 
 class TS2NetFamily:
@@ -453,16 +459,19 @@ class TS2NetFamily:
     lr_groups = LrGroups(backbone=("clip.",))  # the code's coef_lr: CLIP slower than the selector and aggregator
 
     def weights(self, model: ModelConfig) -> tuple[str, str]:
-        patch = model.families[self.name].clip_patch
-        presets = PRESET_WEIGHTS | {"paper": (HUB[patch], HUB[patch])}
-        return preset_weights(model, presets)
+        return size_weights(model, self._size(model))
+
+    def _size(self, model: ModelConfig) -> Size:
+        """The size ``model.preset`` names (:data:`vlp.models.ts2net.spec.SIZES`) at ``model.ts2net.clip_patch``."""
+        return clip_size(size(self.name, model.preset), model.families[self.name].clip_patch)
 
     def config(self, model: ModelConfig, vocab_size: int, num_entities: int = 0) -> TS2NetConfig:
         """The TS2-Net config of a ``model`` config section (:class:`vlp.settings.ModelConfig`)."""
         if num_entities:
             raise ValueError("TS2-Net has no prompt-entity head (PEM is ALPRO's)")
         own: TS2NetSettings = model.families[self.name]
-        video_init, text_init = self.weights(model)
+        chosen = self._size(model)
+        video_init, text_init = size_weights(model, chosen)
         video_rev, text_rev = init_revisions(model)
         rules: dict[str, Any] = {
             "shift_mode": own.shift_mode,
@@ -481,18 +490,11 @@ class TS2NetFamily:
             "pixel_mean": tuple(model.pixel_mean) if model.pixel_mean else CLIP_MEAN,
             "pixel_std": tuple(model.pixel_std) if model.pixel_std else CLIP_STD,
         }
-        if model.preset == "paper":
-            video = ClipVisionConfig(patch_size=own.clip_patch, num_frames=model.num_frames, init=video_init,
-                                     init_revision=video_rev)  # fmt: skip
-            text = ClipTextConfig(vocab_size=vocab_size, init=text_init, init_revision=text_rev)
-            return TS2NetConfig(video, text, embed_dim=512, **rules)
-        width = 64 if model.preset == "tiny" else 256
-        video = ClipVisionConfig(img_size=model.img_size, patch_size=8 if model.preset == "tiny" else 16, width=width,
-                                 layers=2 if model.preset == "tiny" else 4, heads=2 if model.preset == "tiny" else 4,
-                                 num_frames=model.num_frames, init=video_init, init_revision=video_rev)  # fmt: skip
-        text = ClipTextConfig(vocab_size=vocab_size, max_len=model.max_len, width=width, layers=video.layers,
-                              heads=video.heads, init=text_init, init_revision=text_rev)  # fmt: skip
-        return TS2NetConfig(video, text, embed_dim=model.embed_dim, **rules)
+        frames = {"img_size": model.img_size, "num_frames": model.num_frames} | chosen.video_sizes(model.img_size)
+        video = ClipVisionConfig(**frames, init=video_init, init_revision=video_rev)
+        texts = {"vocab_size": vocab_size, "max_len": model.max_len} | dict(chosen.text)
+        text = ClipTextConfig(**texts, init=text_init, init_revision=text_rev)
+        return TS2NetConfig(video, text, embed_dim=chosen.embed_dim or model.embed_dim, **rules)
 
     def config_from_dict(self, data: dict[str, Any]) -> TS2NetConfig:
         return TS2NetConfig.from_dict(data)

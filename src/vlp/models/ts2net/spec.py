@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from vlp.ranges import SHARE, Range, above, at_least
-from vlp.registry import FamilySpec, Kinds
+from vlp.registry import FamilySpec, Kinds, Size
 
 
 @dataclass
@@ -38,6 +38,28 @@ class TS2NetSettings:
     }  # fmt: skip
 
 
+HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}  # OpenAI's CLIP by patch
+
+# Its sizes, model.preset's values: CLIP's vision (video) and text towers' dimensions, and the weights each starts
+# from ("" = random init). The model section gives the frame side, the frames and the text length unless a size
+# fixes them; a size that starts from OpenAI's CLIP takes model.ts2net.clip_patch's ViT-B/32 or B/16.
+SIZES = {
+    "tiny": Size(  # seconds on a CPU (tests)
+        video={"patch_size": 8, "width": 64, "layers": 2, "heads": 2},
+        text={"width": 64, "layers": 2, "heads": 2},
+    ),
+    "small": Size(  # CPU runs
+        video={"patch_size": 16, "width": 256, "layers": 4, "heads": 4},
+        text={"width": 256, "layers": 4, "heads": 4},
+    ),
+    "paper": Size(  # CLIP ViT-B/32 at 224 px, its 77 text positions and 512-d projections
+        video={"img_size": 224, "patch_size": 32, "width": 768, "layers": 12, "heads": 12},
+        text={"max_len": 77, "width": 512, "layers": 12, "heads": 8},
+        weights=(HUB[32], HUB[32]),
+        embed_dim=512,
+    ),
+}
+
 # The model.json kinds of its models (the family object's too: vlp.models.ts2net.model)
 KINDS = Kinds(pretrained="ts2net_clip", retrieval="ts2net_retrieval", qa="")
 
@@ -51,4 +73,5 @@ SPEC = FamilySpec(
     pretrains=False,
     tasks=("retrieval",),  # text-video retrieval only: no QA model
     kinds=KINDS,
+    sizes=SIZES,
 )
