@@ -338,3 +338,11 @@ def test_no_page_is_over_20000_characters(page: Path):
     """A page that grows past this is a page that repeats itself or keeps history: link, or let git keep it."""
     size = len(page.read_text(encoding="utf-8"))
     assert size <= 20000, f"{page.name} is {size:,} characters (limit 20,000)"
+
+
+def test_pipelines_md_names_every_compiled_pipeline():
+    """docs/guides/pipelines.md describes each pipeline of pipelines/compiled/ (a DAG added there and not to the page
+    fails here), by the name it has in KFP."""
+    text = (ROOT / "docs" / "guides" / "pipelines.md").read_text(encoding="utf-8")
+    compiled = sorted(p.stem for p in (ROOT / "pipelines" / "compiled").glob("*.yaml"))
+    assert compiled and [name for name in compiled if f"**`vlp-{name}`**" not in text] == []
