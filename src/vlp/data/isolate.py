@@ -53,7 +53,7 @@ class _Worker:
     def __init__(self, ctx: Any, fn: Callable[[Any], Any]) -> None:
         self.conn, child = ctx.Pipe()
         _PARENT_ENDS.add(self.conn)
-        self.proc = ctx.Process(target=_serve, args=(child, fn, storage._config, os.getpid()), daemon=True)
+        self.proc = ctx.Process(target=_serve, args=(child, fn, storage.current_config(), os.getpid()), daemon=True)
         self.proc.start()
         child.close()
         self.index: int | None = None  # the item it holds
