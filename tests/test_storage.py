@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import os
 import threading
 from pathlib import Path
@@ -66,7 +67,7 @@ def test_upload_download_and_local_copy(root, tmp_path):
     with storage.local_copy(uri) as path:
         assert Path(path).read_bytes() == src.read_bytes()
         local = path
-    if storage.is_s3(uri):
+    if storage.local_path(uri) is None:
         assert not os.path.exists(local), "the temporary copy of an S3 object is removed after the block"
     with pytest.raises(FileNotFoundError):
         storage.download(storage.join(root, "nope.bin"), tmp_path / "x")
@@ -282,3 +283,58 @@ def test_read_parquet_columns_on_s3_fetches_only_those_columns(s3_bucket):
     assert storage.read_stats().bytes < storage.size(uri) / 20  # the footer's 64 KiB and two small columns
     with pytest.raises(pa.ArrowInvalid, match="no column"):
         storage.read_parquet(uri, columns=["video_id", "nope"])
+
+
+# --------------------------------------------------------------------------- no scheme test above storage
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "vlp"
+_SCHEME_HELPERS = {"is_s3", "split_s3"}
+_TESTS = {"startswith", "endswith", "removeprefix", "partition", "split"}
+
+
+def _names_a_backend(value: object) -> bool:
+    """A string that is, or starts, a URI of a registered backend other than local paths (``"s3://"``, ``"s3"``)."""
+    if not isinstance(value, str) or not value:
+        return False
+    return storage.backend_for(value if "://" in value else value + "://") is not storage.backend_for("")
+
+
+def scheme_tests(source: str) -> list[int]:
+    """The lines of ``source`` that test a storage scheme: a call of ``is_s3``/``split_s3``, or a string naming a
+    backend's scheme compared with (``==``, ``in``) or passed to a string test (``.startswith(...)``, ...)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            tested = name in _TESTS and any(_names_a_backend(c) for a in node.args for c in _constants(a))
+            if name in _SCHEME_HELPERS or tested:
+                found.append(node.lineno)
+        elif isinstance(node, ast.Compare) and any(_names_a_backend(c) for c in _constants(node)):
+            found.append(node.lineno)
+    return sorted(set(found))
+
+
+def _constants(node: ast.AST) -> list[object]:
+    return [c.value for c in ast.walk(node) if isinstance(c, ast.Constant)]
+
+
+def test_no_module_above_storage_tests_a_scheme():
+    """Storage is chosen by scheme in one place (vlp.storage.base): every other module asks vlp.storage for what it
+    needs (a local path, a local copy, an append, ...), so a new backend edits no file outside vlp/storage/."""
+    above = [p for p in sorted(SRC.rglob("*.py")) if p.relative_to(SRC).parts[0] != "storage"]
+    found = {str(p.relative_to(SRC)): lines for p in above if (lines := scheme_tests(p.read_text(encoding="utf-8")))}
+    assert found == {}
+
+
+def test_a_scheme_test_is_found():
+    source = """
+def a(uri):
+    if storage.is_s3(uri):
+        return uri.startswith("s3://")
+    ok = uri.startswith(("/", "s3://")) or scheme == "s3" or uri[:5] in {"s3://"}
+    return is_s3(uri) or split_s3(uri)
+def b(uri):
+    \"\"\"A local path or an ``s3://`` URI.\"\"\"
+    return uri.startswith("sqlite:///") or f"s3://{uri}" or parts.scheme == "http"
+"""
+    assert scheme_tests(source) == [3, 4, 5, 6]

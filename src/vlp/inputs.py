@@ -222,7 +222,7 @@ def check_output(uri: str) -> None:
         StepOutputError: ``uri`` is a file, lies under a file or a link to nothing, or cannot be written.
         vlp.storage.LinkError: ``uri`` holds a symbolic link.
     """
-    if storage.is_s3(uri):
+    if storage.local_path(uri) is None:  # an object store has no directories
         return
     problem = _unwritable(uri)
     if problem:
@@ -260,6 +260,6 @@ def check_input_dir(uri: str, flag: str, remedy: str) -> None:
     Raises:
         StepInputError: ``uri`` exists and is not a directory; the message names ``flag`` and ``remedy``.
     """
-    if not storage.is_s3(uri) and os.path.lexists(uri) and not os.path.isdir(uri):
+    if storage.local_path(uri) is not None and os.path.lexists(uri) and not os.path.isdir(uri):
         what = "a file" if os.path.isfile(uri) else "not a directory"
         raise StepInputError(f"{flag} {uri} is {what}, not a directory: {remedy}")

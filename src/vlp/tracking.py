@@ -769,7 +769,7 @@ def register_model(
 
 def local_dir(uri: str, tmp: str) -> str:
     """``uri`` itself when local, else its files downloaded under ``tmp``."""
-    if not storage.is_s3(uri):
+    if storage.local_path(uri) is not None:
         return uri
     root = uri.rstrip("/")
     for file_uri in storage.list_files(root):

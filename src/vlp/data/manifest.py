@@ -23,7 +23,6 @@ file's metadata too: the dataset's storage permissions do.
 
 from __future__ import annotations
 
-import os
 import unicodedata
 
 import pyarrow as pa
@@ -170,7 +169,7 @@ def from_rows(rows: list[dict], schema: pa.Schema) -> pa.Table:
 
 def resolve(dataset: str, path: str) -> str:
     """URI of a ``videos.path`` value: absolute paths and URIs as they are, else under ``dataset``."""
-    if storage.is_s3(path) or path.startswith("/"):
+    if storage.is_absolute(path):
         return path
     return storage.join(dataset, path)
 
@@ -239,15 +238,8 @@ def resolve_inside(root: str, path: str) -> str:
     problem = path_problem(path)
     if problem:
         raise UnusablePathError(f"unusable path: {quoted(path, 120)} {problem}")
-    uri = resolve(root, path)
-    if not storage.is_s3(uri):
-        uri = os.path.normpath(uri)  # "a.mp4" and "./a.mp4" name one file (symbolic links are kept)
-    if storage.is_s3(root) or storage.is_s3(uri):
-        prefix = root.rstrip("/") + "/"
-        inside = storage.is_s3(root) and uri.startswith(prefix) and ".." not in uri[len(prefix) :].split("/")
-    else:
-        inside = storage.is_below(root, uri)
-    if not inside:
+    uri = storage.normalize(resolve(root, path))  # "a.mp4" and "./a.mp4" name one file (symbolic links are kept)
+    if not storage.is_below(root, uri):
         raise PathEscapeError(f"path outside its root: {path!r} resolves outside {root}")
     return uri
 

@@ -155,8 +155,7 @@ def _connect(uri: str) -> Any:
     os.environ.setdefault("LANCE_INCLUDE_VECTOR_CENTROIDS", "false")
     import lancedb
 
-    options = storage.object_store_options() if storage.is_s3(uri) else None
-    return lancedb.connect(uri, storage_options=options)
+    return lancedb.connect(uri, storage_options=storage.library_options(uri))
 
 
 def _escape(text: str) -> str:
@@ -177,7 +176,7 @@ class ClipIndex:
         Raises:
             StorageError: the object store cannot be listed (a missing bucket, bad credentials, no endpoint).
         """
-        if not storage.is_s3(uri):
+        if storage.local_path(uri) is not None:
             return storage.exists(uri) and TABLE in _connect(uri).list_tables().tables
         try:
             return TABLE in _connect(uri).list_tables().tables

@@ -519,7 +519,7 @@ def read_bert_state_dict(
         ValueError: a revision given with a path.
         PretrainedUnavailableError: a hub id (or revision) neither cached nor reachable, or not on the hub.
     """
-    if storage.is_s3(source):
+    if looks_like_path(source) and storage.local_path(source) is None:  # an object store's file or directory
         check_no_revision(source, revision)
         is_file = source.endswith((".safetensors", ".bin", ".pt", ".pth"))
         with storage.local_copy(source if is_file else storage.join(source, "model.safetensors")) as path:

@@ -76,7 +76,7 @@ def hub_offline() -> bool:
 
 def looks_like_path(name: str) -> bool:
     """True when ``name`` is meant as a path/URI rather than a hub id (``org/name`` is a hub id)."""
-    return storage.is_s3(name) or name.startswith(("/", "./", "../", "~")) or os.path.exists(name)
+    return storage.is_absolute(name) or name.startswith(("./", "../", "~")) or os.path.exists(name)
 
 
 # --------------------------------------------------------------------------- hub revisions and upstream records
@@ -417,7 +417,7 @@ def load_tokenizer(name_or_path: str, revision: str = "") -> PreTrainedTokenizer
     from transformers import AutoTokenizer
 
     name = str(name_or_path)
-    if storage.is_s3(name):
+    if looks_like_path(name) and storage.local_path(name) is None:
         check_no_revision(name, revision)
         return _load_from_s3(name)
     if looks_like_path(name):
@@ -551,7 +551,7 @@ def load_text_ids(uri: str) -> TextIds | PreTrainedTokenizerBase:
         FileNotFoundError: no tokenizer there.
     """
     name = str(uri)
-    if storage.is_s3(name):
+    if storage.local_path(name) is None:
         config_uri, spec_uri = storage.join(name, "tokenizer_config.json"), storage.join(name, "tokenizer.json")
         if not (storage.exists(config_uri) and storage.exists(spec_uri)):
             return load_tokenizer(name)

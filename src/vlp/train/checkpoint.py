@@ -28,11 +28,9 @@ import json
 import math
 import random
 import re
-import shutil
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -388,20 +386,12 @@ def save_checkpoint(
 # --------------------------------------------------------------------------- find / prune
 
 
-def _relative(uri: str, root: str) -> str:
-    """``uri`` (listed under ``root``) relative to ``root``. A local listing spells paths as :mod:`pathlib` does
-    (``./ckpt`` and ``a//b`` become ``ckpt`` and ``a/b``), so local paths are compared as paths, not strings."""
-    if storage.is_s3(root):
-        return uri.removeprefix(root.rstrip("/") + "/")
-    return Path(uri).relative_to(Path(root)).as_posix()
-
-
 def _scan(root: str) -> dict[int, tuple[str, bool]]:
     """``{step: (directory URI, complete)}`` for every ``step-N/`` directory directly under ``root``."""
     root = str(root)
     found: dict[int, tuple[str, bool]] = {}
     for uri in storage.list_files(root):
-        parts = _relative(uri, root).split("/")
+        parts = storage.relative(uri, root).split("/")
         match = _STEP_DIR.match(parts[0]) if len(parts) == 2 else None
         if match is None:
             continue
@@ -427,8 +417,7 @@ def _delete_dir(uri: str) -> None:
     state = [f for f in files if f.endswith("/" + STATE_FILE)]
     for f in state + [f for f in files if f not in state]:  # state.json first: it stops counting at once
         storage.delete(f)
-    if not storage.is_s3(uri):
-        shutil.rmtree(uri, ignore_errors=True)
+    storage.remove_folder(uri)
 
 
 def prune_checkpoints(root: str, keep_last: int) -> list[str]:

@@ -68,7 +68,6 @@ import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
@@ -114,27 +113,18 @@ class MetricsLogger(Protocol):
 class JsonlMetricsLogger:
     """One JSON object per line: ``{"step": s, "train/loss": ...}`` or ``{"params": {...}}``.
 
-    Local files are appended to; on ``s3://`` (no appends) the whole file is rewritten atomically on
-    every call, which is fine for the few thousand lines of a run. :func:`train` calls :meth:`rewind`
-    before it logs, so the file holds each step once, also after a resume (read it with
-    :func:`vlp.tracking.read_metrics`).
+    Written through :class:`vlp.storage.AppendLog`: local files are appended to; on ``s3://`` (no appends) the
+    whole file is rewritten atomically on every call, which is fine for the few thousand lines of a run.
+    :func:`train` calls :meth:`rewind` before it logs, so the file holds each step once, also after a resume (read
+    it with :func:`vlp.tracking.read_metrics`).
     """
 
     def __init__(self, uri: str) -> None:
         self.uri = str(uri)
-        self._lines: list[str] = []
-        if storage.is_s3(self.uri) and storage.exists(self.uri):
-            self._lines = storage.read_text(self.uri).splitlines()
+        self._log = storage.AppendLog(self.uri)
 
     def _write(self, record: dict[str, Any]) -> None:
-        line = json.dumps(record, sort_keys=True)
-        if storage.is_s3(self.uri):
-            self._lines.append(line)
-            storage.write_text(self.uri, "\n".join(self._lines) + "\n")
-            return
-        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
-        with open(self.uri, "a", encoding="utf-8") as fh:
-            fh.write(line + "\n")
+        self._log.append(json.dumps(record, sort_keys=True))
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         self._write({"step": int(step), **{k: float(v) for k, v in metrics.items()}})
@@ -149,7 +139,7 @@ class JsonlMetricsLogger:
         kill is dropped too (it was being written after the last checkpoint).
         """
         if not storage.exists(self.uri):
-            self._lines = []
+            self._log = storage.AppendLog(self.uri)  # nothing held
             return
         kept = []
         for line in storage.read_text(self.uri).splitlines():
@@ -161,9 +151,7 @@ class JsonlMetricsLogger:
                     and ("params" in record or int(record.get("step", step + 1)) <= step)
                 ):
                     kept.append(line)
-        if storage.is_s3(self.uri):
-            self._lines = kept
-        storage.write_text(self.uri, "".join(f"{line}\n" for line in kept))  # atomic on both backends
+        self._log.replace(kept)  # atomic on every backend
 
 
 # --------------------------------------------------------------------------- config and result

@@ -53,7 +53,8 @@ def _probe_one(uri: str, limits: video.DecodeLimits = _NO_LIMITS) -> tuple[dict[
     file too large to decode safely is rejected without decoding (an S3 object without downloading).
     """
     try:
-        if storage.is_s3(uri) and limits.max_bytes and (size := storage.size(uri)) > limits.max_bytes:
+        remote = storage.local_path(uri) is None  # a file to copy first: its size is checked before the copy
+        if remote and limits.max_bytes and (size := storage.size(uri)) > limits.max_bytes:
             return None, f"too large: {size} bytes > ingest.max_bytes={limits.max_bytes}"
         with storage.local_copy(uri) as local:
             if not os.path.exists(local):

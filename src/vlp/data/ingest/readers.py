@@ -9,7 +9,6 @@ import csv
 import io
 import json
 import logging
-import os
 import posixpath
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
@@ -336,10 +335,10 @@ def _clean(value: Any) -> str | None:
 def _id_from_path(path: str | None) -> str | None:
     if not path:
         return None
-    if storage.is_s3(path) or path.startswith("/"):
+    if storage.is_absolute(path):
         path = posixpath.basename(path)
     return posixpath.splitext(path)[0] or None
 
 
 def _parent(uri: str) -> str:
-    return uri.rsplit("/", 1)[0] if storage.is_s3(uri) else os.path.dirname(uri)
+    return storage.parent(uri)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -104,7 +103,7 @@ def _check_config(cfg: IngestConfig) -> None:
 
 
 def _absolute(uri: str) -> str:
-    return uri.rstrip("/") if storage.is_s3(uri) else os.path.abspath(uri)
+    return storage.absolute(uri)
 
 
 def _reject_row(kind: str, record_id: str, path: str, reason: str) -> dict[str, str]:
