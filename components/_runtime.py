@@ -136,7 +136,7 @@ def source_location(artifact: Any) -> str:
     if pointer.is_file():
         return pointer.read_text(encoding="utf-8").strip()
     uri = str(getattr(artifact, "uri", "") or "")
-    return uri if storage.is_s3(uri) else artifact.path
+    return uri if storage.local_path(uri) is None else artifact.path
 
 
 def output_location(artifact: Any, data_root: str = "", uri: str = "") -> str:
@@ -249,7 +249,7 @@ class Step:
 
         launch = trainjob.Launch.from_dict(self.launch)
         local = [v for k, v in itertools.pairwise(cli) if k.startswith("--") and v.startswith("/")]
-        if local or not storage.is_s3(out):
+        if local or storage.local_path(out) is not None:
             raise ValueError(
                 f"{self.name} on {launch.num_nodes} nodes cannot reach the pod-local paths "
                 f"{local or [out]}: set the data_root run parameter to an s3:// prefix"

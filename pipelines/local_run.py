@@ -260,7 +260,7 @@ def source_digest(source_uri: str) -> str:
     a clip edited in place would be ingested from KFP's cache as it was before."""
     from vlp import storage
 
-    if not source_uri or storage.is_s3(source_uri) or not Path(source_uri).exists():
+    if not source_uri or storage.local_path(source_uri) is None or not Path(source_uri).exists():
         return ""
     root = Path(source_uri)
     files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
