@@ -346,3 +346,22 @@ def test_pipelines_md_names_every_compiled_pipeline():
     text = (ROOT / "docs" / "guides" / "pipelines.md").read_text(encoding="utf-8")
     compiled = sorted(p.stem for p in (ROOT / "pipelines" / "compiled").glob("*.yaml"))
     assert compiled and [name for name in compiled if f"**`vlp-{name}`**" not in text] == []
+
+
+def test_every_vlp_command_is_documented():
+    """Every command of the ``vlp`` CLI (from its parser, so a command added to the code and not to the docs fails
+    here) appears as ``vlp <command>`` in docs/reference or docs/guides."""
+    import argparse
+
+    from vlp.cli import build_parser
+
+    def commands(parser: argparse.ArgumentParser, prefix: str) -> list[str]:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not subs:
+            return [prefix]
+        return [c for a in subs for name, sub in a.choices.items() for c in commands(sub, f"{prefix} {name}")]
+
+    text = "\n".join(p.read_text(encoding="utf-8") for p in DOCS if p.parent.name in ("reference", "guides"))
+    found = commands(build_parser(), "vlp")
+    assert len(found) > 10, found
+    assert [c for c in found if f"`{c}" not in text] == [], "document each command (steps.md, or its guide)"
