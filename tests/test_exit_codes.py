@@ -3,7 +3,7 @@
 A process that read Parquet through Arrow and then exited at once used to abort now and then (exit 134, "terminate
 called without an active exception", after its own error line): a task left on Arrow's thread pool released a
 buffer backed by Python ``bytes`` while the interpreter was finalizing, which ends the thread inside a C++
-destructor (:func:`vlp.storage._arrow_owned`). The rate was 1 in 13-40 runs of a CLI error path under load and
+destructor (:func:`vlp.storage.parquet._arrow_owned`). The rate was 1 in 13-40 runs of a CLI error path under load and
 about 1 in 4 for the child process below (three reads of a wide file, then exit), so the child runs often enough
 here to see it: at 1 in 4, 24 clean runs in a row happen by chance with probability 0.75^24 = 0.1%.
 """
