@@ -338,3 +338,27 @@ def b(uri):
     return uri.startswith("sqlite:///") or f"s3://{uri}" or parts.scheme == "http"
 """
     assert scheme_tests(source) == [3, 4, 5, 6]
+
+
+def test_what_callers_ask_of_each_backend(root, tmp_path):
+    """The capabilities that replaced the scheme tests above storage answer as the old branches did."""
+    uri = storage.join(root, "d", "x.txt")
+    local = storage.local_path(uri)
+    assert (local == uri) if root.startswith("/") else local is None
+    assert storage.is_absolute(uri) and not storage.is_absolute("d/x.txt")
+    assert storage.parent(uri) == storage.join(root, "d")
+    assert storage.normalize(storage.join(root, "./d/x.txt")) == (uri if local else storage.join(root, "./d/x.txt"))
+    assert storage.is_below(root, uri) and not storage.is_below(root, root)
+    assert not storage.is_below(root, storage.join(root, "d/../../out.txt")) and not storage.is_below(root, "/etc")
+    log = storage.AppendLog(uri)
+    log.append('{"step": 1}')
+    log.append('{"step": 2}')
+    assert storage.read_text(uri) == '{"step": 1}\n{"step": 2}\n'
+    storage.AppendLog(uri).append('{"step": 3}')  # a new log goes on where the file ends, on every backend
+    assert storage.read_text(uri).splitlines() == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
+    log.replace(['{"step": 1}'])
+    assert storage.read_text(uri) == '{"step": 1}\n'
+    assert [storage.relative(f, root) for f in storage.list_files(root)] == ["d/x.txt"]
+    storage.delete(uri)
+    storage.remove_folder(storage.join(root, "d"))
+    assert not storage.exists(storage.join(root, "d")) and not os.path.exists(storage.join(root, "d"))
