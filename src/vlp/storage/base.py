@@ -163,7 +163,8 @@ def current_config() -> StorageConfig:
 
 
 def register(scheme: str, backend: Backend) -> None:
-    """Make ``backend`` the storage of every ``<scheme>://...`` URI (``""``: local paths).
+    """Make ``backend`` the storage of every ``<scheme>://...`` URI (``""``: local paths), in this process: a forked
+    worker inherits it, a spawned one imports :mod:`vlp.storage` afresh and needs its own call.
 
     Raises:
         ValueError: ``scheme`` is not a URI scheme (a letter, then letters, digits, ``+``, ``-`` or ``.``).
