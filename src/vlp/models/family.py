@@ -340,6 +340,7 @@ def bert_text(chosen: Size, vocab_size: int, max_len: int, init: str) -> TextCon
     Raises:
         ValueError: ``text_from_weights`` and a ``vocab_size`` other than the weights' own (another tokenizer).
     """
+    # here: the family contract is read without torch or transformers (the CLI's choices, the config's checks)
     from vlp.models.pretrained import resolve_init, text_config
     from vlp.models.text import TextConfig
 
