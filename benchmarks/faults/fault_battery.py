@@ -60,6 +60,8 @@ numbers, YAML bombs    ``inf``/``nan``/``1e309`` for float keys (override and fi
 poison, linked ckpts   a run diverging (lr 1e30): one line, no checkpoint of the step; a NaN in the newest checkpoint:
                        skipped, the rerun ends as a straight one; a checkpoint or ``checkpoints/`` linked outside:
                        exit 2, one line, the copy unchanged
+unknown sizes          ``model.preset`` no size of the family (unknown, another family's, empty, 10,000 characters), as
+                       an override and in a file: exit 2, one line naming the family's sizes
 slow bf16              bf16 asked for where the probe measures it slower than fp32: exit 2, one line, no checkpoint
 serve: secrets, bytes  the token sent nine ways, secret search words, not-text query bytes on five routes: answers as
                        designed, and neither the token nor the words in any log line
@@ -1317,6 +1319,35 @@ def training_poison_and_links(tmp: Path) -> Outcome:
     return outcome
 
 
+def sizes_a_family_lacks(tmp: Path) -> Outcome:
+    """``model.preset`` naming no size of the family (an unknown name, another family's size, an empty string, 10,000
+    characters), as an override and in a config file, for each family: exit 2 with one line of at most 400
+    characters that names the family's sizes, nothing written."""
+    from vlp.registry import names, spec
+
+    outcome = Outcome()
+    for family in names():
+        sizes = list(spec(family).sizes)
+        if not sizes:
+            continue
+        elsewhere = [s for other in names() for s in spec(other).sizes if s not in sizes][:1]
+        for i, bad in enumerate(["huge", *elsewhere, "", "x" * 10_000]):
+            for how in ("override", "file"):
+                out = tmp / f"{family}-{i}-{how}"
+                file = put(tmp / f"{family}-{i}.yaml", f"model:\n  preset: '{bad}'\n")
+                given = [f"model.preset={bad}"] if how == "override" else ["--config", str(file)]
+                argv = ["finetune-retrieval", "--model", family, "--dataset", str(tmp / "none"), "--frames",
+                        str(tmp / "none"), "--out", str(out), *given]  # fmt: skip
+                done = subprocess.run([sys.executable, "-m", "vlp.cli", *argv], capture_output=True, text=True,
+                                      timeout=120)  # fmt: skip
+                lines = done.stderr.strip().splitlines()
+                outcome.tried += 1
+                outcome.handled += int(done.returncode == 2 and len(lines) == 1 and len(lines[0]) <= 400
+                                       and f"is not a size of {family}: {', '.join(sizes)}" in lines[0]
+                                       and not out.exists())  # fmt: skip
+    return outcome
+
+
 def bf16_by_measurement(tmp: Path) -> Outcome:
     """Training and evaluation asked for bf16 on a CPU the probe calls slow (forced: ``VLP_CPU_BF16=slow``): exit 2
     with one line that gives the setting to change, before the first update (no checkpoint, no model)."""
@@ -1419,6 +1450,7 @@ CASES: list[tuple[str, Callable[[Path], Outcome], float]] = [
     ("outputs that cannot be written", outputs_that_cannot_be_written, 600),
     ("numbers that are not finite, YAML bombs", numbers_and_yaml, 600),
     ("training that diverges, poisoned or linked checkpoints", training_poison_and_links, 900),
+    ("a size the family lacks", sizes_a_family_lacks, 600),
     ("bf16 on a CPU that runs it slowly", bf16_by_measurement, 600),
     ("serve: secrets out of the log, query bytes", serve_secrets_and_bytes, 600),
 ]
