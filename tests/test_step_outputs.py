@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -220,3 +221,25 @@ def test_the_cli_process_refuses_a_file_output_and_index_with_one_line(tmp_path)
                               env=env, cwd=tmp_path)  # fmt: skip
         assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
         assert done.stderr.startswith(said[args[0]]), done.stderr
+
+
+def test_links_are_looked_for_where_a_step_writes_through_a_name(tmp_path):
+    """The output's own entries and those of its folders (``metrics.jsonl``, ``checkpoints/step-N``, ``videos/<xx>``,
+    ``shards/*``) may not be links; the files below those are not listed (each is written by an atomic rename, which
+    replaces a link), so a fetch output of millions of videos is not walked at every start."""
+    from vlp import storage
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    out = tmp_path / "out"
+    (out / "videos" / "ab").mkdir(parents=True)
+    (out / "videos" / "ab" / "deep.mp4").symlink_to(outside / "x.mp4")  # depth 3: not looked for
+    check_output(str(out))
+    with pytest.raises(storage.LinkError, match=re.escape("holds a symbolic link, videos/ab/deep.mp4")):
+        storage.refuse_links(str(out), "frames store")  # a reader looks everywhere
+    for shallow in ("metrics.jsonl", "videos/cd", "shards/s.parquet"):
+        (out / shallow).parent.mkdir(parents=True, exist_ok=True)
+        (out / shallow).symlink_to(outside)
+        with pytest.raises(storage.LinkError, match=re.escape(f"holds a symbolic link, {shallow} -> ")):
+            check_output(str(out))
+        (out / shallow).unlink()

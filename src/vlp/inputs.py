@@ -208,15 +208,22 @@ def _usable_pairs(dataset: str, store: FrameStore, table: str, split: str, setti
     return usable
 
 
+OUTPUT_LINK_DEPTH = 2  # the levels of an output searched for links before a step writes (check_output)
+
+
 def check_output(uri: str) -> None:
     """Refuse an output a step could not write, before the step reads or writes anything.
 
     A local output is a directory, or does not exist yet and is made below the nearest directory above it that
     does; that directory (the output's own, or the one it is made in) must be writable by this process. Like the
-    outputs a later step reads back (:func:`vlp.storage.refuse_links`), the output holds no symbolic link: a link
-    inside it would lead the step's writes anywhere, and its readers would refuse it afterwards. ``uri`` itself may
-    be a link to a directory (the caller's own argument, as for the readers). An ``s3://`` prefix is left to the
-    store: object storage has no directories, and a missing bucket or a refused write is the step's storage error.
+    outputs a later step reads back (:func:`vlp.storage.refuse_links`), the output holds no symbolic link where a
+    step writes through a name: its own entries and those of the folders in it (``parts/<part>/``,
+    ``checkpoints/step-N``, ``shards/*``, ``videos/<xx>``, ``metrics.jsonl``): a link there would lead the step's
+    writes anywhere, and its readers would refuse it afterwards. Deeper files are not listed (a fetch output holds
+    millions): each is written by an atomic rename, which replaces a link rather than writing through it, and their
+    readers refuse links. ``uri`` itself may be a link to a directory (the caller's own argument, as for the
+    readers). An ``s3://`` prefix is left to the store: object storage has no directories, and a missing bucket or a
+    refused write is the step's storage error.
 
     Raises:
         StepOutputError: ``uri`` is a file, lies under a file or a link to nothing, or cannot be written.
@@ -227,7 +234,7 @@ def check_output(uri: str) -> None:
     problem = _unwritable(uri)
     if problem:
         raise StepOutputError(f"the output {uri} {problem}")
-    storage.refuse_links(uri, "output")
+    storage.refuse_links(uri, "output", depth=OUTPUT_LINK_DEPTH)
 
 
 def _unwritable(path: str) -> str:

@@ -236,19 +236,20 @@ def copy(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
         target.write_bytes(dst, source.read_bytes(src))
 
 
-def refuse_links(root: str | os.PathLike[str], what: str) -> None:
+def refuse_links(root: str | os.PathLike[str], what: str, depth: int = 0) -> None:
     """Refuse a local ``root`` (a frames store, an index, a model directory, a checkpoint) that holds a symbolic link
     anywhere below it, to a file or a directory, whether it points inside or out: vlp's steps never write one, so a
     link is a file replaced after the fact, and reading through it would read whatever it names. ``root`` itself may
     be a link (it is the caller's own argument). A root that does not exist passes (the caller says what is missing).
     An object store has no links: a key is read as itself, and readers take only the key names their writer makes.
+    ``depth`` (0: no limit) bounds the search to the entries at most that many levels below ``root``.
 
     Raises:
         LinkError: naming ``what``, the link (relative to ``root``) and where it points.
     """
     path = local_path(root)
     if path is not None:
-        refuse_links_below(path, what)
+        refuse_links_below(path, what, depth)
 
 
 @contextlib.contextmanager

@@ -119,11 +119,12 @@ class LinkError(ValueError):
     put in afterwards that could lead reads anywhere on the machine."""
 
 
-def refuse_links_below(root: str, what: str) -> None:
-    """Refuse the local directory ``root`` when it holds a symbolic link (:func:`vlp.storage.refuse_links`)."""
-    pending = [root]
+def refuse_links_below(root: str, what: str, depth: int = 0) -> None:
+    """Refuse the local directory ``root`` when it holds a symbolic link (:func:`vlp.storage.refuse_links`); with a
+    ``depth``, only ``root`` and the folders fewer than ``depth`` levels below it are listed."""
+    pending = [(root, 0)]
     while pending:
-        folder = pending.pop()
+        folder, level = pending.pop()
         try:
             entries = list(os.scandir(folder))
         except (FileNotFoundError, NotADirectoryError):
@@ -135,8 +136,8 @@ def refuse_links_below(root: str, what: str) -> None:
                     f"the {what} {root} holds a symbolic link, {where} -> {os.readlink(entry.path)}: vlp never "
                     f"writes one there, so it is refused (replace it with the file itself)"
                 )
-            if entry.is_dir(follow_symlinks=False):
-                pending.append(entry.path)
+            if entry.is_dir(follow_symlinks=False) and (not depth or level + 1 < depth):
+                pending.append((entry.path, level + 1))
 
 
 def local_path_under(directory: str | os.PathLike[str], relative: str) -> str:
