@@ -352,8 +352,8 @@ def _misbehaving(kind: str) -> Callable[[str], None]:
 
 
 def bad_decoder(tmp: Path, kind: str) -> Outcome:
-    from vlp.data import frames
     from vlp.data.frames import FramesConfig, extract
+    from vlp.data.frames import decode as frames  # where extract-frames' workers look decode_frames up
 
     vids = tmp / "videos"
     for name in ("a", kind, "b"):
