@@ -177,7 +177,7 @@ class LoopSettings:
     # (docs/results/speed.md)
     cpu_bf16: bool = False
     # fp32 linear layers on the CPU: "torch" = torch's BLAS (MKL in the x86 wheels), "onednn" = oneDNN's matmuls,
-    # 2x faster on AMD CPUs, other rounding (vlp.models.layers.linear, docs/results/speed.md)
+    # other rounding; 1.6x as fast on Zen 5, 1.1x on Zen 4, 0.7x on Zen 1 (vlp.models.layers.linear, speed.md)
     cpu_linear: Literal["torch", "onednn"] = "torch"
     # dropout's masks on the CPU: "torch" = F.dropout's, "16bit" = from 16-bit draws, 3-4x faster, other masks
     # (vlp.models.layers.dropout, docs/results/speed.md)
