@@ -18,6 +18,7 @@ and benchmark).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import http.client
 import json
@@ -853,3 +854,26 @@ class UrlServer:
               headers: dict[str, str] | None = None) -> None:  # fmt: skip
         self._head(h, code, len(body), ctype, headers)
         h.wfile.write(body)
+
+
+# --------------------------------------------------------------------------- processes (Linux's /proc)
+
+
+def child_pids(pid: int) -> set[int]:
+    """The pids of the processes whose parent is ``pid`` now."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, IndexError):
+            if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def living(pids: set[int]) -> set[int]:
+    """Those of ``pids`` that still run (gone and zombie processes left out)."""
+    alive = set()
+    for pid in pids:
+        with contextlib.suppress(OSError, IndexError):
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
+                alive.add(pid)
+    return alive

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from common import child_pids, living
 from conftest import png_header
 from vlp.data import video
 from vlp.data.isolate import isolated_map
@@ -142,32 +143,6 @@ time.sleep(600)
 """
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    fields = f.read().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[1]) == pid:
-                found.add(int(entry))
-    return found
-
-
-def _alive(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] != "Z":
-                    alive.add(pid)
-        except OSError:
-            pass
-    return alive
-
-
 @pytest.mark.parametrize("items", [["a", "b", "c"], ["a", "hang", "hang"]], ids=["idle", "busy"])
 def test_workers_end_when_their_parent_is_killed(items):
     """SIGKILL of the parent (what the OOM killer and a pod eviction do): every worker, waiting for work or in the
@@ -180,12 +155,12 @@ def test_workers_end_when_their_parent_is_killed(items):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout is not None and parent.stdout.readline().strip() == "A"
-        workers = _children(parent.pid)
+        workers = child_pids(parent.pid)
         assert len(workers) == 3, workers
     finally:
         parent.send_signal(signal.SIGKILL)
         parent.wait()
     deadline = time.monotonic() + 10
-    while _alive(workers) and time.monotonic() < deadline:
+    while living(workers) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not _alive(workers), f"workers outlived their parent: {_alive(workers)}"
+    assert not living(workers), f"workers outlived their parent: {living(workers)}"

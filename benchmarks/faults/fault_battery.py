@@ -104,8 +104,10 @@ from common import (
     FaultyProxy,
     MlflowServer,
     UrlServer,
+    child_pids,
     fail_first,
     free_port,
+    living,
     png_header,
     put,
     write_mp4,
@@ -1133,24 +1135,6 @@ def fetch_stops_cleanly(tmp: Path) -> Outcome:
     return outcome
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, IndexError):
-            if entry.isdigit() and int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
-
-
-def _living(pids: set[int]) -> set[int]:
-    alive = set()
-    for pid in pids:
-        with contextlib.suppress(OSError, IndexError):
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z":
-                alive.add(pid)
-    return alive
-
-
 def workers_with_their_parent(tmp: Path) -> Outcome:
     """``vlp ingest`` (``ingest.workers=2``), ``vlp extract-frames`` (``frames.workers=2``), ``vlp fetch``
     (``fetch.probe_workers=2``) and ``vlp data synth`` (workers=2): the parent SIGKILLed once two workers run (what
@@ -1182,14 +1166,14 @@ def workers_with_their_parent(tmp: Path) -> Outcome:
             workers: set[int] = set()
             deadline = time.monotonic() + 120
             while len(workers) < 2 and proc.poll() is None and time.monotonic() < deadline:
-                workers = _children(proc.pid)
+                workers = child_pids(proc.pid)
                 time.sleep(0.01)
             proc.kill()
             proc.wait()
             end = time.monotonic() + 10
-            while _living(workers) and time.monotonic() < end:
+            while living(workers) and time.monotonic() < end:
                 time.sleep(0.1)
-            left = _living(workers)
+            left = living(workers)
             for pid in left:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
