@@ -51,10 +51,12 @@ $(error TEST_S3=$(TEST_S3): use TEST_S3=moto (the default) or TEST_S3=rgw)
 endif
 RGW_DIR ?= /tmp/vlp-rgw
 # Test workers (pytest-xdist) and torch threads per worker. Whole files go to a worker (module fixtures such as the
-# main job run once), the longest first (tests/conftest.py LONGEST_FIRST); one thread each keeps two workers off
-# each other's cores. TEST_JOBS=0 runs the tests in one process.
+# main job run once), the longest first (tests/durations.json); one thread each keeps two workers off each other's
+# cores. TEST_JOBS=0 runs the tests in one process. DURATIONS_LOG=FILE: `make test` adds pytest's report of every
+# test's time and copies pytest's output to FILE (scripts/test_durations.py FILE rewrites tests/durations.json).
 TEST_JOBS ?= 2
 TEST_THREADS ?= 1
+DURATIONS_LOG ?=
 XDIST := $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder)
 PYTEST = OMP_NUM_THREADS=$(TEST_THREADS) $(PY) -m pytest -q $(XDIST)
 test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart + images), then every other test (TEST_S3=rgw: against Ceph RGW)
@@ -65,7 +67,8 @@ test: $(STAMP) browser chart-test ## Run the test suite: chart-test (Helm chart 
 	  test -n "$$endpoint" || { echo "make test TEST_S3=rgw: scripts/s3-server.sh printed no endpoint" >&2; exit 1; }; \
 	  export VLP_TEST_S3_ENDPOINT=$$endpoint; \
 	fi; \
-	$(PYTEST) --ignore=tests/test_chart.py --ignore=tests/test_docker.py
+	$(PYTEST) --ignore=tests/test_chart.py --ignore=tests/test_docker.py \
+	  $(if $(DURATIONS_LOG),--durations=0 --durations-min=0 2>&1 | tee $(DURATIONS_LOG))
 
 test-fast: $(STAMP) ## Run the tests not marked slow
 	$(PYTEST) -m "not slow"

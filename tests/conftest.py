@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -150,30 +151,27 @@ def mp4_factory(tmp_path: Path):
     return make
 
 
-# The longest test files, longest first (by `PYTEST_ADDOPTS=--durations=0 make test`; docs/guides/testing.md states
-# the suite's time), run first: `make test` hands whole files to two workers (pytest-xdist `--dist loadfile
-# --no-loadscope-reorder`), so a file started last would leave one worker idle while the other finishes it.
-LONGEST_FIRST = (
-    "test_pipeline_local.py",  # the main job and the other families' DAGs
-    "test_pipeline_s3.py",  # the whole DAG on Ceph RGW (`make test TEST_S3=rgw`, CI); skipped on moto
-    "test_pretrain_steps.py",
-    "test_pipeline_cache.py",
-    "test_tracking_outage.py",
-    "test_pipeline_reevaluate.py",
-    "test_pipelines.py",
-    "test_interrupt.py",
-)
+# Each test file's seconds in a whole run (scripts/test_durations.py writes it from pytest's --durations=0 report;
+# docs/guides/testing.md says how). The longest files run first: `make test` hands whole files to two workers
+# (pytest-xdist `--dist loadfile --no-loadscope-reorder`), so a long file started last would leave one worker idle
+# while the other finishes it.
+DURATIONS = Path(__file__).with_name("durations.json")
+
+
+def longest_first(items: list[pytest.Item], seconds: dict[str, float]) -> None:
+    """Sort ``items`` (in place) by their file's ``seconds``, longest first; the files ``seconds`` lacks go last in
+    the order they came. The sort is stable, so a file's tests keep their order."""
+    items.sort(key=lambda item: (item.path.name not in seconds, -seconds.get(item.path.name, 0.0)))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark every test that talks to the S3 server ``s3`` (on Ceph RGW in `make test TEST_S3=rgw`, `make test-s3`),
-    and move the files of :data:`LONGEST_FIRST` to the front in that order (the rest keep theirs)."""
+    and run the longest files first (:data:`DURATIONS`, :func:`longest_first`)."""
     for item in items:
         params = getattr(getattr(item, "callspec", None), "params", {})
         if "s3_endpoint" in getattr(item, "fixturenames", ()) or params.get("root") == "s3":
             item.add_marker(pytest.mark.s3)
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the order within a file is kept
+    longest_first(items, json.loads(DURATIONS.read_text(encoding="utf-8")))
 
 
 @pytest.fixture(scope="session")
