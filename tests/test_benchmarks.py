@@ -255,10 +255,10 @@ def test_bench_mfu(run, monkeypatch):
     assert all(ops), got["profile"]
     shares = [float(m[3]) for m in ops if m]
     assert shares == sorted(shares, reverse=True) and sum(shares) <= 100.0
-    # cpu_linear=onednn: the step's fp32 linears and the fp32 peak both through oneDNN; cpu_dropout=16bit
+    # cpu_dropout=16bit
     out = run("speed/bench_mfu.py", "--preset", "tiny", "--family", "albef", "--steps", "1", "--warmup", "0",
-              "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-linear", "onednn",
-              "--cpu-dropout", "16bit", "--op-times", "3")  # fmt: skip
+              "--precision", "fp32", "--peak-size", "64", "--peak-repeat", "1", "--cpu-dropout", "16bit",
+              "--op-times", "3")  # fmt: skip
     out = out.check()
     assert "cpu_dropout: 16bit" in out, out
     # --op-times: one step's three costliest aten ops, timed around their calls, their shares of the ops' time
@@ -269,8 +269,8 @@ def test_bench_mfu(run, monkeypatch):
     assert len(timed) == 3 and [float(s) for _, _, s, _ in timed] == sorted((float(s) for _, _, s, _ in timed),
                                                                                reverse=True), out  # fmt: skip
     assert "mm" in {op for op, *_ in timed} or "addmm" in {op for op, *_ in timed}, timed
-    # ... and by what each op works on: every group, the shares adding up to the ops' time; oneDNN's linears are
-    # matmuls, ALBEF's moving average runs in the forward, AdamW in the update, and fp32 casts no weight
+    # ... and by what each op works on: every group, the shares adding up to the ops' time; ALBEF's moving average
+    # runs in the forward, AdamW in the update, and fp32 casts no weight
     table = re.search(r"^Op times of one step by what the op works on, ALBEF \S+ \S+ fp32: group, time, share of the "
                       r"ops' time\n((?:  .+\n)+)", out, re.M)  # fmt: skip
     assert table, out
@@ -283,8 +283,8 @@ def test_bench_mfu(run, monkeypatch):
     assert groups["matmuls"][0] > 0 and groups["per parameter: optimizer step, zero_grad"][0] > 0, groups
     assert groups["per parameter: in-place in the forward (EMA)"][0] > 0, groups
     assert groups["per parameter: weight casts"][0] == groups["per parameter: gradient casts"][0] == 0, groups
-    assert re.search(r"^peak \(64\^2 matmul through oneDNN, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
-    assert "cpu_linear: onednn" in out and any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
+    assert re.search(r"^peak \(64\^2 matmul, best of 1 x 1\) fp32: [\d.]+ TFLOP/s$", out, re.M), out
+    assert any(script["ROW"].match(line.strip()) for line in out.splitlines()), out
     assert "freed_memory: keep" in out  # the loop's default
     assert re.search(r"^  ALBEF pre-training \S+ fp32: first step [\d.]+ s, median [\d.]+ s, [\d,]+ minor page faults "
                      r"a timed step$", out, re.M), out  # fmt: skip
@@ -292,7 +292,7 @@ def test_bench_mfu(run, monkeypatch):
 
 def test_bench_mfu_op_groups():
     """--op-times' groups of single ops: a weight's bf16 cast, its gradient's cast back, a parameter updated in place
-    in the forward, the whole update phase, matmuls (oneDNN's linear too), and the rest."""
+    in the forward, the whole update phase, matmuls, and the rest."""
     import torch
 
     group = runpy.run_path(str(BENCH / "speed/bench_mfu.py"))["op_group"]
@@ -312,7 +312,7 @@ def test_bench_mfu_op_groups():
     assert of("mul_", (frozen, 0.995), frozen, "forward") == "per parameter: in-place in the forward (EMA)"
     assert of("mul_", (act, 2.0), act, "forward") == "everything else"
     assert of("mul", (act, 2.0), act, "update") == "per parameter: optimizer step, zero_grad"
-    assert of("mm", (act, act.t()), act, "backward") == of("_linear_pointwise", (act,), act, "forward") == "matmuls"
+    assert of("mm", (act, act.t()), act, "backward") == of("addmm", (act,), act, "forward") == "matmuls"
     assert of("_scaled_dot_product_flash_attention_for_cpu", (act,), act, "forward") == "attention kernels"
 
 
@@ -333,13 +333,6 @@ def test_bench_albef_queue(run):
     out = run("speed/bench_albef_queue.py", "--step", "--preset", "tiny", "--queue", "8", "--repeat", "2").check()
     steps = re.findall(r"^(fp32|bf16)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+[\d.]+, [\d.]+, [\d.]+\s+(\d+)$", out, re.M)
     assert [s[0] for s in steps] == ["fp32", "bf16"] and steps[0][4] == "1", out  # one rebuild: the first read
-
-
-def test_bench_linear(run):
-    out = run("speed/bench_linear.py", "--scale", "0.05", "--repeat", "1").check()
-    rows = re.findall(r"(forward|grad in|grad W)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.e+-]+)\s+([\d.e+-]+)$", out, re.M)
-    assert [r[0] for r in rows] == ["forward", "grad in", "grad W"] * 6, out
-    assert all(float(err) < 1e-5 for r in rows for err in r[4:]), out  # both kernels compute the fp64 product to fp32
 
 
 def test_bench_alpro_step(run):
@@ -721,7 +714,6 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_albef_queue.py": "test_bench_albef_queue",
     "speed/bench_attention.py": "test_bench_attention",
     "speed/bench_eval_paper.py": "test_bench_eval_paper",
-    "speed/bench_linear.py": "test_bench_linear",
     "speed/bench_mfu.py": "test_bench_mfu",
     "speed/bench_prompter.py": "test_bench_prompter",
     "speed/bench_retrieval_eval.py": "test_bench_retrieval_eval",

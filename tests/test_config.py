@@ -102,6 +102,22 @@ def test_load_config_rejects_unknown_override_and_bad_file(tmp_path):
         load_config(broken)
 
 
+# speed switches that are gone (docs/results/speed.md: each moved a training step by under 10% on the CPUs measured)
+REMOVED_KEYS = ["pretrain.cpu_linear"]
+
+
+@pytest.mark.parametrize("key", REMOVED_KEYS)
+def test_a_removed_switch_is_an_unknown_key_in_a_file_and_an_override(key, tmp_path):
+    section, name = key.rsplit(".", 1)
+    with pytest.raises(ConfigError, match=rf"^unknown config key '{key}' in section '{section}'; valid keys: \["):
+        load_config(None, [f"{key}=x"])
+    path = tmp_path / "old.yaml"
+    path.write_text("".join(f"{'  ' * i}{part}:\n" for i, part in enumerate(section.split("."))) + \
+                    f"{'  ' * (section.count('.') + 1)}{name}: x\n")  # fmt: skip
+    with pytest.raises(ConfigError, match=rf"unknown config key '{key}'"):
+        load_config(path)
+
+
 def test_cli_reports_a_broken_config_file_in_one_line(tmp_path, capsys):
     from vlp.cli import main
 

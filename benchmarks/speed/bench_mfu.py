@@ -32,9 +32,7 @@ For each row the script
 
 MFU here = (counted FLOPs per step / median step time) / that measured matmul peak: the share of the rate a large
 dense GEMM reaches on this device, in this precision, that the whole step reaches. It is not the share of a
-data-sheet peak. The peak's GEMM is torch's ``mm`` (in fp32 on the CPU: MKL in the x86 wheels), or with
-``--cpu-linear onednn`` an fp32 ``F.linear`` through oneDNN, the kernel the step's linears then run: on the AMD CPU
-of ``docs/results/speed.md`` the second is twice the first, so MFUs of the two kinds of run do not compare.
+data-sheet peak. The peak's GEMM is torch's ``mm`` (in fp32 on the CPU: MKL in the x86 wheels).
 The process keeps the memory it frees, as the training loop does (``--freed-memory keep``, ``vlp.host_memory``);
 ``release`` leaves glibc's defaults, under which the kernel maps in the pages of every large tensor afresh at every
 step: the report gives the minor page faults of a timed step. Peak memory is ``torch.cuda.max_memory_allocated`` per
@@ -66,7 +64,6 @@ from torch.utils.flop_counter import FlopCounterMode
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
 from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
-from vlp.models.layers.linear import CPU_LINEARS, cpu_linears
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import compile_blocks, enable_grad_checkpointing
 from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
@@ -230,14 +227,13 @@ def count_flops(row: Row) -> tuple[float, float, dict[str, float]]:
 
 
 def training_step(
-    row: Row, device: torch.device, precision: str, adamw: str, linears: str = "torch", phase: list[str] | None = None
+    row: Row, device: torch.device, precision: str, adamw: str, phase: list[str] | None = None
 ) -> Callable[[], tuple[float, float]]:
     """One step as the training loop runs it, as a function returning its seconds and its AdamW update's: forward +
     loss (autocast for bf16), backward, AdamW (the loop's ``build_optimizer``, lr 1e-4, the default decay groups, the
     ``adamw`` kernels), then ``zero_grad`` (``set_to_none``, after the update, as ``vlp.train.loop`` does: no gradient
-    is held through the next forward). ``linears``: the fp32 CPU linears' kernels (``cpu_linear``), forward and
-    backward, as the loop runs them. ``phase``: a one-item list the step sets to ``forward``, ``backward``, ``update``
-    and ``idle`` as it goes (``--op-times``' groups)."""
+    is held through the next forward). ``phase``: a one-item list the step sets to ``forward``, ``backward``,
+    ``update`` and ``idle`` as it goes (``--op-times``' groups)."""
     phase = [""] if phase is None else phase
     opt = build_optimizer(row.model, OptimConfig(lr=1e-4, adamw=adamw))
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
@@ -245,12 +241,11 @@ def training_step(
     def step() -> tuple[float, float]:
         common.sync(device)
         start = time.perf_counter()
-        with cpu_linears(linears if device.type == "cpu" else "torch"):
-            phase[0] = "forward"
-            with autocast:
-                loss = row.loss()
-            phase[0] = "backward"
-            loss.backward()
+        phase[0] = "forward"
+        with autocast:
+            loss = row.loss()
+        phase[0] = "backward"
+        loss.backward()
         common.sync(device)
         update = time.perf_counter()
         phase[0] = "update"
@@ -301,7 +296,7 @@ def profile_step(step: Callable[[], tuple[float, float]], device: torch.device, 
                     f"{e.count:7d} calls" for e in events[:top]]  # fmt: skip
 
 
-MATMULS = {"mm", "addmm", "bmm", "baddbmm", "_linear_pointwise"}  # aten's, and oneDNN's linear (cpu_linear)
+MATMULS = {"mm", "addmm", "bmm", "baddbmm"}
 # --op-times' groups: what an op works on. The per-parameter ones cost the same at any batch
 OP_GROUPS = ("matmuls", "attention kernels", "per parameter: optimizer step, zero_grad",
              "per parameter: in-place in the forward (EMA)", "per parameter: weight casts",
@@ -373,19 +368,14 @@ def op_times_step(
     return seconds, total, faults, top_lines, group_lines
 
 
-def peak_flops(
-    device: torch.device, precision: str, size: int, repeat: int, inner: int, linears: str = "torch"
-) -> float:
+def peak_flops(device: torch.device, precision: str, size: int, repeat: int, inner: int) -> float:
     """FLOP/s of ``size`` x ``size`` matmuls in ``precision``: the fastest of ``repeat`` timings of ``inner``
-    back-to-back matmuls each (after one warm-up matmul). ``linears="onednn"``: an fp32 ``F.linear`` through oneDNN
-    on the CPU (the kernel the step's linears then run), not torch's ``mm``."""
+    back-to-back matmuls each (after one warm-up matmul)."""
     a = torch.randn(size, size, device=device, dtype=DTYPES[precision])
     b = torch.randn(size, size, device=device, dtype=DTYPES[precision])
-    onednn = linears == "onednn" and device.type == "cpu" and precision == "fp32"
 
     def matmul() -> None:
-        with cpu_linears("onednn" if onednn else "torch"):
-            F.linear(a, b) if onednn else torch.mm(a, b)
+        torch.mm(a, b)
 
     best = float("inf")
     matmul()
@@ -414,8 +404,6 @@ def main() -> None:
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
     parser.add_argument("--adamw", choices=list(ADAMW_KERNELS), default="foreach",
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
-    parser.add_argument("--cpu-linear", choices=list(CPU_LINEARS), default="torch",
-                        help="fp32 linears' kernels on the CPU (cpu_linear); onednn: the fp32 peak's too")  # fmt: skip
     parser.add_argument("--cpu-dropout", choices=list(CPU_DROPOUTS), default="torch",
                         help="dropout's masks on the CPU (cpu_dropout): torch's, or from 16-bit draws")  # fmt: skip
     parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="keep",
@@ -449,8 +437,6 @@ def main() -> None:
         parser.error("--batch must be at least 2: ALPRO's VTM and ALBEF's ITM draw in-batch negatives")
     if args.compile and args.warmup < 1:
         parser.error("--compile needs --warmup >= 1: the first step compiles")
-    if args.cpu_linear == "onednn" and (args.compile or args.grad_checkpointing):
-        parser.error("--cpu-linear onednn runs without --compile and --grad-checkpointing (as the training loop)")
     device = torch.device(args.device)
     if args.op_times and device.type != "cpu":
         parser.error("--op-times times ops on the CPU (CUDA ops return before they run): use --profile there")
@@ -469,11 +455,9 @@ def main() -> None:
     inner = 20 if device.type == "cuda" else 1  # back-to-back matmuls per timing (a GPU's launches are short)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
     print(f"{args.preset} preset, batch {args.batch} x {args.frames} frames, {name}, torch {torch.__version__}")
-    peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear) for p in precisions}
+    peaks = {p: peak_flops(device, p, args.peak_size, args.peak_repeat, inner) for p in precisions}
     for p, flops in peaks.items():
-        kernel = " through oneDNN" if args.cpu_linear == "onednn" and p == "fp32" and device.type == "cpu" else ""
-        print(f"peak ({args.peak_size}^2 matmul{kernel}, best of {args.peak_repeat} x {inner}) {p}: "
-              f"{flops / 1e12:.3f} TFLOP/s")  # fmt: skip
+        print(f"peak ({args.peak_size}^2 matmul, best of {args.peak_repeat} x {inner}) {p}: {flops / 1e12:.3f} TFLOP/s")
     table, breakdowns, firsts, profiles, op_times = [], [], [], [], []
     for family in families:
         torch.manual_seed(0)
@@ -488,10 +472,10 @@ def main() -> None:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
             phase = ["idle"]
-            step = training_step(row, device, p, args.adamw, args.cpu_linear, phase)
-            peak = peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear)
+            step = training_step(row, device, p, args.adamw, phase)
+            peak = peak_flops(device, p, args.peak_size, args.peak_repeat, inner)
             seconds, update, first, faults = time_step(step, args.steps, args.warmup)
-            peak = max(peak, peak_flops(device, p, args.peak_size, args.peak_repeat, inner, args.cpu_linear))
+            peak = max(peak, peak_flops(device, p, args.peak_size, args.peak_repeat, inner))
             timed.append((p, seconds, update, common.peak_memory_mib(device), peak))
             firsts.append(f"{row.name} {p}: first step {first:.2f} s, median {seconds:.2f} s, "
                           f"{faults:,.0f} minor page faults a timed step")  # fmt: skip
@@ -518,7 +502,7 @@ def main() -> None:
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
     print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}; "
-          f"cpu_linear: {args.cpu_linear}; cpu_dropout: {args.cpu_dropout}; freed_memory: {args.freed_memory}"
+          f"cpu_dropout: {args.cpu_dropout}; freed_memory: {args.freed_memory}"
           f"{' (not glibc: its defaults)' if args.freed_memory == 'keep' and not kept else ''}")  # fmt: skip
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip

@@ -20,7 +20,6 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --family albef --precision fp32 --rounds 1
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --compile  # vlp's fastest switches
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --rounds 1 --profile 5  # and the top ops
-    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-linear onednn   # fp32 linears: oneDNN
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --reference-freed-memory keep  # LAVIS's allocator as vlp's
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --cpu-dropout 16bit  # vlp's dropout masks
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --matching-fusion cls  # ALPRO's VTM: [CLS]
@@ -65,7 +64,7 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
     out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
-               "--cpu-linear", args.cpu_linear, "--cpu-dropout", args.cpu_dropout, "--freed-memory", args.freed_memory,
+               "--cpu-dropout", args.cpu_dropout, "--freed-memory", args.freed_memory,
                "--matching-fusion", args.matching_fusion, "--profile", str(args.profile)],
               args.threads)  # fmt: skip
     if got := read_vlp(out):
@@ -144,8 +143,6 @@ def main() -> None:
                         help="vlp's AdamW kernels (the paper-size configs set fused; the reference runs torch's "
                         "default)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
-    parser.add_argument("--cpu-linear", choices=["torch", "onednn"], default="torch",
-                        help="vlp's fp32 linears (cpu_linear); onednn: the MFUs against oneDNN's peak")  # fmt: skip
     parser.add_argument("--cpu-dropout", choices=["torch", "16bit"], default="torch",
                         help="vlp's dropout masks on the CPU (cpu_dropout); 16bit: not LAVIS's masks")  # fmt: skip
     parser.add_argument("--matching-fusion", choices=["all", "cls"], default="all",
@@ -171,7 +168,7 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
-    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_linear {args.cpu_linear}, cpu_dropout "
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}, cpu_dropout "
           f"{args.cpu_dropout}, matching_fusion {args.matching_fusion}, freed_memory {args.freed_memory}; the "
           f"reference: torch's default AdamW, linears and dropout, eager, freed memory "
           f"{args.reference_freed_memory}")  # fmt: skip

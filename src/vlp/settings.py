@@ -176,9 +176,6 @@ class LoopSettings:
     # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size
     # (docs/results/speed.md)
     cpu_bf16: bool = False
-    # fp32 linear layers on the CPU: "torch" = torch's BLAS (MKL in the x86 wheels), "onednn" = oneDNN's matmuls,
-    # other rounding; 1.6x as fast on Zen 5, 1.1x on Zen 4, 0.7x on Zen 1 (vlp.models.layers.linear, speed.md)
-    cpu_linear: Literal["torch", "onednn"] = "torch"
     # dropout's masks on the CPU: "torch" = F.dropout's, "16bit" = from 16-bit draws, 3-4x faster, other masks
     # (vlp.models.layers.dropout, docs/results/speed.md)
     cpu_dropout: Literal["torch", "16bit"] = "torch"

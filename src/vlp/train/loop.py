@@ -47,11 +47,9 @@ Distributed: under ``torchrun`` (after :func:`vlp.distributed.init_from_env`) th
 in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over ranks and only rank 0
 logs, shows progress and writes model/optimiser (every rank writes its own RNG file). The forward and the
 loss run under bf16 autocast on CUDA when ``cfg.bf16`` is set, on the CPU when ``cfg.cpu_bf16`` is; the
-backward and the optimiser keep fp32 weights and gradients. ``cfg.cpu_linear="onednn"`` runs the fp32 linear layers
-of the forward and the backward through oneDNN on the CPU (:mod:`vlp.models.layers.linear`); ``cfg.cpu_dropout=
-"16bit"`` draws the dropout masks of vlp's layers from 16-bit integers there (:mod:`vlp.models.layers.dropout`).
-``cfg.freed_memory="keep"`` (the default) has glibc keep the memory the process frees for the next step's tensors
-(:mod:`vlp.host_memory`).
+backward and the optimiser keep fp32 weights and gradients. ``cfg.cpu_dropout="16bit"`` draws the dropout masks of
+vlp's layers from 16-bit integers on the CPU (:mod:`vlp.models.layers.dropout`). ``cfg.freed_memory="keep"`` (the
+default) has glibc keep the memory the process frees for the next step's tensors (:mod:`vlp.host_memory`).
 """
 
 from __future__ import annotations
@@ -77,7 +75,6 @@ from vlp import distributed, storage
 from vlp.data.loader import move_to_device
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
-from vlp.models.layers.linear import CPU_LINEARS, check_cpu_linear, cpu_linears
 from vlp.rng import seed_everything
 from vlp.settings import LoopSettings
 from vlp.train.checkpoint import (
@@ -181,17 +178,10 @@ class TrainConfig(LoopSettings):
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.ckpt_every < 0:
             raise ValueError(f"TrainConfig.ckpt_every must be >= 0 (0 = only at the end), got {self.ckpt_every}")
-        if self.cpu_linear not in CPU_LINEARS:
-            raise ValueError(f"TrainConfig.cpu_linear must be one of {list(CPU_LINEARS)}, got {self.cpu_linear!r}")
         if self.cpu_dropout not in CPU_DROPOUTS:
             raise ValueError(f"TrainConfig.cpu_dropout must be one of {list(CPU_DROPOUTS)}, got {self.cpu_dropout!r}")
         if self.freed_memory not in FREED_MEMORY:
             raise ValueError(f"TrainConfig.freed_memory must be one of {list(FREED_MEMORY)}, got {self.freed_memory!r}")
-        if self.cpu_linear == "onednn" and (self.compile or self.grad_checkpointing):
-            # the backward's recomputation did not see the layers' kernels (a torch function mode), and a recomputed
-            # block must run the forward's; compiled blocks were not tried under it
-            raise ValueError("cpu_linear=onednn runs without compile and grad_checkpointing: set both to false, or "
-                             "cpu_linear=torch")  # fmt: skip
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -358,8 +348,6 @@ class _Run:
         self.rank, self.world = distributed.rank(), distributed.world_size()
         self.device = next(model.parameters()).device
         self.autocast = {"cpu": cfg.cpu_bf16, "cuda": cfg.bf16}.get(self.device.type, False)
-        self.linears = cfg.cpu_linear if self.device.type == "cpu" else "torch"  # the fp32 CPU linears' kernels
-        check_cpu_linear(self.linears)  # before the first update: a torch without oneDNN says so
         if self.autocast and self.device.type == "cpu":
             instead = "cpu_bf16=false in the step's section (pretrain, retrieval, qa)"
             distributed.require_cpu_bf16("cpu_bf16=true", instead)
@@ -449,7 +437,7 @@ class _Run:
             # DDP all-reduces the gradients on the last micro-batch only
             ddp = ddp_model if isinstance(ddp_model, nn.parallel.DistributedDataParallel) else None
             sync = ddp.no_sync() if ddp is not None and micro < accum - 1 else contextlib.nullcontext()
-            with sync, cpu_linears(self.linears):
+            with sync:
                 with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.autocast):
                     outputs = self.step_fn(ddp_model, batch)
                 if "loss" not in outputs:
