@@ -63,7 +63,6 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
 from vlp.models.family import PretrainBatch, StepContext, TextVocab
-from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
 from vlp.models.tokenizer import train_wordpiece
 from vlp.train.loop import compile_blocks, enable_grad_checkpointing
 from vlp.train.optim import ADAMW_KERNELS, OptimConfig, build_optimizer
@@ -404,8 +403,6 @@ def main() -> None:
     parser.add_argument("--peak-repeat", type=int, default=3, help="timings of the peak matmul (the best is kept)")
     parser.add_argument("--adamw", choices=list(ADAMW_KERNELS), default="foreach",
                         help="AdamW's kernels (a training section's adamw; default: its default)")  # fmt: skip
-    parser.add_argument("--cpu-dropout", choices=list(CPU_DROPOUTS), default="torch",
-                        help="dropout's masks on the CPU (cpu_dropout): torch's, or from 16-bit draws")  # fmt: skip
     parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="keep",
                         help="what glibc does with freed memory (freed_memory; keep: the loop's default)")  # fmt: skip
     parser.add_argument("--grad-checkpointing", action="store_true",
@@ -462,7 +459,6 @@ def main() -> None:
     for family in families:
         torch.manual_seed(0)
         row = BUILDERS[family](args, device)
-        set_cpu_dropout(row.model, args.cpu_dropout)  # as the training loop sets it
         if args.grad_checkpointing:
             enable_grad_checkpointing(row.model)
         if args.compile:
@@ -502,7 +498,7 @@ def main() -> None:
     header = ("row", "precision", "GFLOP/step", "ms/step", "AdamW ms", "TFLOP/s", "peak TFLOP/s", "MFU %",
               f"MiB ({memory})")  # fmt: skip
     print(f"\nAdamW: {args.adamw} kernels; grad_checkpointing: {args.grad_checkpointing}; compile: {args.compile}; "
-          f"cpu_dropout: {args.cpu_dropout}; freed_memory: {args.freed_memory}"
+          f"freed_memory: {args.freed_memory}"
           f"{' (not glibc: its defaults)' if args.freed_memory == 'keep' and not kept else ''}")  # fmt: skip
     print(f"{header[0]:<36} {header[1]:>9} {header[2]:>11} {header[3]:>10} {header[4]:>9} {header[5]:>9} "
           f"{header[6]:>12} {header[7]:>6} {header[8]:>24}")  # fmt: skip

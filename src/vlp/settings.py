@@ -176,9 +176,6 @@ class LoopSettings:
     # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size
     # (docs/results/speed.md)
     cpu_bf16: bool = False
-    # dropout's masks on the CPU: "torch" = F.dropout's, "16bit" = from 16-bit draws, 3-4x faster, other masks
-    # (vlp.models.layers.dropout, docs/results/speed.md)
-    cpu_dropout: Literal["torch", "16bit"] = "torch"
     # what the C allocator does with freed memory: "keep" = glibc keeps it for the next step's tensors (no page
     # faults at every step; resident memory stays at its peak), "release" = glibc's defaults (vlp.host_memory)
     freed_memory: Literal["keep", "release"] = "keep"

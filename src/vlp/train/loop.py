@@ -47,9 +47,8 @@ Distributed: under ``torchrun`` (after :func:`vlp.distributed.init_from_env`) th
 in DDP, non-final micro-steps run under ``no_sync()``, metrics are averaged over ranks and only rank 0
 logs, shows progress and writes model/optimiser (every rank writes its own RNG file). The forward and the
 loss run under bf16 autocast on CUDA when ``cfg.bf16`` is set, on the CPU when ``cfg.cpu_bf16`` is; the
-backward and the optimiser keep fp32 weights and gradients. ``cfg.cpu_dropout="16bit"`` draws the dropout masks of
-vlp's layers from 16-bit integers on the CPU (:mod:`vlp.models.layers.dropout`). ``cfg.freed_memory="keep"`` (the
-default) has glibc keep the memory the process frees for the next step's tensors (:mod:`vlp.host_memory`).
+backward and the optimiser keep fp32 weights and gradients. ``cfg.freed_memory="keep"`` (the default) has glibc keep
+the memory the process frees for the next step's tensors (:mod:`vlp.host_memory`).
 """
 
 from __future__ import annotations
@@ -74,7 +73,6 @@ from torch import Tensor, nn
 from vlp import distributed, storage
 from vlp.data.loader import move_to_device
 from vlp.host_memory import FREED_MEMORY, apply_freed_memory
-from vlp.models.layers.dropout import CPU_DROPOUTS, set_cpu_dropout
 from vlp.rng import seed_everything
 from vlp.settings import LoopSettings
 from vlp.train.checkpoint import (
@@ -178,8 +176,6 @@ class TrainConfig(LoopSettings):
                 raise ValueError(f"TrainConfig.{name} must be >= 1, got {getattr(self, name)}")
         if self.ckpt_every < 0:
             raise ValueError(f"TrainConfig.ckpt_every must be >= 0 (0 = only at the end), got {self.ckpt_every}")
-        if self.cpu_dropout not in CPU_DROPOUTS:
-            raise ValueError(f"TrainConfig.cpu_dropout must be one of {list(CPU_DROPOUTS)}, got {self.cpu_dropout!r}")
         if self.freed_memory not in FREED_MEMORY:
             raise ValueError(f"TrainConfig.freed_memory must be one of {list(FREED_MEMORY)}, got {self.freed_memory!r}")
 
@@ -567,7 +563,6 @@ def train(
     optim_cfg = optim_cfg or OptimConfig()
     seed_everything(cfg.seed + distributed.rank())
     apply_freed_memory(cfg.freed_memory)
-    set_cpu_dropout(model, cfg.cpu_dropout)
     if cfg.grad_checkpointing:
         enable_grad_checkpointing(model)
     if cfg.compile:

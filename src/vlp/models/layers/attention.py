@@ -9,8 +9,7 @@ the queries are bf16 on the CPU (under ``cpu_bf16``'s autocast, or a bf16 model)
 (torch's CPU kernels for bf16); its bf16 output is what the second matmul would cast the probabilities to under
 autocast, and one bf16 copy of them is saved for the backward, not an fp32 and a bf16 one. Everywhere else (fp32 on
 any device, CUDA in any precision) it calls ``F.scaled_dot_product_attention`` as the layers did before, so every
-fp32 figure keeps its bits; except where a layer in training draws its dropout masks as ``cpu_dropout: 16bit`` says
-(:mod:`vlp.models.layers.dropout`): the CPU then computes it in explicit ops in fp32 too.
+fp32 figure keeps its bits.
 """
 
 from __future__ import annotations
@@ -18,8 +17,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-
-from vlp.models.layers.dropout import dropout
 
 __all__ = ["attend"]
 
@@ -34,7 +31,6 @@ def attend(
     is_causal: bool = False,
     *,
     explicit: bool | None = None,
-    dropout_kind: str = "torch",
 ) -> Tensor:
     """``softmax(q k^T * scale + mask) v`` of ``q`` ``(..., Q, D)`` over ``k``, ``v`` ``(..., K, D)``, with
     ``F.scaled_dot_product_attention``'s arguments: ``mask`` boolean (True = attend) or additive, broadcast to
@@ -44,13 +40,9 @@ def attend(
     ``explicit``: None (the layers' choice) computes it in explicit ops for bf16 queries on the CPU and calls
     ``F.scaled_dot_product_attention`` otherwise (the module docstring says why); True or False forces one path
     (tests, ``benchmarks/speed/bench_attention.py``). In explicit ops a query that may see no key gets the mean of
-    the values, where sdpa's fused kernels give NaN or zeros; no vlp layer masks a whole row.
-
-    ``dropout_kind``: the masks of ``dropout_p`` on the CPU (:func:`vlp.models.layers.dropout.dropout`); with
-    ``"16bit"`` and dropout on, the CPU computes it in explicit ops in fp32 too (sdpa draws its own masks)."""
+    the values, where sdpa's fused kernels give NaN or zeros; no vlp layer masks a whole row."""
     if explicit is None:
-        cpu = q.device.type == "cpu"
-        explicit = cpu and (q.dtype == torch.bfloat16 or (dropout_p > 0 and dropout_kind != "torch"))
+        explicit = q.dtype == torch.bfloat16 and q.device.type == "cpu"
     if not explicit:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, scale=scale, is_causal=is_causal
@@ -65,5 +57,5 @@ def attend(
     with torch.autocast(q.device.type, enabled=False):  # autocast would run it in fp32 and cast back: 2x the memory
         probs = torch.softmax(scores, dim=-1).to(v.dtype)  # a bf16 softmax sums in fp32; its output is bf16
     if dropout_p:
-        probs = dropout(probs, dropout_p, True, dropout_kind)
+        probs = F.dropout(probs, p=dropout_p)
     return torch.matmul(probs, v)

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from vlp.models.layers.attention import attend
-from vlp.models.layers.dropout import Dropout, dropout
 
 __all__ = [
     "BertAttention",
@@ -91,7 +90,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(d.max_positions, d.width)
         self.token_type_embeddings = nn.Embedding(d.type_vocab_size, d.width)
         self.LayerNorm = nn.LayerNorm(d.width, eps=d.layer_norm_eps)
-        self.dropout = Dropout(d.dropout)
+        self.dropout = nn.Dropout(d.dropout)
         self.register_buffer("position_ids", torch.arange(d.max_positions).expand((1, -1)), persistent=False)
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None) -> Tensor:
@@ -119,7 +118,7 @@ class BertSelfAttention(nn.Module):
         self.query = nn.Linear(d.width, d.width)
         self.key = nn.Linear(d.width, d.width)
         self.value = nn.Linear(d.width, d.width)
-        self.dropout = Dropout(d.dropout)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, x: Tensor, mask: Tensor | None, states: Tensor | None = None) -> Tensor:
         source = x if states is None else states
@@ -128,13 +127,13 @@ class BertSelfAttention(nn.Module):
         v = self.value(source).view(*source.shape[:-1], -1, self.attention_head_size).transpose(1, 2)
         p = self.dropout.p if self.training else 0.0
         if self.attn == "sdpa":
-            out = attend(q, k, v, mask, dropout_p=p, scale=self.scaling, dropout_kind=self.dropout.kind)
+            out = attend(q, k, v, mask, dropout_p=p, scale=self.scaling)
             out = out.reshape(out.shape[0], -1, q.shape[2], v.shape[-1])
         else:
             weights = torch.matmul(q, k.transpose(2, 3)) * self.scaling
             if mask is not None:
                 weights = weights + mask
-            weights = dropout(F.softmax(weights, dim=-1), p, self.training, self.dropout.kind)
+            weights = F.dropout(F.softmax(weights, dim=-1), p=p, training=self.training)
             out = torch.matmul(weights, v)
         return out.transpose(1, 2).contiguous().reshape(*x.shape[:-1], -1).contiguous()
 
@@ -147,7 +146,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(in_features, d.width)
         self.LayerNorm = nn.LayerNorm(d.width, eps=d.layer_norm_eps)
-        self.dropout = Dropout(d.dropout)
+        self.dropout = nn.Dropout(d.dropout)
 
     def forward(self, hidden: Tensor, residual: Tensor) -> Tensor:
         return self.LayerNorm(self.dropout(self.dense(hidden)) + residual)
