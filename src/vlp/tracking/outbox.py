@@ -1,339 +1,51 @@
-"""Experiment tracking: MLflow runs, nested step runs and the model registry (and always ``metrics.jsonl``).
-
-A training step logs through the :class:`vlp.train.loop.MetricsLogger` protocol. With
-``tracking.tracking_uri`` set (``sqlite:///runs/mlflow.db``, ``http://mlflow:5000``, ...) the step opens
-one MLflow run in ``tracking.experiment`` and mirrors every metric and parameter there; the JSONL file
-next to the checkpoints is written either way, so nothing depends on a tracking server being up.
+"""The outbox of a training output's metrics: ``<out>/metrics.jsonl`` holds every record, and
+:class:`MlflowLogger` sends them to the output's MLflow run whenever the server can take them.
 
 The run belongs to the training output: ``<out>/tracking.json`` records its id and the step's status, and
 whatever the run lacks of ``<out>/metrics.jsonl`` (an outage that outlasted the step, a kill) is sent by the
 next logger of that output, before anything new: a resume or a rerun of the step continues the same run, and
 ``vlp tracking sync <out>`` (:func:`sync`) catches it up and ends it with the step's status without training.
 A metric the run already holds at a step is never sent again, so a sync can run any number of times.
-
-A pipeline run adds two levels (the KFP components call these; the library itself never imports kfp):
-
-- one *parent* run per pipeline run, found or created by its KFP run id (tag ``vlp.kfp_run_id``) so every
-  step of the same run finds it without passing ids around (:func:`pipeline_run`);
-- one *nested* run per step (tag ``mlflow.parentRunId``) holding the step's params and summary numbers
-  (:func:`track_step`); a training step logs its curves into that same run (``tracking.run_id``).
-
-Fine-tuned models are registered with their evaluation metrics as version tags (``metric.<name>``), so a
-re-evaluation can pick them by ``name@alias``, ``name/version`` or ``name`` (latest) — :func:`resolve_model`.
-``mlflow`` is imported only when tracking is on.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import math
-import os
-import shutil
 import sys
-import tempfile
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
-from pathlib import Path
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from vlp import storage
 from vlp.data.manifest import SUMMARY
+from vlp.tracking.config import TrackingConfig
+from vlp.tracking.runs import (
+    BATCH_METRICS,
+    KIND_TAG,
+    TERMINAL,
+    client,
+    end_run,
+    failure_status,
+    log_metrics,
+    log_params,
+    log_rows,
+    numeric_leaves,
+    set_tags,
+    short_requests,
+    start_run,
+)
 from vlp.tracking_auth import redact
 
 log = logging.getLogger("vlp")
-PARENT_RUN_TAG = "mlflow.parentRunId"
-KFP_RUN_TAG = "vlp.kfp_run_id"
-KIND_TAG = "vlp.kind"  # "pipeline" for parent runs, "step" for nested step runs
-METRIC_TAG_PREFIX = "metric."  # model version tags holding the eval metrics at registration
-LAST_EVAL_TAG_PREFIX = "last_eval."  # model version tags holding the newest re-evaluation metrics
-MODEL_ARTIFACT_PATH = "model"
 METRICS_FILE = "metrics.jsonl"  # <out>/metrics.jsonl: every training metric, one line per logged step
 RECORD_FILE = "tracking.json"  # <out>/tracking.json: the output's MLflow run and the step's status
-TERMINAL = ("FINISHED", "FAILED", "KILLED")  # MLflow run statuses that end a run
-BATCH_METRICS = 1000  # MLflow takes at most 1000 metrics in one log_batch
 
 
 class TrackingError(RuntimeError):
     """The tracking server could not take what had to be sent (the message says what is left and how to retry)."""
-
-
-@dataclass
-class TrackingConfig:
-    """Where runs, metrics and models go besides ``<out>/metrics.jsonl``."""
-
-    tracking_uri: str = ""  # "" = MLflow off; e.g. sqlite:///runs/mlflow.db or http://mlflow:5000
-    experiment: str = "vlp"  # MLflow experiment name
-    artifact_location: str = ""  # artifacts of a newly created experiment ("" = next to a sqlite db / server default)
-    parent_run_id: str = ""  # new runs are nested under this run
-    run_id: str = ""  # log into this existing run instead of opening one (the pipeline's step run)
-    # While training, a request to the server waits at most ~timeout_s x (retries + 1); after a failure the
-    # logger keeps its records and tries again after retry_every_s, so an outage never slows training down.
-    timeout_s: float = 10.0
-    retries: int = 1
-    retry_every_s: float = 30.0
-
-
-def flatten(params: Mapping[str, Any], prefix: str = "") -> dict[str, str]:
-    """``{"optim": {"lr": 1e-4}}`` -> ``{"optim.lr": "0.0001"}`` (MLflow params are flat strings, <= 6000 chars)."""
-    out: dict[str, str] = {}
-    for key, value in params.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(flatten(value, name))
-        else:
-            out[name] = str(list(value) if isinstance(value, tuple) else value)[:6000]
-    return out
-
-
-def numeric_leaves(data: Mapping[str, Any], prefix: str = "") -> dict[str, float]:
-    """Finite int/float leaves of a nested mapping under dotted names (bools and strings are skipped)."""
-    out: dict[str, float] = {}
-    for key, value in data.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, Mapping):
-            out.update(numeric_leaves(value, name))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-            out[name] = float(value)
-    return out
-
-
-def sqlite_uri(run_dir: str | Path) -> str:
-    """The local default store: ``sqlite:///<run_dir>/mlflow.db`` (absolute, so subprocesses agree)."""
-    return f"sqlite:///{Path(run_dir).resolve() / 'mlflow.db'}"
-
-
-# --------------------------------------------------------------------------- runs
-
-
-def client(cfg: TrackingConfig) -> Any:
-    """An ``mlflow.MlflowClient`` for ``cfg.tracking_uri`` (which must be set)."""
-    if not cfg.tracking_uri:
-        raise ValueError("tracking.tracking_uri is empty: set it (e.g. sqlite:///runs/mlflow.db) to use MLflow")
-    import mlflow
-
-    return mlflow.MlflowClient(tracking_uri=cfg.tracking_uri)
-
-
-def experiment_id(cfg: TrackingConfig) -> str:
-    """Id of ``cfg.experiment``, created when missing (artifacts next to a sqlite db unless configured)."""
-    mlflow_client = client(cfg)
-    experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
-    if experiment is not None:
-        return experiment.experiment_id
-    location = cfg.artifact_location
-    if not location and cfg.tracking_uri.startswith("sqlite:///"):
-        location = (Path(cfg.tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-    try:
-        return mlflow_client.create_experiment(cfg.experiment, artifact_location=location or None)
-    except Exception:  # created concurrently by another step: use that one
-        experiment = mlflow_client.get_experiment_by_name(cfg.experiment)
-        if experiment is None:
-            raise
-        return experiment.experiment_id
-
-
-def start_run(
-    cfg: TrackingConfig, run_name: str, tags: Mapping[str, str] | None = None, parent_run_id: str = ""
-) -> str:
-    """Open a run in ``cfg.experiment`` (nested under ``parent_run_id`` when given); returns its id."""
-    all_tags = dict(tags or {})
-    if parent_run_id:
-        all_tags[PARENT_RUN_TAG] = parent_run_id
-    run = client(cfg).create_run(experiment_id(cfg), run_name=run_name, tags=all_tags)
-    return run.info.run_id
-
-
-def end_run(cfg: TrackingConfig, run_id: str, status: str = "FINISHED") -> None:
-    """Mark ``run_id`` FINISHED / FAILED / KILLED (MLflow's "View run" link goes to stderr: stdout is a CLI's
-    JSON summary)."""
-    with contextlib.redirect_stdout(sys.stderr):
-        client(cfg).set_terminated(run_id, status=status)
-
-
-def failure_status(exc: BaseException | None) -> str:
-    """The status a run ends with when its work raised ``exc``: ``KILLED`` for an interruption (Ctrl-C, a SIGTERM
-    the CLI turns into a ``KeyboardInterrupt``, or an exit with status 130 / 143), else ``FAILED``."""
-    if isinstance(exc, SystemExit) and exc.code in (130, 143):  # e.g. a TrainJob launcher stopped by SIGTERM
-        return "KILLED"
-    return "KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED"
-
-
-def end_open_runs(cfg: TrackingConfig, parent_run_id: str, status: str = "KILLED") -> list[str]:
-    """End every RUNNING run nested under ``parent_run_id`` (at any depth), then the parent itself if it is still
-    RUNNING, with ``status``; runs already ended keep their status. For a pipeline run that was stopped: its open
-    step runs and its parent run end KILLED rather than staying RUNNING.
-
-    Returns:
-        The ids of the runs it ended, children first, the parent last.
-
-    Raises:
-        ValueError: ``status`` is not FINISHED, FAILED or KILLED, or tracking is off.
-    """
-    if status not in TERMINAL:
-        raise ValueError(f"status {status!r}: expected one of {', '.join(TERMINAL)}")
-    mlflow_client = client(cfg)
-    experiment = mlflow_client.get_run(parent_run_id).info.experiment_id
-    ended: list[str] = []
-    parents, seen = [parent_run_id], {parent_run_id}
-    while parents:
-        children = mlflow_client.search_runs(
-            [experiment], filter_string=f"tags.`{PARENT_RUN_TAG}` = '{parents.pop()}'", max_results=10000
-        )
-        for child in children:
-            if child.info.run_id in seen:
-                continue
-            seen.add(child.info.run_id)
-            parents.append(child.info.run_id)
-            if child.info.status == "RUNNING":
-                end_run(cfg, child.info.run_id, status)
-                ended.append(child.info.run_id)
-    if mlflow_client.get_run(parent_run_id).info.status == "RUNNING":
-        end_run(cfg, parent_run_id, status)
-        ended.append(parent_run_id)
-    return ended
-
-
-def log_metrics(cfg: TrackingConfig, run_id: str, metrics: Mapping[str, float], step: int = 0) -> None:
-    """Log a dict of numbers to ``run_id`` in one batch."""
-    _log_rows(cfg, run_id, [(metrics, step)])
-
-
-def log_params(cfg: TrackingConfig, run_id: str, params: Mapping[str, Any]) -> None:
-    """Log a (nested) dict of params to ``run_id``; keys already logged are skipped (MLflow params are immutable)."""
-    from mlflow.entities import Param
-
-    mlflow_client = client(cfg)
-    existing = mlflow_client.get_run(run_id).data.params
-    new = [Param(k, v) for k, v in flatten(params).items() if k not in existing]
-    for start in range(0, len(new), 100):  # MLflow takes at most 100 params per batch
-        mlflow_client.log_batch(run_id, params=new[start : start + 100])
-
-
-def set_tags(cfg: TrackingConfig, run_id: str, tags: Mapping[str, str]) -> None:
-    mlflow_client = client(cfg)
-    for key, value in tags.items():
-        mlflow_client.set_tag(run_id, key, str(value))
-
-
-def find_pipeline_run(cfg: TrackingConfig, kfp_run_id: str) -> str | None:
-    """Id of the parent run of KFP run ``kfp_run_id``, or None."""
-    runs = client(cfg).search_runs(
-        [experiment_id(cfg)],
-        filter_string=f"tags.`{KFP_RUN_TAG}` = '{kfp_run_id}' and tags.`{KIND_TAG}` = 'pipeline'",
-        order_by=["attributes.start_time ASC"],
-        max_results=1,
-    )
-    return runs[0].info.run_id if runs else None
-
-
-def pipeline_run(
-    cfg: TrackingConfig, kfp_run_id: str, run_name: str = "", tags: Mapping[str, str] | None = None
-) -> str:
-    """The parent run of KFP run ``kfp_run_id``: found by its tag, or created (tagged with ``tags``)."""
-    if not kfp_run_id:
-        raise ValueError("kfp_run_id is empty: pass the KFP run id (a step reads it from $KFP_RUN_ID)")
-    found = find_pipeline_run(cfg, kfp_run_id)
-    if found:
-        return found
-    all_tags = {**dict(tags or {}), KFP_RUN_TAG: kfp_run_id, KIND_TAG: "pipeline"}
-    return start_run(cfg, run_name or f"pipeline-{kfp_run_id}", all_tags)
-
-
-def track_step(
-    cfg: TrackingConfig,
-    step: str,
-    work: Callable[[], dict[str, Any]],
-    kfp_run_id: str = "",
-    tags: Mapping[str, str] | None = None,
-) -> dict[str, Any]:
-    """Run ``work`` (a step) inside a nested MLflow run; returns its summary.
-
-    With tracking off this is just ``work()``. Otherwise a run named ``step`` is opened under the pipeline's
-    parent run (``kfp_run_id``) or ``cfg.parent_run_id``; while ``work`` runs, ``cfg.run_id`` names it, so
-    a training step that builds an :class:`MlflowLogger` from the same ``cfg`` logs into it. The summary's
-    numbers become metrics and its ``config`` params; the run ends FINISHED, or if ``work`` raises
-    :func:`failure_status`'s status (KILLED for an interruption, else FAILED).
-
-    Tracking never decides the step's fate: when the server cannot be reached the step runs untracked (with
-    a warning; ``summary.json`` and ``metrics.jsonl`` hold everything), a failure to log the summary or end
-    the run is a warning, and an exception of ``work`` is re-raised as it is.
-    """
-    if not cfg.tracking_uri:
-        return work()
-    run_tags = {**dict(tags or {}), KIND_TAG: "step", "vlp.step": step}
-    if kfp_run_id:
-        run_tags[KFP_RUN_TAG] = kfp_run_id
-    opened: list[str] = []
-
-    def open_run() -> None:
-        parent = pipeline_run(cfg, kfp_run_id) if kfp_run_id else cfg.parent_run_id
-        opened.append(start_run(cfg, step, run_tags, parent_run_id=parent))
-
-    if not _quietly(cfg, f"opening the run of step {step} (it runs untracked)", open_run):
-        return work()
-    run_id = opened[0]
-    previous, cfg.run_id = cfg.run_id, run_id
-    try:
-        summary = work()
-    except BaseException as exc:
-        status = failure_status(exc)
-        _quietly(cfg, f"marking run {run_id} {status}", lambda: end_run(cfg, run_id, status))  # the error wins
-        raise
-    finally:
-        cfg.run_id = previous
-
-    def finish() -> None:
-        log_params(cfg, run_id, summary.get("config") or {})
-        log_metrics(cfg, run_id, numeric_leaves({k: v for k, v in summary.items() if k != "config"}))
-        end_run(cfg, run_id)
-
-    _quietly(cfg, f"logging the summary of {step} to run {run_id} (it is in summary.json)", finish)
-    return summary
-
-
-def _quietly(cfg: TrackingConfig, what: str, call: Callable[[], Any]) -> bool:
-    """``call()`` with short requests; a failure is a warning (tracking never fails a step that did its work)."""
-    try:
-        with _short_requests(cfg):
-            call()
-        return True
-    except Exception as exc:
-        warnings.warn(
-            f"MLflow at {redact(cfg.tracking_uri)}: {what} failed ({type(exc).__name__}: {exc})", stacklevel=3
-        )
-        return False
-
-
-@contextlib.contextmanager
-def environment(**values: str) -> Iterator[None]:
-    """``values`` in this process's environment while inside (MLflow's client reads its settings there); what was
-    there before is put back."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in before.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _short_requests(cfg: TrackingConfig) -> contextlib.AbstractContextManager[None]:
-    """MLflow's HTTP client with ``cfg``'s timeout and retries (its defaults retry for minutes)."""
-    return environment(
-        MLFLOW_HTTP_REQUEST_TIMEOUT=str(int(max(1, cfg.timeout_s))),
-        MLFLOW_HTTP_REQUEST_MAX_RETRIES=str(cfg.retries),
-        MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR="1",
-    )
-
-
-# --------------------------------------------------------------------------- metrics.jsonl and tracking.json
 
 
 def read_metrics(uri: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -406,20 +118,9 @@ def _history(cfg: TrackingConfig, run: Any) -> dict[str, set[int]]:
     return {key: {m.step for m in mlflow_client.get_metric_history(run.info.run_id, key)} for key in run.data.metrics}
 
 
-def _log_rows(cfg: TrackingConfig, run_id: str, rows: Sequence[tuple[Mapping[str, float], int]]) -> None:
-    """Log ``(metrics, step)`` rows to ``run_id`` in one batch (at most :data:`BATCH_METRICS` metrics)."""
-    from mlflow.entities import Metric
-    from mlflow.utils.time import get_current_time_millis
-
-    now = get_current_time_millis()
-    batch = [Metric(k, float(v), now, step) for metrics, step in rows for k, v in metrics.items()]
-    if batch:
-        client(cfg).log_batch(run_id, metrics=batch)
-
-
 def _log_step_summary(cfg: TrackingConfig, run_id: str, summary: Mapping[str, Any]) -> None:
-    """What :func:`track_step` logs when a step ends (its config as params, its numbers as metrics), for a step
-    run (``vlp.kind=step``) that missed it; keys the run already has are left alone."""
+    """What :func:`vlp.tracking.track_step` logs when a step ends (its config as params, its numbers as metrics),
+    for a step run (``vlp.kind=step``) that missed it; keys the run already has are left alone."""
     run = client(cfg).get_run(run_id)
     if run.data.tags.get(KIND_TAG) != "step":
         return
@@ -626,7 +327,7 @@ class MlflowLogger:
         if self._status in TERMINAL and any(live for *_, live in rows):  # training goes on in an ended run
             client(self._cfg).update_run(self._run, status="RUNNING")
             self._status = "RUNNING"
-        _log_rows(self._cfg, self._run, [(metrics, step) for metrics, step, _ in rows])
+        log_rows(self._cfg, self._run, [(metrics, step) for metrics, step, _ in rows])
         self.sent += size
         return len(rows)
 
@@ -645,7 +346,7 @@ class MlflowLogger:
         if not force and self._down_since is not None and time.monotonic() < self._next_try:
             return
         try:
-            with _short_requests(self._cfg):
+            with short_requests(self._cfg):
                 if not self._connected:
                     self._connect()
                 while self._pending:
@@ -731,109 +432,3 @@ def sync(cfg: TrackingConfig, out: str, status: str = "") -> dict[str, Any]:
         summary["tracking"] = result
         storage.write_text(storage.join(out, SUMMARY), json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return {"out": out, "run_id": result["run_id"], "sent": logger.sent, "status": status, "complete": True}
-
-
-# --------------------------------------------------------------------------- model registry
-
-
-def register_model(
-    cfg: TrackingConfig,
-    name: str,
-    model_dir: str,
-    run_id: str,
-    metrics: Mapping[str, float],
-    alias: str = "",
-    tags: Mapping[str, str] | None = None,
-    artifact_path: str = MODEL_ARTIFACT_PATH,
-) -> str:
-    """Copy ``model_dir`` (local or ``s3://``) into ``run_id``'s artifacts (under ``artifact_path``) and register
-    it as a new version of ``name`` tagged ``metric.<k>`` with ``metrics``; point ``alias`` at it.
-
-    Returns:
-        The new version number.
-    """
-    mlflow_client = client(cfg)
-    with tempfile.TemporaryDirectory(prefix="vlp-register-") as tmp:
-        mlflow_client.log_artifacts(run_id, local_dir(model_dir, tmp), artifact_path)
-    source = f"{mlflow_client.get_run(run_id).info.artifact_uri.rstrip('/')}/{artifact_path}"
-    try:
-        mlflow_client.create_registered_model(name)
-    except Exception:  # already registered
-        mlflow_client.get_registered_model(name)
-    version_tags = {**dict(tags or {}), **{f"{METRIC_TAG_PREFIX}{k}": repr(float(v)) for k, v in metrics.items()}}
-    version = mlflow_client.create_model_version(name, source, run_id=run_id, tags=version_tags).version
-    if alias:
-        mlflow_client.set_registered_model_alias(name, alias, version)
-    return str(version)
-
-
-def local_dir(uri: str, tmp: str) -> str:
-    """``uri`` itself when local, else its files downloaded under ``tmp``."""
-    if storage.local_path(uri) is not None:
-        return uri
-    root = uri.rstrip("/")
-    for file_uri in storage.list_files(root):
-        storage.download(file_uri, storage.local_path_under(tmp, file_uri[len(root) + 1 :]))
-    return tmp
-
-
-def parse_model_ref(ref: str) -> tuple[str, str, str]:
-    """``name@alias`` -> (name, "", alias); ``name/3`` -> (name, "3", ""); ``name`` -> (name, "", "")."""
-    name, at, alias = ref.partition("@")
-    if at:
-        if not name or not alias:
-            raise ValueError(f"model reference {ref!r}: expected name@alias, name/version or name")
-        return name, "", alias
-    name, slash, version = ref.rpartition("/")
-    if slash and version.isdigit() and name:
-        return name, version, ""
-    if not ref or "/" in ref:
-        raise ValueError(f"model reference {ref!r}: expected name@alias, name/version or name")
-    return ref, "", ""
-
-
-def resolve_model(cfg: TrackingConfig, ref: str) -> Any:
-    """The ``ModelVersion`` that ``ref`` (``name@alias``, ``name/version`` or ``name`` = newest) names."""
-    name, version, alias = parse_model_ref(ref)
-    mlflow_client = client(cfg)
-    if alias:
-        return mlflow_client.get_model_version_by_alias(name, alias)
-    if version:
-        return mlflow_client.get_model_version(name, version)
-    versions = mlflow_client.search_model_versions(f"name = '{name}'")
-    if not versions:
-        raise ValueError(f"registered model {name!r} has no versions: run the pre-training pipeline first")
-    return max(versions, key=lambda v: int(v.version))
-
-
-def version_metrics(version: Any, prefix: str = METRIC_TAG_PREFIX) -> dict[str, float]:
-    """The metrics stored as ``<prefix><name>`` tags on a model version."""
-    return {k[len(prefix) :]: float(v) for k, v in (version.tags or {}).items() if k.startswith(prefix)}
-
-
-def download_model(cfg: TrackingConfig, ref: str, dst: str) -> dict[str, Any]:
-    """Download the model ``ref`` names into ``dst``; returns its name, version, run and stored metrics."""
-    import mlflow.artifacts
-
-    version = resolve_model(cfg, ref)
-    Path(dst).mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="vlp-download-") as tmp:
-        local = mlflow.artifacts.download_artifacts(version.source, dst_path=tmp, tracking_uri=cfg.tracking_uri)
-        for item in Path(local).iterdir():
-            shutil.move(str(item), str(Path(dst) / item.name))
-    info = {
-        "name": version.name,
-        "version": str(version.version),
-        "run_id": version.run_id,
-        "metrics": version_metrics(version),
-        "last_eval": version_metrics(version, LAST_EVAL_TAG_PREFIX),
-    }
-    (Path(dst) / "registry.json").write_text(json.dumps(info, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    return info
-
-
-def record_reevaluation(cfg: TrackingConfig, name: str, version: str, metrics: Mapping[str, float]) -> None:
-    """Store the newest re-evaluation metrics on a model version as ``last_eval.<k>`` tags."""
-    mlflow_client = client(cfg)
-    for key, value in metrics.items():
-        mlflow_client.set_model_version_tag(name, version, f"{LAST_EVAL_TAG_PREFIX}{key}", repr(float(value)))
