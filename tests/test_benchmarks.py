@@ -378,18 +378,6 @@ def test_bench_ts2net_selection(run):
     assert code["selector_fwd_bwd_s"] > 0 and math.isnan(none["selector_fwd_bwd_s"])  # no selector without selection
 
 
-def test_bench_prompter(run, main_job):
-    args = ["--prompter", main_job["prompter"], "--bank", main_job["bank"], "--dataset", main_job["dataset"],
-            "--frames", main_job["frames"], "--draws", "1", "--batch", "8",
-            "--paper-cost", "--paper-batch", "1", "--frames-per-clip", "1", "--rounds", "1"]  # fmt: skip
-    out = run("speed/bench_prompter.py", *args).check()
-    agreement = re.search(r"^default \(fp32, frame size\)\s+32\s+1\.000\s+1\.000\s+0\.0000", out, re.M)
-    assert agreement, out  # the default agrees with itself
-    assert len(re.findall(r"^1/2 side, bf16\s+16\s+[\d.]+\s+[\d.]+", out, re.M)) == 1
-    cost = re.search(r"^default \(fp32, frame size\)\s+224\s+([\d.]+)\s+[\d.]+\s+1\.00$", out, re.M)
-    assert cost, out
-
-
 def test_bench_eval_paper(run):
     """The JSON bench_vs_reference.py --eval reads: encode seconds, per k the re-rank seconds and pairs fused."""
     got = last_json(run("speed/bench_eval_paper.py", "--preset", "tiny", "--videos", "4", "--ks", "2", "--frames",
@@ -711,7 +699,6 @@ SMOKE = {  # script -> its smoke test (test_every_script_has_a_smoke_test_and_a_
     "speed/bench_attention.py": "test_bench_attention",
     "speed/bench_eval_paper.py": "test_bench_eval_paper",
     "speed/bench_mfu.py": "test_bench_mfu",
-    "speed/bench_prompter.py": "test_bench_prompter",
     "speed/bench_retrieval_eval.py": "test_bench_retrieval_eval",
     "speed/bench_startup.py": "test_bench_startup",
     "speed/bench_ts2net_selection.py": "test_bench_ts2net_selection",

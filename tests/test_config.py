@@ -103,7 +103,12 @@ def test_load_config_rejects_unknown_override_and_bad_file(tmp_path):
 
 
 # speed switches that are gone (docs/results/speed.md: each moved a training step by under 10% on the CPUs measured)
-REMOVED_KEYS = ["pretrain.cpu_linear", "retrieval.cpu_dropout"]
+REMOVED_KEYS = [
+    "pretrain.cpu_linear",
+    "retrieval.cpu_dropout",
+    "model.alpro.pem_prompter_precision",
+    "model.alpro.pem_prompter_size",
+]
 
 
 @pytest.mark.parametrize("key", REMOVED_KEYS)

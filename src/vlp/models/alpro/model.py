@@ -28,7 +28,6 @@ extra fusion pass; MLM needs one (its text is corrupted).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal, cast
 
@@ -63,6 +62,9 @@ if TYPE_CHECKING:
     from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
+# model.json keys of removed switches (docs/results/speed.md) that a saved config may hold and none needs: the frozen
+# prompter's crop size and precision (pre-training only)
+DROPPED_KEYS = ("pem_prompter_size", "pem_prompter_precision")
 
 
 @dataclass(frozen=True)
@@ -85,8 +87,6 @@ class AlproConfig:
     pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
     pem_threshold: float = 0.2  # discard threshold of the rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or frame blacked outside
-    pem_prompter_size: int = 0  # side of the resized crop the prompter sees, pixels; 0 = video.img_size
-    pem_prompter_precision: Literal["fp32", "bf16"] = "fp32"  # the prompter's forward (bf16: under autocast)
     # Per-channel normalisation of [0, 1] pixels the model was trained with (it belongs to the weights: data
     # steps read it from here). 0.5/0.5 = timm's ImageNet-21k ViT-B/16, the paper's init; the released ALPRO
     # configs use CLIP's (0.48145466, 0.4578275, 0.40821073) / (0.26862954, 0.26130258, 0.27577711).
@@ -118,19 +118,10 @@ class AlproConfig:
                 f"same_video_vtc must be 'negative' or 'positive' and same_video_vtm 'draw' or 'exclude', got "
                 f"{self.same_video_vtc!r} / {self.same_video_vtm!r}"
             )
-        size, patch = self.pem_prompter_size, self.video.patch_size
-        if size < 0 or size % patch or (size and self.pem_crop != "resize"):
-            raise ValueError(
-                f"pem_prompter_size must be 0 (the frame size) or a positive multiple of the patch size {patch}, and "
-                f"needs pem_crop='resize' (a blacked-out frame keeps the frame size); got {size} with "
-                f"pem_crop={self.pem_crop!r}"
-            )
         if self.mlm_logits not in ("all", "masked"):
             raise ValueError(f"mlm_logits must be 'all' or 'masked', got {self.mlm_logits!r}")
         if self.vtm_fusion not in ("all", "cls"):
             raise ValueError(f"vtm_fusion must be 'all' or 'cls', got {self.vtm_fusion!r}")
-        if self.pem_prompter_precision not in ("fp32", "bf16"):
-            raise ValueError(f"pem_prompter_precision must be 'fp32' or 'bf16', got {self.pem_prompter_precision!r}")
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
 
@@ -143,8 +134,9 @@ class AlproConfig:
         """The config ``dataclasses.asdict`` gave (a ``model.json``'s ``config``); the towers' ``init`` (and its
         revision) is cleared unless ``keep_init``: a saved model's weights come from its checkpoint, so rebuilding
         it must not fetch its starting weights again (``model.json`` keeps them, and ``lineage.upstream`` the
-        commit or file digest they resolved to)."""
+        commit or file digest they resolved to). Keys of :data:`DROPPED_KEYS` are left out."""
         cleared = {} if keep_init else {"init": "", "init_revision": ""}
+        data = {key: value for key, value in data.items() if key not in DROPPED_KEYS}
         video = TimeSformerConfig(**(data["video"] | cleared))
         text_fields: dict[str, Any] = {
             k: tuple(v) if isinstance(v, list) else v for k, v in (data["text"] | cleared).items()
@@ -422,16 +414,10 @@ def _vtm(
 
 def prompter_features(cfg: AlproConfig, prompter: DualEncoder, video: Tensor, pixel_boxes: Tensor) -> Tensor:
     """The frozen prompter's unit-norm ``(B, D)`` fp32 features of each clip's box (ALPRO Fig. 3): the box cut out
-    of ``(B, T, 3, H, W)`` frames as ``cfg.pem_crop`` says, resized to ``cfg.pem_prompter_size`` pixels a side
-    (0 = the frame size), encoded in ``cfg.pem_prompter_precision``. No gradient flows."""
-    size = cfg.pem_prompter_size or None
-    crops = losses.entity.crop_frames(
-        video, pixel_boxes, mode=cfg.pem_crop, size=(size, size) if size else None, fill=cfg.black()
-    )
-    bf16 = cfg.pem_prompter_precision == "bf16"
-    # fp32 leaves an enclosing autocast (a bf16 training step) as it is; bf16 turns it on for the prompter alone
-    precision = torch.autocast(video.device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    with torch.no_grad(), precision:
+    of ``(B, T, 3, H, W)`` frames as ``cfg.pem_crop`` says, at the frame size, encoded in the step's precision (an
+    enclosing autocast applies). No gradient flows."""
+    crops = losses.entity.crop_frames(video, pixel_boxes, mode=cfg.pem_crop, fill=cfg.black())
+    with torch.no_grad():
         feat, _ = prompter.encode_video(crops)
     return feat.float()
 
@@ -537,8 +523,6 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             losses=tuple(model.losses or LOSS_TERMS),
             pem_rule=own.pem_rule,
             pem_crop=own.pem_crop,
-            pem_prompter_size=own.pem_prompter_size,
-            pem_prompter_precision=own.pem_prompter_precision,
             pixel_mean=rgb(model.pixel_mean or AlproConfig.pixel_mean),
             pixel_std=rgb(model.pixel_std or AlproConfig.pixel_std),
             vtm_negatives=own.vtm_negatives,

@@ -114,7 +114,7 @@ def pem_examples(
     Clips come from the test split (the training split when there is none); the box is drawn like PEM's
     (:func:`vlp.losses.sample_pem_boxes`); clips are normalised with ``pixels``' (the pre-trained model's
     :class:`AlproConfig`) statistics, and the prompter sees each box as the step's PEM does
-    (:func:`vlp.models.alpro.model.prompter_features`: crop mode, size and precision from that config).
+    (:func:`vlp.models.alpro.model.prompter_features`: the crop mode from that config).
     Writes ``<out>/<video_id>.png`` and ``<out>/README.md``; returns the figures' URIs.
     """
     size, patch = prompter.video.config.img_size, prompter.video.config.patch_size

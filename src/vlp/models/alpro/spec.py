@@ -16,11 +16,6 @@ class AlproSettings(VTMSettings):
 
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
-    # The frozen prompter's cost (about a tenth of a paper-size pre-training step on a CPU, docs/results/speed.md):
-    # the side in pixels of the crop it sees (0 = the model's frame size, as paper and code; pem_crop=resize only)
-    # and the precision of its forward (bf16 = autocast even where training runs in fp32).
-    pem_prompter_size: int = 0
-    pem_prompter_precision: Literal["fp32", "bf16"] = "fp32"
     same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
     # VTM's fused pass: the last fusion layer at every position (released code) or at [CLS] alone, the only token VTM
     # reads; the same scores to float rounding, not the same bits. Pre-training with PEM fuses every position anyway.
@@ -32,7 +27,6 @@ class AlproSettings(VTMSettings):
     RANGES: ClassVar[dict[str, Range]] = {
         **VTMSettings.RANGES,
         "num_entities": at_least(1),
-        "pem_prompter_size": at_least(0),
     }
 
 
