@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import pytest
 import torch
@@ -197,8 +196,8 @@ def test_the_model_section_revisions_reach_the_towers_and_a_revision_without_wei
 
 def test_the_prompter_sees_each_box_at_the_frame_size_in_the_steps_precision(tokenizer, batch, monkeypatch):
     """PEM's frozen prompter encodes each box resized to the frame size, outside autocast in an fp32 step, and
-    :func:`prompter_features` is that encoding bit for bit; a ``model.json`` that names the prompter keys of a
-    removed switch (:data:`DROPPED_KEYS`) loads as the same config."""
+    :func:`prompter_features` is that encoding bit for bit; a ``model.json`` that names the keys of removed switches
+    (:data:`DROPPED_KEYS`) loads as the same config."""
     from vlp.models.alpro import model as alpro
 
     seen = []
@@ -226,6 +225,7 @@ def test_the_prompter_sees_each_box_at_the_frame_size_in_the_steps_precision(tok
     assert torch.equal(alpro.prompter_features(model.cfg, pem.prompter, batch.video, boxes), want)
 
     saved = dataclasses.asdict(model.cfg) | {"pem_prompter_size": 16, "pem_prompter_precision": "bf16"}
+    saved["vtm_fusion"] = "cls"
     assert set(alpro.DROPPED_KEYS) <= set(saved)
     assert AlproConfig.from_dict(saved) == AlproConfig.from_dict(dataclasses.asdict(model.cfg))
 
@@ -254,79 +254,3 @@ def test_mlm_on_the_masked_positions_alone_gives_the_full_losses_and_gradients(t
     assert g_full.keys() == g_masked.keys() and len(g_full) > 50
     for name, grad in g_full.items():
         torch.testing.assert_close(g_masked[name], grad, rtol=1e-5, atol=1e-7, msg=name)
-
-
-def test_vtm_on_the_cls_token_alone_gives_the_full_scores_and_gradients(tokenizer, batch):
-    """``vtm_fusion="cls"`` runs the last fusion layer for [CLS] alone (its feed-forward sees one token a pair): with
-    dropout off the VTM loss and every gradient equal the full pass's to float rounding, VTC bit for bit; the
-    re-ranking's logits too. With PEM the fused video tokens are read, so training fuses every position."""
-    from vlp.models.alpro.model import vtm_logits
-    from vlp.models.text import TextConfig
-
-    text = dataclasses.replace(TextConfig.tiny(vocab_size=len(tokenizer)), dropout=0.0)  # else other masks: fewer drawn
-    got, widths = {}, {}
-    for mode in ("all", "cls"):
-        model, _ = make(tokenizer, text=text, losses=("vtc", "vtm"), vtm_fusion=mode)
-        seen: list[tuple[int, ...]] = []
-        record = functools.partial(lambda into, m, i, o: into.append(tuple(i[0].shape)), seen)
-        model.fusion.layers[-1].intermediate.register_forward_hook(record)
-        out = losses_of(model, batch, tokenizer, generator=torch.Generator().manual_seed(2))
-        out["loss"].backward()
-        widths[mode] = seen[0][1]  # tokens a pair in the last layer's feed-forward
-        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-        model.eval()
-        text_out = model.dual.text(batch.input_ids, batch.attention_mask)
-        video_out = model.dual.video(batch.video)
-        with torch.no_grad():
-            logits = vtm_logits(model, text_out.tokens, text_out.attention_mask, video_out.tokens)
-        got[mode] = (out, grads, logits)
-    fused = model.fusion(text_out.tokens, text_out.attention_mask, video_out.tokens, cls_only=True)
-    assert fused.tokens.shape[1] == 1 and fused.cls.shape == (batch.input_ids.shape[0], fused.tokens.shape[2])
-    with pytest.raises(ValueError, match=r"computed the \[CLS\] token alone"):
-        _ = fused.video  # a pass for [CLS] alone has no video tokens to read
-    assert widths == {"all": batch.input_ids.shape[1] + video_out.tokens.shape[1], "cls": 1}, widths
-    (full, g_full, l_full), (cls, g_cls, l_cls) = got["all"], got["cls"]
-    assert torch.equal(full["loss_vtc"], cls["loss_vtc"])
-    torch.testing.assert_close(cls["loss_vtm"], full["loss_vtm"], rtol=1e-5, atol=1e-6)
-    assert g_full.keys() == g_cls.keys() and len(g_full) > 50
-    for name, grad in g_full.items():
-        torch.testing.assert_close(g_cls[name], grad, rtol=1e-4, atol=1e-6, msg=name)
-    assert l_full.shape == (batch.input_ids.shape[0], 2)
-    torch.testing.assert_close(l_cls, l_full, rtol=1e-5, atol=1e-6)
-    runs = []
-    for mode in ("all", "cls"):  # with PEM: the same pass, the same bits
-        model, pem = make(tokenizer, vtm_fusion=mode)
-        runs.append(losses_of(model, batch, tokenizer, pem=pem, generator=torch.Generator().manual_seed(2)))
-    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0] if k.startswith("loss"))
-    with pytest.raises(ValueError, match="vtm_fusion must be 'all' or 'cls', got 'first'"):
-        AlproConfig.tiny(vocab_size=len(tokenizer), losses=("vtc", "vtm"), vtm_fusion="first")
-
-
-def test_the_matching_fusion_keys_reach_the_model_config():
-    """``model.alpro.vtm_fusion`` (pre-training) and ``retrieval.matching_fusion`` (fine-tuning, and so the
-    fine-tuned model's re-ranking) set ``AlproConfig.vtm_fusion``; a model.json written before the key loads as
-    ``all``; ALBEF, whose ITM fuses every text position, refuses ``cls``."""
-    from pathlib import Path
-
-    from vlp.config import load_config
-    from vlp.models.albef.model import AlbefFamily
-    from vlp.models.alpro.model import AlproFamily
-    from vlp.settings import RetrievalConfig
-
-    tiny = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"
-    fam = AlproFamily()
-    assert fam.config(load_config(tiny, []).model, 100, 5).vtm_fusion == "all"
-    cfg = fam.config(load_config(tiny, ["model.alpro.vtm_fusion=cls"]).model, 100, 5)
-    assert cfg.vtm_fusion == "cls"
-    pretrained = dataclasses.replace(cfg, vtm_fusion="all")
-    tuned = fam.task_config(pretrained, "retrieval", RetrievalConfig(matching_fusion="cls"))
-    assert tuned.vtm_fusion == "cls" and tuned.losses == ("vtc", "vtm")
-    saved = dataclasses.asdict(cfg)
-    del saved["vtm_fusion"]
-    assert AlproConfig.from_dict(saved).vtm_fusion == "all"
-    with pytest.raises(ValueError, match="matching_fusion"):
-        load_config(tiny, ["retrieval.matching_fusion=first"])
-    albef = AlbefFamily()
-    albef_cfg = albef.config(load_config(tiny, ["model.family=albef"]).model, 100)
-    with pytest.raises(ValueError, match=r"retrieval\.matching_fusion=cls is ALPRO's"):
-        albef.task_config(albef_cfg, "retrieval", RetrievalConfig(matching_fusion="cls"))

@@ -108,6 +108,8 @@ REMOVED_KEYS = [
     "retrieval.cpu_dropout",
     "model.alpro.pem_prompter_precision",
     "model.alpro.pem_prompter_size",
+    "model.alpro.vtm_fusion",
+    "retrieval.matching_fusion",
 ]
 
 

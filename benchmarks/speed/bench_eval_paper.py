@@ -10,8 +10,7 @@ each pair once, ``--eval-batch`` pairs per forward, scored ``match_plus_sim`` (L
 sets ``retrieval.eval_precision=bf16``. Encoding is timed after one untimed pass, each k's re-ranking after one
 untimed call (the reference's first ``compute_sim_matrix`` call is untimed too). ``--freed-memory keep`` has glibc
 keep the memory the process frees, as the training loop does (the evaluation steps leave glibc's defaults:
-``docs/results/speed.md``, round 4). ``--matching-fusion cls`` builds the model with ``retrieval.matching_fusion=cls``
-(the re-ranking pass's last fusion layer for [CLS] alone).
+``docs/results/speed.md``, round 4).
 
 Output: one JSON line on stdout (encode seconds, and per k the re-rank seconds and the pairs fused), which
 ``bench_vs_reference.py --eval`` reads beside LAVIS's ``compute_sim_matrix`` on the same sizes
@@ -56,9 +55,6 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: torch's default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--preset", choices=["paper", "tiny"], default="paper", help="model size (tiny: a smoke run)")
-    parser.add_argument("--matching-fusion", choices=["all", "cls"], default="all",
-                        help="retrieval.matching_fusion: the re-ranking pass's last fusion layer at every position or "
-                             "at [CLS] alone")  # fmt: skip
     parser.add_argument("--freed-memory", choices=list(FREED_MEMORY), default="release",
                         help="what glibc does with freed memory (release: its defaults, as the step runs)")  # fmt: skip
     args = parser.parse_args()
@@ -71,7 +67,7 @@ def main() -> None:
     texts = common.captions(n, args.text_len - 2)
     tok = train_wordpiece(common.captions(200, 8), vocab_size=30522, max_len=args.text_len)
     cfg = common.alpro_config(args.preset, args.frames, 1, 30522)  # bert-base-uncased's word rows, as LAVIS has
-    cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig(matching_fusion=args.matching_fusion))
+    cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())
     model = Alpro(cfg).eval()
     fam = family.get("alpro")
     size = cfg.video.img_size

@@ -1,7 +1,7 @@
 """Benchmark: FLOPs, time and MFU (model FLOP utilisation) of one training step of each model family.
 
 Rows: the ALPRO retrieval fine-tuning step (VTC + VTM, the losses ``AlproFamily.task_config`` keeps for retrieval
-with the default ``retrieval`` section; ``--matching-fusion cls``: VTM's last fusion layer for [CLS] alone), the
+with the default ``retrieval`` section), the
 ALPRO pre-training step (``--family alpro-pretrain``: VTC + PEM + MLM + VTM with a frozen prompter of the model's
 sizes and a random bank of ``--entities`` entities; ``--mlm-logits masked`` scores MLM at the masked positions
 alone), the ALBEF pre-training step (ITC with queue + MLM + ITM, momentum distillation) and the TS2-Net retrieval
@@ -100,8 +100,7 @@ def alpro_row(args: argparse.Namespace, device: torch.device) -> Row:
     tok, ids, mask = text_inputs(args.preset, args.batch, args.text_len, 8)
     # paper: bert-base-uncased's 30,522 word rows, as the reference has (AdamW updates them; no FLOP reads them)
     cfg = common.alpro_config(args.preset, args.frames, 1, len(tok) if args.preset == "tiny" else 30522)
-    section = RetrievalConfig(matching_fusion=args.matching_fusion)
-    cfg = AlproFamily().task_config(cfg, "retrieval", section)  # VTC + VTM, no PEM entities
+    cfg = AlproFamily().task_config(cfg, "retrieval", RetrievalConfig())  # VTC + VTM, no PEM entities
     model = Alpro(cfg).to(device).train()
     size = cfg.video.img_size
     batch = PretrainBatch(torch.randn(args.batch, args.frames, 3, size, size, device=device), ids.to(device),
@@ -411,8 +410,6 @@ def main() -> None:
                         help="torch.compile every transformer block (compile); needs --warmup >= 1")  # fmt: skip
     parser.add_argument("--mlm-logits", choices=["all", "masked"], default="all",
                         help="MLM's logits at every position or the masked ones' (mlm_logits)")  # fmt: skip
-    parser.add_argument("--matching-fusion", choices=["all", "cls"], default="all",
-                        help="retrieval.matching_fusion: last fusion layer at all positions or [CLS]")  # fmt: skip
     parser.add_argument("--entities", type=int, default=1000, help="ALPRO pre-training's prompt bank (paper: 1,000)")
     parser.add_argument(
         "--profile",

@@ -21,7 +21,6 @@ ratio of the totals (encode + re-rank).
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --compile  # vlp's fastest switches
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --rounds 1 --profile 5  # and the top ops
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --reference-freed-memory keep  # LAVIS's allocator as vlp's
-    .venv/bin/python benchmarks/speed/bench_vs_reference.py --adamw fused --matching-fusion cls  # ALPRO's VTM: [CLS]
     .venv/bin/python benchmarks/speed/bench_vs_reference.py --eval 16 --ks 16 4      # evaluation at N = 16: ~15 min
 
 vlp's process keeps the memory it frees, as its training loop does (``--freed-memory keep``, ``vlp.host_memory``);
@@ -63,8 +62,7 @@ def vlp_step(family: str, precision: str, args: argparse.Namespace) -> dict:
     out = run([sys.executable, f"{SPEED}/bench_mfu.py", "--preset", "paper", "--family", family, "--precision",
                precision, "--frames", str(frames), "--batch", str(args.batch), "--steps", str(args.steps),
                "--warmup", str(args.warmup), "--adamw", args.adamw, *(["--compile"] if args.compile else []),
-               "--freed-memory", args.freed_memory,
-               "--matching-fusion", args.matching_fusion, "--profile", str(args.profile)],
+               "--freed-memory", args.freed_memory, "--profile", str(args.profile)],
               args.threads)  # fmt: skip
     if got := read_vlp(out):
         return got
@@ -142,8 +140,6 @@ def main() -> None:
                         help="vlp's AdamW kernels (the paper-size configs set fused; the reference runs torch's "
                         "default)")  # fmt: skip
     parser.add_argument("--compile", action="store_true", help="vlp compiles its blocks (compile: true)")
-    parser.add_argument("--matching-fusion", choices=["all", "cls"], default="all",
-                        help="ALPRO's VTM pass (matching_fusion); cls: the last fusion layer for [CLS]")  # fmt: skip
     parser.add_argument("--freed-memory", choices=["keep", "release"], default="keep",
                         help="what glibc does with vlp's freed memory (freed_memory; keep: the default)")  # fmt: skip
     parser.add_argument("--reference-freed-memory", choices=["keep", "release"], default="release",
@@ -165,10 +161,8 @@ def main() -> None:
         return
     families = list(REFERENCE) if args.family == "all" else [args.family]
     precisions = ["fp32", "bf16"] if args.precision == "both" else [args.precision]
-    print(f"vlp: adamw {args.adamw}, compile {args.compile}, "
-          f"matching_fusion {args.matching_fusion}, freed_memory {args.freed_memory}; the "
-          f"reference: torch's default AdamW, linears and dropout, eager, freed memory "
-          f"{args.reference_freed_memory}")  # fmt: skip
+    print(f"vlp: adamw {args.adamw}, compile {args.compile}, freed_memory {args.freed_memory}; the reference: "
+          f"torch's default AdamW, linears and dropout, eager, freed memory {args.reference_freed_memory}")  # fmt: skip
     print(
         "GFLOP: one step as torch.utils.flop_counter counts it on each side; both MFUs against the matmul peak "
         "vlp's process measured in the same round"

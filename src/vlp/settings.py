@@ -294,10 +294,6 @@ class RetrievalConfig(FinetuneConfig):
     # another caption of the same clip: a negative of the contrastive loss, or a positive (ALBEF's shared targets)
     same_clip_contrastive: Literal["negative", "positive"] = "negative"
     same_clip_matching: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable negative or not
-    # the matching pass, in fine-tuning and in the fine-tuned model's re-ranking: the fusion's last layer at every
-    # position (released code), or at [CLS] alone, the only token the head reads (ALPRO: the same scores to float
-    # rounding, about 3% of a paper-size step's FLOPs fewer; docs/results/speed.md); not the same bits
-    matching_fusion: Literal["all", "cls"] = "all"
     report_examples: int = 4  # queries shown with their top-5 videos in the report
     # test-time re-scoring of a similarity ranking with the test set's own statistics (vlp.eval.retrieval.rescore;
     # families that do not re-rank): dual softmax (CAMoE) or inverted softmax (QB-Norm); off by default

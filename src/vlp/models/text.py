@@ -185,23 +185,17 @@ class TextOutput:
 class FusionOutput:
     """Output of :class:`MultimodalEncoder` over ``[text; video]``."""
 
-    tokens: Tensor  # (B, L + N, C); with cls_only (B, 1, C)
+    tokens: Tensor  # (B, L + N, C)
     attention_mask: Tensor  # (B, L + N)
     text_len: int  # L
-    cls_only: bool = False  # the last layer computed the [CLS] token alone: no text or video tokens
 
     @property
     def text(self) -> Tensor:  # (B, L, C), a view
-        return self._tokens()[:, : self.text_len]
+        return self.tokens[:, : self.text_len]
 
     @property
     def video(self) -> Tensor:  # (B, N, C), a view; video [CLS] first when the video encoder emits one
-        return self._tokens()[:, self.text_len :]
-
-    def _tokens(self) -> Tensor:
-        if self.cls_only:
-            raise ValueError("this fused pass computed the [CLS] token alone (cls_only): no text or video tokens")
-        return self.tokens
+        return self.tokens[:, self.text_len :]
 
     @property
     def cls(self) -> Tensor:  # (B, C): the text [CLS] at position 0, input of the VTM head
@@ -234,19 +228,13 @@ class _BertStack(nn.Module):
         self.layers = nn.ModuleList(BertLayer(self.dims) for _ in range(count))
         self.grad_checkpointing = cfg.grad_checkpointing
 
-    def run_layers(self, x: Tensor, mask: Tensor, cls_only: bool = False) -> Tensor:
-        """``(B, S, C)`` tokens and their ``(B, S)`` mask -> ``(B, S, C)``; with ``cls_only`` the last layer computes
-        the first token's output alone: ``(B, 1, C)`` (:meth:`BertLayer.forward`'s ``queries``)."""
+    def run_layers(self, x: Tensor, mask: Tensor) -> Tensor:  # (B, S, C), (B, S) -> (B, S, C)
         attn = padding_mask(mask, x.shape[1], self.dims.attn, x.dtype)
-        last = len(self.layers) - 1
-        for i, layer in enumerate(self.layers):
-            args: tuple[Tensor | None, ...] = (x, attn)
-            if cls_only and i == last:
-                args = (x, padding_mask(mask, 1, self.dims.attn, x.dtype), x[:, :1])
+        for layer in self.layers:
             if self.grad_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(layer, *args, use_reentrant=False)
+                x = checkpoint(layer, x, attn, use_reentrant=False)
             else:
-                x = layer(*args)
+                x = layer(x, attn)
         return x
 
 
@@ -304,7 +292,6 @@ class MultimodalEncoder(_BertStack):
         text_mask: Tensor,
         video_tokens: Tensor | None = None,
         video_mask: Tensor | None = None,
-        cls_only: bool = False,
     ) -> FusionOutput:
         """Fuse text and video tokens.
 
@@ -313,12 +300,9 @@ class MultimodalEncoder(_BertStack):
             text_mask: (B, L), 1 = real token.
             video_tokens: (B, N, Cv) video-encoder tokens (video [CLS] first); ``None`` = text only.
             video_mask: (B, N); ``None`` = all ones (ALPRO never pads video tokens).
-            cls_only: compute the last layer's queries, attention and feed-forward for the [CLS] token alone (all
-                VTM reads): its output is the full pass's ``.cls`` to float rounding.
 
         Returns:
-            :class:`FusionOutput` over the concatenated sequence (B, L + N, C); with ``cls_only`` its tokens are
-            ``(B, 1, C)`` and only ``.cls`` is there.
+            :class:`FusionOutput` over the concatenated sequence (B, L + N, C).
         """
         b, text_len = text_mask.shape
         if text_tokens.shape[:2] != (b, text_len):
@@ -332,7 +316,7 @@ class MultimodalEncoder(_BertStack):
                 video_mask = torch.ones(v.shape[:2], dtype=text_mask.dtype, device=v.device)
             x = torch.cat([x, v.to(x.dtype)], dim=1)  # (B, L + N, C): text first, as ALPRO
             mask = torch.cat([mask, video_mask.to(mask.dtype)], dim=1)  # (B, L + N)
-        return FusionOutput(self.run_layers(x, mask, cls_only), mask, text_len, cls_only)
+        return FusionOutput(tokens=self.run_layers(x, mask), attention_mask=mask, text_len=text_len)
 
 
 class MLMHead(nn.Module):

@@ -523,9 +523,6 @@ class AlbefFamily(TwoTowerMethods, ForwardAnswers):
                 answer_topk=section.answer_topk,
             )  # QA has no queue (nor ITC)
         section = retrieval_section(section)
-        if section.matching_fusion != "all":
-            raise ValueError("retrieval.matching_fusion=cls is ALPRO's: ALBEF's ITM fuses every text position "
-                             "(matching_fusion=all)")  # fmt: skip
         terms = {"contrastive": "itc", "matching": "itm"}
         return replace(
             config,

@@ -63,8 +63,9 @@ if TYPE_CHECKING:
 
 LOSS_TERMS = ("vtc", "pem", "mlm", "vtm")
 # model.json keys of removed switches (docs/results/speed.md) that a saved config may hold and none needs: the frozen
-# prompter's crop size and precision (pre-training only)
-DROPPED_KEYS = ("pem_prompter_size", "pem_prompter_precision")
+# prompter's crop size and precision (pre-training only) and VTM's pass for [CLS] alone (the full pass's scores to
+# float rounding)
+DROPPED_KEYS = ("pem_prompter_size", "pem_prompter_precision", "vtm_fusion")
 
 
 @dataclass(frozen=True)
@@ -79,9 +80,6 @@ class AlproConfig:
     losses: tuple[str, ...] = LOSS_TERMS  # enabled terms of eq. 6 (Table 1 ablations switch them off)
     mlm_prob: float = 0.15  # share of non-special text tokens masked for MLM
     mlm_logits: Literal["all", "masked"] = "all"  # MLM's logits at every text position, or the masked ones alone
-    # VTM's fused pass: the last fusion layer at every position (the released code), or at [CLS] alone, the only
-    # token VTM reads (where no loss reads the fused tokens: with PEM, training fuses every position)
-    vtm_fusion: Literal["all", "cls"] = "all"
     pem_area: tuple[float, float] = (0.3, 0.5)  # PEM box area, fraction of the frame (paper §3.4)
     pem_ratio: tuple[float, float] = (0.3, 1 / 0.3)  # PEM box aspect ratio h/w (ALPRO code)
     pem_rule: Literal["paper", "official_code"] = "paper"  # pseudo-label discard rule (see vlp.losses.entity)
@@ -120,8 +118,6 @@ class AlproConfig:
             )
         if self.mlm_logits not in ("all", "masked"):
             raise ValueError(f"mlm_logits must be 'all' or 'masked', got {self.mlm_logits!r}")
-        if self.vtm_fusion not in ("all", "cls"):
-            raise ValueError(f"vtm_fusion must be 'all' or 'cls', got {self.vtm_fusion!r}")
         if len(self.pixel_mean) != 3 or len(self.pixel_std) != 3 or min(self.pixel_std) <= 0:
             raise ValueError(f"pixel_mean/pixel_std need 3 values, std > 0: {self.pixel_mean} / {self.pixel_std}")
 
@@ -222,17 +218,11 @@ class Alpro(nn.Module):
                 self.dual.text, self.fusion, cfg.text.init, mlm_head=self.mlm_head, revision=cfg.text.init_revision
             )
 
-    def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor, cls_only: bool = False) -> Any:
-        """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput` (``cls_only``:
-        its last layer for the [CLS] token alone)."""
+    def fuse(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Any:
+        """``[text; video]`` through the multimodal encoder -> :class:`vlp.models.text.FusionOutput`."""
         if self.fusion is None:
             raise ValueError(f"this ALPRO has no multimodal encoder: losses {list(self.cfg.losses)} use none")
-        return self.fusion(text_tokens, text_mask, video_tokens, cls_only=cls_only)
-
-    def fused_cls(self, text_tokens: Tensor, text_mask: Tensor, video_tokens: Tensor) -> Tensor:
-        """The fused [CLS] token ``(B, C)`` VTM scores: with ``vtm_fusion="cls"`` the multimodal encoder's last layer
-        computed for that token alone (the full pass's to float rounding)."""
-        return self.fuse(text_tokens, text_mask, video_tokens, cls_only=self.cfg.vtm_fusion == "cls").cls
+        return self.fusion(text_tokens, text_mask, video_tokens)
 
     def forward(self, batch: PretrainBatch, ctx: StepContext | None = None) -> AlproOutput:
         """Everything the enabled objectives score, for one batch (:func:`alpro_forward`)."""
@@ -271,7 +261,7 @@ def vtm_logits(model: Alpro, text_tokens: Tensor, text_mask: Tensor, video_token
     """Fuse aligned rows of ``(P, L, C)`` text tokens and ``(P, 1+N, C)`` video tokens -> ``(P, 2)`` VTM logits."""
     if model.vtm_head is None:
         raise ValueError(f"this ALPRO has no VTM head: it was built for losses {list(model.cfg.losses)}")
-    return model.vtm_head(model.fused_cls(text_tokens, text_mask, video_tokens))
+    return model.vtm_head(model.fuse(text_tokens, text_mask, video_tokens).cls)
 
 
 @dataclass
@@ -390,9 +380,8 @@ def _vtm(
     text_out: TextOutput,
     generator: torch.Generator | None,
     exclude: Tensor | None = None,
-) -> tuple[Tensor | None, Tensor | None]:
-    """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM logits); the
-    tokens are None when only VTM reads the fused pass (no PEM)."""
+) -> tuple[Tensor, Tensor | None]:
+    """Fuse positives (and, with VTM, 2B hard negatives); returns (fused positive video tokens, VTM logits)."""
     b = video_feat.shape[0]
     if "vtm" not in model.cfg.losses:
         fused = model.fuse(text_out.tokens, text_out.attention_mask, video_out.tokens)
@@ -405,9 +394,6 @@ def _vtm(
             exclude=exclude,
         )  # fmt: skip
     t_idx, v_idx = losses.matching.vtm_pair_indices(neg_t, neg_v)  # (3B,), (3B,)
-    if "pem" not in cfg.losses:  # nothing reads the fused video tokens: the [CLS] alone (vtm_fusion)
-        cls = model.fused_cls(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
-        return None, built(model.vtm_head, "vtm_head")(cls)
     fused = model.fuse(text_out.tokens[t_idx], text_out.attention_mask[t_idx], video_out.tokens[v_idx])
     return fused.video[:b], built(model.vtm_head, "vtm_head")(fused.cls)  # (B, 1+N, C), (3B, 2)
 
@@ -530,7 +516,6 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             same_video_vtc=own.same_video_vtc,
             same_video_vtm=own.same_video_vtm,
             mlm_logits=own.mlm_logits,
-            vtm_fusion=own.vtm_fusion,
         )
 
     def config_from_dict(self, data: dict[str, Any]) -> AlproConfig:
@@ -547,8 +532,8 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
 
     def task_config(self, config: AlproConfig, task: Task, section: RetrievalConfig | QAConfig) -> AlproConfig:
         """Fine-tuning drops the pre-training heads (no PEM entities); retrieval takes its losses (contrastive: VTC,
-        matching: VTM), its VTM negative and same-clip rules and its fused pass (``matching_fusion``) from ``section``;
-        QA keeps the towers and the fusion only."""
+        matching: VTM) and its VTM negative and same-clip rules from ``section``; QA keeps the towers and the fusion
+        only."""
         if task == "qa":
             return replace(config, num_entities=0, losses=("vtc",))
         section = retrieval_section(section)
@@ -561,7 +546,6 @@ class AlproFamily(TwoTowerMethods, ForwardAnswers):
             vtm_hard_fraction=section.matching_hard_fraction,
             same_video_vtc=section.same_clip_contrastive,
             same_video_vtm=section.same_clip_matching,
-            vtm_fusion=section.matching_fusion,
         )
 
     def prepare(self, config: AlproConfig, batches_per_epoch: int, global_batch: int) -> AlproConfig:

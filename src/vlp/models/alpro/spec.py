@@ -17,9 +17,6 @@ class AlproSettings(VTMSettings):
     pem_rule: Literal["paper", "official_code"] = "paper"  # PEM pseudo-label discard rule
     pem_crop: Literal["resize", "zero_outside"] = "resize"  # prompter input: real crop, or black outside (code)
     same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
-    # VTM's fused pass: the last fusion layer at every position (released code) or at [CLS] alone, the only token VTM
-    # reads; the same scores to float rounding, not the same bits. Pre-training with PEM fuses every position anyway.
-    vtm_fusion: Literal["all", "cls"] = "all"
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
     num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)

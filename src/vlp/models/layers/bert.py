@@ -183,12 +183,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(d)
         self.output = BertOutput(d, d.intermediate)
 
-    def forward(self, x: Tensor, mask: Tensor | None, queries: Tensor | None = None) -> Tensor:
-        """``queries``: ``(B, Q, C)`` rows of ``x`` (e.g. ``x[:, :1]``, the [CLS] token) whose outputs alone are wanted
-        (``mask`` then ``(B, 1, Q, L)``): ``(B, Q, C)``, their attention over all of ``x`` and their feed-forward, which
-        are those rows of the whole layer's output to float rounding (the products run at other shapes); the other
-        rows' queries, attention and feed-forward are not computed."""
-        x = self.attention(x, mask) if queries is None else self.attention(queries, mask, x)
+    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+        x = self.attention(x, mask)
         return self.output(self.intermediate(x), x)
 
 
