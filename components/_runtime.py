@@ -449,7 +449,7 @@ def final_report(
         rows += [f"| {task} | {k} | {v:.4f} | {version} |" for k, v in sorted(metrics.items())]
     if cfg.tracking.tracking_uri and final:
         log_metrics(cfg.tracking, pipeline_run(cfg.tracking, run), final)
-    from vlp.eval.report import headline_table
+    from vlp.report import headline_table
 
     header = ["# vlp pipeline run", "", "Each figure next to the levels it must beat, and its verdict:", ""]
     header += [headline_table(per_task).rstrip(), ""]

@@ -40,7 +40,7 @@ def index_clips(
         data_root: Object-storage prefix for large outputs ("" = inside the artifact).
     """
     from components._runtime import Step, output_location, publish_index, source_location
-    from vlp.index.build import index_clips as step
+    from vlp.steps.index import index_clips as step
 
     # The index records its model and frames by URI (vlp search loads them from there): the durable ones
     md, fr = source_location(model), source_location(frames)

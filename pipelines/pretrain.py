@@ -3,7 +3,7 @@ family, ALPRO; ``vlp-pretrain-<family>`` for the others, e.g. ``vlp-pretrain-alb
 
 synth (or an existing raw dataset) -> ingest -> extract_frames, [the steps the family's spec declares it needs
 before pre-training (``FamilySpec.prepared``; ALPRO: mine_entities -> pretrain_prompter -> build_prompt_bank)] ->
-pretrain (the DAG's model family, by its ``pretrain_component``) ->
+pretrain (the component :data:`PRETRAIN` names for the family, else the shared one) ->
 finetune_retrieval -> evaluate_retrieval and index_clips (the retrieval test split's clips into a clip index that
 ``vlp search`` reads) and, for a family with QA (its spec's ``tasks``), finetune_qa -> evaluate_qa in parallel ->
 report. An MLflow parent run opens first and an exit handler closes it FINISHED or FAILED. Per-step resources,
@@ -11,7 +11,6 @@ images, caching and retries come from a :class:`pipelines.config.PipelineConfig`
 compile time.
 """
 
-import importlib
 from typing import Any
 
 from kfp import dsl
@@ -21,9 +20,20 @@ from components.index import index_clips
 from pipelines import fanout
 from pipelines.config import PipelineConfig, configure, scale
 from vlp.models.family import DEFAULT_FAMILY, FamilySpec, specs
-from vlp.registry import DEFAULT_PRETRAIN_COMPONENT
 
 NAME = "vlp-pretrain"
+# The KFP component of each step a family's pre-training DAG runs before pre-training (``Prepared.step`` in its
+# spec): the library names steps, the DAG side maps them to components. A family outside vlp adds its own here.
+COMPONENTS: dict[str, Any] = {
+    "mine_entities": data.mine_entities,
+    "pretrain_prompter": training.pretrain_prompter,
+    "build_prompt_bank": training.build_prompt_bank,
+}
+# A family's own pre-training component, where the shared one (``training.pretrain``, which reads ``prompter`` and
+# ``bank``) does not take what its pre-training reads: it takes ``dataset``, ``frames``, one input per name of the
+# family's ``pretrain_inputs``, ``family`` and the steps' ``config``, ``overrides``, ``data_root``, ``nproc``,
+# ``launch``.
+PRETRAIN: dict[str, Any] = {}
 
 
 def families() -> dict[str, FamilySpec]:
@@ -36,22 +46,21 @@ def name_of(family: str) -> str:
     return NAME if family == DEFAULT_FAMILY else f"{NAME}-{family}"
 
 
-def component(ref: Any) -> Any:
-    """A KFP component named ``"module:attribute"`` (imported now), or the component itself."""
-    if not isinstance(ref, str):
-        return ref
-    module, _, attribute = ref.partition(":")
-    return getattr(importlib.import_module(module), attribute)
+def component(step: str) -> Any:
+    """The KFP component of a step a family's spec declares (:data:`COMPONENTS`)."""
+    if step not in COMPONENTS:
+        raise ValueError(f"no KFP component for step {step!r}: add it to pipelines.pretrain.COMPONENTS")
+    return COMPONENTS[step]
 
 
 def pretrain_component(spec: FamilySpec) -> Any:
     """The component that pre-trains ``spec``'s family; it must take every input the family's pre-training reads."""
-    found = component(spec.pretrain_component or DEFAULT_PRETRAIN_COMPONENT)
+    found = PRETRAIN.get(spec.name, training.pretrain)
     missing = [name for name in spec.pretrain_inputs if name not in found.component_spec.inputs]
     if missing:
         raise ValueError(
-            f"{spec.name}: the pretrain component {found.name} takes no input {missing}: give the family a "
-            "pretrain_component that does (FamilySpec.pretrain_component)"
+            f"{spec.name}: the pretrain component {found.name} takes no input {missing}: give the family its own "
+            "(pipelines.pretrain.PRETRAIN)"
         )
     return found
 
@@ -114,7 +123,7 @@ def prepared_steps(cfg: PipelineConfig, spec: FamilySpec, made: dict[str, Any], 
     made = dict(made)
     for one in spec.prepared:
         reads = {name: made[name] for name in one.reads}
-        task = component(one.component)(**reads, **stored, **(scale(cfg, one.step) if one.trains else {}))
+        task = component(one.step)(**reads, **stored, **(scale(cfg, one.step) if one.trains else {}))
         made[one.name] = configure(task, cfg, one.step).outputs[one.name]
     return made
 

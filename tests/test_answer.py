@@ -19,13 +19,13 @@ from vlp.data import manifest
 from vlp.data.video_text import VideoQADataset, normalize_answer
 from vlp.eval.qa import build_answer_vocab
 from vlp.index.answer import Answerer, ClipError
-from vlp.index.build import index_clips
 from vlp.inference import answer_probabilities, question_tokens
 from vlp.models import directory, family
 from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, QAConfig, RetrievalConfig
 from vlp.steps.evaluate import evaluate_qa
 from vlp.steps.finetune import task_data
+from vlp.steps.index import index_clips
 from vlp.weights import save_model_weights
 
 TINY = Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml"

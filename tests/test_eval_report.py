@@ -14,8 +14,9 @@ import torch
 from PIL import Image
 
 from vlp.eval.qa import qa_metrics
-from vlp.eval.report import pem_figure, qa_report, rank_histogram, retrieval_report
 from vlp.eval.retrieval import ranks_t2v, retrieval_metrics
+from vlp.models.alpro.figure import pem_figure
+from vlp.report import qa_report, rank_histogram, retrieval_report
 
 
 class _Collect(HTMLParser):
@@ -147,7 +148,7 @@ def test_pem_figure_rejects_a_box_outside_the_frame(tmp_path: Path) -> None:
 
 
 def test_headline_table_puts_each_figure_next_to_what_it_must_beat() -> None:
-    from vlp.eval.report import headline_table
+    from vlp.report import headline_table
 
     retrieval = {"t2v_r1": 12.0, "vtc_t2v_r1": 10.0, "chance_t2v_r1": 1.0, "v2t_r1": 8.0, "chance_v2t_r1": 1.0,
                  "vtm_loss": 0.5, "vtm_loss_prior": 0.6365}  # fmt: skip
@@ -179,7 +180,7 @@ def test_headline_table_puts_each_figure_next_to_what_it_must_beat() -> None:
     ],
 )
 def test_verdict_against_chance(value, chance, tolerance, expected) -> None:
-    from vlp.eval.report import verdict
+    from vlp.report import verdict
 
     assert verdict(value, chance, tolerance) == expected
 
@@ -199,13 +200,13 @@ def test_verdict_against_chance(value, chance, tolerance, expected) -> None:
     ],
 )
 def test_verdict_against_the_majority_baseline(value, chance, majority, expected) -> None:
-    from vlp.eval.report import verdict
+    from vlp.report import verdict
 
     assert verdict(value, chance, 0.2, majority=majority) == expected
 
 
 def test_verdict_for_a_figure_where_lower_is_better() -> None:
-    from vlp.eval.report import verdict
+    from vlp.report import verdict
 
     assert verdict(5.0, 50.5, 1.0, lower_is_better=True) == "better than chance by 10.10x"  # a median rank
     assert verdict(50.0, 50.5, 1.0, lower_is_better=True) == "at chance"
@@ -253,7 +254,7 @@ def test_a_below_chance_retrieval_report_says_so(tmp_path: Path) -> None:
 )
 def test_the_similarity_only_row_follows_how_the_ranking_was_made(tmp_path: Path, recorded, shown) -> None:
     """Decided by definition: here the similarity figures equal the main ones in every case."""
-    from vlp.eval.report import headline_table
+    from vlp.report import headline_table
 
     metrics = _below_chance_retrieval()
     metrics |= {f"vtc_{k}": v for k, v in retrieval_metrics(*_below_chance_ranking()).items()} | recorded
@@ -269,7 +270,7 @@ def test_the_similarity_only_row_follows_how_the_ranking_was_made(tmp_path: Path
 
 
 def test_ranking_is_similarity_reads_how_the_figures_were_made() -> None:
-    from vlp.eval.report import ranking_is_similarity
+    from vlp.report import ranking_is_similarity
 
     assert ranking_is_similarity({"pairs_scored": 0.0}) is True
     assert ranking_is_similarity({"pairs_scored": 3.0}) is False
@@ -278,7 +279,7 @@ def test_ranking_is_similarity_reads_how_the_figures_were_made() -> None:
 
 
 def test_the_headline_table_carries_verdicts() -> None:
-    from vlp.eval.report import VERDICT_RULES, headline_table
+    from vlp.report import VERDICT_RULES, headline_table
 
     retrieval = _below_chance_retrieval() | {"pairs_scored": 0.0, "vtm_loss": 0.7, "vtm_loss_prior": 0.6365}
     qa = {"accuracy": 0.42, "majority_accuracy": 0.2, "chance_accuracy": 0.01, "n": 500.0}

@@ -26,7 +26,6 @@ from vlp.config import Config, load_config
 from vlp.data import manifest
 from vlp.data.frames import FrameStore
 from vlp.eval.retrieval import topk_rerank
-from vlp.index.build import index_clips
 from vlp.index.query import Searcher
 from vlp.index.store import TABLE, ClipIndex
 from vlp.inference import encode_clips, encode_texts, pair_scorer, text_length
@@ -35,6 +34,7 @@ from vlp.models.tokenizer import train_wordpiece
 from vlp.settings import ModelConfig, RetrievalConfig
 from vlp.steps.evaluate import evaluate_retrieval
 from vlp.steps.finetune import retrieval_data
+from vlp.steps.index import index_clips
 from vlp.weights import save_model_weights
 
 ROOT = Path(__file__).resolve().parents[1]

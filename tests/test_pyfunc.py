@@ -27,10 +27,10 @@ from mlflow.exceptions import MlflowException
 from test_answer import _save as save_qa_model
 from test_index import FULL, TINY, captions, config, save_model
 from vlp.index.answer import Answerer
-from vlp.index.build import index_clips
 from vlp.index.pyfunc import COLUMNS, QA_COLUMNS, save, save_qa
 from vlp.index.query import Searcher
 from vlp.models.tokenizer import train_wordpiece
+from vlp.steps.index import index_clips
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -30,10 +30,10 @@ from PIL import Image
 from test_index import TINY, captions, save_model
 from vlp.cli import main
 from vlp.config import Config, load_config
-from vlp.index.build import index_clips
 from vlp.index.query import Searcher
 from vlp.index.store import ClipIndex
 from vlp.models.tokenizer import train_wordpiece
+from vlp.steps.index import index_clips
 
 ROOT = Path(__file__).resolve().parents[1]
 # re-ranking stops at the third candidate, so hits past it have no score (null / NaN on the wire)

@@ -317,12 +317,15 @@ class ToyPretrainingFamily(ToyFamily):
 
 
 @pytest.fixture
-def toy_pre() -> Iterator[FamilySpec]:
-    words = family.Prepared("words", "count_words", count_words, reads=("dataset",), flag="--words",
-                            help="count_words output")  # fmt: skip
+def toy_pre(monkeypatch: pytest.MonkeyPatch) -> Iterator[FamilySpec]:
+    from pipelines import pretrain
+
+    words = family.Prepared("words", "count_words", reads=("dataset",), flag="--words", help="count_words output")
     spec = FamilySpec(name=PRE, title="Toy-Pre", paper="(a test)", settings=ToySettings,
                       load=lambda: ToyPretrainingFamily(), pretrains=True, tasks=("retrieval",), prepared=(words,),
-                      pretrain_component=toy_pretrain, pretraining=WordsHook())  # fmt: skip
+                      pretraining=WordsHook())  # fmt: skip
+    monkeypatch.setitem(pretrain.COMPONENTS, "count_words", count_words)  # the DAG side's step -> component
+    monkeypatch.setitem(pretrain.PRETRAIN, PRE, toy_pretrain)
     family.register(spec)
     try:
         yield spec
@@ -391,12 +394,12 @@ def test_a_declaration_that_cannot_work_is_refused(toy_pre):
         replace(toy_pre, prepared=(replace(words, flag=""),))
     with pytest.raises(ValueError, match="two prepared inputs share a step"):
         replace(toy_pre, prepared=(words, replace(words, name="more", flag="--more", reads=("words",))))
-    with pytest.raises(ValueError, match="prepared inputs or a pretrain component without pretrains"):
+    with pytest.raises(ValueError, match="prepared inputs without pretrains"):
         replace(toy_pre, pretrains=False)
     other = replace(toy_pre, name="toy_other", prepared=(replace(words, name="counts"),))
     with pytest.raises(ValueError, match=r"--words names another family's 'words', not 'counts'"):
         family.register(other)
-    shared = replace(toy_pre, name="toy_shared", pretrain_component="")  # the shared component takes no words
+    shared = replace(toy_pre, name="toy_shared")  # no component in PRETRAIN: the shared one, which takes no words
     family.register(shared)
     try:
         with pytest.raises(ValueError, match=r"the pretrain component pretrain takes no input \['words'\]"):

@@ -676,11 +676,11 @@ def _tiny_index(tmp: Path) -> dict[str, str]:
     """The tiny synthetic world ingested and frame-extracted, a random-init ALPRO retrieval model (tiny sizes) and the
     index of its clips: ``{"dataset", "frames", "model", "index"}``."""
     from vlp.config import load_config
-    from vlp.index.build import index_clips
     from vlp.models import directory, family
     from vlp.models.tokenizer import train_wordpiece
     from vlp.settings import ModelConfig, RetrievalConfig
     from vlp.steps.extract_frames import extract_frames
+    from vlp.steps.index import index_clips
     from vlp.steps.ingest import ingest as ingest_step
     from vlp.steps.synth import synth
     from vlp.train.checkpoint import save_model_weights

@@ -184,7 +184,7 @@ def build_throughput(model: str, frames: str, config: str, tmp: Path) -> None:
           " (the fixed cost: Python, torch and LanceDB start-up, model and index opening)")  # fmt: skip
     # In this process, imports warm: a fresh index (read, decode, encode, add) against a rerun that adds nothing
     from vlp.config import load_config
-    from vlp.index.build import index_clips
+    from vlp.steps.index import index_clips
 
     cfg = load_config(config)
     index_clips(model, frames, str(tmp / "warm-up"), cfg)

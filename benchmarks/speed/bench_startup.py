@@ -61,10 +61,10 @@ def build_indexes(root: Path, families: list[str]) -> dict[str, str]:
 
     from vlp.config import load_config
     from vlp.data import manifest
-    from vlp.index.build import index_clips
     from vlp.models import directory, family
     from vlp.models.tokenizer import train_wordpiece
     from vlp.settings import ModelConfig, RetrievalConfig
+    from vlp.steps.index import index_clips
     from vlp.weights import save_model_weights
 
     cfg = load_config(TINY, SEARCH)

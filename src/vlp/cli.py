@@ -330,7 +330,7 @@ def _run_evaluate_qa(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
 
 def _run_index(args: argparse.Namespace, cfg: Config) -> dict[str, Any]:
     # here: a command imports what it runs, and nothing of the other commands
-    from vlp.index.build import index_clips
+    from vlp.steps.index import index_clips
 
     return index_clips(args.model, args.frames, args.out, cfg, dataset=args.dataset, split=args.split)
 

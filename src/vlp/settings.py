@@ -12,29 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
-from vlp.ranges import SHARE, Range
 from vlp.registry import DEFAULT_FAMILY, size, spec, specs
 from vlp.schema import ConfigError, clip, from_dict, quote
 
 log = logging.getLogger("vlp")
-
-
-@dataclass
-class VTMSettings:
-    """Video-text matching's negatives, what another caption of the same clip is, and where MLM scores the
-    vocabulary: the keys of the families with a VTM / ITM head and MLM (their ``model.<family>`` sections extend
-    this)."""
-
-    # hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction)
-    vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
-    vtm_hard_fraction: float = 0.5
-    same_video_vtc: Literal["negative", "positive"] = "negative"  # another caption of the clip in VTC / ITC
-    # MLM's vocabulary logits at every text position (released code) or at the masked ones alone, the only ones with
-    # a loss: the same loss and gradients to float rounding, with about 85% of the MLM head's FLOPs and the (B, L, V)
-    # logits gone (docs/results/speed.md); not bit for bit the same sums, so "all" keeps every recorded figure
-    mlm_logits: Literal["all", "masked"] = "all"
-
-    RANGES: ClassVar[dict[str, Range]] = {"vtm_hard_fraction": SHARE}
 
 
 @dataclass
@@ -49,7 +30,7 @@ class ModelConfig:
     """
 
     family: str = DEFAULT_FAMILY  # a registered family (vlp.registry.names()): alpro, albef, ts2net
-    # one of the family's sizes, the table in its spec module (vlp.registry.Size): tiny: width 64 (tests); small:
+    # one of the family's sizes, the table in its spec module (vlp.models.spec.Size): tiny: width 64 (tests); small:
     # width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384, installed from PyPI,
     # vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
     preset: str = "tiny"

@@ -186,7 +186,7 @@ def rescore(scores: Tensor, rule: str, scale: float = 100.0, dim: int = 0) -> Te
 def rescored_metrics(sim: Tensor, text_video: Tensor, rule: str, scale: float = 100.0) -> dict[str, float]:
     """:func:`retrieval_metrics` with each direction ranked on its own :func:`rescore` of ``sim``, and
     ``rescored: 1.0``, which records that these figures rank a re-scored matrix, not ``sim`` itself (the reports
-    read it: :func:`vlp.eval.report.ranking_is_similarity`)."""
+    read it: :func:`vlp.report.ranking_is_similarity`)."""
     t2v = retrieval_metrics(rescore(sim, rule, scale, dim=0), text_video)
     v2t = retrieval_metrics(rescore(sim, rule, scale, dim=1), text_video)
     out = {k: v for k, v in t2v.items() if k.startswith("t2v_")}

@@ -1,9 +1,9 @@
 """What a model family gives the steps: the contract every family meets.
 
 A family (ALPRO, ALBEF, TS2-Net) is a package ``vlp.models.<name>`` whose ``spec`` module (no torch import) holds
-its :class:`vlp.registry.FamilySpec`: the name, its own config section (``model.<name>``, a dataclass), where its
+its :class:`vlp.models.spec.FamilySpec`: the name, its own config section (``model.<name>``, a dataclass), where its
 :class:`Family` object lives, and whether ``vlp pretrain`` trains it. The registry (:mod:`vlp.registry`, whose
-names this module repeats) finds every such package; the CLI's choices, the compiled pre-training DAGs,
+names this module repeats) lists the built-in specs; the CLI's choices, the compiled pre-training DAGs,
 ``import-checkpoint --family auto`` and the docs table all read it. A family defined elsewhere (a test, a user's
 package) joins with :func:`register`. Shared code takes the family from the registry and calls the methods below,
 an optional capability's only through the helper that asks for it; it names no family.
@@ -58,8 +58,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar, cast, runtime_checkable
 
 from vlp import registry
-from vlp.registry import Kinds as Kinds  # the specs declare their kinds and sizes (re-exported here)
-from vlp.registry import Size as Size
+from vlp.models.spec import FamilySpec as FamilySpec  # what a family declares (re-exported here for its authors)
+from vlp.models.spec import Kinds as Kinds
+from vlp.models.spec import Prepared as Prepared
+from vlp.models.spec import Size as Size
+from vlp.models.spec import Task as Task
 from vlp.registry import size as size
 
 if TYPE_CHECKING:
@@ -70,10 +73,8 @@ if TYPE_CHECKING:
 
 _T = TypeVar("_T")
 
-# The registry lives in vlp.registry, below the configuration that reads it; its names are here for family authors.
-Task = registry.Task
-FamilySpec = registry.FamilySpec
-DEFAULT_FAMILY, Prepared = registry.DEFAULT_FAMILY, registry.Prepared
+# The registry (vlp.registry) sits below the configuration that reads it; its names are here for family authors.
+DEFAULT_FAMILY = registry.DEFAULT_FAMILY
 register, unregister, specs, spec, names = (
     registry.register,
     registry.unregister,

@@ -2,7 +2,7 @@
 
 A step takes input/output URIs (local paths or ``s3://``) and a :class:`vlp.config.Config`,
 does its work through :mod:`vlp.storage`, writes ``summary.json`` into its output and returns
-the same summary. The CLI and (later) the KFP components only call these functions.
+the same summary. The CLI and the KFP components (``components/``) call these functions.
 """
 
 from vlp.steps.common import StepResult, run_step

@@ -31,7 +31,6 @@ from vlp.data.loader import ordered_batches
 from vlp.data.video_text import VideoQADataset, normalize_answer
 from vlp.distributed import device
 from vlp.eval.qa import majority_answer, qa_baselines, qa_metrics
-from vlp.eval.report import qa_report, retrieval_report
 from vlp.eval.retrieval import (
     chance_metrics,
     heldout_vtm,
@@ -55,6 +54,7 @@ from vlp.inference import progress as _progress
 from vlp.inference import thumbnail as _thumbnail
 from vlp.inputs import ModelInput, check_inputs
 from vlp.models import family
+from vlp.report import qa_report, retrieval_report
 from vlp.steps.common import StepResult, run_step
 from vlp.steps.finetune import retrieval_data, task_data
 from vlp.train.loop import compile_blocks

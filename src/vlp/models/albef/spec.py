@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from vlp.models.spec import FamilySpec, Kinds, Size, VTMSettings
 from vlp.ranges import SHARE, Range, at_least
-from vlp.registry import FamilySpec, Kinds, Size
-from vlp.settings import VTMSettings
 
 
 @dataclass

@@ -22,8 +22,8 @@ from vlp import losses, storage
 from vlp.data.entities import ENTITIES_PARQUET, read_entities
 from vlp.data.frames import FrameStore
 from vlp.data.video_text import VideoTextDataset
-from vlp.eval.report import pem_figure
 from vlp.models import directory
+from vlp.models.alpro.figure import pem_figure
 from vlp.models.alpro.model import AlproConfig, PemContext, prompter_features
 from vlp.models.alpro.prompts import BANK_FILE, ENTITIES_FILE, PromptBank, build_prompt_bank
 from vlp.models.family import InputCheck, PretrainExtras

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from vlp.models.spec import FamilySpec, Kinds, Prepared, Size, VTMSettings
 from vlp.ranges import Range, at_least
-from vlp.registry import FamilySpec, Kinds, Prepared, Size
-from vlp.settings import VTMSettings
 
 
 @dataclass
@@ -75,11 +74,10 @@ SPEC = FamilySpec(
     # PEM's inputs, made by the DAG before pre-training: the entities mined from the captions, the prompter
     # (VTC-only dual encoder) and its prompt bank of entity prompts; pre-training reads the last two
     prepared=(
-        Prepared("entities", "mine_entities", "components.data:mine_entities", reads=("dataset",)),
+        Prepared("entities", "mine_entities", reads=("dataset",)),
         Prepared(
             "prompter",
             "pretrain_prompter",
-            "components.training:pretrain_prompter",
             flag="--prompter",
             help="pretrain-prompter output",
             trains=True,
@@ -87,7 +85,6 @@ SPEC = FamilySpec(
         Prepared(
             "bank",
             "build_prompt_bank",
-            "components.training:build_prompt_bank",
             reads=("prompter", "entities"),
             flag="--prompt-bank",
             help="build-prompt-bank output, read with PEM",

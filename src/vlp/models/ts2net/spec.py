@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from vlp.models.spec import FamilySpec, Kinds, Size
 from vlp.ranges import SHARE, Range, above, at_least
-from vlp.registry import FamilySpec, Kinds, Size
 
 
 @dataclass
