@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import subprocess
 import sys
@@ -249,24 +250,44 @@ SELF_CHECKED = {"synth", "ingest"}  # SynthConfig.validate (called by validate),
 
 
 def test_every_count_size_and_rate_of_every_section_has_a_range():
-    from vlp.config import RANGES
+    """Each number of every section (each family's too) declares its range beside its key (vlp.ranges.ranged), or
+    is listed in NOT_RANGED; the defaults are in range."""
+    from vlp.ranges import ranges_of
 
     unranged = []
     sections = {s.name: getattr(Config(), s.name) for s in dataclasses.fields(Config) if s.name not in SELF_CHECKED}
     sections |= {f"model.{name}": own for name, own in Config().model.families.items()}  # each family's section
     for name, section in sections.items():
         hints = typing.get_type_hints(type(section))
-        ranges = {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}
+        ranges = ranges_of(section)
         for f in dataclasses.fields(section):
             numeric = hints[f.name] in (int, float) or typing.get_args(hints[f.name]) == (float,)
             key = f"{name}.{f.name}"
             if numeric and f.name not in ranges and key not in NOT_RANGED:
                 unranged.append(key)
-        assert set(ranges) <= {f.name for f in dataclasses.fields(section)}, name  # every range names a real key
-    assert not unranged, f"add a range to vlp.config.RANGES, a family's RANGES (or NOT_RANGED here) for {unranged}"
+    assert not unranged, f"give {unranged} a range (vlp.ranges.ranged) or list them in NOT_RANGED"
     from vlp.config import validate
 
     validate(Config())
+
+
+def test_a_range_declared_beside_a_key_is_checked_in_every_section_that_inherits_it():
+    """``lr``'s range is declared once for the training sections (OptimSettings): QA fine-tuning, which sets a new
+    default without a range, keeps it; ``max_steps`` is a count in pre-training and 0 (epochs) is allowed in
+    fine-tuning, which declares its own range."""
+    from vlp.config import ConfigError, load_config
+    from vlp.ranges import RATE, ranges_of
+    from vlp.settings import FinetuneConfig, PretrainConfig, QAConfig
+
+    for section in (PretrainConfig, FinetuneConfig, QAConfig):
+        assert ranges_of(section)["lr"] is RATE
+    for name in ("pretrain", "retrieval", "qa"):
+        with pytest.raises(ConfigError, match=rf"{name}\.lr=0\.0 must be > 0"):
+            load_config(None, [f"{name}.lr=0"])
+    assert "lr" in inspect.get_annotations(QAConfig)  # redeclared, without a range of its own
+    with pytest.raises(ConfigError, match=r"pretrain\.max_steps=0 must be >= 1"):
+        load_config(None, ["pretrain.max_steps=0"])
+    assert load_config(None, ["qa.max_steps=0"]).qa.max_steps == 0
 
 
 def test_every_step_validates_a_config_built_in_code_before_it_writes(tmp_path):

@@ -10,7 +10,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import pytest
 import torch
@@ -23,7 +23,7 @@ from vlp import losses
 from vlp.models import family
 from vlp.models.family import Encoded, FamilySpec, Kinds, LrGroups, PretrainBatch, StepContext, Task
 from vlp.models.tokenizer import train_wordpiece
-from vlp.ranges import Range, above
+from vlp.ranges import above, ranged
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "configs" / "tiny.yaml"
@@ -35,9 +35,7 @@ class ToySettings:
     """``model.toy``: how the clip's frames are pooled and the contrastive temperature it starts from."""
 
     pool: Literal["mean", "first"] = "mean"
-    init_temp: float = 0.07
-
-    RANGES: ClassVar[dict[str, Range]] = {"init_temp": above(0)}
+    init_temp: float = ranged(0.07, above(0))
 
 
 @dataclass(frozen=True)

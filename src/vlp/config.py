@@ -3,9 +3,9 @@
 Every section of a config file is a dataclass. Loading is strict: an unknown key, a value of
 the wrong type, a number that is not finite (``inf``, ``nan``, ``1.0e+309``) or a malformed override
 raises :class:`ConfigError` naming the dotted key, so a typo never silently falls back to a default.
-So does a count, size or rate out of its range (:data:`RANGES`, e.g. ``pretrain.batch_size=0 must
-be >= 1``): :func:`validate` runs at the end of :func:`load_config`, and again when a step starts,
-before it writes anything. YAML text, a file's or an override's, is read by
+So does a count, size or rate out of the range declared beside its key (:func:`vlp.ranges.ranged`,
+e.g. ``pretrain.batch_size=0 must be >= 1``): :func:`validate` runs at the end of :func:`load_config`,
+and again when a step starts, before it writes anything. YAML text, a file's or an override's, is read by
 :func:`vlp.schema.load_yaml`: aliases, nesting and size are bounded.
 
 Example::
@@ -22,12 +22,11 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from vlp.data.entities import EntitiesConfig
-from vlp.data.fetch.config import RANGES as FETCH_RANGES
 from vlp.data.fetch.config import FetchConfig
 from vlp.data.frames import FramesConfig
 from vlp.data.ingest import IngestConfig
 from vlp.data.synth import SynthConfig
-from vlp.ranges import COUNT, RATE, SHARE, SIZE, Range, at_least, within
+from vlp.ranges import ranges_of
 from vlp.registry import names, randaug_presets
 from vlp.schema import MAX_YAML_CHARS, clip, load_yaml, nonfinite_values, quote
 from vlp.schema import ConfigError as ConfigError  # the loader's public names: vlp.config.ConfigError, ...
@@ -188,51 +187,6 @@ def _set_dotted(data: dict[str, Any], key: str, value: Any) -> None:
     node[parts[-1]] = value
 
 
-# --------------------------------------------------------------------------- value ranges
-
-_BETAS = (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values in [0, 1)"
-_CROP = (lambda v: not v or (len(v) == 2 and 0 < v[0] <= v[1] <= 1)), "[] or [lo, hi] with 0 < lo <= hi <= 1"
-_PIXELS = (lambda v: len(v) in (0, 3)), "[] (the family's) or 3 values, one per channel"
-_STD = (lambda v: len(v) in (0, 3) and all(x > 0 for x in v)), "[] (the family's) or 3 values > 0"
-_TEXT = at_least(3, " ([CLS], a token and [SEP])")
-_OFF = " (0 = off)"
-# What the training sections share (pretrain, retrieval, qa): the optimiser, the schedule, logging, checkpoints
-_TRAINING: dict[str, Range] = {
-    "batch_size": COUNT, "grad_accum": COUNT, "lr": RATE, "weight_decay": SIZE, "warmup_ratio": SHARE,
-    "warmup_steps": at_least(0, " (0 = warmup_ratio)"), "min_lr_ratio": SHARE, "warmup_start_ratio": SHARE,
-    "crop_scale": _CROP, "log_every": COUNT, "ckpt_every": at_least(0, " (0 = at the end only)"), "keep_last": COUNT,
-    "fusion_lr_mult": RATE, "backbone_lr_mult": RATE, "betas": _BETAS, "eps": RATE, "shuffle_buffer": COUNT,
-    "num_workers": at_least(0, " (0 = on the training thread)"), "prefetch": COUNT, "max_bad_share": SHARE,
-}  # fmt: skip
-_FINETUNE: dict[str, Range] = {
-    **_TRAINING, "epochs": RATE, "max_steps": at_least(0, " (0 = epochs x updates per epoch)"),
-    "num_frames": COUNT, "max_len": _TEXT, "eval_batch_size": COUNT,
-}  # fmt: skip
-# The range of every count, size and rate, by section. synth checks its own (SynthConfig.validate, called here);
-# ingest's are checked by vlp.data.ingest when its step starts (its limits change with its rejects). A number
-# that is not here may take any value (a seed, grad_clip: <= 0 = no clipping, model.ts2net.frame_lambda).
-RANGES: dict[str, dict[str, Range]] = {
-    "storage": {"multipart_threshold_mb": COUNT, "multipart_chunk_mb": COUNT, "max_concurrency": COUNT,
-                "max_attempts": COUNT},
-    "fetch": FETCH_RANGES,
-    "frames": {"num_frames": COUNT, "size": at_least(8), "jpeg_quality": within(1, 95), "videos_per_shard": COUNT,
-               "workers": at_least(0, " (0 = one per CPU core)"), "max_pixels": at_least(0, _OFF),
-               "max_bytes": at_least(0, _OFF), "timeout_s": at_least(0, _OFF)},
-    "entities": {"top_m": COUNT, "min_count": COUNT, "min_len": COUNT, "batch_size": COUNT,
-                 "n_process": ((lambda v: v >= 1 or v == -1), ">= 1, or -1 for one per CPU")},
-    "model": {"img_size": COUNT, "num_frames": COUNT, "max_len": _TEXT, "vocab_size": COUNT, "embed_dim": COUNT,
-              "pixel_mean": _PIXELS, "pixel_std": _STD},  # model.<family>: its settings class's RANGES
-    "pretrain": {**_TRAINING, "max_steps": COUNT, "group_fraction": SHARE,
-                 "group_epochs": at_least(0, " (0 = every epoch)")},
-    "retrieval": {**_FINETUNE, "rerank_k": COUNT, "matching_hard_fraction": SHARE, "report_examples": SIZE,
-                  "rescore_scale": RATE},
-    "qa": {**_FINETUNE, "answer_vocab": COUNT, "answer_len": _TEXT, "answer_topk": COUNT},
-    "tracking": {"timeout_s": RATE, "retries": SIZE, "retry_every_s": SIZE},
-    "index": {"max_token_floats": at_least(0, " (0 = never store tokens)"), "ann_min_rows": COUNT,
-              "ann_rebuild_share": SHARE, "candidates": COUNT, "max_text_chars": COUNT},
-}  # fmt: skip
-
-
 SAMPLED_FRAMES = {"pretrain": "model.num_frames", "retrieval": "retrieval.num_frames", "qa": "qa.num_frames"}
 
 
@@ -255,23 +209,24 @@ def check_sampled_frames(cfg: Config, section: str) -> None:
 
 
 def validate(cfg: Config) -> None:
-    """Check that every float of ``cfg`` is finite, and every count, size and rate against :data:`RANGES` (and
-    ``synth`` against its own rules).
+    """Check that every float of ``cfg`` is finite, and every count, size and rate against the range declared beside
+    its key (:func:`vlp.ranges.ranged`; a number without one may take any value: a seed, ``grad_clip``), and
+    ``synth`` against its own rules (ingest's limits are checked by :mod:`vlp.data.ingest` when its step starts).
 
     Raises:
         ConfigError: one line naming every key out of range, e.g. ``pretrain.batch_size=0 must be >= 1``, or not
             finite (``pretrain.lr=inf must be a finite number``).
     """
-    sections = {name: getattr(cfg, name) for name in RANGES}
+    sections = {f.name: getattr(cfg, f.name) for f in fields(cfg)}
     sections |= {f"model.{name}": own for name, own in cfg.model.families.items()}
     nonfinite: dict[str, Any] = {}  # every section's, synth's and ingest's too
-    for name, section in ({f.name: getattr(cfg, f.name) for f in fields(cfg)} | sections).items():
+    for name, section in sections.items():
         nonfinite |= nonfinite_values(section, name)
     problems = [f"{key}={quote(value)} must be a finite number" for key, value in nonfinite.items()]
     problems += [
         f"{name}.{key}={quote(value)} must be {what}"
         for name, section in sections.items()
-        for key, (ok, what) in {**RANGES.get(name, {}), **getattr(section, "RANGES", {})}.items()
+        for key, (ok, what) in ranges_of(section).items()
         if f"{name}.{key}" not in nonfinite and not ok(value := getattr(section, key))
     ]
     if cfg.model.family not in cfg.model.families:

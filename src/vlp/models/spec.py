@@ -10,9 +10,9 @@ import importlib
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
-from vlp.ranges import SHARE, Range
+from vlp.ranges import SHARE, ranged
 
 if TYPE_CHECKING:
     from vlp.models.family import Family, PretrainHook
@@ -103,8 +103,8 @@ class FamilySpec:
         name: ``model.family``'s value and the name of its config section, ``model.<name>``.
         title: how the docs and the CLI's help write it.
         paper: where it was published (the docs table).
-        settings: the dataclass of its ``model.<name>`` section (every key with a default; an optional class
-            attribute ``RANGES`` maps keys to :mod:`vlp.ranges` ranges that :func:`vlp.config.validate` checks).
+        settings: the dataclass of its ``model.<name>`` section (every key with a default; a count, size or rate
+            with its range, :func:`vlp.ranges.ranged`, which :func:`vlp.config.validate` checks).
         load: ``"module:attribute"`` of its :class:`vlp.models.family.Family` object (imported on first use), or a
             function returning it.
         pretrains: whether ``vlp pretrain`` trains it, and so whether it has a compiled pre-training DAG
@@ -205,11 +205,9 @@ class VTMSettings:
 
     # hard (paper, code), uniform, or mixed (hard with probability vtm_hard_fraction)
     vtm_negatives: Literal["hard", "uniform", "mixed"] = "hard"
-    vtm_hard_fraction: float = 0.5
+    vtm_hard_fraction: float = ranged(0.5, SHARE)
     same_video_vtc: Literal["negative", "positive"] = "negative"  # another caption of the clip in VTC / ITC
     # MLM's vocabulary logits at every text position (released code) or at the masked ones alone, the only ones with
     # a loss: the same loss and gradients to float rounding, with about 85% of the MLM head's FLOPs and the (B, L, V)
     # logits gone (docs/results/speed.md); not bit for bit the same sums, so "all" keeps every recorded figure
     mlm_logits: Literal["all", "masked"] = "all"
-
-    RANGES: ClassVar[dict[str, Range]] = {"vtm_hard_fraction": SHARE}

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlp.ranges import COUNT, ranged
+
 
 @dataclass
 class StorageConfig:
@@ -25,10 +27,11 @@ class StorageConfig:
     access_key_id: str = ""  # prefer the environment or an IAM role over putting keys in files
     secret_access_key: str = ""
     addressing_style: str = "path"  # "path" works on every S3-compatible server; "virtual" for AWS
-    multipart_threshold_mb: int = 64  # files larger than this go through multipart upload
-    multipart_chunk_mb: int = 16
-    max_concurrency: int = 4
-    max_attempts: int = 5  # tries per request (botocore "standard" retries: 5xx, throttling, connection errors)
+    multipart_threshold_mb: int = ranged(64, COUNT)  # files larger than this go through multipart upload
+    multipart_chunk_mb: int = ranged(16, COUNT)
+    max_concurrency: int = ranged(4, COUNT)
+    # tries per request (botocore "standard" retries: 5xx, throttling, connection errors)
+    max_attempts: int = ranged(5, COUNT)
 
 
 class StorageError(OSError):

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from vlp.ranges import RATE, SIZE, ranged
+
 
 @dataclass
 class TrackingConfig:
@@ -18,9 +20,9 @@ class TrackingConfig:
     run_id: str = ""  # log into this existing run instead of opening one (the pipeline's step run)
     # While training, a request to the server waits at most ~timeout_s x (retries + 1); after a failure the
     # logger keeps its records and tries again after retry_every_s, so an outage never slows training down.
-    timeout_s: float = 10.0
-    retries: int = 1
-    retry_every_s: float = 30.0
+    timeout_s: float = ranged(10.0, RATE)
+    retries: int = ranged(1, SIZE)
+    retry_every_s: float = ranged(30.0, SIZE)
 
 
 def sqlite_uri(run_dir: str | Path) -> str:

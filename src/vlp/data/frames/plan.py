@@ -14,23 +14,26 @@ from vlp import storage
 from vlp.data import manifest
 from vlp.data.frames.layout import FORMAT_VERSION, SHARDS_DIR
 from vlp.data.sampling import sample_indices
+from vlp.ranges import COUNT, OFF, at_least, ranged, within
 
 
 @dataclass
 class FramesConfig:
     """Settings of ``vlp extract-frames``."""
 
-    num_frames: int = 16  # frames stored per clip, chosen with the "uniform" rule (all frames if fewer)
-    size: int = 224  # output frames are size x size pixels
+    num_frames: int = ranged(16, COUNT)  # frames stored per clip, chosen with the "uniform" rule (all frames if fewer)
+    size: int = ranged(224, at_least(8))  # output frames are size x size pixels
     resize: Literal["stretch", "short_side_crop"] = "stretch"  # stretch = ALPRO; or short side + centre crop
-    jpeg_quality: int = 90  # PIL JPEG quality, 1..95
-    videos_per_shard: int = 64  # videos per Parquet shard (the unit of skipping on re-runs)
-    workers: int = 2  # decoding processes; 0 = one per CPU core
+    jpeg_quality: int = ranged(90, within(1, 95))  # PIL JPEG quality, 1..95
+    videos_per_shard: int = ranged(64, COUNT)  # videos per Parquet shard (the unit of skipping on re-runs)
+    workers: int = ranged(2, at_least(0, " (0 = one per CPU core)"))  # decoding processes; 0 = one per CPU core
     decoder: Literal["sparse", "decord", "pyav"] = "sparse"  # first decoder tried; see the module docstring
     progress: bool = True  # tqdm progress bar over videos (shown on a terminal only)
-    max_pixels: int = 8192 * 4320  # reject a clip whose header declares larger frames, before decoding (0 = off)
-    max_bytes: int = 4 << 30  # reject a larger file before decoding it (0 = off)
-    timeout_s: float = 300.0  # decode time per file; a hung or crashing decoder is a reject (workers >= 2; 0 = off)
+    # reject a clip whose header declares larger frames, before decoding (0 = off)
+    max_pixels: int = ranged(8192 * 4320, at_least(0, OFF))
+    max_bytes: int = ranged(4 << 30, at_least(0, OFF))  # reject a larger file before decoding it (0 = off)
+    # decode time per file; a hung or crashing decoder is a reject (workers >= 2; 0 = off)
+    timeout_s: float = ranged(300.0, at_least(0, OFF))
 
 
 @dataclass(frozen=True)

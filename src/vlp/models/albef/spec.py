@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 from vlp.models.spec import FamilySpec, Kinds, Size, VTMSettings
-from vlp.ranges import SHARE, Range, at_least
+from vlp.ranges import SHARE, at_least, ranged
 
 
 @dataclass
@@ -14,18 +14,14 @@ class AlbefSettings(VTMSettings):
     """``model.albef``: the momentum model, its queues and distillation, where ITM's negatives come from, and how
     a clip's frames reach the fusion encoder (ALBEF is an image model: vlp feeds it frames)."""
 
-    momentum: float = 0.995
-    queue_size: int = 65536  # a multiple of the global batch
+    momentum: float = ranged(0.995, SHARE)
+    queue_size: int = ranged(65536, at_least(0, " (0 = in-batch ITC only)"))  # a multiple of the global batch
     distill: bool = True  # momentum distillation (MoD)
-    alpha: float = 0.4
-    alpha_ramp_steps: int = -1  # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
+    alpha: float = ranged(0.4, SHARE)
+    # -1 = one epoch of training batches (ALBEF); 0 = alpha from the first step
+    alpha_ramp_steps: int = ranged(-1, at_least(-1, " (-1 = one epoch, 0 = none)"))
     itm_negatives_from: Literal["global", "local"] = "global"  # paper: the batch; released code: the local batch
     temporal: Literal["concat", "mean"] = "concat"  # frame tokens the fusion sees: all frames', or their mean
-
-    RANGES: ClassVar[dict[str, Range]] = {
-        **VTMSettings.RANGES, "momentum": SHARE, "queue_size": at_least(0, " (0 = in-batch ITC only)"),
-        "alpha": SHARE, "alpha_ramp_steps": at_least(-1, " (-1 = one epoch, 0 = none)"),
-    }  # fmt: skip
 
 
 # ALBEF's RandAugment op lists: the paper removes colour changes (§3.5: captions name colours), the released code

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 from vlp.models.spec import FamilySpec, Kinds, Prepared, Size, VTMSettings
-from vlp.ranges import Range, at_least
+from vlp.ranges import at_least, ranged
 
 
 @dataclass
@@ -18,12 +18,8 @@ class AlproSettings(VTMSettings):
     same_video_vtm: Literal["draw", "exclude"] = "draw"  # another caption of the clip: a drawable VTM negative or not
     bank_renormalize: bool = False  # re-normalise each entity's ensembled prompt embedding (code: False)
     prompt_ensemble: bool = True  # 12 templates per entity (paper); False = one template (Table 5 ablation)
-    num_entities: int = 1000  # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
-
-    RANGES: ClassVar[dict[str, Range]] = {
-        **VTMSettings.RANGES,
-        "num_entities": at_least(1),
-    }
+    # prompt-bank size M: the top-M mined entities (fewer if fewer were mined)
+    num_entities: int = ranged(1000, at_least(1))
 
 
 # ALPRO's RandAugment op list (``TemporalConsistentRandomAugment`` in its ``src/datasets/randaugment.py``) without

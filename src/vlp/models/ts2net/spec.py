@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Literal
 
 from vlp.models.spec import FamilySpec, Kinds, Size
-from vlp.ranges import SHARE, Range, above, at_least
+from vlp.ranges import SHARE, above, at_least, ranged
 
 
 @dataclass
@@ -16,26 +16,22 @@ class TS2NetSettings:
 
     clip_patch: Literal[32, 16] = 32
     shift_mode: Literal["code", "paper", "channel", "none"] = "code"  # token positions by stride / by ratio
-    shift_last: int = 2  # shift in the last N vision blocks (paper: blocks 11-12)
-    shift_ratio: float = 0.25  # shift_mode=paper: share of patch tokens moved
+    shift_last: int = ranged(2, at_least(0))  # shift in the last N vision blocks (paper: blocks 11-12)
+    shift_ratio: float = ranged(0.25, SHARE)  # shift_mode=paper: share of patch tokens moved
     select: Literal["code", "paper", "none"] = "code"  # code: [CLS] + top-3 patches, tanh; paper: top-4, softmax
-    select_k: int = 0  # 0 = the rule's
+    select_k: int = ranged(0, at_least(0, " (0 = the rule's)"))  # 0 = the rule's
     select_eval: Literal["hard", "noise"] = "hard"  # inference: hard top-k, or the 500 noisy draws (code)
     select_backward: Literal["full", "code"] = "full"  # perturbed top-k gradient: Jacobian, or the code's diagonal
-    aggregator_layers: int = 4  # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
-    aggregator_positions: int = 77  # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
+    # frame aggregator blocks (code: 4, from CLIP's text blocks); 0 = none
+    aggregator_layers: int = ranged(4, at_least(0, " (0 = none)"))
+    # its position embeddings (code: CLIP's 77); frames x tokens per frame must fit
+    aggregator_positions: int = ranged(77, at_least(1))
     # its LayerNorms' eps: the code's 1e-12 (modules/module_cross.py's blocks take modules/until_module.py's
     # LayerNorm); transformers' CLIPEncoderLayer has CLIP's 1e-5 (a model.json without the key loads with 1e-5)
-    aggregator_ln_eps: float = 1e-12
+    aggregator_ln_eps: float = ranged(1e-12, above(0))
     frame_pool: Literal["weighted", "mean"] = "weighted"  # softmax(lambda * s)-weighted frames, or mean-pooled
     frame_lambda: float = 4.0
     frame_norm: Literal["l2", "none"] = "l2"  # code: s / ||s|| over frames before the softmax; paper: none
-
-    RANGES: ClassVar[dict[str, Range]] = {
-        "shift_last": at_least(0), "shift_ratio": SHARE, "select_k": at_least(0, " (0 = the rule's)"),
-        "aggregator_layers": at_least(0, " (0 = none)"), "aggregator_positions": at_least(1),
-        "aggregator_ln_eps": above(0),
-    }  # fmt: skip
 
 
 HUB = {32: "openai/clip-vit-base-patch32", 16: "openai/clip-vit-base-patch16"}  # OpenAI's CLIP by patch
