@@ -103,7 +103,7 @@ def test_load_config_rejects_unknown_override_and_bad_file(tmp_path):
         load_config(broken)
 
 
-# speed switches that are gone (docs/results/speed.md: each moved a training step by under 10% on the CPUs measured)
+# speed switches that are gone (docs/results/speed.md: none moved a training step by 10% or more on every CPU measured)
 REMOVED_KEYS = [
     "pretrain.cpu_linear",
     "retrieval.cpu_dropout",

@@ -10,7 +10,7 @@ each pair once, ``--eval-batch`` pairs per forward, scored ``match_plus_sim`` (L
 sets ``retrieval.eval_precision=bf16``. Encoding is timed after one untimed pass, each k's re-ranking after one
 untimed call (the reference's first ``compute_sim_matrix`` call is untimed too). ``--freed-memory keep`` has glibc
 keep the memory the process frees, as the training loop does (the evaluation steps leave glibc's defaults:
-``docs/results/speed.md``, round 4).
+the ``freed_memory`` in evaluation row of ``docs/results/speed.md``).
 
 Output: one JSON line on stdout (encode seconds, and per k the re-rank seconds and the pairs fused), which
 ``bench_vs_reference.py --eval`` reads beside LAVIS's ``compute_sim_matrix`` on the same sizes
