@@ -53,17 +53,19 @@ def tok() -> Any:
     return train_wordpiece(CAPTIONS * 4, vocab_size=60)
 
 
-def model_section(name: str) -> ModelConfig:
-    """The ``model`` config section of ``name``'s tiny preset at this module's sizes (random init)."""
-    return ModelConfig(family=name, preset="tiny", img_size=SIZE, num_frames=FRAMES, max_len=MAX_LEN, embed_dim=16)
+def model_section(name: str, losses: list[str] | None = None) -> ModelConfig:
+    """The ``model`` config section of ``name``'s tiny preset at this module's sizes (random init); ``losses``: the
+    objectives (default: the family's)."""
+    return ModelConfig(family=name, preset="tiny", img_size=SIZE, num_frames=FRAMES, max_len=MAX_LEN, embed_dim=16,
+                       losses=losses or [])  # fmt: skip
 
 
-def model_config(name: str, role: str, vocab_size: int) -> Any:
+def model_config(name: str, role: str, vocab_size: int, losses: list[str] | None = None) -> Any:
     """The family's config of a ``role`` model, built as the steps build it: ``config`` from the section (with 4
     entities where the family pre-trains from a prompt bank, whose size that is), then for retrieval
     ``task_config`` with the ``retrieval`` section, then ``prepare`` for 2 batches of 4 per epoch."""
     fam = family.get(name)
-    cfg = fam.config(model_section(name), vocab_size, 4 if "bank" in family.spec(name).pretrain_inputs else 0)
+    cfg = fam.config(model_section(name, losses), vocab_size, 4 if "bank" in family.spec(name).pretrain_inputs else 0)
     if role == "retrieval":
         cfg = fam.task_config(cfg, "retrieval", RetrievalConfig(num_frames=FRAMES, max_len=MAX_LEN))
     return fam.prepare(cfg, 2, BATCH)
@@ -128,8 +130,10 @@ def batch_of(tok: Any, indices: list[int] | range, seed: int = 3) -> PretrainBat
                          video_index=torch.tensor(list(indices)))  # fmt: skip
 
 
-def build(name: str, role: str, tok: Any, seed: int = 0) -> tuple[Any, torch.nn.Module]:
-    cfg = model_config(name, role, len(tok))
+def build(
+    name: str, role: str, tok: Any, seed: int = 0, losses: list[str] | None = None
+) -> tuple[Any, torch.nn.Module]:
+    cfg = model_config(name, role, len(tok), losses)
     torch.manual_seed(seed)
     return cfg, family.get(name).build(kind_of(name, role), cfg)
 
@@ -144,11 +148,12 @@ def step_context(tok: Any, name: str = "", role: str = "retrieval") -> StepConte
 # --------------------------------------------------------------------------- the checks
 
 
-def check_gradients(name: str, role: str, tok: Any) -> dict[str, float]:
+def check_gradients(name: str, role: str, tok: Any, losses: list[str] | None = None) -> dict[str, float]:
     """One ``train_step`` + backward: a finite loss; every parameter that requires grad gets a finite gradient,
-    none that does not (a momentum copy, a frozen part) gets one. Returns the step's losses."""
+    none that does not (a momentum copy, a frozen part) gets one: what DDP needs. ``losses``: the objectives
+    (default: the family's). Returns the step's losses."""
     fam = family.get(name)
-    _, model = build(name, role, tok)
+    _, model = build(name, role, tok, losses=losses)
     model.train()
     torch.manual_seed(1)
     losses = fam.train_step(model, batch_of(tok, range(BATCH)), step_context(tok, name, role))
@@ -407,6 +412,14 @@ def check_grad_checkpointing(name: str, role: str, tok: Any) -> None:
 @pytest.mark.parametrize(("name", "role"), cases())
 def test_every_trainable_parameter_gets_a_finite_gradient_and_no_frozen_one_does(name, role, tok):
     check_gradients(name, role, tok)
+
+
+@pytest.mark.parametrize("losses", [["vtc", "pem", "mlm", "vtm"], ["vtc", "mlm"], ["mlm", "vtm"], ["vtc"]])
+def test_alpro_pre_trained_with_a_subset_of_its_objectives_has_no_parameter_without_a_gradient(losses, tok):
+    """What DDP refuses, a parameter that gets no gradient (tests/test_pretrain_steps.py trains one subset under
+    torchrun): for ALPRO's Table 1 rows, only the enabled objectives' heads exist, and the step computes each."""
+    values = check_gradients("alpro", "pretrained", tok, losses)
+    assert sorted(k for k in values if k.startswith("loss_")) == sorted(f"loss_{t}" for t in losses), values
 
 
 @pytest.mark.parametrize("name", family.names())

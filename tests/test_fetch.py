@@ -28,6 +28,7 @@ from vlp.data.fetch.part import scratch_dir
 ROOT = Path(__file__).resolve().parents[1]
 VLP = str(Path(sys.executable).with_name("vlp"))
 LOOPBACK = '["127.0.0.1/32"]'
+TINY = str(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")  # the DAG test's step config
 FAST = [f"fetch.allow={LOOPBACK}", "fetch.read_timeout_s=1", "fetch.backoff_s=0.05", "fetch.max_bytes=8000000",
         "fetch.min_bytes_per_s=20000", "fetch.progress=false"]  # fmt: skip
 
@@ -394,7 +395,7 @@ def test_the_retrieval_dag_from_a_url_list_served_on_loopback(tmp_path, tiny_wor
         rows = [{"id": c["video_id"], "url": server.url(f"/v/{name[c['video_id']]}"), "caption": c["caption"],
                  "split": c["split"]} for c in captions]  # fmt: skip
         listed.write_text("".join(json.dumps(row) + "\n" for row in rows))
-        result = local_run.run(tmp_path / "run", family="ts2net", pipeline="retrieval", cache=False,
+        result = local_run.run(tmp_path / "run", step_config=TINY, family="ts2net", pipeline="retrieval", cache=False,
                                params={"url_list": str(listed)}, overrides=[f"fetch.allow={LOOPBACK}"])  # fmt: skip
         assert sum(server.hits.values()) == len(files)  # each clip once, though named by one row per caption
     ran = [task for task, kind, _ in result["tasks"] if kind == "done"]
