@@ -19,6 +19,7 @@ moves them):
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import logging
 import signal
@@ -169,6 +170,9 @@ class Talk:
         from kfp.local import logging_utils, subprocess_task_handler, task_dispatcher
         from kfp.local.orchestrator import task_executor
 
+        # kfp indents a task's output by replacing builtins.print for the task (indented_print); tasks of a
+        # ParallelFor run side by side and can leave it replaced, indenting every later print of this process
+        self._patch(builtins, "print", builtins.print)
         self._patch(task_executor, "execute_single_task", self._execute_single_task(task_executor.execute_single_task))
         run_impl = task_dispatcher.run_single_task_implementation
         self._patch(task_dispatcher, "run_single_task_implementation", self._run_single_task_implementation(run_impl))

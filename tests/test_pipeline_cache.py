@@ -4,6 +4,7 @@ test_pipeline_local.py, on the main job's own run."""
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import os
 import shutil
@@ -99,9 +100,11 @@ def test_talk_patches_kfp_local_and_restores_it() -> None:
         (logging_utils, "print_horizontal_line"),
     ]
     originals = [getattr(module, name) for module, name in targets]
+    printer = builtins.print
     with local_talk.Talk(verbose=False):
         assert all(getattr(m, n) is not o for (m, n), o in zip(targets, originals, strict=True))
-    assert [getattr(module, name) for module, name in targets] == originals
+        builtins.print = lambda *a, **k: None  # what kfp's indented_print can leave behind (ParallelFor tasks)
+    assert [getattr(module, name) for module, name in targets] == originals and builtins.print is printer
     with local_talk.Talk(verbose=True):  # verbose keeps kfp's own log
         assert logging_utils.local_logger_context is originals[3]
 

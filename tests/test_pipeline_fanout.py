@@ -14,7 +14,7 @@ import pytest
 from kfp import dsl, local
 
 from components import data
-from pipelines import fanout
+from pipelines import fanout, local_talk
 from pipelines.config import CONFIG_DIR, FanOut, configure, load
 from pipelines.local_run import list_outputs
 from vlp import storage
@@ -42,7 +42,8 @@ def data_pipeline(parts: int, retries: int = 0, overrides: tuple[str, ...] = ())
 def run(root: Path, parts: int, retries: int = 0, overrides: tuple[str, ...] = (), **arguments: Any) -> dict:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     before = set(root.glob("*"))
-    data_pipeline(parts, retries, overrides)(**arguments)
+    with local_talk.Talk():  # as pipelines.local_run runs a DAG (it restores what kfp's ParallelFor may leave)
+        data_pipeline(parts, retries, overrides)(**arguments)
     (run_root,) = set(root.glob("*")) - before
     return list_outputs(run_root)
 

@@ -16,7 +16,7 @@ from kfp.dsl import Dataset, Model
 from components import training
 from components._runtime import RUN_ID_ENV
 from conftest import split_rows
-from pipelines import index, local_run
+from pipelines import index, local_run, local_talk
 from pipelines.config import CONFIG_DIR, load
 from pipelines.local_run import list_outputs, new_run_id
 from vlp import tracking
@@ -53,9 +53,14 @@ def run_dag(world: dict[str, Any], **arguments: Any) -> dict[str, dict[str, str]
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root))
     new_run_id()  # as pipelines.local_run does: the step nests its MLflow run under this run's parent
     before = set(root.glob("*")) if root.exists() else set()
-    index.build(load(CONFIG_DIR / "local.yaml"))(
-        model=world["model"], frames=world["frames"], config=TINY, overrides=[*world["store"], *LOADERS], **arguments
-    )
+    with local_talk.Talk():  # as pipelines.local_run runs a DAG
+        index.build(load(CONFIG_DIR / "local.yaml"))(
+            model=world["model"],
+            frames=world["frames"],
+            config=TINY,
+            overrides=[*world["store"], *LOADERS],
+            **arguments,
+        )
     (run_root,) = set(root.glob("*")) - before
     return list_outputs(run_root)
 
